@@ -1,0 +1,21 @@
+# Finds the Debian packages umbp builds against (scripts/setup.sh installs
+# them).  pkg-config for those that ship a .pc file; libev ships none.
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+pkg_check_modules(CK REQUIRED IMPORTED_TARGET ck)
+pkg_check_modules(NUMA REQUIRED IMPORTED_TARGET numa)
+pkg_check_modules(JSONC REQUIRED IMPORTED_TARGET json-c)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
+find_path(LIBEV_INCLUDE_DIR ev.h PATH_SUFFIXES libev)
+find_library(LIBEV_LIBRARY NAMES ev)
+if(NOT LIBEV_INCLUDE_DIR OR NOT LIBEV_LIBRARY)
+  message(FATAL_ERROR "libev not found: run scripts/setup.sh (Debian package libev-dev)")
+endif()
+add_library(umbp_libev INTERFACE)
+target_include_directories(umbp_libev INTERFACE ${LIBEV_INCLUDE_DIR})
+target_link_libraries(umbp_libev INTERFACE ${LIBEV_LIBRARY})
+
+add_library(umbp_deps INTERFACE)
+target_link_libraries(umbp_deps INTERFACE PkgConfig::CK PkgConfig::NUMA
+  PkgConfig::JSONC PkgConfig::XXHASH umbp_libev Threads::Threads m)

@@ -1,0 +1,260 @@
+/*
+ * tier.h - the contract between the umbp runtime and a tier backend.
+ *
+ * A tier stores objects somewhere (this process's DRAM, a shared-memory pool
+ * owned by umbp-server, peers reached over RDMA) and keeps their index,
+ * allocation, eviction and read leases.  The runtime owns the actors and the
+ * data movement: it asks a tier to reserve space, copies the bytes itself
+ * (memcpy, the GPU copy engine) into the region the tier handed out, then asks
+ * the tier to publish.  Reads are the mirror image: acquire a lease, copy,
+ * release (the release says whether the bytes read are still valid).
+ *
+ * A mode is a composition of tiers (embedded = dram; standalone = shm;
+ * distributed = dram + rdma).  Each tier lives in backends/<name>/ and is
+ * registered by one line of CMake, `umbp_tier(<name> <sources...>)`, which
+ * links it into libumbp and adds `umbp_tier_<name>_ops` to the registry.
+ *
+ * Threads.  Unless a member says otherwise it is called on the runtime's loop
+ * thread, must not block, and completes by calling its `done` callback exactly
+ * once on the loop thread - inline before returning (a local tier) or later
+ * from a watcher the tier added to env->loop (a tier that talks to a server).
+ * Everything a tier owns is therefore touched by one thread and needs no lock.
+ *
+ * Batches.  Batched members take an array of request pointers, so the runtime
+ * can hand a subset of a batch without copying; a remote tier must make one
+ * round trip per batch, never one per key.
+ *
+ * Optional members may be NULL in the ops table; the runtime's wrappers
+ * (runtime/tier_call.h) substitute a default that returns -ENOTSUP or does
+ * nothing, so no NULL slot is ever called.
+ */
+#ifndef UMBP_TIER_H
+#define UMBP_TIER_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "umbp/umbp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ev_loop;
+
+/* ---- options ---------------------------------------------------------- */
+
+/* Options are declared in tables: the runtime's core table and one table per
+ * tier.  The runtime parses the JSON config and UMBP_* environment against all
+ * of them, refuses unknown names, checks types and bounds, and stores values
+ * into plain structs at the given offsets. */
+enum umbp_opt_type {
+    UMBP_OPT_BOOL,   /* bool */
+    UMBP_OPT_INT,    /* int64_t, bounds min..max */
+    UMBP_OPT_SIZE,   /* uint64_t bytes; accepts 4096, "64KiB", "2MiB", "1GiB", "4G" */
+    UMBP_OPT_DOUBLE, /* double, bounds min..max */
+    UMBP_OPT_STRING, /* char[str_cap], NUL-terminated; choices if non-NULL */
+};
+
+struct umbp_option {
+    const char *name;
+    enum umbp_opt_type type;
+    size_t offset;             /* into the config struct the table describes */
+    const char *def;           /* default, written as a user would */
+    double min, max;           /* inclusive bounds for INT, SIZE and DOUBLE */
+    size_t str_cap;            /* STRING: size of the char array */
+    const char *const *choices;/* STRING: NULL-terminated allowed values */
+    const char *help;          /* one line for docs and error messages */
+};
+
+/* Options every mode shares (runtime/config.c owns the table). */
+struct umbp_core_config {
+    char mode[32];                   /* "embedded" ... */
+    char tier[32];                   /* "" or a tier name replacing the mode's
+                                        primary tier (conformance tests) */
+    int64_t rank, world_size;
+    uint64_t capacity_bytes;         /* per rank; 0 = unset */
+    uint64_t total_capacity_bytes;   /* per engine, split over world_size */
+    int64_t timeout_ms;
+    int64_t lookup_timeout_ms;
+    int64_t put_wait_ms;
+    int64_t lease_ttl_ms;
+    int64_t load_failure_quarantine_ms;
+    int64_t max_inflight_ops;
+    int64_t copy_threads;
+    bool enable_events;
+    int64_t event_queue_size;
+    char log_level[16];
+};
+
+/* ---- what the runtime gives a tier ------------------------------------ */
+
+struct umbp_tier_env {
+    struct ev_loop *loop;                 /* add watchers from the loop thread */
+    const struct umbp_core_config *core;
+    uint64_t capacity_bytes;              /* this rank's resolved capacity */
+    /* Report that a key became visible (STORED) or went away (REMOVED).
+     * Loop thread only. */
+    void (*emit_event)(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
+    /* Report that space was freed, so puts waiting for room retry.
+     * Loop thread only. */
+    void (*space_freed)(void *ctx);
+    void *ctx;
+};
+
+/* ---- regions and requests --------------------------------------------- */
+
+/* Where one object's bytes are, as seen by this process. */
+struct umbp_region {
+    void *addr;      /* locally mapped bytes, or NULL if the tier must move
+                        them itself (ops->read / ops->write) */
+    uint64_t size;   /* object size */
+    uint64_t token;  /* the tier's handle for the reservation or lease */
+    uint64_t aux[2]; /* tier-private (remote address, rkey, node, ...) */
+};
+
+/* One key of a batched call.  `size` is an input of reserve; `status` and
+ * `region` are outputs of reserve and acquire and inputs of publish, abort
+ * and release. */
+struct umbp_tier_req {
+    umbp_key_t key;
+    uint64_t size;
+    int status;
+    struct umbp_region region;
+};
+
+/* reserve() status: the key is already present or being written by another
+ * put; the put succeeds without writing (first writer wins). */
+#define UMBP_TIER_EXISTS 1
+
+typedef void (*umbp_tier_done_fn)(void *arg, int rc);
+
+struct umbp_tier_usage {
+    uint64_t capacity_bytes, used_bytes;
+    /* Evictor thresholds in bytes: above high the evictor asks the tier to
+     * evict down to low.  0 and 0: the tier needs no evictor (a server
+     * evicts on its own). */
+    uint64_t high_watermark_bytes, low_watermark_bytes;
+    uint64_t num_objects, num_pending, num_leased;
+    uint64_t evictions, evicted_bytes, leases_expired;
+};
+
+struct umbp_tier;
+
+struct umbp_tier_ops {
+    const char *name;                       /* required: "dram" */
+    const struct umbp_option *options;      /* optional: tier options table,
+                                               terminated by a NULL name */
+    size_t config_size;                     /* size of the tier's config struct */
+
+    /* optional; caller's thread during runtime creation.  Cross-option checks
+     * (low < high, ...).  Writes a message naming the options into err. */
+    int (*validate_config)(const void *cfg, const struct umbp_core_config *core,
+                           char *err, size_t errlen);
+
+    /* required; caller's thread during runtime creation, before the loop
+     * thread starts; may block (maps memory, connects).  On failure writes a
+     * message naming the cause into err and returns a negative code. */
+    int (*create)(const struct umbp_tier_env *env, const void *cfg,
+                  struct umbp_tier **out, char *err, size_t errlen);
+
+    /* required; after the loop thread has stopped; may block.  Frees all. */
+    void (*destroy)(struct umbp_tier *t);
+
+    /* required.  present[i] = 1 if reqs[i]->key is published.  Must not
+     * change LRU order unless touch is set. */
+    void (*lookup)(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
+                   size_t n, uint8_t *present, bool touch,
+                   umbp_tier_done_fn done, void *arg);
+
+    /* required.  For each req: 0 and a writable region of req->size bytes,
+     * hidden from lookups until published; UMBP_TIER_EXISTS; -ENOSPC when no
+     * room now (the runtime retries after space_freed, up to put_wait_ms);
+     * another negative code for a hard failure.  Never evicts inline. */
+    void (*reserve)(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
+                    size_t n, umbp_tier_done_fn done, void *arg);
+
+    /* required.  Makes reserved regions visible; per-req status 0 or error
+     * (the reservation is then gone).  Emits STORED events. */
+    void (*publish)(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
+                    size_t n, umbp_tier_done_fn done, void *arg);
+
+    /* required.  Drops reservations without publishing; the previous state of
+     * each key is untouched.  Completes inline, no callback. */
+    void (*abort)(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
+                  size_t n);
+
+    /* required.  For each req: 0 and a readable region under a read lease
+     * that lasts until release or lease_ttl_ms, whichever is first; -ENOENT.
+     * A leased object is never evicted or reused while the lease lasts. */
+    void (*acquire)(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
+                    size_t n, uint64_t lease_ttl_ms, umbp_tier_done_fn done,
+                    void *arg);
+
+    /* required.  Ends leases.  Per-req status 0 if the bytes copied under the
+     * lease are valid (the lease did not expire into a reuse of the region),
+     * UMBP_E_STALE otherwise. */
+    void (*release)(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
+                    size_t n, umbp_tier_done_fn done, void *arg);
+
+    /* required.  Removes every object; leased ones go when released. */
+    void (*clear)(struct umbp_tier *t, umbp_tier_done_fn done, void *arg);
+
+    /* optional (default: no eviction, e.g. the server evicts).  Called by the
+     * evictor actor when usage is above the high watermark.  Evicts least
+     * recently used objects that are neither leased nor pending, at most
+     * max_objects of them, stopping once used_bytes <= target_bytes.  Returns
+     * bytes freed; *more is set when it stopped on max_objects. */
+    uint64_t (*evict)(struct umbp_tier *t, uint64_t target_bytes,
+                      size_t max_objects, bool *more);
+
+    /* optional (default: zeros).  Inline, no callback. */
+    void (*usage)(struct umbp_tier *t, struct umbp_tier_usage *out);
+
+    /* optional (default: nothing).  The lease actor calls this periodically:
+     * leases older than their TTL end now (their readers' release then
+     * reports UMBP_E_STALE if the region was reused). */
+    void (*expire_leases)(struct umbp_tier *t, uint64_t now_ns);
+
+    /* optional (default: 0, healthy).  UMBP_E_NOT_ATTEMPTED while the backend
+     * is stalled, so new transfers fail fast. */
+    int (*health)(struct umbp_tier *t);
+
+    /* optional (default: -ENOTSUP).  For regions with addr == NULL: move the
+     * bytes of ranges between caller memory and the region. */
+    void (*read)(struct umbp_tier *t, const struct umbp_region *r,
+                 const umbp_range_t *ranges, size_t n, umbp_tier_done_fn done,
+                 void *arg);
+    void (*write)(struct umbp_tier *t, const struct umbp_region *r,
+                  const umbp_range_t *ranges, size_t n, umbp_tier_done_fn done,
+                  void *arg);
+};
+
+/* Every tier embeds this as its first member (container_of to get back). */
+struct umbp_tier {
+    const struct umbp_tier_ops *ops;
+    struct umbp_tier_env env;
+};
+
+#define umbp_container_of(ptr, type, member) \
+    ((type *)((char *)(ptr) - offsetof(type, member)))
+
+/* The registry generated by CMake from umbp_tier() lines: NULL-terminated. */
+extern const struct umbp_tier_ops *const umbp_tier_registry[];
+const struct umbp_tier_ops *umbp_tier_find(const char *name);
+
+/* ---- services for tier authors ---------------------------------------- */
+
+enum umbp_log_level { UMBP_LOG_ERROR, UMBP_LOG_WARN, UMBP_LOG_INFO, UMBP_LOG_DEBUG };
+void umbp_log(enum umbp_log_level lvl, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+uint64_t umbp_now_ns(void); /* CLOCK_MONOTONIC */
+/* Hash of a key for index tables (xxh3 of the bytes). */
+uint64_t umbp_key_hash(const umbp_key_t *key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* UMBP_TIER_H */

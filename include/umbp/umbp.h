@@ -1,0 +1,270 @@
+/*
+ * umbp.h - the public C API of umbp, a KV-cache offload runtime.
+ *
+ * One runtime per engine worker rank.  A runtime owns one event-loop thread
+ * that hosts the actors (lookup, store, load, evictor, lease) and a few copy
+ * worker threads.  Every data operation is submitted from the caller's thread,
+ * returns at once with an operation handle, and completes later; callers poll
+ * (umbp_op_test) or wait with a timeout (umbp_op_wait).
+ *
+ * Objects are immutable byte strings named by a fixed-size binary key.  The
+ * first writer of a key wins; later puts of the same key succeed without
+ * writing.  An object is visible to lookups and gets only after every byte of
+ * it is written.
+ *
+ * Return values: 0 on success, a negative errno value (-EINVAL, -ENOSPC, ...)
+ * or one of the UMBP_E_* codes below.  umbp_strerror() names any of them.
+ *
+ * Thread safety: every function may be called from any thread concurrently,
+ * except umbp_runtime_destroy(), which must not race with other calls on the
+ * same runtime (like close(2) on a file descriptor).
+ */
+#ifndef UMBP_UMBP_H
+#define UMBP_UMBP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define UMBP_VERSION_MAJOR 0
+#define UMBP_VERSION_MINOR 1
+#define UMBP_VERSION_PATCH 0
+
+/* ---- keys ------------------------------------------------------------- */
+
+/* A key is an opaque fixed-size digest (the connector derives it from the
+ * model namespace, rank identity, cache group and engine block hash). */
+#define UMBP_KEY_SIZE 32
+
+typedef struct umbp_key {
+    uint8_t bytes[UMBP_KEY_SIZE];
+} umbp_key_t;
+
+/* ---- errors ----------------------------------------------------------- */
+
+/* Our own codes live below -4096 so they never collide with errno values. */
+enum umbp_error {
+    UMBP_OK = 0,
+    UMBP_E_INPROGRESS = -4097,    /* the operation has not completed yet */
+    UMBP_E_NOT_ATTEMPTED = -4098, /* refused before any work: backend stalled,
+                                     runtime shutting down; safe to retry */
+    UMBP_E_TIMEOUT = -4099,       /* the operation ran past timeout_ms */
+    UMBP_E_STALE = -4100,         /* the object was reclaimed while being read;
+                                     the destination bytes are not valid */
+    UMBP_E_SHAPE = -4101,         /* ranges do not describe the object:
+                                     they must tile [0, object_size) for a put,
+                                     be disjoint and in bounds for a get */
+    UMBP_E_DUPLICATE_KEY = -4102, /* the same key appears twice in one batch */
+    UMBP_E_QUARANTINED = -4103,   /* key failed recently; counted as a miss */
+};
+
+/* Names any return value of this API (negative errno values included).
+ * Never returns NULL; the string is static. */
+const char *umbp_strerror(int err);
+
+/* The message of the last failed umbp_runtime_create() or option error on
+ * this thread ("capacity_bytes: must be ..."), or "" if none. */
+const char *umbp_last_error(void);
+
+/* ---- runtime ---------------------------------------------------------- */
+
+typedef struct umbp_runtime umbp_runtime_t;
+
+/*
+ * Creates a per-rank runtime from a JSON object of options (see
+ * docs/configuration.md).  NULL or "" means all defaults.  Every option may
+ * be overridden by an environment variable UMBP_<OPTION> in upper case
+ * (UMBP_CAPACITY_BYTES=8GiB); the environment wins over the JSON.
+ *
+ * Returns 0 and sets *out, or a negative code with umbp_last_error() naming
+ * the bad option and the accepted range.  Unknown options are refused.
+ */
+int umbp_runtime_create(const char *json_config, umbp_runtime_t **out);
+
+/* Completes every in-flight operation (with an error where it cannot finish),
+ * stops the threads and frees everything, outstanding op handles included.
+ * Never hangs: copies already running are finished, nothing else is waited
+ * for.  NULL is a no-op. */
+void umbp_runtime_destroy(umbp_runtime_t *rt);
+
+/* ---- memory registration ---------------------------------------------- */
+
+typedef enum umbp_mem_kind {
+    UMBP_MEM_HOST = 0,   /* ordinary (pageable or pinned) host memory */
+    UMBP_MEM_DEVICE = 1, /* GPU memory of device `device` */
+} umbp_mem_kind_t;
+
+typedef struct umbp_mem_desc {
+    void *addr;
+    size_t len;
+    umbp_mem_kind_t kind;
+    int device; /* GPU ordinal for UMBP_MEM_DEVICE; ignored for host */
+} umbp_mem_desc_t;
+
+typedef uint64_t umbp_mem_handle_t;
+
+/*
+ * Registers a region that ranges of puts and gets will point into, so the
+ * runtime knows its kind (and, for GPU memory, can map it once, off the
+ * critical path).  Host memory need not be registered: an address outside
+ * every registered region is treated as host memory.  Device memory must be
+ * registered; a range into unregistered device memory cannot be recognised.
+ * Regions must not overlap (-EEXIST).  Returns -ENOTSUP for device memory
+ * when the runtime was built without a GPU copy engine.
+ */
+int umbp_mem_register(umbp_runtime_t *rt, const umbp_mem_desc_t *desc,
+                      umbp_mem_handle_t *out);
+/* -ENOENT for an unknown handle.  The caller must not deregister a region that
+ * an in-flight operation still uses. */
+int umbp_mem_deregister(umbp_runtime_t *rt, umbp_mem_handle_t handle);
+
+/* ---- data operations -------------------------------------------------- */
+
+/* One contiguous piece of caller memory and where it sits in the object. */
+typedef struct umbp_range {
+    void *ptr;       /* caller memory: source of a put, destination of a get */
+    uint64_t len;    /* bytes, > 0 */
+    uint64_t offset; /* byte offset inside the object */
+} umbp_range_t;
+
+/* A put of one object: its ranges must tile [0, object_size) exactly:
+ * sorted by offset, contiguous, none empty, none overlapping. */
+typedef struct umbp_put_item {
+    umbp_key_t key;
+    uint64_t object_size;
+    const umbp_range_t *ranges;
+    uint32_t num_ranges;
+} umbp_put_item_t;
+
+/* A get of one object: ranges disjoint (any order) and inside the object. */
+typedef struct umbp_get_item {
+    umbp_key_t key;
+    const umbp_range_t *ranges;
+    uint32_t num_ranges;
+} umbp_get_item_t;
+
+typedef struct umbp_op umbp_op_t;
+
+/*
+ * Submits a batch of puts.  Returns at once.
+ *
+ * Whole-batch errors are returned here and nothing is submitted (no *op):
+ * bad arguments (-EINVAL), a range set that does not tile its object
+ * (UMBP_E_SHAPE), a key twice in the batch (UMBP_E_DUPLICATE_KEY), too many
+ * operations in flight (-EAGAIN: back-pressure, retry later), shutting down
+ * or a stalled backend (UMBP_E_NOT_ATTEMPTED).
+ *
+ * On 0, *op completes later with one status per key (umbp_op_key_status):
+ * 0 stored or already present (first writer wins), -ENOSPC no space within
+ * put_wait_ms, UMBP_E_TIMEOUT past timeout_ms, -ENOTSUP for memory kinds this
+ * build cannot copy.  A failed key leaves the previous state untouched.
+ * Item and range arrays are copied; the bytes the ranges point to must stay
+ * valid and unchanged until the op completes.
+ */
+int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n,
+             umbp_op_t **op);
+
+/*
+ * Submits a batch of gets.  Whole-batch errors as for umbp_put (UMBP_E_SHAPE
+ * for overlapping or empty ranges).  Per key: 0 restored, -ENOENT missing,
+ * UMBP_E_SHAPE a range past the end of the object, UMBP_E_STALE object
+ * reclaimed under the reader (destination undefined), UMBP_E_TIMEOUT.
+ * The destination of a key whose status is not 0 holds undefined bytes.
+ */
+int umbp_get(umbp_runtime_t *rt, const umbp_get_item_t *items, size_t n,
+             umbp_op_t **op);
+
+/* Flags for umbp_lookup. */
+enum umbp_lookup_flags {
+    UMBP_LOOKUP_TOUCH = 1u << 0, /* refresh LRU position of present keys */
+};
+
+/*
+ * Which keys exist, and how many leading keys are present consecutively
+ * (the cached prefix).  present[i] is set to 1 or 0 (present may be NULL).
+ * Synchronous but bounded: waits at most lookup_timeout_ms, then reports
+ * UMBP_E_TIMEOUT with everything absent.  No side effects unless
+ * UMBP_LOOKUP_TOUCH is given.  One round trip per batch.
+ */
+int umbp_lookup(umbp_runtime_t *rt, const umbp_key_t *keys, size_t n,
+                uint8_t *present, size_t *prefix_len, unsigned flags);
+
+/* Removes every object that no reader holds; held objects are removed as
+ * their readers finish.  Bounded by timeout_ms. */
+int umbp_clear(umbp_runtime_t *rt);
+
+/* Waits until every put submitted before this call has completed (published
+ * or failed).  Returns 0 or UMBP_E_TIMEOUT after timeout_ms. */
+int umbp_flush(umbp_runtime_t *rt, int timeout_ms);
+
+/* ---- completion ------------------------------------------------------- */
+
+/* 0 when complete (whatever the per-key results), UMBP_E_INPROGRESS if not. */
+int umbp_op_test(umbp_op_t *op);
+
+/* Waits up to timeout_ms (< 0 means the runtime's timeout_ms) for the op to
+ * complete.  0 when complete, UMBP_E_INPROGRESS if the wait timed out. */
+int umbp_op_wait(umbp_op_t *op, int timeout_ms);
+
+/* Number of keys in the op's batch and per-key status (valid once complete;
+ * UMBP_E_INPROGRESS before).  -EINVAL for an index out of range. */
+size_t umbp_op_num_keys(const umbp_op_t *op);
+int umbp_op_key_status(const umbp_op_t *op, size_t i);
+/* Counts of keys whose status is 0 and is not 0, once complete. */
+size_t umbp_op_num_ok(const umbp_op_t *op);
+
+/* Returns the handle to the runtime.  If the op is still in flight it is
+ * released when it completes; the caller must not touch it again. */
+void umbp_op_release(umbp_op_t *op);
+
+/* ---- statistics ------------------------------------------------------- */
+
+typedef struct umbp_stats {
+    uint64_t capacity_bytes;  /* this rank's pool capacity */
+    uint64_t used_bytes;      /* allocated to objects (published or pending) */
+    uint64_t num_objects;     /* published objects */
+    uint64_t num_pending;     /* reserved, being written */
+    uint64_t num_leased;      /* objects with at least one reader */
+    uint64_t puts_ok, puts_existing, puts_failed;
+    uint64_t gets_ok, gets_miss, gets_failed;
+    uint64_t bytes_written, bytes_read;
+    uint64_t lookups, lookup_keys, lookup_hits;
+    uint64_t evictions, evicted_bytes;
+    uint64_t leases_expired;
+    uint64_t puts_waited_for_space;
+    uint64_t ops_timed_out;
+    uint64_t mailbox_full; /* submissions refused with -EAGAIN */
+    uint64_t events_dropped;
+} umbp_stats_t;
+
+/* Snapshot of the counters (bounded by lookup_timeout_ms). */
+int umbp_get_stats(umbp_runtime_t *rt, umbp_stats_t *out);
+
+/* ---- events ----------------------------------------------------------- */
+
+typedef enum umbp_event_type {
+    UMBP_EVENT_STORED = 1,  /* key became visible */
+    UMBP_EVENT_REMOVED = 2, /* key was evicted or cleared */
+} umbp_event_type_t;
+
+typedef struct umbp_event {
+    umbp_event_type_t type;
+    umbp_key_t key;
+} umbp_event_t;
+
+/*
+ * Takes up to max events (oldest first) when the `enable_events` option is
+ * on.  Returns the number taken.  If the queue overflowed since the last call,
+ * *lost (if not NULL) is set to the number of events dropped, so the engine
+ * knows to resynchronise its view; otherwise 0.
+ */
+size_t umbp_events_drain(umbp_runtime_t *rt, umbp_event_t *out, size_t max,
+                         uint64_t *lost);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* UMBP_UMBP_H */

@@ -1,0 +1,147 @@
+/*
+ * actor_load.c - the load actor: acquire lease -> copy -> release + validate.
+ *
+ * Loop thread only.  Owns the quarantine of keys whose load failed.
+ *
+ * The lease keeps the region from being evicted or reused while the copy
+ * workers read it.  Leases can expire (lease_ttl_ms) under a reader that is
+ * too slow, so the tier's release reports whether the region survived; a key
+ * whose region was reclaimed gets UMBP_E_STALE, never the bytes of another
+ * object.  A range past the end of the object fails its key (UMBP_E_SHAPE)
+ * after the lease is taken, since only then is the object's size known.
+ */
+#include <errno.h>
+
+#include "rt.h"
+#include "tier_call.h"
+
+enum { KEY_HELD = KEY_DONE + 1 }; /* leased, not copied (bad range), release */
+
+static void get_finish(struct umbp_runtime *rt, struct umbp_op *op)
+{
+    uint64_t q_ms = (uint64_t)rt->core->load_failure_quarantine_ms;
+    uint64_t now = umbp_now_ns();
+    for (size_t k = 0; k < op->n; k++) {
+        int s = op->status[k];
+        if (s == 0)
+            continue;
+        if (s == -ENOENT || s == UMBP_E_QUARANTINED) {
+            CNT_ADD(rt, gets_miss, 1);
+            continue;
+        }
+        CNT_ADD(rt, gets_failed, 1);
+        /* A data failure is remembered so the engine stops counting the key
+         * as a hit; "not attempted" says nothing about the key itself. */
+        if (q_ms && s != UMBP_E_NOT_ATTEMPTED && s != UMBP_E_SHAPE && s != -ENOTSUP)
+            quarantine_add(rt->quarantine, &op->reqs[k].key, now + ms_to_ns((int64_t)q_ms));
+    }
+    op_complete(op);
+}
+
+static void get_released(void *arg, int rc)
+{
+    struct umbp_op *op = arg;
+    struct umbp_runtime *rt = op->rt;
+    for (size_t k = 0; k < op->n; k++) {
+        if (op->state[k] == KEY_COPYING) {
+            int s = rc < 0 ? rc : op->reqs[k].status;
+            op->status[k] = s;
+            if (s == 0) {
+                CNT_ADD(rt, gets_ok, 1);
+                for (uint32_t r = op->range_first[k]; r < op->range_first[k + 1]; r++)
+                    CNT_ADD(rt, bytes_read, op->ranges[r].len);
+            }
+        }
+        if (op->state[k] == KEY_COPYING || op->state[k] == KEY_HELD)
+            op->state[k] = KEY_DONE;
+    }
+    get_finish(rt, op);
+}
+
+static void get_release(struct umbp_runtime *rt, struct umbp_op *op)
+{
+    size_t m = 0;
+    for (size_t k = 0; k < op->n; k++)
+        if (op->state[k] == KEY_COPYING || op->state[k] == KEY_HELD)
+            op->req_ptrs[m++] = &op->reqs[k];
+    if (m == 0) {
+        get_finish(rt, op);
+        return;
+    }
+    tier_release(rt->tier, op->req_ptrs, m, get_released, op);
+}
+
+static bool ranges_fit(const struct umbp_op *op, size_t k)
+{
+    uint64_t size = op->reqs[k].region.size;
+    for (uint32_t r = op->range_first[k]; r < op->range_first[k + 1]; r++)
+        if (op->ranges[r].offset > size || op->ranges[r].len > size - op->ranges[r].offset)
+            return false;
+    return true;
+}
+
+static void get_acquired(void *arg, int rc)
+{
+    struct umbp_op *op = arg;
+    struct umbp_runtime *rt = op->rt;
+    size_t ncopy = 0;
+    for (size_t k = 0; k < op->n; k++) {
+        if (op->state[k] != KEY_TODO)
+            continue;
+        int s = rc < 0 ? rc : op->reqs[k].status;
+        if (s != 0) {
+            op->state[k] = KEY_DONE;
+            op->status[k] = s;
+        } else if (!ranges_fit(op, k)) {
+            op->state[k] = KEY_HELD;
+            op->status[k] = UMBP_E_SHAPE;
+        } else if (!op->reqs[k].region.addr) {
+            op->state[k] = KEY_HELD; /* tier_read path not wired yet */
+            op->status[k] = -ENOTSUP;
+        } else {
+            op->state[k] = KEY_COPYING;
+            ncopy++;
+        }
+    }
+    if (ncopy)
+        copy_dispatch(op, false, MSG_GET_COPIED);
+    else
+        get_release(rt, op);
+}
+
+static void get_arrive(struct umbp_runtime *rt, struct umbp_op *op)
+{
+    int h = rt->stopping ? UMBP_E_NOT_ATTEMPTED : tier_health(rt->tier);
+    uint64_t now = umbp_now_ns();
+    bool quarantine = rt->core->load_failure_quarantine_ms > 0;
+    size_t m = 0;
+    for (size_t k = 0; k < op->n; k++) {
+        if (op->state[k] != KEY_TODO)
+            continue;
+        if (h < 0) {
+            op->state[k] = KEY_DONE;
+            op->status[k] = h;
+        } else if (quarantine && quarantine_has(rt->quarantine, &op->reqs[k].key, now)) {
+            op->state[k] = KEY_DONE;
+            op->status[k] = UMBP_E_QUARANTINED;
+        } else {
+            op->reqs[k].status = 0;
+            op->req_ptrs[m++] = &op->reqs[k];
+        }
+    }
+    if (m == 0) {
+        get_finish(rt, op);
+        return;
+    }
+    tier_acquire(rt->tier, op->req_ptrs, m, (uint64_t)rt->core->lease_ttl_ms, get_acquired, op);
+}
+
+void load_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m)
+{
+    struct umbp_op *op = (struct umbp_op *)m;
+    switch ((enum msg_type)m->type) {
+    case MSG_GET_SUBMIT: get_arrive(rt, op); break;
+    case MSG_GET_COPIED: get_release(rt, op); break;
+    default: umbp_log(UMBP_LOG_ERROR, "load actor: unexpected message %s", msg_name(m->type));
+    }
+}

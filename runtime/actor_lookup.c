@@ -1,0 +1,111 @@
+/*
+ * actor_lookup.c - the lookup actor: exists + consecutive prefix, and the
+ * control messages (stats, clear).
+ *
+ * Loop thread only.  A lookup is one tier call for the whole batch; it has no
+ * side effects unless the caller asked to touch (refresh LRU).  Quarantined
+ * keys (load actor's table, same thread) count as misses.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "rt.h"
+#include "tier_call.h"
+
+static void lookup_done(void *arg, int rc)
+{
+    struct umbp_op *op = arg;
+    struct umbp_runtime *rt = op->rt;
+    if (rc < 0)
+        memset(op->present, 0, op->n);
+    if (rt->core->load_failure_quarantine_ms > 0) {
+        uint64_t now = umbp_now_ns();
+        for (size_t k = 0; k < op->n; k++)
+            if (op->present[k] && quarantine_has(rt->quarantine, &op->reqs[k].key, now))
+                op->present[k] = 0;
+    }
+    size_t prefix = 0, hits = 0;
+    while (prefix < op->n && op->present[prefix])
+        prefix++;
+    for (size_t k = 0; k < op->n; k++)
+        hits += op->present[k] != 0;
+    op->prefix = prefix;
+    op->rc = rc < 0 ? rc : 0;
+    CNT_ADD(rt, lookups, 1);
+    CNT_ADD(rt, lookup_keys, op->n);
+    CNT_ADD(rt, lookup_hits, hits);
+    op_complete(op);
+    /* an answered lookup means the backend responds again */
+    atomic_store(&rt->lookup_stuck, false);
+}
+
+static void lookup_arrive(struct umbp_runtime *rt, struct umbp_op *op)
+{
+    int h = rt->stopping ? UMBP_E_NOT_ATTEMPTED : tier_health(rt->tier);
+    if (h < 0) {
+        lookup_done(op, h);
+        return;
+    }
+    for (size_t k = 0; k < op->n; k++)
+        op->req_ptrs[k] = &op->reqs[k];
+    tier_lookup(rt->tier, op->req_ptrs, op->n, op->present, op->flags & UMBP_LOOKUP_TOUCH,
+                lookup_done, op);
+}
+
+#define LOAD(f) atomic_load_explicit(&rt->cnt.f, memory_order_relaxed)
+
+static void stats_fill(struct umbp_runtime *rt, struct umbp_op *op)
+{
+    struct umbp_tier_usage u;
+    tier_usage(rt->tier, &u);
+    umbp_stats_t *s = &op->stats;
+    memset(s, 0, sizeof(*s));
+    s->capacity_bytes = u.capacity_bytes;
+    s->used_bytes = u.used_bytes;
+    s->num_objects = u.num_objects;
+    s->num_pending = u.num_pending;
+    s->num_leased = u.num_leased;
+    s->evictions = u.evictions;
+    s->evicted_bytes = u.evicted_bytes;
+    s->leases_expired = u.leases_expired;
+    s->puts_ok = LOAD(puts_ok);
+    s->puts_existing = LOAD(puts_existing);
+    s->puts_failed = LOAD(puts_failed);
+    s->gets_ok = LOAD(gets_ok);
+    s->gets_miss = LOAD(gets_miss);
+    s->gets_failed = LOAD(gets_failed);
+    s->bytes_written = LOAD(bytes_written);
+    s->bytes_read = LOAD(bytes_read);
+    s->lookups = LOAD(lookups);
+    s->lookup_keys = LOAD(lookup_keys);
+    s->lookup_hits = LOAD(lookup_hits);
+    s->puts_waited_for_space = LOAD(puts_waited_for_space);
+    s->ops_timed_out = LOAD(ops_timed_out);
+    s->mailbox_full = LOAD(mailbox_full);
+    s->events_dropped = LOAD(events_dropped);
+    op->rc = 0;
+    op_complete(op);
+}
+
+static void clear_done(void *arg, int rc)
+{
+    struct umbp_op *op = arg;
+    op->rc = rc;
+    op_complete(op);
+}
+
+void lookup_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m)
+{
+    struct umbp_op *op = (struct umbp_op *)m;
+    switch ((enum msg_type)m->type) {
+    case MSG_LOOKUP: lookup_arrive(rt, op); break;
+    case MSG_STATS: stats_fill(rt, op); break;
+    case MSG_CLEAR:
+        if (rt->stopping)
+            clear_done(op, UMBP_E_NOT_ATTEMPTED);
+        else
+            tier_clear(rt->tier, clear_done, op);
+        break;
+    default: umbp_log(UMBP_LOG_ERROR, "lookup actor: unexpected message %s", msg_name(m->type));
+    }
+}

@@ -1,0 +1,330 @@
+/*
+ * api.c - the public data-path entry points: validate, fill an op, post.
+ *
+ * Runs on the caller's thread.  Whole-batch errors (bad arguments, shapes,
+ * duplicate keys, back-pressure, shutdown) are found here and returned at
+ * once, so nothing is half-submitted; per-key outcomes arrive in the op.
+ * Synchronous helpers (lookup, stats, clear, flush) submit an op and wait on
+ * it with a bound; a caller that gives up releases its handle and the op is
+ * recycled when the loop thread completes it.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+
+#define MAX_BATCH (1u << 24)
+
+static int submit_gate(struct umbp_runtime *rt)
+{
+    if (atomic_load_explicit(&rt->closing, memory_order_acquire))
+        return UMBP_E_NOT_ATTEMPTED;
+    if (atomic_load_explicit(&rt->backend_stalled, memory_order_relaxed))
+        return UMBP_E_NOT_ATTEMPTED;
+    return 0;
+}
+
+static int post_op(struct umbp_runtime *rt, struct umbp_op *op, enum msg_type t)
+{
+    op->hdr.type = (uint16_t)t;
+    int rc = rt_post(rt, &op->hdr);
+    if (rc < 0) {
+        CNT_ADD(rt, mailbox_full, 1);
+        op_abandon(op);
+    }
+    return rc;
+}
+
+/* ---- shape checks ----------------------------------------------------------- */
+
+static int check_range(const umbp_range_t *r)
+{
+    if (!r->ptr || r->len == 0 || r->offset + r->len < r->offset)
+        return UMBP_E_SHAPE;
+    return 0;
+}
+
+/* Ranges must tile [0, size): sorted, contiguous, non-empty, exact end. */
+static int check_put_item(const umbp_put_item_t *it)
+{
+    if (it->object_size == 0 || it->num_ranges == 0 || !it->ranges)
+        return UMBP_E_SHAPE;
+    uint64_t end = 0;
+    for (uint32_t r = 0; r < it->num_ranges; r++) {
+        const umbp_range_t *rg = &it->ranges[r];
+        if (check_range(rg) < 0 || rg->offset != end)
+            return UMBP_E_SHAPE;
+        end = rg->offset + rg->len;
+    }
+    return end == it->object_size ? 0 : UMBP_E_SHAPE;
+}
+
+static int cmp_range_offset(const void *a, const void *b)
+{
+    const umbp_range_t *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Get ranges: non-empty and pairwise disjoint.  Sorts the op's copy. */
+static int check_get_ranges(umbp_range_t *r, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (check_range(&r[i]) < 0)
+            return UMBP_E_SHAPE;
+    if (n > 1)
+        qsort(r, n, sizeof(*r), cmp_range_offset);
+    for (uint32_t i = 1; i < n; i++)
+        if (r[i].offset < r[i - 1].offset + r[i - 1].len)
+            return UMBP_E_SHAPE;
+    return 0;
+}
+
+static int cmp_req_key(const void *a, const void *b)
+{
+    const struct umbp_tier_req *const *x = a, *const *y = b;
+    return memcmp(&(*x)->key, &(*y)->key, sizeof(umbp_key_t));
+}
+
+static int check_duplicates(struct umbp_op *op)
+{
+    for (size_t k = 0; k < op->n; k++)
+        op->req_ptrs[k] = &op->reqs[k];
+    qsort(op->req_ptrs, op->n, sizeof(*op->req_ptrs), cmp_req_key);
+    for (size_t k = 1; k < op->n; k++)
+        if (cmp_req_key(&op->req_ptrs[k - 1], &op->req_ptrs[k]) == 0)
+            return UMBP_E_DUPLICATE_KEY;
+    return 0;
+}
+
+/* Marks keys whose memory this build cannot copy; -EFAULT for a range that
+ * straddles a registered region's edge. */
+static int classify_key(struct umbp_runtime *rt, struct umbp_op *op, size_t k)
+{
+    if (!atomic_load_explicit(&rt->memreg.num_device, memory_order_relaxed))
+        return 0;
+    for (uint32_t r = op->range_first[k]; r < op->range_first[k + 1]; r++) {
+        umbp_mem_kind_t kind;
+        int rc = memreg_classify(&rt->memreg, op->ranges[r].ptr, op->ranges[r].len, &kind);
+        if (rc < 0)
+            return rc;
+        if (kind != UMBP_MEM_HOST) {
+            op->state[k] = KEY_DONE;
+            op->status[k] = -ENOTSUP;
+        }
+    }
+    return 0;
+}
+
+
+/* Copies per-key data common to puts and gets into the op. */
+static void fill_key(struct umbp_op *op, size_t k, const umbp_key_t *key,
+                     const umbp_range_t *ranges, uint32_t nr, size_t *ri)
+{
+    memset(&op->reqs[k], 0, sizeof(op->reqs[k]));
+    op->reqs[k].key = *key;
+    op->state[k] = KEY_TODO;
+    op->status[k] = UMBP_E_INPROGRESS;
+    op->range_first[k] = (uint32_t)*ri;
+    memcpy(&op->ranges[*ri], ranges, nr * sizeof(*ranges));
+    *ri += nr;
+    op->range_first[k + 1] = (uint32_t)*ri;
+}
+
+static int take_op(struct umbp_runtime *rt, enum op_kind kind, size_t n, size_t nranges,
+                   struct umbp_op **out)
+{
+    int rc = submit_gate(rt);
+    if (rc < 0)
+        return rc;
+    struct umbp_op *op = op_get(rt, kind);
+    if (!op)
+        return -EAGAIN;
+    if (op_reserve_keys(op, n, nranges) < 0) {
+        op_abandon(op);
+        return -ENOMEM;
+    }
+    *out = op;
+    return 0;
+}
+
+int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n, umbp_op_t **out)
+{
+    if (!rt || !items || !out || n == 0 || n > MAX_BATCH)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (check_put_item(&items[i]) < 0)
+            return UMBP_E_SHAPE;
+    size_t nranges = 0;
+    for (size_t i = 0; i < n; i++)
+        nranges += items[i].num_ranges;
+    if (nranges > UINT32_MAX)
+        return -EINVAL;
+    struct umbp_op *op;
+    int rc = take_op(rt, OP_PUT, n, nranges, &op);
+    if (rc < 0)
+        return rc;
+    size_t ri = 0;
+    for (size_t k = 0; k < n; k++) {
+        fill_key(op, k, &items[k].key, items[k].ranges, items[k].num_ranges, &ri);
+        op->reqs[k].size = items[k].object_size;
+    }
+    if ((rc = check_duplicates(op)) < 0)
+        goto bad;
+    for (size_t k = 0; k < n; k++)
+        if ((rc = classify_key(rt, op, k)) < 0)
+            goto bad;
+    if ((rc = post_op(rt, op, MSG_PUT_SUBMIT)) < 0)
+        return rc;
+    *out = op;
+    return 0;
+bad:
+    op_abandon(op);
+    return rc;
+}
+
+int umbp_get(umbp_runtime_t *rt, const umbp_get_item_t *items, size_t n, umbp_op_t **out)
+{
+    if (!rt || !items || !out || n == 0 || n > MAX_BATCH)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].num_ranges == 0 || !items[i].ranges)
+            return UMBP_E_SHAPE;
+    size_t nranges = 0;
+    for (size_t i = 0; i < n; i++)
+        nranges += items[i].num_ranges;
+    if (nranges > UINT32_MAX)
+        return -EINVAL;
+    struct umbp_op *op;
+    int rc = take_op(rt, OP_GET, n, nranges, &op);
+    if (rc < 0)
+        return rc;
+    size_t ri = 0;
+    for (size_t k = 0; k < n; k++) {
+        fill_key(op, k, &items[k].key, items[k].ranges, items[k].num_ranges, &ri);
+        if ((rc = check_get_ranges(&op->ranges[op->range_first[k]], items[k].num_ranges)) < 0)
+            goto bad;
+    }
+    if ((rc = check_duplicates(op)) < 0)
+        goto bad;
+    for (size_t k = 0; k < n; k++)
+        if ((rc = classify_key(rt, op, k)) < 0)
+            goto bad;
+    if ((rc = post_op(rt, op, MSG_GET_SUBMIT)) < 0)
+        return rc;
+    *out = op;
+    return 0;
+bad:
+    op_abandon(op);
+    return rc;
+}
+
+/* ---- synchronous, bounded helpers ---------------------------------------------- */
+
+/* Posts op and waits up to timeout_ms.  On time-out the handle is released
+ * (the op is recycled once it completes) and UMBP_E_TIMEOUT returned. */
+static int post_and_wait(struct umbp_runtime *rt, struct umbp_op *op, enum msg_type t,
+                         int64_t timeout_ms)
+{
+    int rc = post_op(rt, op, t);
+    if (rc < 0)
+        return rc;
+    if (op_wait_ns(op, ms_to_ns(timeout_ms)) != 0) {
+        CNT_ADD(rt, ops_timed_out, 1);
+        return UMBP_E_TIMEOUT;
+    }
+    return 0;
+}
+
+int umbp_lookup(umbp_runtime_t *rt, const umbp_key_t *keys, size_t n, uint8_t *present,
+                size_t *prefix_len, unsigned flags)
+{
+    if (present && n)
+        memset(present, 0, n);
+    if (prefix_len)
+        *prefix_len = 0;
+    if (!rt || (!keys && n) || n > MAX_BATCH || (flags & ~(unsigned)UMBP_LOOKUP_TOUCH))
+        return -EINVAL;
+    if (n == 0)
+        return 0;
+    /* while an earlier lookup is stuck in a stalled backend, miss at once */
+    if (atomic_load_explicit(&rt->lookup_stuck, memory_order_relaxed))
+        return UMBP_E_NOT_ATTEMPTED;
+    struct umbp_op *op;
+    int rc = take_op(rt, OP_LOOKUP, n, 0, &op);
+    if (rc < 0)
+        return rc;
+    for (size_t k = 0; k < n; k++)
+        op->reqs[k].key = keys[k];
+    op->flags = flags;
+    rc = post_and_wait(rt, op, MSG_LOOKUP, rt->core->lookup_timeout_ms);
+    if (rc == -EAGAIN)
+        return rc; /* never posted; the op is already back in the pool */
+    if (rc == UMBP_E_TIMEOUT) {
+        atomic_store(&rt->lookup_stuck, true);
+        if (umbp_op_test(op) == 0) /* it finished meanwhile: not stuck */
+            atomic_store(&rt->lookup_stuck, false);
+    } else if (rc == 0) {
+        rc = op->rc;
+        if (rc == 0) {
+            if (present)
+                memcpy(present, op->present, n);
+            if (prefix_len)
+                *prefix_len = op->prefix;
+        }
+    }
+    op_put_ref(op);
+    return rc;
+}
+
+int umbp_get_stats(umbp_runtime_t *rt, umbp_stats_t *out)
+{
+    if (!rt || !out)
+        return -EINVAL;
+    struct umbp_op *op;
+    int rc = take_op(rt, OP_STATS, 0, 0, &op);
+    if (rc < 0)
+        return rc;
+    rc = post_and_wait(rt, op, MSG_STATS, rt->core->lookup_timeout_ms);
+    if (rc == -EAGAIN)
+        return rc;
+    if (rc == 0)
+        *out = op->stats;
+    op_put_ref(op);
+    return rc;
+}
+
+int umbp_clear(umbp_runtime_t *rt)
+{
+    if (!rt)
+        return -EINVAL;
+    struct umbp_op *op;
+    int rc = take_op(rt, OP_CLEAR, 0, 0, &op);
+    if (rc < 0)
+        return rc;
+    rc = post_and_wait(rt, op, MSG_CLEAR, rt->core->timeout_ms);
+    if (rc == -EAGAIN)
+        return rc;
+    if (rc == 0)
+        rc = op->rc;
+    op_put_ref(op);
+    return rc;
+}
+
+int umbp_flush(umbp_runtime_t *rt, int timeout_ms)
+{
+    if (!rt)
+        return -EINVAL;
+    struct umbp_op *op;
+    int rc = take_op(rt, OP_FLUSH, 0, 0, &op);
+    if (rc < 0)
+        return rc;
+    int64_t ms = timeout_ms < 0 ? rt->core->timeout_ms : timeout_ms;
+    rc = post_and_wait(rt, op, MSG_FLUSH, ms);
+    if (rc == -EAGAIN)
+        return rc;
+    if (rc == 0)
+        rc = op->rc;
+    op_put_ref(op);
+    return rc;
+}

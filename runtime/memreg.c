@@ -1,0 +1,105 @@
+/*
+ * memreg.c - registered memory regions and their kinds.
+ *
+ * Any thread; a mutex guards the sorted array (registration is rare and off
+ * the critical path; classification is skipped entirely while no device
+ * region is registered).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+
+static size_t find_first_end_after(struct memreg *r, uintptr_t p)
+{
+    size_t lo = 0, hi = r->n; /* first entry with end > p */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (r->v[mid].end <= p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int memreg_classify(struct memreg *r, const void *ptr, uint64_t len, umbp_mem_kind_t *kind)
+{
+    uintptr_t p = (uintptr_t)ptr, e = p + len;
+    int rc = 0;
+    *kind = UMBP_MEM_HOST;
+    pthread_mutex_lock(&r->lock);
+    size_t i = find_first_end_after(r, p);
+    if (i < r->n && r->v[i].start < e) {
+        if (p < r->v[i].start || e > r->v[i].end)
+            rc = -EFAULT;
+        else
+            *kind = r->v[i].kind;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+int umbp_mem_register(umbp_runtime_t *rt, const umbp_mem_desc_t *d, umbp_mem_handle_t *out)
+{
+    if (!rt || !d || !out || !d->addr || d->len == 0 ||
+        (uintptr_t)d->addr + d->len < (uintptr_t)d->addr)
+        return -EINVAL;
+    if (d->kind != UMBP_MEM_HOST && d->kind != UMBP_MEM_DEVICE)
+        return -EINVAL;
+    if (d->kind == UMBP_MEM_DEVICE) {
+        umbp_log(UMBP_LOG_ERROR, "umbp_mem_register: device memory needs the GPU copy engine, "
+                 "which this runtime does not have");
+        return -ENOTSUP;
+    }
+    struct memreg *r = &rt->memreg;
+    uintptr_t s = (uintptr_t)d->addr, e = s + d->len;
+    int rc = 0;
+    pthread_mutex_lock(&r->lock);
+    size_t i = find_first_end_after(r, s);
+    if (i < r->n && r->v[i].start < e) {
+        rc = -EEXIST;
+        goto out;
+    }
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 16;
+        struct memreg_entry *v = realloc(r->v, cap * sizeof(*v));
+        if (!v) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        r->v = v;
+        r->cap = cap;
+    }
+    memmove(&r->v[i + 1], &r->v[i], (r->n - i) * sizeof(*r->v));
+    r->v[i] = (struct memreg_entry){s, e, d->kind, d->device, ++r->next_handle};
+    r->n++;
+    if (d->kind == UMBP_MEM_DEVICE)
+        atomic_fetch_add(&r->num_device, 1);
+    *out = r->v[i].handle;
+out:
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+int umbp_mem_deregister(umbp_runtime_t *rt, umbp_mem_handle_t h)
+{
+    if (!rt)
+        return -EINVAL;
+    struct memreg *r = &rt->memreg;
+    int rc = -ENOENT;
+    pthread_mutex_lock(&r->lock);
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->v[i].handle != h)
+            continue;
+        if (r->v[i].kind == UMBP_MEM_DEVICE)
+            atomic_fetch_sub(&r->num_device, 1);
+        memmove(&r->v[i], &r->v[i + 1], (r->n - i - 1) * sizeof(*r->v));
+        r->n--;
+        rc = 0;
+        break;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}

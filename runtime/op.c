@@ -1,0 +1,188 @@
+/*
+ * op.c - operation handles: a fixed pool, completion and waiting.
+ *
+ * Ops are allocated once at runtime creation (max_inflight_ops of them) and
+ * recycled through an MPMC ck ring, so submitting never allocates; per-key
+ * arrays grow only when a batch is larger than any the op has seen.
+ *
+ * Ownership: an op carries two references, the caller's handle and the
+ * runtime's.  op_complete() drops the runtime's after publishing the result;
+ * umbp_op_release() drops the caller's.  Whoever drops the last returns the
+ * op to the free ring.  Waiting is a futex on `done`.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rt.h"
+
+static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
+{
+    return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
+}
+
+struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
+{
+    void *p;
+    if (!ck_ring_dequeue_mpmc(&rt->free_ring, rt->free_buf, &p)) {
+        CNT_ADD(rt, mailbox_full, 1);
+        return NULL;
+    }
+    struct umbp_op *op = p;
+    op->kind = kind;
+    op->rc = 0;
+    op->n = 0;
+    op->num_ok = 0;
+    op->prefix = 0;
+    op->flags = 0;
+    op->prev = op->next = NULL;
+    op->submit_ns = umbp_now_ns();
+    op->deadline_ns = op->submit_ns + ms_to_ns(rt->core->timeout_ms);
+    atomic_store_explicit(&op->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&op->refs, 2, memory_order_relaxed);
+    atomic_fetch_add(&rt->inflight, 1);
+    return op;
+}
+
+static int grow(void **p, size_t *cap_unused, size_t want, size_t elem)
+{
+    void *q = realloc(*p, want * elem);
+    if (!q)
+        return -ENOMEM;
+    *p = q;
+    return 0;
+}
+
+int op_reserve_keys(struct umbp_op *op, size_t n, size_t nranges)
+{
+    if (n > op->cap_keys) {
+        size_t want = n < 64 ? 64 : n;
+        if (grow((void **)&op->reqs, NULL, want, sizeof(*op->reqs)) ||
+            grow((void **)&op->req_ptrs, NULL, want, sizeof(*op->req_ptrs)) ||
+            grow((void **)&op->state, NULL, want, sizeof(*op->state)) ||
+            grow((void **)&op->status, NULL, want, sizeof(*op->status)) ||
+            grow((void **)&op->present, NULL, want, sizeof(*op->present)) ||
+            grow((void **)&op->range_first, NULL, want + 1, sizeof(*op->range_first)) ||
+            grow((void **)&op->jobs, NULL, want, sizeof(*op->jobs)))
+            return -ENOMEM;
+        op->cap_keys = want;
+        op->cap_jobs = (uint32_t)want;
+    }
+    if (nranges > op->cap_ranges) {
+        size_t want = nranges < 256 ? 256 : nranges;
+        if (grow((void **)&op->ranges, NULL, want, sizeof(*op->ranges)))
+            return -ENOMEM;
+        op->cap_ranges = want;
+    }
+    op->n = n;
+    return 0;
+}
+
+void op_put_ref(struct umbp_op *op)
+{
+    if (atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    struct umbp_runtime *rt = op->rt;
+    /* The free ring has room for every op, so this cannot fail. */
+    ck_ring_enqueue_mpmc(&rt->free_ring, rt->free_buf, op);
+}
+
+void op_abandon(struct umbp_op *op)
+{
+    struct umbp_runtime *rt = op->rt;
+    atomic_fetch_sub(&rt->inflight, 1);
+    atomic_store(&op->refs, 0);
+    ck_ring_enqueue_mpmc(&rt->free_ring, rt->free_buf, op);
+}
+
+void op_complete(struct umbp_op *op)
+{
+    struct umbp_runtime *rt = op->rt;
+    if (op->kind == OP_PUT || op->kind == OP_GET) {
+        size_t ok = 0;
+        for (size_t i = 0; i < op->n; i++)
+            ok += op->status[i] == 0;
+        op->num_ok = ok;
+    }
+    /* seq_cst store pairs with the waiter's seq_cst increment of `waiters`
+     * followed by its load of `done`: one of the two sides sees the other. */
+    atomic_store(&op->done, 1);
+    if (atomic_load(&op->waiters))
+        futex(&op->done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+    atomic_fetch_sub(&rt->inflight, 1);
+    op_put_ref(op);
+}
+
+int op_wait_ns(struct umbp_op *op, uint64_t timeout_ns)
+{
+    if (atomic_load_explicit(&op->done, memory_order_acquire))
+        return 0;
+    uint64_t deadline = timeout_ns == UINT64_MAX ? UINT64_MAX : umbp_now_ns() + timeout_ns;
+    atomic_fetch_add(&op->waiters, 1);
+    int rc = UMBP_E_INPROGRESS;
+    for (;;) {
+        if (atomic_load(&op->done)) {
+            rc = 0;
+            break;
+        }
+        uint64_t now = umbp_now_ns();
+        if (now >= deadline)
+            break;
+        struct timespec ts, *tsp = NULL;
+        if (deadline != UINT64_MAX) {
+            uint64_t left = deadline - now;
+            ts.tv_sec = (time_t)(left / 1000000000ull);
+            ts.tv_nsec = (long)(left % 1000000000ull);
+            tsp = &ts;
+        }
+        futex(&op->done, FUTEX_WAIT_PRIVATE, 0, tsp);
+    }
+    atomic_fetch_sub(&op->waiters, 1);
+    return rc;
+}
+
+/* ---- public completion API ---------------------------------------------- */
+
+int umbp_op_test(umbp_op_t *op)
+{
+    if (!op)
+        return -EINVAL;
+    return atomic_load_explicit(&op->done, memory_order_acquire) ? 0 : UMBP_E_INPROGRESS;
+}
+
+int umbp_op_wait(umbp_op_t *op, int timeout_ms)
+{
+    if (!op)
+        return -EINVAL;
+    int64_t ms = timeout_ms < 0 ? op->rt->core->timeout_ms : timeout_ms;
+    return op_wait_ns(op, ms_to_ns(ms));
+}
+
+size_t umbp_op_num_keys(const umbp_op_t *op) { return op ? op->n : 0; }
+
+int umbp_op_key_status(const umbp_op_t *op, size_t i)
+{
+    if (!op || i >= op->n || (op->kind != OP_PUT && op->kind != OP_GET))
+        return -EINVAL;
+    if (!atomic_load_explicit(&((umbp_op_t *)op)->done, memory_order_acquire))
+        return UMBP_E_INPROGRESS;
+    return op->status[i];
+}
+
+size_t umbp_op_num_ok(const umbp_op_t *op)
+{
+    if (!op || !atomic_load_explicit(&((umbp_op_t *)op)->done, memory_order_acquire))
+        return 0;
+    return op->num_ok;
+}
+
+void umbp_op_release(umbp_op_t *op)
+{
+    if (op)
+        op_put_ref(op);
+}

@@ -1,0 +1,271 @@
+/*
+ * rt.h - the runtime's private structures.
+ *
+ * Threads and ownership:
+ *  - caller threads (the engine's) validate arguments, take an op from the
+ *    free ring, fill it and post it to an actor's mailbox; they wait on the
+ *    op's futex word.  They touch only the op they hold and atomics.
+ *  - the loop thread runs libev and the five actors (lookup, store, load,
+ *    evictor, lease).  It owns the tiers, the actors' lists and timers and
+ *    every op between its arrival in a mailbox and its completion, except
+ *    while the op's bytes are being copied.
+ *  - copy workers run memcpy jobs for put and get ops; while an op has jobs
+ *    outstanding the loop thread does not touch its per-key data, and the
+ *    worker that finishes the last job posts the op back to its actor.
+ *
+ * An op is in exactly one place at a time (a mailbox, the copy queue, a wait
+ * list), so every mailbox sized to the op pool can never overflow from an
+ * internal post; only caller submissions can meet a full pool (-EAGAIN).
+ */
+#ifndef UMBP_RT_H
+#define UMBP_RT_H
+
+#include <ck_ring.h>
+#include <ev.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "msg.h"
+#include "umbp/tier.h"
+#include "umbp/umbp.h"
+
+/* ---- mailbox: bounded MPSC ck ring + ev_async doorbell ----------------- */
+
+struct umbp_runtime;
+typedef void (*mailbox_handler)(struct umbp_runtime *rt, struct msg_hdr *m);
+
+struct mailbox {
+    ck_ring_t ring;
+    ck_ring_buffer_t *buf;
+    unsigned size;
+    ev_async doorbell;
+    mailbox_handler handle;
+    struct umbp_runtime *rt;
+    enum actor_id actor;
+};
+
+int mailbox_init(struct mailbox *mb, struct umbp_runtime *rt, enum actor_id a,
+                 unsigned size, mailbox_handler h);
+void mailbox_fini(struct mailbox *mb);
+/* Any thread.  0, or -EAGAIN when the ring is full (back-pressure). */
+int mailbox_post(struct mailbox *mb, struct msg_hdr *m);
+/* Posts to the actor that receives m->type. */
+int rt_post(struct umbp_runtime *rt, struct msg_hdr *m);
+
+/* ---- operations -------------------------------------------------------- */
+
+enum op_kind { OP_PUT, OP_GET, OP_LOOKUP, OP_STATS, OP_CLEAR, OP_FLUSH };
+
+/* Per-key state of a put or get, beside the tier request. */
+enum key_state {
+    KEY_TODO,      /* not yet asked of the tier (or waiting for space) */
+    KEY_COPYING,   /* region reserved / leased, bytes moving */
+    KEY_DONE,      /* final status known */
+};
+
+struct umbp_op {
+    struct msg_hdr hdr; /* first: the op is its own message */
+    struct umbp_runtime *rt;
+    enum op_kind kind;
+    _Atomic uint32_t done;    /* futex word: 0 in flight, 1 complete */
+    _Atomic uint32_t waiters; /* threads sleeping on done */
+    _Atomic uint32_t refs;    /* caller handle + runtime */
+    int rc;                   /* overall result of lookup/stats/clear/flush */
+    uint64_t submit_ns, deadline_ns, space_deadline_ns;
+    uint64_t arrival;         /* store actor's arrival number (flush) */
+
+    size_t n;                 /* keys in the batch */
+    size_t cap_keys, cap_ranges;
+    struct umbp_tier_req *reqs;
+    struct umbp_tier_req **req_ptrs; /* scratch subset passed to the tier */
+    uint8_t *state;           /* enum key_state per key */
+    int *status;              /* final status per key */
+    uint32_t *range_first;    /* n + 1 indices into ranges */
+    umbp_range_t *ranges;
+    uint8_t *present;         /* lookup */
+    size_t num_ok;
+
+    /* copy bookkeeping (written by the loop before dispatch, by workers
+     * after) */
+    _Atomic uint32_t jobs_left;
+    uint32_t num_jobs;
+    struct copy_job *jobs;
+    uint32_t cap_jobs;
+
+    /* lookup / stats / flush */
+    size_t prefix;
+    unsigned flags;
+    umbp_stats_t stats;
+    uint64_t flush_upto;
+
+    /* intrusive links: prev/next for the store actor's list of incomplete
+     * puts (and flushes), wnext for the space-waiter list */
+    struct umbp_op *prev, *next, *wnext;
+};
+
+struct copy_job {
+    struct umbp_op *op;
+    uint32_t first, last; /* keys [first, last) */
+};
+
+/* Caller side. */
+struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind);
+int op_reserve_keys(struct umbp_op *op, size_t n, size_t nranges);
+/* Loop side: finishes the op, wakes waiters, drops the runtime's ref. */
+void op_complete(struct umbp_op *op);
+void op_put_ref(struct umbp_op *op);
+/* Caller side: gives back an op that was never posted. */
+void op_abandon(struct umbp_op *op);
+/* Blocks up to timeout_ns (UINT64_MAX: forever). 0 done, INPROGRESS not. */
+int op_wait_ns(struct umbp_op *op, uint64_t timeout_ns);
+
+/* ---- copy workers ------------------------------------------------------ */
+
+struct copy_pool {
+    pthread_t *threads;
+    int nthreads;
+    ck_ring_t ring;
+    ck_ring_buffer_t *buf;
+    unsigned size;
+    _Atomic uint32_t seq;     /* futex event count: bumped on every enqueue */
+    _Atomic uint32_t sleepers;
+    _Atomic bool quit;
+};
+
+int copy_pool_start(struct umbp_runtime *rt, int nthreads, unsigned size);
+void copy_pool_stop(struct umbp_runtime *rt);
+/* Loop thread: splits the op's COPYING keys into jobs and queues them; the
+ * last job to finish posts the op with message type `then`. */
+void copy_dispatch(struct umbp_op *op, bool to_object, enum msg_type then);
+
+/* ---- memory registry --------------------------------------------------- */
+
+struct memreg_entry {
+    uintptr_t start, end;
+    umbp_mem_kind_t kind;
+    int device;
+    umbp_mem_handle_t handle;
+};
+
+struct memreg {
+    pthread_mutex_t lock;
+    struct memreg_entry *v;
+    size_t n, cap;
+    uint64_t next_handle;
+    _Atomic size_t num_device;
+};
+
+/* Kind of the memory at [p, p+len): HOST unless inside a registered device
+ * region.  -EFAULT if it straddles a registered region's edge. */
+int memreg_classify(struct memreg *r, const void *p, uint64_t len,
+                    umbp_mem_kind_t *kind);
+
+/* ---- events ------------------------------------------------------------ */
+
+struct event_queue {
+    pthread_mutex_t lock;
+    umbp_event_t *v;
+    size_t cap, head, count;
+    uint64_t lost;
+};
+
+/* ---- counters ---------------------------------------------------------- */
+
+struct rt_counters {
+    _Atomic uint64_t puts_ok, puts_existing, puts_failed;
+    _Atomic uint64_t gets_ok, gets_miss, gets_failed;
+    _Atomic uint64_t bytes_written, bytes_read;
+    _Atomic uint64_t lookups, lookup_keys, lookup_hits;
+    _Atomic uint64_t puts_waited_for_space, ops_timed_out, mailbox_full;
+    _Atomic uint64_t events_dropped;
+};
+#define CNT_ADD(rt, f, v) atomic_fetch_add_explicit(&(rt)->cnt.f, (v), memory_order_relaxed)
+
+/* ---- the runtime ------------------------------------------------------- */
+
+struct rt_config;
+
+struct umbp_runtime {
+    struct rt_config *cfg;
+    const struct umbp_core_config *core;
+    struct umbp_tier *tier;      /* the composition's first tier */
+    const char *tier_name;
+    double high_watermark, low_watermark;
+
+    struct ev_loop *loop;
+    pthread_t loop_thread;
+    ev_async stop_async;
+    struct mailbox mb[ACTOR_COUNT];
+
+    /* op pool */
+    struct umbp_op *ops;
+    size_t num_ops;
+    ck_ring_t free_ring;
+    ck_ring_buffer_t *free_buf;
+
+    struct copy_pool copy;
+    struct memreg memreg;
+    struct event_queue events;
+    struct rt_counters cnt;
+
+    _Atomic bool closing;      /* set by destroy: refuse new work */
+    _Atomic size_t inflight;   /* ops taken and not yet completed */
+    bool stopping;             /* loop thread: drain then break */
+    _Atomic bool lookup_stuck; /* a lookup timed out and has not finished */
+
+    /* store actor (loop thread) */
+    struct umbp_op *space_waiters_head, *space_waiters_tail;
+    struct umbp_op *puts_head, *puts_tail; /* incomplete puts, by arrival */
+    struct umbp_op *flush_head, *flush_tail;
+    uint64_t arrivals;
+    ev_timer store_timer;      /* space-wait deadlines */
+    ev_async store_retry;      /* space freed: retry waiting puts */
+    ev_timer drain_timer;      /* shutdown: wait for in-flight ops */
+    uint64_t drain_deadline_ns;
+    _Atomic bool backend_stalled; /* tier unhealthy: refuse new transfers */
+    /* evictor actor */
+    struct msg_hdr evict_kick;
+    _Atomic bool evict_kick_queued;
+    ev_idle evict_idle;
+    uint64_t space_wanted;     /* bytes waiting puts need */
+    /* lease actor */
+    ev_timer lease_timer;
+    struct msg_hdr lease_sweep;
+    _Atomic bool lease_sweep_queued;
+    /* load actor: quarantine of keys whose load failed */
+    struct quarantine *quarantine;
+};
+
+/* Actor entry points (one file each). */
+void store_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m);
+void load_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m);
+void lookup_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m);
+void evictor_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m);
+void lease_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m);
+int store_actor_init(struct umbp_runtime *rt);
+void store_actor_stop(struct umbp_runtime *rt); /* fail waiters */
+bool store_actor_idle(struct umbp_runtime *rt);
+int lease_actor_init(struct umbp_runtime *rt);
+void lease_actor_stop(struct umbp_runtime *rt);
+void evictor_kick(struct umbp_runtime *rt);
+void evictor_init(struct umbp_runtime *rt);
+void evictor_stop(struct umbp_runtime *rt);
+void tier_space_freed(void *ctx);
+void tier_emit_event(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
+
+/* Quarantine (owned by the load actor, read by the lookup actor; both run on
+ * the loop thread). */
+struct quarantine *quarantine_new(void);
+void quarantine_free(struct quarantine *q);
+void quarantine_add(struct quarantine *q, const umbp_key_t *k, uint64_t until_ns);
+bool quarantine_has(struct quarantine *q, const umbp_key_t *k, uint64_t now_ns);
+
+/* Errors: remember a message for umbp_last_error() and log it once. */
+void umbp_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void umbp_log_set_level(enum umbp_log_level l);
+int umbp_log_level_parse(const char *s, enum umbp_log_level *out);
+
+static inline uint64_t ms_to_ns(int64_t ms) { return (uint64_t)ms * 1000000ull; }
+
+#endif

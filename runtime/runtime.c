@@ -1,0 +1,251 @@
+/*
+ * runtime.c - creating and destroying a runtime; the loop thread.
+ *
+ * Creation (caller's thread): parse options, create the composition's tier,
+ * allocate the op pool, the mailboxes and the copy workers, then start the
+ * loop thread.  Everything the loop uses is set up before the thread starts,
+ * so pthread_create orders it.
+ *
+ * Destruction: refuse new work (closing), ring the stop doorbell; the loop
+ * thread fails waiting puts, keeps serving mailboxes (handlers fail new
+ * arrivals with UMBP_E_NOT_ATTEMPTED) until every in-flight op has completed
+ * or timeout_ms has passed, then breaks.  Copy workers finish the jobs already
+ * queued (bounded memcpy) before they exit; only then is the tier destroyed.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "rt.h"
+
+static void *loop_main(void *arg)
+{
+    struct umbp_runtime *rt = arg;
+    ev_run(rt->loop, 0);
+    return NULL;
+}
+
+static void on_drain_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct umbp_runtime *rt = w->data;
+    size_t inflight = atomic_load(&rt->inflight);
+    if (inflight && umbp_now_ns() < rt->drain_deadline_ns)
+        return;
+    if (inflight)
+        umbp_log(UMBP_LOG_WARN, "shutdown: %zu operations still in flight after timeout_ms; "
+                 "abandoning them", inflight);
+    ev_timer_stop(loop, w);
+    lease_actor_stop(rt);
+    for (int a = 0; a < ACTOR_COUNT; a++)
+        ev_async_stop(loop, &rt->mb[a].doorbell);
+    ev_async_stop(loop, &rt->stop_async);
+    ev_break(loop, EVBREAK_ALL);
+}
+
+static void on_stop(struct ev_loop *loop, ev_async *w, int revents)
+{
+    struct umbp_runtime *rt = w->data;
+    if (rt->stopping)
+        return;
+    rt->stopping = true;
+    rt->drain_deadline_ns = umbp_now_ns() + ms_to_ns(rt->core->timeout_ms);
+    store_actor_stop(rt);
+    ev_timer_init(&rt->drain_timer, on_drain_timer, 0.0, 0.001);
+    rt->drain_timer.data = rt;
+    ev_timer_start(loop, &rt->drain_timer);
+}
+
+static const mailbox_handler handlers[ACTOR_COUNT] = {
+    [ACTOR_LOOKUP] = lookup_actor_handle,
+    [ACTOR_STORE] = store_actor_handle,
+    [ACTOR_LOAD] = load_actor_handle,
+    [ACTOR_EVICTOR] = evictor_actor_handle,
+    [ACTOR_LEASE] = lease_actor_handle,
+};
+
+static int create_tier(struct umbp_runtime *rt)
+{
+    const char *override[] = {rt->core->tier, NULL};
+    const char *const *names = rt->core->tier[0] ? override : mode_tiers(rt->core->mode);
+    for (size_t i = 0; names[i]; i++) {
+        if (!umbp_tier_find(names[i])) {
+            char have[128] = "";
+            for (size_t k = 0; umbp_tier_registry[k]; k++) {
+                if (k)
+                    strncat(have, ", ", sizeof(have) - strlen(have) - 1);
+                strncat(have, umbp_tier_registry[k]->name, sizeof(have) - strlen(have) - 1);
+            }
+            if (rt->core->tier[0])
+                umbp_set_error("tier: no tier named '%s' is built in (tiers built in: %s)",
+                               names[i], have);
+            else
+                umbp_set_error("mode: '%s' needs the '%s' tier, which this libumbp does not "
+                               "have (tiers built in: %s); use mode \"embedded\"",
+                               rt->core->mode, names[i], have);
+            return -ENOTSUP;
+        }
+    }
+    const struct umbp_tier_ops *ops = umbp_tier_find(names[0]);
+    struct umbp_tier_env env = {
+        .loop = rt->loop,
+        .core = rt->core,
+        .capacity_bytes = rt->cfg->rank_capacity,
+        .emit_event = tier_emit_event,
+        .space_freed = tier_space_freed,
+        .ctx = rt,
+    };
+    char err[512] = "";
+    int rc = ops->create(&env, config_tier(rt->cfg, ops), &rt->tier, err, sizeof(err));
+    if (rc < 0) {
+        umbp_set_error("%s tier: %s", ops->name, err[0] ? err : umbp_strerror(rc));
+        return rc;
+    }
+    rt->tier->ops = ops;
+    rt->tier->env = env;
+    rt->tier_name = ops->name;
+    return 0;
+}
+
+static int create_ops(struct umbp_runtime *rt)
+{
+    size_t n = (size_t)rt->core->max_inflight_ops;
+    unsigned cap = 2;
+    while (cap < n + 1)
+        cap <<= 1;
+    rt->ops = calloc(n, sizeof(*rt->ops));
+    rt->free_buf = calloc(cap, sizeof(ck_ring_buffer_t));
+    if (!rt->ops || !rt->free_buf)
+        return -ENOMEM;
+    rt->num_ops = n;
+    ck_ring_init(&rt->free_ring, cap);
+    for (size_t i = 0; i < n; i++) {
+        rt->ops[i].rt = rt;
+        ck_ring_enqueue_mpmc(&rt->free_ring, rt->free_buf, &rt->ops[i]);
+    }
+    return 0;
+}
+
+static int create_events(struct umbp_runtime *rt)
+{
+    pthread_mutex_init(&rt->events.lock, NULL);
+    pthread_mutex_init(&rt->memreg.lock, NULL);
+    if (!rt->core->enable_events)
+        return 0;
+    rt->events.cap = (size_t)rt->core->event_queue_size;
+    rt->events.v = calloc(rt->events.cap, sizeof(umbp_event_t));
+    return rt->events.v ? 0 : -ENOMEM;
+}
+
+static int create_actors(struct umbp_runtime *rt)
+{
+    int rc;
+    for (int a = 0; a < ACTOR_COUNT; a++)
+        if ((rc = mailbox_init(&rt->mb[a], rt, (enum actor_id)a, (unsigned)rt->num_ops + 8,
+                               handlers[a])) < 0)
+            return rc;
+    ev_async_init(&rt->stop_async, on_stop);
+    rt->stop_async.data = rt;
+    ev_async_start(rt->loop, &rt->stop_async);
+    evictor_init(rt);
+    if ((rc = store_actor_init(rt)) < 0 || (rc = lease_actor_init(rt)) < 0)
+        return rc;
+    rt->quarantine = quarantine_new();
+    return rt->quarantine ? 0 : -ENOMEM;
+}
+
+static void free_runtime(struct umbp_runtime *rt)
+{
+    if (rt->tier)
+        rt->tier->ops->destroy(rt->tier);
+    for (int a = 0; a < ACTOR_COUNT; a++)
+        mailbox_fini(&rt->mb[a]);
+    if (rt->loop)
+        ev_loop_destroy(rt->loop);
+    for (size_t i = 0; i < rt->num_ops; i++) {
+        struct umbp_op *op = &rt->ops[i];
+        free(op->reqs);
+        free(op->req_ptrs);
+        free(op->state);
+        free(op->status);
+        free(op->present);
+        free(op->range_first);
+        free(op->jobs);
+        free(op->ranges);
+    }
+    free(rt->ops);
+    free(rt->free_buf);
+    free(rt->events.v);
+    free(rt->memreg.v);
+    quarantine_free(rt->quarantine);
+    pthread_mutex_destroy(&rt->events.lock);
+    pthread_mutex_destroy(&rt->memreg.lock);
+    config_free(rt->cfg);
+    free(rt);
+}
+
+int umbp_runtime_create(const char *json_config, umbp_runtime_t **out)
+{
+    if (!out) {
+        umbp_set_error("umbp_runtime_create: out must not be NULL");
+        return -EINVAL;
+    }
+    struct rt_config *cfg;
+    int rc = config_parse(json_config, &cfg);
+    if (rc < 0)
+        return rc;
+    enum umbp_log_level lvl;
+    if (umbp_log_level_parse(cfg->core.log_level, &lvl) == 0)
+        umbp_log_set_level(lvl);
+    struct umbp_runtime *rt = calloc(1, sizeof(*rt));
+    if (!rt) {
+        config_free(cfg);
+        umbp_set_error("out of memory creating the runtime");
+        return -ENOMEM;
+    }
+    rt->cfg = cfg;
+    rt->core = &cfg->core;
+    rt->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
+    if (!rt->loop) {
+        umbp_set_error("libev: cannot create an event loop");
+        rc = -ENOMEM;
+        goto fail;
+    }
+    if ((rc = create_tier(rt)) < 0)
+        goto fail;
+    if ((rc = create_ops(rt)) < 0 || (rc = create_events(rt)) < 0 ||
+        (rc = create_actors(rt)) < 0) {
+        umbp_set_error("out of memory creating the runtime (max_inflight_ops=%lld)",
+                       (long long)rt->core->max_inflight_ops);
+        goto fail;
+    }
+    if ((rc = copy_pool_start(rt, (int)rt->core->copy_threads, (unsigned)rt->num_ops)) < 0) {
+        umbp_set_error("cannot start %lld copy threads: %s", (long long)rt->core->copy_threads,
+                       umbp_strerror(rc));
+        goto fail;
+    }
+    if ((rc = -pthread_create(&rt->loop_thread, NULL, loop_main, rt)) < 0) {
+        umbp_set_error("cannot start the loop thread: %s", umbp_strerror(rc));
+        copy_pool_stop(rt);
+        goto fail;
+    }
+    umbp_log(UMBP_LOG_INFO, "runtime up: mode %s, tier %s, rank %lld/%lld, capacity %llu bytes",
+             rt->core->mode, rt->tier_name, (long long)rt->core->rank,
+             (long long)rt->core->world_size, (unsigned long long)cfg->rank_capacity);
+    *out = rt;
+    return 0;
+fail:
+    free_runtime(rt);
+    return rc;
+}
+
+void umbp_runtime_destroy(umbp_runtime_t *rt)
+{
+    if (!rt)
+        return;
+    atomic_store(&rt->closing, true);
+    ev_async_send(rt->loop, &rt->stop_async);
+    pthread_join(rt->loop_thread, NULL);
+    copy_pool_stop(rt);
+    free_runtime(rt);
+}

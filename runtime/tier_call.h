@@ -1,0 +1,105 @@
+/*
+ * tier_call.h - how the runtime calls a tier: small wrappers, never
+ * t->ops->fn() at call sites.  Optional members that a tier leaves NULL get
+ * the defaults here (not supported / nothing / healthy), so no NULL slot is
+ * ever called.  All wrappers run on the loop thread.
+ */
+#ifndef UMBP_TIER_CALL_H
+#define UMBP_TIER_CALL_H
+
+#include <errno.h>
+#include <string.h>
+
+#include "umbp/tier.h"
+
+static inline void tier_lookup(struct umbp_tier *t, struct umbp_tier_req *const *r, size_t n,
+                               uint8_t *present, bool touch, umbp_tier_done_fn done, void *arg)
+{
+    t->ops->lookup(t, r, n, present, touch, done, arg);
+}
+
+static inline void tier_reserve(struct umbp_tier *t, struct umbp_tier_req *const *r, size_t n,
+                                umbp_tier_done_fn done, void *arg)
+{
+    t->ops->reserve(t, r, n, done, arg);
+}
+
+static inline void tier_publish(struct umbp_tier *t, struct umbp_tier_req *const *r, size_t n,
+                                umbp_tier_done_fn done, void *arg)
+{
+    t->ops->publish(t, r, n, done, arg);
+}
+
+static inline void tier_abort(struct umbp_tier *t, struct umbp_tier_req *const *r, size_t n)
+{
+    t->ops->abort(t, r, n);
+}
+
+static inline void tier_acquire(struct umbp_tier *t, struct umbp_tier_req *const *r, size_t n,
+                                uint64_t ttl_ms, umbp_tier_done_fn done, void *arg)
+{
+    t->ops->acquire(t, r, n, ttl_ms, done, arg);
+}
+
+static inline void tier_release(struct umbp_tier *t, struct umbp_tier_req *const *r, size_t n,
+                                umbp_tier_done_fn done, void *arg)
+{
+    t->ops->release(t, r, n, done, arg);
+}
+
+static inline void tier_clear(struct umbp_tier *t, umbp_tier_done_fn done, void *arg)
+{
+    t->ops->clear(t, done, arg);
+}
+
+static inline uint64_t tier_evict(struct umbp_tier *t, uint64_t target, size_t max_objects,
+                                  bool *more)
+{
+    if (!t->ops->evict) {
+        *more = false;
+        return 0;
+    }
+    return t->ops->evict(t, target, max_objects, more);
+}
+
+static inline void tier_usage(struct umbp_tier *t, struct umbp_tier_usage *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (t->ops->usage)
+        t->ops->usage(t, out);
+}
+
+static inline void tier_expire_leases(struct umbp_tier *t, uint64_t now_ns)
+{
+    if (t->ops->expire_leases)
+        t->ops->expire_leases(t, now_ns);
+}
+
+static inline int tier_health(struct umbp_tier *t)
+{
+    return t->ops->health ? t->ops->health(t) : 0;
+}
+
+static inline void tier_read(struct umbp_tier *t, const struct umbp_region *r,
+                             const umbp_range_t *ranges, size_t n, umbp_tier_done_fn done,
+                             void *arg)
+{
+    if (!t->ops->read) {
+        done(arg, -ENOTSUP);
+        return;
+    }
+    t->ops->read(t, r, ranges, n, done, arg);
+}
+
+static inline void tier_write(struct umbp_tier *t, const struct umbp_region *r,
+                              const umbp_range_t *ranges, size_t n, umbp_tier_done_fn done,
+                              void *arg)
+{
+    if (!t->ops->write) {
+        done(arg, -ENOTSUP);
+        return;
+    }
+    t->ops->write(t, r, ranges, n, done, arg);
+}
+
+#endif

@@ -1,0 +1,109 @@
+/*
+ * util.c - logging, time, key hashing, error strings and message names.
+ * Stateless apart from the process-wide log level and the per-thread last
+ * error message; safe on any thread.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "rt.h"
+
+static _Atomic int log_level = UMBP_LOG_WARN;
+static _Thread_local char last_error[512];
+
+void umbp_log_set_level(enum umbp_log_level l) { atomic_store(&log_level, (int)l); }
+
+int umbp_log_level_parse(const char *s, enum umbp_log_level *out)
+{
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = (enum umbp_log_level)i;
+            return 0;
+        }
+    return -EINVAL;
+}
+
+void umbp_log(enum umbp_log_level lvl, const char *fmt, ...)
+{
+    static const char *const tags[] = {"error", "warn", "info", "debug"};
+    if ((int)lvl > atomic_load_explicit(&log_level, memory_order_relaxed))
+        return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "umbp %s: %s\n", tags[lvl], line);
+}
+
+void umbp_set_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    umbp_log(UMBP_LOG_ERROR, "%s", last_error);
+}
+
+const char *umbp_last_error(void) { return last_error; }
+
+uint64_t umbp_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t umbp_key_hash(const umbp_key_t *key) { return XXH3_64bits(key->bytes, UMBP_KEY_SIZE); }
+
+const char *umbp_strerror(int err)
+{
+    switch (err) {
+    case UMBP_OK: return "success";
+    case UMBP_E_INPROGRESS: return "operation in progress";
+    case UMBP_E_NOT_ATTEMPTED: return "not attempted (backend stalled or runtime closing); retry later";
+    case UMBP_E_TIMEOUT: return "operation timed out";
+    case UMBP_E_STALE: return "object reclaimed while being read; bytes invalid";
+    case UMBP_E_SHAPE: return "ranges do not match the object (tiling or bounds)";
+    case UMBP_E_DUPLICATE_KEY: return "key appears twice in one batch";
+    case UMBP_E_QUARANTINED: return "key quarantined after a recent load failure";
+    case -ENOSPC: return "no space in the pool within put_wait_ms";
+    case -ENOENT: return "no such object";
+    case -EAGAIN: return "too many operations in flight; retry later";
+    case -EFBIG: return "object larger than the pool";
+    default: break;
+    }
+    if (err < 0 && err > -4096) {
+        static _Thread_local char buf[128];
+        /* strerror_r (GNU) returns a pointer that may not be buf */
+        const char *s = strerror_r(-err, buf, sizeof(buf));
+        return s;
+    }
+    return "unknown umbp error";
+}
+
+static const char *const msg_names[] = {
+#define X(name, actor) #name,
+    UMBP_MESSAGES(X)
+#undef X
+};
+static const enum actor_id msg_actors[] = {
+#define X(name, actor) ACTOR_##actor,
+    UMBP_MESSAGES(X)
+#undef X
+};
+_Static_assert(sizeof(msg_names) / sizeof(msg_names[0]) == MSG_COUNT, "message table");
+
+const char *msg_name(enum msg_type t) { return t < MSG_COUNT ? msg_names[t] : "?"; }
+enum actor_id msg_actor(enum msg_type t) { return msg_actors[t]; }
+
+const char *actor_name(enum actor_id a)
+{
+    static const char *const names[] = {"lookup", "store", "load", "evictor", "lease"};
+    return a < ACTOR_COUNT ? names[a] : "?";
+}
