@@ -34,6 +34,12 @@ static uint64_t evict_target(struct umbp_runtime *rt, const struct umbp_tier_usa
         uint64_t fit = u->capacity_bytes > rt->space_wanted ? u->capacity_bytes - rt->space_wanted : 0;
         if (fit > u->low_watermark_bytes)
             fit = u->low_watermark_bytes;
+        /* Enough free bytes in total but still no room: the free space is
+         * fragmented.  Free the waiting bytes again from LRU order; the
+         * allocator merges neighbours, and each retry that still fails asks
+         * for more until the put fits or its deadline passes. */
+        if (u->used_bytes <= fit)
+            fit = u->used_bytes > rt->space_wanted ? u->used_bytes - rt->space_wanted : 0;
         if (fit < target)
             target = fit;
     }

@@ -116,8 +116,10 @@ struct umbp_region {
 };
 
 /* One key of a batched call.  `size` is an input of reserve; `status` and
- * `region` are outputs of reserve and acquire and inputs of publish, abort
- * and release. */
+ * `region` are outputs of reserve and acquire.  publish and release act only
+ * on requests whose status is 0 on input (the runtime passes exactly the
+ * reserved / leased ones) and overwrite it with their result; abort drops the
+ * reservation named by region.token whatever the status. */
 struct umbp_tier_req {
     umbp_key_t key;
     uint64_t size;

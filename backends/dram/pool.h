@@ -1,0 +1,46 @@
+/*
+ * pool.h - the dram tier's host memory: one mapping of capacity bytes.
+ *
+ * Anonymous, or a memfd / POSIX shared-memory object when shared; huge
+ * pages when asked and available (else 4 KiB pages and one warning); bound
+ * to a NUMA node before first touch; optionally prefaulted.  Created and
+ * destroyed on the runtime's creating thread; the loop thread only reads
+ * the fields.
+ */
+#ifndef UMBP_DRAM_POOL_H
+#define UMBP_DRAM_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DRAM_SHM_NAME_MAX 256 /* dram_shm_name's capacity, NUL included */
+
+struct dram_pool_params {
+    uint64_t capacity;      /* bytes; rounded up to the page size in use */
+    bool shared;            /* memfd or shm_open + MAP_SHARED */
+    const char *shm_name;   /* shared only: "" or NULL for memfd */
+    bool hugepages;
+    uint64_t hugepage_size; /* 2 MiB or 1 GiB */
+    int numa_node;          /* -1: no binding */
+    bool prefault;
+};
+
+struct dram_pool {
+    void *base;
+    uint64_t size;      /* mapped bytes, a multiple of page_size */
+    uint64_t page_size; /* in use: 4 KiB or the huge page size */
+    bool hugepages;     /* huge pages in use */
+    int fd;             /* memfd or shm descriptor; -1 when anonymous */
+    char shm_path[DRAM_SHM_NAME_MAX + 1]; /* "/name" unlinked at destroy */
+    char warning[512];  /* the huge-page fallback warning, "" if none */
+};
+
+/* Maps the pool.  On failure writes a message naming the option at fault
+ * and the fix into err and returns a negative errno. */
+int dram_pool_create(const struct dram_pool_params *p, struct dram_pool **out,
+                     char *err, size_t errlen);
+/* Unmaps, closes and unlinks everything. */
+void dram_pool_destroy(struct dram_pool *pool);
+
+#endif /* UMBP_DRAM_POOL_H */
