@@ -67,10 +67,10 @@ int main(int argc, char **argv)
     printf("bench_alloc: %zu puts of 4 KiB objects, batches of %d\n", nobj, BATCH);
     printf("  baseline malloc+memcpy+free      %10.0f objects/s\n", base);
     char cfg[128];
-    snprintf(cfg, sizeof(cfg), "{\"capacity_bytes\":%zu}", (size_t)nobj * OBJ * 2);
+    snprintf(cfg, sizeof(cfg), "{\"capacity_bytes\":%zu,\"dram_prefault\":true}", (size_t)nobj * OBJ * 2);
     double big = put_rate(cfg, nobj);
     printf("  umbp put, no eviction            %10.0f objects/s (%.2fx baseline)\n", big, big / base);
-    double small = put_rate("{\"capacity_bytes\":\"64MiB\"}", nobj);
+    double small = put_rate("{\"capacity_bytes\":\"64MiB\",\"dram_prefault\":true}", nobj);
     printf("  umbp put, constant eviction      %10.0f objects/s (%.2fx baseline)\n", small,
            small / base);
     return 0;

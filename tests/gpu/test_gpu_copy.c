@@ -1,0 +1,800 @@
+/*
+ * test_gpu_copy.c - byte-exact store/restore through the GPU copy engine.
+ *
+ * For every layout (FlashAttention, FlashInfer, FlashInfer with padded block
+ * stride, MLA, cross-layer, and the benchmark's three geometries), every
+ * method (kernel, staged, DMA) and several ranges (all layers and blocks, a
+ * layer subset of a block subset, one layer): random data in, poisoned
+ * destinations, then every byte of the destination compared with what an
+ * independent model of the layout says (the model below spells out each
+ * layout's offsets by hand rather than from strides).  Plus the error cases
+ * of layout registration and transfers, and the caller-event hand-off.
+ *
+ *   test_gpu_copy --backend host     host-only backend (CI, no GPU)
+ *   test_gpu_copy --backend device   CUDA or HIP; one "SKIP:" line and exit 0
+ *                                    when no device is present
+ *   --seed N                         repeat a run (the seed is printed)
+ *   --small                          device sizes as small as the host's (for
+ *                                    compute-sanitizer runs)
+ *
+ * Plain C (Criterion is not on the GPU machine); ends with
+ * "N passed, N failed" and exits 1 if any failed.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpu.h" /* private: device allocation and copies for the test */
+#include "umbp/gpu.h"
+
+static int n_passed, n_failed;
+static uint64_t rng_state;
+
+#define CHECK(cond, ...)                                                                      \
+    do {                                                                                      \
+        if (cond) {                                                                           \
+            n_passed++;                                                                       \
+        } else {                                                                              \
+            n_failed++;                                                                       \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                       \
+            printf(__VA_ARGS__);                                                              \
+            printf(" [%s]\n", umbp_gpu_last_error());                                         \
+        }                                                                                     \
+    } while (0)
+
+static uint64_t rnd(void)
+{
+    /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545F4914F6CDD1DULL;
+}
+
+static void fill_random(uint8_t *p, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v = rnd();
+        memcpy(p + i, &v, 8);
+    }
+    for (; i < n; i++)
+        p[i] = (uint8_t)rnd();
+}
+
+/* ---- layouts, modelled by hand ------------------------------------------ */
+
+enum kind { FA, FI, FI_PADDED, MLA, XL };
+
+struct spec {
+    const char *name;
+    enum kind kind;
+    uint32_t layers;
+    uint32_t bs, heads, dim; /* chunk = bs * heads * dim * 2 bytes (bf16) */
+};
+
+static const struct spec specs[] = {
+    {"flash-attn 4L", FA, 4, 16, 2, 64},
+    {"flashinfer 3L", FI, 3, 16, 2, 64},
+    {"flashinfer padded 3L", FI_PADDED, 3, 8, 1, 128},
+    {"mla 5L", MLA, 5, 16, 1, 576},
+    {"cross-layer 4L", XL, 4, 16, 2, 32},
+    {"bench 32L x 32KiB", FA, 32, 16, 8, 128},
+    {"bench 24L x 16KiB", FA, 24, 16, 4, 128},
+    {"bench 32L x 4KiB", FA, 32, 16, 1, 128},
+};
+
+#define PAD_BYTES 4096 /* FI_PADDED: extra bytes between blocks */
+
+struct model {
+    const struct spec *s;
+    uint64_t nb;         /* GPU blocks */
+    uint32_t nkv;
+    uint64_t chunk;      /* bytes */
+    uint32_t ntensors;
+    uint64_t tensor_bytes;
+    uint64_t obj_size;
+    void *dev[64];       /* device tensors */
+    uint8_t *mirror[64]; /* what each tensor should hold */
+    umbp_kv_tensor_t t[64];
+};
+
+/* Where (tensor, byte offset) the chunk of (layer, block, kv) lives. */
+static void model_chunk(const struct model *m, uint32_t l, uint64_t b, uint32_t kv,
+                        uint32_t *tensor, uint64_t *off)
+{
+    uint64_t c = m->chunk;
+    *tensor = m->s->kind == XL ? 0 : l;
+    switch (m->s->kind) {
+    case FA:
+        *off = ((uint64_t)kv * m->nb + b) * c;
+        break;
+    case FI:
+        *off = (b * 2 + kv) * c;
+        break;
+    case FI_PADDED:
+        *off = b * (2 * c + PAD_BYTES) + kv * c;
+        break;
+    case MLA:
+        *off = b * c;
+        break;
+    case XL:
+        *off = ((b * m->s->layers + l) * 2 + kv) * c;
+        break;
+    }
+}
+
+static uint64_t model_obj_off(const struct model *m, uint32_t l, uint32_t kv)
+{
+    return ((uint64_t)l * m->nkv + kv) * m->chunk;
+}
+
+/* Describes the tensors as an engine would (torch shapes and strides). */
+static void model_describe(struct model *m)
+{
+    const struct spec *s = m->s;
+    int64_t nb = (int64_t)m->nb, bs = s->bs, h = s->heads, d = s->dim;
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        umbp_kv_tensor_t *t = &m->t[i];
+        memset(t, 0, sizeof(*t));
+        t->base = m->dev[i];
+        t->elem_size = 2;
+        t->layer_dim = -1;
+        switch (s->kind) {
+        case FA:
+            t->ndim = 5;
+            memcpy(t->shape, (int64_t[]){2, nb, bs, h, d}, 5 * sizeof(int64_t));
+            t->block_dim = 1;
+            t->kv_dim = 0;
+            break;
+        case FI:
+        case FI_PADDED:
+            t->ndim = 5;
+            memcpy(t->shape, (int64_t[]){nb, 2, bs, h, d}, 5 * sizeof(int64_t));
+            t->block_dim = 0;
+            t->kv_dim = 1;
+            break;
+        case MLA:
+            t->ndim = 3;
+            memcpy(t->shape, (int64_t[]){nb, bs, d}, 3 * sizeof(int64_t));
+            t->block_dim = 0;
+            t->kv_dim = -1;
+            break;
+        case XL:
+            t->ndim = 6;
+            memcpy(t->shape, (int64_t[]){nb, s->layers, 2, bs, h, d}, 6 * sizeof(int64_t));
+            t->block_dim = 0;
+            t->layer_dim = 1;
+            t->kv_dim = 2;
+            break;
+        }
+        umbp_kv_tensor_set_contiguous(t);
+        if (s->kind == FI_PADDED)
+            t->stride[0] += PAD_BYTES / 2;
+    }
+}
+
+static int model_init(struct model *m, const struct spec *s, uint64_t nb,
+                      const struct gpu_ops *o)
+{
+    memset(m, 0, sizeof(*m));
+    m->s = s;
+    m->nb = nb;
+    m->nkv = s->kind == MLA ? 1 : 2;
+    m->chunk = (uint64_t)s->bs * s->heads * s->dim * 2;
+    m->ntensors = s->kind == XL ? 1 : s->layers;
+    uint64_t per_layer = nb * m->nkv * m->chunk + (s->kind == FI_PADDED ? nb * PAD_BYTES : 0);
+    m->tensor_bytes = s->kind == XL ? per_layer * s->layers : per_layer;
+    m->obj_size = (uint64_t)s->layers * m->nkv * m->chunk;
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        if (gpu_dev_alloc(o, m->tensor_bytes, &m->dev[i]) < 0)
+            return -ENOMEM;
+        m->mirror[i] = malloc(m->tensor_bytes);
+        if (m->mirror[i] == NULL)
+            return -ENOMEM;
+    }
+    model_describe(m);
+    return 0;
+}
+
+static void model_free(struct model *m, const struct gpu_ops *o)
+{
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        gpu_dev_free(o, m->dev[i]);
+        free(m->mirror[i]);
+    }
+}
+
+/* Copies the mirrors to the device. */
+static int model_upload(struct model *m, const struct gpu_ops *o)
+{
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        int rc = gpu_memcpy_sync(o, m->dev[i], m->mirror[i], m->tensor_bytes);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Compares every byte of the device tensors with the mirrors. */
+static int model_check_device(struct model *m, const struct gpu_ops *o, const char *what)
+{
+    uint8_t *buf = malloc(m->tensor_bytes);
+    int bad = 0;
+    for (uint32_t i = 0; buf != NULL && i < m->ntensors && !bad; i++) {
+        if (gpu_memcpy_sync(o, buf, m->dev[i], m->tensor_bytes) < 0) {
+            bad = 1;
+            break;
+        }
+        if (memcmp(buf, m->mirror[i], m->tensor_bytes) != 0) {
+            uint64_t k = 0;
+            while (buf[k] == m->mirror[i][k])
+                k++;
+            printf("  %s: tensor %u differs at byte %" PRIu64 " (chunk %" PRIu64 "+%" PRIu64
+                   "): got 0x%02x, want 0x%02x\n", what, i, k, k / m->chunk, k % m->chunk,
+                   buf[k], m->mirror[i][k]);
+            bad = 1;
+        }
+    }
+    free(buf);
+    return buf == NULL ? 1 : bad;
+}
+
+/* ---- one transfer case -------------------------------------------------- */
+
+struct env {
+    umbp_gpu_engine_t *eng;
+    const struct gpu_ops *o;
+    umbp_kv_layout_t *lay;
+    uint8_t *pool;      /* registered host memory: nslots objects */
+    uint8_t *expect;    /* what the pool should hold */
+    uint64_t nslots;
+    struct model m;
+};
+
+/* Random distinct values in [0, n). */
+static void pick_distinct(uint64_t *out, size_t k, uint64_t n)
+{
+    for (size_t i = 0; i < k; i++) {
+        uint64_t v;
+        size_t j;
+        do {
+            v = rnd() % n;
+            for (j = 0; j < i && out[j] != v; j++)
+                ;
+        } while (j < i);
+        out[i] = v;
+    }
+}
+
+static void run_case(struct env *e, umbp_gpu_method_t method, size_t nsel, uint32_t first,
+                     uint32_t count, const char *label)
+{
+    struct model *m = &e->m;
+    const struct gpu_ops *o = e->o;
+    uint64_t blocks[256], slots[256];
+    umbp_kv_block_io_t io[256];
+    pick_distinct(blocks, nsel, m->nb);
+    pick_distinct(slots, nsel, e->nslots);
+    for (size_t i = 0; i < nsel; i++) {
+        io[i].block = blocks[i];
+        io[i].host = e->pool + slots[i] * m->obj_size;
+    }
+    uint32_t last = first + (count ? count : m->s->layers - first);
+    umbp_kv_xfer_desc_t d = {.layout = e->lay, .blocks = io, .num_blocks = nsel,
+                             .first_layer = first, .num_layers = count};
+    size_t pool_bytes = e->nslots * m->obj_size;
+
+    /* Store: random GPU tensors, poisoned pool. */
+    for (uint32_t i = 0; i < m->ntensors; i++)
+        fill_random(m->mirror[i], m->tensor_bytes);
+    int rc = model_upload(m, o);
+    memset(e->pool, 0xA5, pool_bytes);
+    memset(e->expect, 0xA5, pool_bytes);
+    for (size_t i = 0; i < nsel; i++)
+        for (uint32_t l = first; l < last; l++)
+            for (uint32_t kv = 0; kv < m->nkv; kv++) {
+                uint32_t t;
+                uint64_t off;
+                model_chunk(m, l, blocks[i], kv, &t, &off);
+                memcpy(e->expect + slots[i] * m->obj_size + model_obj_off(m, l, kv),
+                       m->mirror[t] + off, m->chunk);
+            }
+    umbp_gpu_xfer_t *x = NULL;
+    if (rc == 0)
+        rc = umbp_gpu_store(e->eng, &d, &x);
+    if (rc == 0) {
+        rc = umbp_gpu_xfer_wait(x, 30000);
+        CHECK(umbp_gpu_xfer_method(x) == method, "%s store: method %d, wanted %d", label,
+              umbp_gpu_xfer_method(x), method);
+        CHECK(umbp_gpu_xfer_bytes(x) == nsel * (uint64_t)(last - first) * m->nkv * m->chunk,
+              "%s store: %" PRIu64 " bytes", label, umbp_gpu_xfer_bytes(x));
+        umbp_gpu_xfer_release(x);
+    }
+    CHECK(rc == 0, "%s store: %s", label, umbp_gpu_strerror(rc));
+    int same = memcmp(e->pool, e->expect, pool_bytes) == 0;
+    if (!same) {
+        size_t k = 0;
+        while (e->pool[k] == e->expect[k])
+            k++;
+        printf("  pool differs at byte %zu (object slot %zu, +%zu): got 0x%02x want 0x%02x\n", k,
+               k / m->obj_size, k % m->obj_size, e->pool[k], e->expect[k]);
+    }
+    CHECK(same, "%s store: every byte of the pool as expected", label);
+    CHECK(model_check_device(m, o, "after store") == 0, "%s store left the GPU tensors alone",
+          label);
+
+    /* Restore: random objects, poisoned GPU tensors. */
+    fill_random(e->pool, pool_bytes);
+    for (uint32_t i = 0; i < m->ntensors; i++)
+        memset(m->mirror[i], 0x5A, m->tensor_bytes);
+    rc = model_upload(m, o);
+    for (size_t i = 0; i < nsel; i++)
+        for (uint32_t l = first; l < last; l++)
+            for (uint32_t kv = 0; kv < m->nkv; kv++) {
+                uint32_t t;
+                uint64_t off;
+                model_chunk(m, l, blocks[i], kv, &t, &off);
+                memcpy(m->mirror[t] + off, e->pool + slots[i] * m->obj_size + model_obj_off(m, l, kv),
+                       m->chunk);
+            }
+    if (rc == 0)
+        rc = umbp_gpu_restore(e->eng, &d, &x);
+    if (rc == 0) {
+        rc = umbp_gpu_xfer_wait(x, 30000);
+        CHECK(umbp_gpu_xfer_method(x) == method, "%s restore: method %d, wanted %d", label,
+              umbp_gpu_xfer_method(x), method);
+        umbp_gpu_xfer_release(x);
+    }
+    CHECK(rc == 0, "%s restore: %s", label, umbp_gpu_strerror(rc));
+    CHECK(model_check_device(m, o, "after restore") == 0,
+          "%s restore: every byte of the GPU tensors as expected", label);
+}
+
+static const char *method_name(umbp_gpu_method_t m)
+{
+    return m == UMBP_GPU_METHOD_KERNEL ? "kernel" : m == UMBP_GPU_METHOD_STAGED ? "staged" : "dma";
+}
+
+/* Kernel shapes other than the defaults (CTAs, threads, 16-byte loads in
+ * flight per lane); zeros = defaults. */
+struct tuning {
+    uint32_t ctas, threads, vec, copy_streams, share, flags;
+};
+
+/* All cases of one layout and method on one backend. */
+static void run_layout(umbp_gpu_backend_t b, const struct spec *s, umbp_gpu_method_t method,
+                       int big, struct tuning tu)
+{
+    struct env e;
+    memset(&e, 0, sizeof(e));
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = b;
+    cfg.store_method = cfg.restore_method = method;
+    cfg.max_ctas = tu.ctas ? tu.ctas : 4; /* fewer CTAs than chunks: the loop strides */
+    cfg.threads_per_cta = tu.threads;
+    cfg.vec_per_lane = tu.vec;
+    cfg.copy_streams = tu.copy_streams;
+    cfg.kernel_share_pct = tu.share;
+    cfg.flags = tu.flags;
+    uint64_t nb = s->layers >= 24 ? (big ? 128 : 24) : (big ? 256 : 40);
+    size_t nsel = s->layers >= 24 ? (big ? 40 : 10) : (big ? 100 : 16);
+    uint64_t obj = (uint64_t)s->layers * (s->kind == MLA ? 1 : 2) * s->bs * s->heads * s->dim * 2;
+    /* Slots of two objects each: transfers take several groups and rotate
+     * through the slots more than once. */
+    uint64_t slot = (2 * obj + 4095) & ~(uint64_t)4095;
+    cfg.staging_bytes = 4 * slot < (64u << 10) ? (64u << 10) : 4 * slot;
+    char label[128];
+    snprintf(label, sizeof(label), "%s/%s/%s/%u,%u,%u,%u,%u%%", umbp_gpu_backend_name(b),
+             s->name, method_name(method), cfg.max_ctas, tu.threads, tu.vec, tu.copy_streams,
+             tu.share);
+
+    int rc = umbp_gpu_engine_create(&cfg, &e.eng);
+    CHECK(rc == 0, "%s: engine: %s", label, umbp_gpu_strerror(rc));
+    if (rc < 0)
+        return;
+    e.o = gpu_backend_ops(umbp_gpu_engine_backend(e.eng));
+    int prev;
+    gpu_device_enter(e.o, umbp_gpu_engine_device(e.eng), &prev);
+    rc = model_init(&e.m, s, nb, e.o);
+    CHECK(rc == 0, "%s: device memory: %s", label, umbp_gpu_strerror(rc));
+    if (rc == 0) {
+        rc = umbp_kv_layout_create(e.eng, e.m.t, e.m.ntensors, &e.lay);
+        CHECK(rc == 0, "%s: layout: %s", label, umbp_gpu_strerror(rc));
+    }
+    if (rc == 0) {
+        CHECK(umbp_kv_layout_object_size(e.lay) == e.m.obj_size, "%s: object size %" PRIu64,
+              label, umbp_kv_layout_object_size(e.lay));
+        CHECK(umbp_kv_layout_num_blocks(e.lay) == nb && umbp_kv_layout_num_layers(e.lay) ==
+              s->layers, "%s: layout counts", label);
+        e.nslots = nsel + 5;
+        size_t pool_bytes = e.nslots * e.m.obj_size;
+        /* The kernel method allocates its pool, the others register one. */
+        if (method == UMBP_GPU_METHOD_KERNEL) {
+            rc = umbp_gpu_host_alloc(e.eng, pool_bytes, (void **)&e.pool);
+        } else {
+            e.pool = aligned_alloc(4096, (pool_bytes + 4095) & ~(size_t)4095);
+            rc = e.pool == NULL ? -ENOMEM : umbp_gpu_host_register(e.eng, e.pool, pool_bytes);
+        }
+        CHECK(rc == 0, "%s: host pool: %s", label, umbp_gpu_strerror(rc));
+        e.expect = malloc(pool_bytes);
+    }
+    if (rc == 0 && e.expect != NULL) {
+        uint32_t L = s->layers;
+        run_case(&e, method, nsel, 0, 0, label);
+        run_case(&e, method, nsel / 2 + 1, 1, L / 2, label);      /* layer and block subset */
+        run_case(&e, method, 3, L - 1, 1, label);                 /* the last layer only */
+        run_case(&e, method, 1, 0, 1, label);                     /* one chunk pair */
+    }
+    if (e.pool != NULL) {
+        if (method == UMBP_GPU_METHOD_KERNEL) {
+            umbp_gpu_host_free(e.eng, e.pool);
+        } else {
+            CHECK(umbp_gpu_host_unregister(e.eng, e.pool) == 0, "%s: unregister", label);
+            free(e.pool);
+        }
+    }
+    free(e.expect);
+    umbp_kv_layout_destroy(e.lay);
+    model_free(&e.m, e.o);
+    gpu_device_leave(e.o, umbp_gpu_engine_device(e.eng), prev);
+    umbp_gpu_engine_destroy(e.eng);
+}
+
+/* ---- the caller's events ------------------------------------------------ */
+
+/* A store waits for the caller's event; a restore's event lets a caller's
+ * stream wait for it. */
+static void test_events(umbp_gpu_backend_t b)
+{
+    const struct spec *s = &specs[0];
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = b;
+    umbp_gpu_engine_t *eng = NULL;
+    int rc = umbp_gpu_engine_create(&cfg, &eng);
+    CHECK(rc == 0, "events: engine: %s", umbp_gpu_strerror(rc));
+    if (rc < 0)
+        return;
+    const struct gpu_ops *o = gpu_backend_ops(umbp_gpu_engine_backend(eng));
+    int prev;
+    gpu_device_enter(o, 0, &prev);
+    struct model m;
+    umbp_kv_layout_t *lay = NULL;
+    uint8_t *pool = NULL, *fresh = NULL;
+    gpu_stream_t us = NULL;
+    gpu_event_t ev = NULL;
+    size_t nsel = 32;
+    rc = model_init(&m, s, 64, o);
+    if (rc == 0)
+        rc = umbp_kv_layout_create(eng, m.t, m.ntensors, &lay);
+    if (rc == 0)
+        rc = umbp_gpu_host_alloc(eng, nsel * m.obj_size + m.tensor_bytes * m.ntensors, (void **)&pool);
+    if (rc == 0)
+        rc = gpu_stream_create(o, &us);
+    if (rc == 0)
+        rc = gpu_event_create(o, &ev);
+    CHECK(rc == 0, "events: setup: %s", umbp_gpu_strerror(rc));
+    if (rc < 0)
+        goto out;
+    fresh = pool + nsel * m.obj_size; /* pinned: the copies below are async */
+
+    umbp_kv_block_io_t io[32];
+    for (size_t i = 0; i < nsel; i++)
+        io[i] = (umbp_kv_block_io_t){.block = i * 2, .host = pool + i * m.obj_size};
+    umbp_kv_xfer_desc_t d = {.layout = lay, .blocks = io, .num_blocks = nsel};
+
+    /* Old contents on the device, new contents queued on the caller's
+     * stream, the store submitted right after with the stream's event. */
+    for (uint32_t i = 0; i < m.ntensors; i++) {
+        memset(m.mirror[i], 0x11, m.tensor_bytes);
+        fill_random(fresh + i * m.tensor_bytes, m.tensor_bytes);
+    }
+    rc = model_upload(&m, o);
+    for (uint32_t i = 0; rc == 0 && i < m.ntensors; i++)
+        rc = gpu_memcpy_async(o, m.dev[i], fresh + i * m.tensor_bytes, m.tensor_bytes, us);
+    if (rc == 0)
+        rc = gpu_event_record(o, ev, us);
+    d.wait_event = ev;
+    umbp_gpu_xfer_t *x = NULL;
+    if (rc == 0)
+        rc = umbp_gpu_store(eng, &d, &x);
+    if (rc == 0) {
+        rc = umbp_gpu_xfer_wait(x, 30000);
+        /* 32 objects of 32 KiB back to back in request order: one 1 MiB
+         * DMA, so AUTO stages them on a device. */
+        CHECK(umbp_gpu_xfer_method(x) ==
+              (b == UMBP_GPU_BACKEND_HOST ? UMBP_GPU_METHOD_KERNEL : UMBP_GPU_METHOD_STAGED),
+              "events: auto method of adjacent objects: %d", umbp_gpu_xfer_method(x));
+        umbp_gpu_xfer_release(x);
+    }
+    CHECK(rc == 0, "events: store after caller event: %s", umbp_gpu_strerror(rc));
+    int ok = 1;
+    for (size_t i = 0; i < nsel && ok; i++)
+        for (uint32_t l = 0; l < s->layers && ok; l++)
+            for (uint32_t kv = 0; kv < 2 && ok; kv++) {
+                uint32_t t;
+                uint64_t off;
+                model_chunk(&m, l, io[i].block, kv, &t, &off);
+                ok = memcmp(pool + i * m.obj_size + model_obj_off(&m, l, kv),
+                            fresh + t * m.tensor_bytes + off, m.chunk) == 0;
+            }
+    CHECK(ok, "events: the store saw the writes its wait_event covers");
+
+    /* Restore, then the caller's stream waits for the transfer's event and
+     * reads the tensors back. */
+    fill_random(pool, nsel * m.obj_size);
+    d.wait_event = NULL;
+    rc = umbp_gpu_restore(eng, &d, &x);
+    if (rc == 0) {
+        void *done = umbp_gpu_xfer_event(x);
+        CHECK((done != NULL) == (b != UMBP_GPU_BACKEND_HOST), "events: xfer event present");
+        if (done != NULL)
+            rc = gpu_stream_wait_event(o, us, done);
+        for (uint32_t i = 0; rc == 0 && i < m.ntensors; i++)
+            rc = gpu_memcpy_async(o, fresh + i * m.tensor_bytes, m.dev[i], m.tensor_bytes, us);
+        if (rc == 0)
+            rc = gpu_stream_sync(o, us);
+        CHECK(umbp_gpu_xfer_test(x) == 0, "events: restore complete once the stream was");
+        umbp_gpu_xfer_release(x);
+    }
+    CHECK(rc == 0, "events: restore + stream wait: %s", umbp_gpu_strerror(rc));
+    ok = 1;
+    for (size_t i = 0; i < nsel && ok; i++)
+        for (uint32_t l = 0; l < s->layers && ok; l++)
+            for (uint32_t kv = 0; kv < 2 && ok; kv++) {
+                uint32_t t;
+                uint64_t off;
+                model_chunk(&m, l, io[i].block, kv, &t, &off);
+                ok = memcmp(pool + i * m.obj_size + model_obj_off(&m, l, kv),
+                            fresh + t * m.tensor_bytes + off, m.chunk) == 0;
+            }
+    CHECK(ok, "events: a stream waiting on the restore's event sees restored bytes");
+out:
+    if (ev != NULL)
+        gpu_event_destroy(o, ev);
+    if (us != NULL)
+        gpu_stream_destroy(o, us);
+    umbp_gpu_host_free(eng, pool);
+    umbp_kv_layout_destroy(lay);
+    model_free(&m, o);
+    gpu_device_leave(o, 0, prev);
+    umbp_gpu_engine_destroy(eng);
+}
+
+/* ---- errors ------------------------------------------------------------- */
+
+static umbp_kv_tensor_t fa_tensor(void *base, int64_t nb)
+{
+    umbp_kv_tensor_t t = {.base = base, .ndim = 5, .shape = {2, nb, 16, 2, 64},
+                          .elem_size = 2, .block_dim = 1, .kv_dim = 0, .layer_dim = -1};
+    umbp_kv_tensor_set_contiguous(&t);
+    return t;
+}
+
+static void expect_layout_error(umbp_gpu_engine_t *eng, const umbp_kv_tensor_t *t, uint32_t n,
+                                int want, const char *what)
+{
+    umbp_kv_layout_t *lay = NULL;
+    int rc = umbp_kv_layout_create(eng, t, n, &lay);
+    CHECK(rc == want, "layout error '%s': got %d (%s), want %d (%s)", what, rc,
+          umbp_gpu_strerror(rc), want, umbp_gpu_strerror(want));
+    CHECK(rc == 0 || umbp_gpu_last_error()[0] != '\0', "layout error '%s' has a message", what);
+    if (rc == 0)
+        umbp_kv_layout_destroy(lay);
+}
+
+static void test_errors(void)
+{
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = UMBP_GPU_BACKEND_HOST;
+    cfg.max_inflight = 1;
+    umbp_gpu_engine_t *eng = NULL;
+    int rc = umbp_gpu_engine_create(&cfg, &eng);
+    CHECK(rc == 0, "errors: engine: %s", umbp_gpu_strerror(rc));
+    if (rc < 0)
+        return;
+    static uint8_t fake[2 * 8 * 16 * 2 * 64 * 2 * 2] __attribute__((aligned(64)));
+    umbp_kv_tensor_t t[2], u;
+
+    t[0] = fa_tensor(fake, 8);
+    expect_layout_error(eng, t, 1, 0, "a good FlashAttention tensor");
+    u = t[0], u.ndim = 1;
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_NDIM, "ndim 1");
+    u = t[0], u.ndim = 9;
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_NDIM, "ndim 9");
+    u = t[0], u.block_dim = 5;
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_ROLE, "block_dim out of range");
+    u = t[0], u.kv_dim = 1;
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_ROLE, "kv_dim == block_dim");
+    t[1] = t[0], t[1].layer_dim = 2;
+    expect_layout_error(eng, t, 2, UMBP_E_KV_ROLE, "layer_dim on a per-layer tensor");
+    u = t[0], u.shape[0] = 3;
+    umbp_kv_tensor_set_contiguous(&u);
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_SHAPE, "kv dim of size 3");
+    u = t[0], u.shape[3] = 0;
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_SHAPE, "a dim of size 0");
+    u = t[0], u.elem_size = 0;
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_SHAPE, "elem_size 0");
+    u = t[0], u.stride[3] = 128;
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_STRIDE, "heads not dense");
+    /* (H, nb, 2, bs, D): a role dim splits the chunk. */
+    u = (umbp_kv_tensor_t){.base = fake, .ndim = 5, .shape = {2, 8, 2, 16, 64}, .elem_size = 2,
+                           .block_dim = 1, .kv_dim = 2, .layer_dim = -1};
+    umbp_kv_tensor_set_contiguous(&u);
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_STRIDE, "chunk split by the block dim");
+    u = t[0], u.stride[1] = 64;
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_STRIDE, "block stride below one chunk");
+    u = t[0], u.stride[0] = -u.stride[0];
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_STRIDE, "negative kv stride");
+    t[1] = fa_tensor(fake, 7);
+    expect_layout_error(eng, t, 2, UMBP_E_KV_MISMATCH, "layers with different block counts");
+    t[1] = (umbp_kv_tensor_t){.base = fake, .ndim = 3, .shape = {8, 16, 128}, .elem_size = 2,
+                              .block_dim = 0, .kv_dim = -1, .layer_dim = -1};
+    umbp_kv_tensor_set_contiguous(&t[1]);
+    expect_layout_error(eng, t, 2, UMBP_E_KV_MISMATCH, "one layer with K/V, one without");
+    u = t[0], u.base = NULL;
+    expect_layout_error(eng, &u, 1, -EINVAL, "NULL base");
+
+    /* Transfers. */
+    umbp_kv_layout_t *lay = NULL;
+    t[1] = fa_tensor(fake, 8);
+    rc = umbp_kv_layout_create(eng, t, 2, &lay);
+    CHECK(rc == 0, "errors: 2-layer layout: %s", umbp_gpu_strerror(rc));
+    if (rc < 0)
+        goto out;
+    uint64_t off = 0, len = 0;
+    CHECK(umbp_kv_layout_layer_span(lay, 1, 1, &off, &len) == 0 && off == 8192 && len == 8192,
+          "layer span of layer 1: %" PRIu64 "+%" PRIu64, off, len);
+    CHECK(umbp_kv_layout_layer_span(lay, 2, 0, &off, &len) == UMBP_E_KV_RANGE, "span past end");
+    uint64_t osz = umbp_kv_layout_object_size(lay);
+    uint8_t *pool = aligned_alloc(4096, 4 * osz);
+    umbp_kv_block_io_t io[2] = {{.block = 1, .host = pool}, {.block = 2, .host = pool + osz}};
+    umbp_kv_xfer_desc_t d = {.layout = lay, .blocks = io, .num_blocks = 2};
+    umbp_gpu_xfer_t *x = NULL, *y = NULL;
+    rc = umbp_gpu_store(eng, &d, &x);
+    CHECK(rc == UMBP_E_GPU_UNREGISTERED, "store into unregistered memory: %d", rc);
+    CHECK(umbp_gpu_host_register(eng, pool, 4 * osz) == 0, "register pool");
+    CHECK(umbp_gpu_host_register(eng, pool + osz, osz) == -EEXIST, "overlapping register");
+    CHECK(umbp_gpu_host_unregister(eng, pool + 1) == -ENOENT, "unregister of no region");
+    io[1].host = pool + 3 * osz + 1; /* runs past the region's end */
+    CHECK(umbp_gpu_store(eng, &d, &x) == UMBP_E_GPU_UNREGISTERED, "object past the region");
+    io[1].host = pool + osz;
+    io[1].block = 8;
+    CHECK(umbp_gpu_store(eng, &d, &x) == UMBP_E_KV_RANGE, "block 8 of 8");
+    io[1].block = 2;
+    d.first_layer = 1, d.num_layers = 2;
+    CHECK(umbp_gpu_store(eng, &d, &x) == UMBP_E_KV_RANGE, "layers [1, 3) of 2");
+    d.first_layer = 2, d.num_layers = 0;
+    CHECK(umbp_gpu_store(eng, &d, &x) == UMBP_E_KV_RANGE, "first_layer 2 of 2");
+    d.first_layer = 0;
+    CHECK(umbp_gpu_store(eng, NULL, &x) == -EINVAL, "NULL desc");
+    rc = umbp_gpu_store(eng, &d, &x);
+    CHECK(rc == 0, "a good store: %s", umbp_gpu_strerror(rc));
+    if (rc == 0) {
+        CHECK(umbp_gpu_restore(eng, &d, &y) == -EAGAIN, "max_inflight 1: second transfer");
+        CHECK(umbp_gpu_xfer_wait(x, 1000) == 0, "wait");
+        umbp_gpu_xfer_release(x);
+        rc = umbp_gpu_restore(eng, &d, &y);
+        CHECK(rc == 0, "a transfer after release: %s", umbp_gpu_strerror(rc));
+        if (rc == 0)
+            umbp_gpu_xfer_release(y);
+    }
+    d.num_blocks = 0;
+    rc = umbp_gpu_store(eng, &d, &x);
+    CHECK(rc == 0 && umbp_gpu_xfer_wait(x, 1000) == 0, "an empty store completes");
+    if (rc == 0)
+        umbp_gpu_xfer_release(x);
+    CHECK(umbp_gpu_host_unregister(eng, pool) == 0, "unregister pool");
+    free(pool);
+    umbp_kv_layout_destroy(lay);
+out:
+    umbp_gpu_engine_destroy(eng);
+
+    /* Options. */
+    umbp_gpu_config_default(&cfg);
+    cfg.threads_per_cta = 33;
+    CHECK(umbp_gpu_engine_create(&cfg, &eng) == -EINVAL, "threads_per_cta 33 refused");
+    CHECK(strstr(umbp_gpu_last_error(), "threads_per_cta") != NULL, "message names the option");
+    umbp_gpu_config_default(&cfg);
+    cfg.vec_per_lane = 3;
+    CHECK(umbp_gpu_engine_create(&cfg, &eng) == -EINVAL, "vec_per_lane 3 refused");
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = UMBP_GPU_BACKEND_HOST;
+    cfg.device = 1;
+    CHECK(umbp_gpu_engine_create(&cfg, &eng) == -ENODEV, "host device 1 does not exist");
+    CHECK(strcmp(umbp_gpu_strerror(UMBP_E_KV_STRIDE), "unknown error") != 0, "strerror names codes");
+    CHECK(umbp_gpu_backends_built() & (1u << UMBP_GPU_BACKEND_HOST), "host backend built");
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static void run_backend(umbp_gpu_backend_t b, int big)
+{
+    const umbp_gpu_method_t methods[] = {UMBP_GPU_METHOD_KERNEL, UMBP_GPU_METHOD_STAGED,
+                                         UMBP_GPU_METHOD_DMA};
+    const struct tuning defaults = {0, 0, 0, 0, 0, 0};
+    for (size_t s = 0; s < sizeof(specs) / sizeof(specs[0]); s++)
+        for (size_t k = 0; k < 3; k++)
+            run_layout(b, &specs[s], methods[k], big, defaults);
+    const struct tuning shapes[] = {{1, 32, 4, 1, 0, 0}, {3, 96, 16, 3, 25, 0},
+                                    {64, 256, 8, 4, 50, UMBP_GPU_SORT_BY_HOST},
+                                    {7, 512, 16, 2, 90, 0}, {2, 512, 4, 1, 10, UMBP_GPU_SORT_BY_HOST}};
+    for (size_t t = 0; t < sizeof(shapes) / sizeof(shapes[0]); t++) {
+        run_layout(b, &specs[0], UMBP_GPU_METHOD_KERNEL, big, shapes[t]);
+        run_layout(b, &specs[3], UMBP_GPU_METHOD_KERNEL, big, shapes[t]);
+        run_layout(b, &specs[4], UMBP_GPU_METHOD_STAGED, big, shapes[t]);
+        run_layout(b, &specs[2], UMBP_GPU_METHOD_STAGED, big, shapes[t]);
+        run_layout(b, &specs[7], UMBP_GPU_METHOD_KERNEL, big, shapes[t]);
+    }
+    test_events(b);
+
+    /* AUTO: small stores zero-copy, the rest staged (host: always the
+     * kernel, a memcpy). */
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = b;
+    umbp_gpu_engine_t *eng = NULL;
+    if (umbp_gpu_engine_create(&cfg, &eng) == 0) {
+        int dev = b != UMBP_GPU_BACKEND_HOST;
+        CHECK(umbp_gpu_engine_method(eng, 0, 256 << 10) == UMBP_GPU_METHOD_KERNEL,
+              "auto: 256 KiB store zero-copy");
+        CHECK(umbp_gpu_engine_method(eng, 0, 2 << 20) ==
+              (dev ? UMBP_GPU_METHOD_STAGED : UMBP_GPU_METHOD_KERNEL), "auto: 2 MiB store");
+        CHECK(umbp_gpu_engine_method(eng, 1, 256 << 10) ==
+              (dev ? UMBP_GPU_METHOD_STAGED : UMBP_GPU_METHOD_KERNEL), "auto: 256 KiB restore");
+        CHECK(umbp_gpu_engine_method(eng, 1, (uint64_t)1 << 30) == UMBP_GPU_METHOD_KERNEL,
+              "auto: an object larger than a staging slot goes zero-copy");
+        umbp_gpu_engine_destroy(eng);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *which = "host";
+    int small = 0;
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            which = argv[++i];
+        else if (strcmp(argv[i], "--small") == 0)
+            small = 1;
+        else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 0);
+        else {
+            fprintf(stderr, "usage: %s [--backend host|device] [--seed N] [--small]\n", argv[0]);
+            return 2;
+        }
+    }
+    rng_state = seed ? seed : 1;
+    printf("test_gpu_copy: backend %s, seed %" PRIu64 "\n", which, seed);
+
+    if (strcmp(which, "host") == 0) {
+        test_errors();
+        run_backend(UMBP_GPU_BACKEND_HOST, 0);
+    } else {
+        umbp_gpu_backend_t found = UMBP_GPU_BACKEND_AUTO;
+        char why[512] = "";
+        const umbp_gpu_backend_t order[] = {UMBP_GPU_BACKEND_CUDA, UMBP_GPU_BACKEND_HIP};
+        for (size_t i = 0; i < 2 && found == UMBP_GPU_BACKEND_AUTO; i++) {
+            int n = 0;
+            if (umbp_gpu_backend_probe(order[i], &n) == 0)
+                found = order[i];
+            else
+                snprintf(why + strlen(why), sizeof(why) - strlen(why), "%s%s", why[0] ? "; " : "",
+                         umbp_gpu_last_error());
+        }
+        if (found == UMBP_GPU_BACKEND_AUTO) {
+            printf("SKIP: no GPU device: %s\n", why);
+            return 0;
+        }
+        run_backend(found, !small);
+    }
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed ? 1 : 0;
+}
