@@ -92,6 +92,10 @@ static void get_acquired(void *arg, int rc)
         if (s != 0) {
             op->state[k] = KEY_DONE;
             op->status[k] = s;
+        } else if (op->kv_layout &&
+                   op->reqs[k].region.size != umbp_kv_layout_object_size(op->kv_layout)) {
+            op->state[k] = KEY_HELD; /* stored under another layout */
+            op->status[k] = UMBP_E_SHAPE;
         } else if (!ranges_fit(op, k)) {
             op->state[k] = KEY_HELD;
             op->status[k] = UMBP_E_SHAPE;
@@ -103,16 +107,33 @@ static void get_acquired(void *arg, int rc)
             ncopy++;
         }
     }
-    if (ncopy)
+    if (ncopy && op->kv_layout)
+        gpu_dispatch(op, MSG_GET_COPIED);
+    else if (ncopy)
         copy_dispatch(op, false, MSG_GET_COPIED);
     else
         get_release(rt, op);
+}
+
+static void get_copied(struct umbp_runtime *rt, struct umbp_op *op)
+{
+    if (op->gpu_rc < 0) /* the GPU restore failed: keys fail, leases end */
+        for (size_t k = 0; k < op->n; k++)
+            if (op->state[k] == KEY_COPYING) {
+                op->state[k] = KEY_HELD;
+                op->status[k] = op->gpu_rc;
+            }
+    get_release(rt, op);
 }
 
 static void get_arrive(struct umbp_runtime *rt, struct umbp_op *op)
 {
     int h = rt->stopping ? UMBP_E_NOT_ATTEMPTED : tier_health(rt->tier);
     uint64_t now = umbp_now_ns();
+    if (h == 0 && now >= op->deadline_ns) { /* queued past timeout_ms */
+        CNT_ADD(rt, ops_timed_out, 1);
+        h = UMBP_E_TIMEOUT;
+    }
     bool quarantine = rt->core->load_failure_quarantine_ms > 0;
     size_t m = 0;
     for (size_t k = 0; k < op->n; k++) {
@@ -141,7 +162,7 @@ void load_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m)
     struct umbp_op *op = (struct umbp_op *)m;
     switch ((enum msg_type)m->type) {
     case MSG_GET_SUBMIT: get_arrive(rt, op); break;
-    case MSG_GET_COPIED: get_release(rt, op); break;
+    case MSG_GET_COPIED: get_copied(rt, op); break;
     default: umbp_log(UMBP_LOG_ERROR, "load actor: unexpected message %s", msg_name(m->type));
     }
 }

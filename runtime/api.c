@@ -80,13 +80,22 @@ static int check_get_ranges(umbp_range_t *r, uint32_t n)
     return 0;
 }
 
+/* Any total order groups equal keys; word compares beat memcmp calls. */
 static int cmp_req_key(const void *a, const void *b)
 {
-    const struct umbp_tier_req *const *x = a, *const *y = b;
-    return memcmp(&(*x)->key, &(*y)->key, sizeof(umbp_key_t));
+    const uint8_t *x = (*(struct umbp_tier_req *const *)a)->key.bytes;
+    const uint8_t *y = (*(struct umbp_tier_req *const *)b)->key.bytes;
+    for (size_t w = 0; w < UMBP_KEY_SIZE; w += 8) {
+        uint64_t p, q;
+        memcpy(&p, x + w, 8);
+        memcpy(&q, y + w, 8);
+        if (p != q)
+            return p < q ? -1 : 1;
+    }
+    return 0;
 }
 
-static int check_duplicates(struct umbp_op *op)
+int umbp_check_duplicate_keys(struct umbp_op *op)
 {
     for (size_t k = 0; k < op->n; k++)
         op->req_ptrs[k] = &op->reqs[k];
@@ -169,7 +178,7 @@ int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n, umbp_op
         fill_key(op, k, &items[k].key, items[k].ranges, items[k].num_ranges, &ri);
         op->reqs[k].size = items[k].object_size;
     }
-    if ((rc = check_duplicates(op)) < 0)
+    if ((rc = umbp_check_duplicate_keys(op)) < 0)
         goto bad;
     for (size_t k = 0; k < n; k++)
         if ((rc = classify_key(rt, op, k)) < 0)
@@ -205,7 +214,7 @@ int umbp_get(umbp_runtime_t *rt, const umbp_get_item_t *items, size_t n, umbp_op
         if ((rc = check_get_ranges(&op->ranges[op->range_first[k]], items[k].num_ranges)) < 0)
             goto bad;
     }
-    if ((rc = check_duplicates(op)) < 0)
+    if ((rc = umbp_check_duplicate_keys(op)) < 0)
         goto bad;
     for (size_t k = 0; k < n; k++)
         if ((rc = classify_key(rt, op, k)) < 0)

@@ -24,6 +24,7 @@
 
 static const char *const modes[] = {"embedded", "standalone", "distributed", NULL};
 static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
+static const char *const gpu_backends[] = {"auto", "cuda", "hip", "host", NULL};
 
 const struct umbp_option umbp_core_options[] = {
     {"mode", UMBP_OPT_STRING, OFF(mode), "embedded", 0, 0, 32, modes,
@@ -57,6 +58,15 @@ const struct umbp_option umbp_core_options[] = {
      "events kept before the oldest are dropped (and counted as lost)"},
     {"log_level", UMBP_OPT_STRING, OFF(log_level), "warn", 0, 0, 16, levels,
      "error, warn, info or debug"},
+    {"gpu_backend", UMBP_OPT_STRING, OFF(gpu_backend), "auto", 0, 0, 16, gpu_backends,
+     "GPU runtime of umbp_kv_*: auto (CUDA, then HIP), cuda, hip, or host (device memory is "
+     "host memory; tests)"},
+    {"gpu_device", UMBP_OPT_INT, OFF(gpu_device), "0", 0, 1023, 0, NULL,
+     "GPU ordinal (within the backend) that this rank's KV cache lives on"},
+    {"gpu_max_ctas", UMBP_OPT_INT, OFF(gpu_max_ctas), "8", 1, 1024, 0, NULL,
+     "thread blocks (at most one SM each) a KV copy kernel may occupy"},
+    {"gpu_staging_bytes", UMBP_OPT_SIZE, OFF(gpu_staging_bytes), "64MiB", 1 << 20, 16.0 * (1ull << 30), 0,
+     NULL, "device staging buffer of the staged copy method"},
     {NULL},
 };
 
@@ -104,8 +114,12 @@ int parse_size(const char *s, uint64_t *out)
 static int check_bounds(const struct umbp_option *o, double v, char *err, size_t errlen)
 {
     if (isnan(v) || v < o->min || v > o->max) {
-        snprintf(err, errlen, "%s: must be between %.17g and %.17g, got %.17g", o->name,
-                 o->min, o->max, v);
+        if (o->type == UMBP_OPT_DOUBLE)
+            snprintf(err, errlen, "%s: must be between %g and %g, got %g", o->name, o->min,
+                     o->max, v);
+        else /* integers print exactly */
+            snprintf(err, errlen, "%s: must be between %.0f and %.0f, got %.0f", o->name,
+                     o->min, o->max, v);
         return -EINVAL;
     }
     return 0;
@@ -313,13 +327,40 @@ static int apply_json(const char *json, struct table_ref *t, size_t nt, char *er
 {
     if (!json || !*json)
         return 0;
-    enum json_tokener_error jerr;
-    json_object *root = json_tokener_parse_verbose(json, &jerr);
-    if (!root) {
-        snprintf(err, errlen, "config is not valid JSON: %s", json_tokener_error_desc(jerr));
+    json_tokener *tok = json_tokener_new();
+    if (!tok) {
+        snprintf(err, errlen, "out of memory parsing the config");
+        return -ENOMEM;
+    }
+    size_t len = strlen(json);
+    /* len + 1: the terminating NUL tells json-c the input ends (a bare
+     * number would otherwise wait for more digits) */
+    json_object *root = json_tokener_parse_ex(tok, json, (int)len + 1);
+    enum json_tokener_error jerr = json_tokener_get_error(tok);
+    size_t used = json_tokener_get_parse_end(tok);
+    json_tokener_free(tok);
+    if (used > len)
+        used = len;
+    if (!root && jerr == json_tokener_success) {
+        snprintf(err, errlen, "config must be a JSON object, got null");
         return -EINVAL;
     }
+    if (!root || jerr != json_tokener_success) {
+        snprintf(err, errlen, "config is not valid JSON: %s",
+                 json_tokener_error_desc(root ? jerr : (jerr == json_tokener_continue
+                                                            ? json_tokener_error_parse_eof
+                                                            : jerr)));
+        json_object_put(root);
+        return -EINVAL;
+    }
+    while (used < len && isspace((unsigned char)json[used]))
+        used++;
     int rc = 0;
+    if (used != len) {
+        snprintf(err, errlen, "config: unexpected text after the JSON object at byte %zu", used);
+        rc = -EINVAL;
+        goto out;
+    }
     if (!json_object_is_type(root, json_type_object)) {
         snprintf(err, errlen, "config must be a JSON object, got %s", json_type_word(root));
         rc = -EINVAL;

@@ -229,7 +229,12 @@ static int dram_create(const struct umbp_tier_env *env, const void *cfg,
         dram_destroy(&dt->base);
         return rc;
     }
-    if (dram_alloc_create(dt->pool->size, &dt->alloc) < 0 ||
+    /* The pool is mapped in whole pages; objects get capacity_bytes of it
+     * (in allocation units), so capacity stays an upper bound. */
+    uint64_t usable = env->capacity_bytes & ~(uint64_t)255;
+    if (usable > dt->pool->size)
+        usable = dt->pool->size;
+    if (dram_alloc_create(usable, &dt->alloc) < 0 ||
         dram_index_create(&dt->index) < 0 ||
         dram_leases_create(&dt->leases) < 0)
         goto nomem;
@@ -553,6 +558,15 @@ static void dram_usage(struct umbp_tier *t, struct umbp_tier_usage *out)
 
 /* ---- the vtable and the evictor's accessors --------------------------- */
 
+/* Caller's thread: the pool mapping never changes after create. */
+static int dram_mapped_memory(struct umbp_tier *t, void **addr, size_t *len)
+{
+    struct dram_tier *dt = to_dram_tier(t);
+    *addr = dt->pool->base;
+    *len = (size_t)dt->pool->size;
+    return 0;
+}
+
 const struct umbp_tier_ops umbp_tier_dram_ops = {
     .name = "dram",
     .options = dram_options,
@@ -570,6 +584,7 @@ const struct umbp_tier_ops umbp_tier_dram_ops = {
     .evict = dram_evict,
     .usage = dram_usage,
     .expire_leases = dram_expire_leases,
+    .mapped_memory = dram_mapped_memory,
     /* health, read, write: the runtime's defaults (always healthy; regions
      * are always mapped, so no tier-side copies) */
 };

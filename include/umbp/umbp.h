@@ -159,8 +159,15 @@ typedef struct umbp_op umbp_op_t;
  *
  * On 0, *op completes later with one status per key (umbp_op_key_status):
  * 0 stored or already present (first writer wins), -ENOSPC no space within
- * put_wait_ms, UMBP_E_TIMEOUT past timeout_ms, -ENOTSUP for memory kinds this
- * build cannot copy.  A failed key leaves the previous state untouched.
+ * put_wait_ms, -EFBIG larger than the whole pool, UMBP_E_TIMEOUT still
+ * waiting for space past timeout_ms, -ENOTSUP for memory kinds this build
+ * cannot copy (device memory goes through umbp_kv_store).  A failed key
+ * leaves the previous state untouched.  A put of a key whose first put is
+ * still being written also completes with 0 without writing: 0 means "stored
+ * or being stored by an earlier put", and if that earlier put fails the key
+ * is absent (a later lookup tells).  timeout_ms bounds waiting (in the queue,
+ * for space); a copy that has started is never abandoned, since the caller's
+ * memory would be touched after completion.
  * Item and range arrays are copied; the bytes the ranges point to must stay
  * valid and unchanged until the op completes.
  */
@@ -171,7 +178,9 @@ int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n,
  * Submits a batch of gets.  Whole-batch errors as for umbp_put (UMBP_E_SHAPE
  * for overlapping or empty ranges).  Per key: 0 restored, -ENOENT missing,
  * UMBP_E_SHAPE a range past the end of the object, UMBP_E_STALE object
- * reclaimed under the reader (destination undefined), UMBP_E_TIMEOUT.
+ * reclaimed under the reader (destination undefined), UMBP_E_TIMEOUT when
+ * the op waited in the queue past timeout_ms (nothing copied),
+ * UMBP_E_QUARANTINED (a miss) with load_failure_quarantine_ms.
  * The destination of a key whose status is not 0 holds undefined bytes.
  */
 int umbp_get(umbp_runtime_t *rt, const umbp_get_item_t *items, size_t n,
@@ -186,7 +195,9 @@ enum umbp_lookup_flags {
  * Which keys exist, and how many leading keys are present consecutively
  * (the cached prefix).  present[i] is set to 1 or 0 (present may be NULL).
  * Synchronous but bounded: waits at most lookup_timeout_ms, then reports
- * UMBP_E_TIMEOUT with everything absent.  No side effects unless
+ * UMBP_E_TIMEOUT with everything absent.  While that timed-out lookup is
+ * still unanswered, later calls return UMBP_E_NOT_ATTEMPTED at once (all
+ * absent) instead of queueing behind it.  No side effects unless
  * UMBP_LOOKUP_TOUCH is given.  One round trip per batch.
  */
 int umbp_lookup(umbp_runtime_t *rt, const umbp_key_t *keys, size_t n,
@@ -197,8 +208,67 @@ int umbp_lookup(umbp_runtime_t *rt, const umbp_key_t *keys, size_t n,
 int umbp_clear(umbp_runtime_t *rt);
 
 /* Waits until every put submitted before this call has completed (published
- * or failed).  Returns 0 or UMBP_E_TIMEOUT after timeout_ms. */
+ * or failed).  Returns 0 or UMBP_E_TIMEOUT after timeout_ms (< 0: the
+ * runtime's timeout_ms; 0 only polls, so it may time out even when nothing
+ * is outstanding). */
 int umbp_flush(umbp_runtime_t *rt, int timeout_ms);
+
+/* ---- GPU KV cache ------------------------------------------------------ */
+
+/*
+ * The engine's KV cache on the GPU, described by shape and strides
+ * (umbp_kv_tensor_t in umbp/gpu.h: FlashAttention, FlashInfer, MLA, per-layer
+ * or cross-layer).  Blocks move between the GPU and pool objects with the GPU
+ * copy engine (gpu_backend, gpu_device), without going through host buffers
+ * of the caller.
+ */
+typedef uint64_t umbp_kv_handle_t;
+struct umbp_kv_tensor; /* umbp/gpu.h */
+
+/*
+ * Registers KV tensors (num_tensors of one layer each, or one cross-layer
+ * tensor) and returns a handle.  The first call creates the GPU copy engine
+ * and pins the pool for it, which is slow (every page): call it at startup.
+ * Shape errors name the tensor and dimension in umbp_last_error().  -ENODEV
+ * when no GPU backend finds a device.  The tensors must outlive the handle.
+ */
+int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors,
+                     uint32_t num_tensors, umbp_kv_handle_t *out);
+/* -ENOENT for an unknown handle.  No operation may still use it. */
+int umbp_kv_deregister(umbp_runtime_t *rt, umbp_kv_handle_t kv);
+/* Bytes of one block's object (all layers end to end); 0 if unknown. */
+uint64_t umbp_kv_object_size(umbp_runtime_t *rt, umbp_kv_handle_t kv);
+
+/* One block: the object's key and the block's index in the KV tensors. */
+typedef struct umbp_kv_block {
+    umbp_key_t key;
+    uint64_t block;
+} umbp_kv_block_t;
+
+typedef struct umbp_kv_xfer_opts {
+    uint32_t first_layer; /* loads only: restore layers [first_layer, */
+    uint32_t num_layers;  /* first_layer + num_layers); 0 = to the last */
+    /* cudaEvent_t / hipEvent_t the copy waits for on the device before it
+     * touches GPU memory: the compute stream's writes of the blocks (store),
+     * or its last reads of the blocks being overwritten (load).  NULL: none. */
+    void *wait_event;
+} umbp_kv_xfer_opts_t;
+
+/*
+ * Stores whole blocks (every layer) as objects of their keys; loads objects
+ * back into blocks (optionally a layer subset).  Return at once; the op
+ * completes per key like umbp_put / umbp_get, and only after the GPU copy
+ * has finished: a store's blocks may be overwritten, and a load's blocks
+ * read, once the op is complete.  Whole-batch errors: -EINVAL, -ENOENT (no
+ * such handle), UMBP_E_SHAPE (block index out of range, a store of part of
+ * the layers), UMBP_E_DUPLICATE_KEY, -EAGAIN, UMBP_E_NOT_ATTEMPTED.  Per key,
+ * besides the put/get statuses: UMBP_E_SHAPE for an object stored under a
+ * different layout, -EIO when the device failed the copy.
+ */
+int umbp_kv_store(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
+                  size_t n, const umbp_kv_xfer_opts_t *opts, umbp_op_t **op);
+int umbp_kv_load(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
+                 size_t n, const umbp_kv_xfer_opts_t *opts, umbp_op_t **op);
 
 /* ---- completion ------------------------------------------------------- */
 

@@ -1,0 +1,2058 @@
+/*
+ * test_conformance.c - the contracts of design brief §3, checked against
+ * every registered tier.
+ *
+ * Each test is a Criterion ParameterizedTest over umbp_tier_registry[]: a new
+ * tier under backends/ runs all of them without any change here.  Most tests
+ * go through the public API on a runtime created with {"tier": "<name>"};
+ * the "tier_*" tests drive the tier's vtable directly (include/umbp/tier.h)
+ * on a private libev loop, for contracts that cannot be reached from outside
+ * deterministically (a lease held across an eviction, an expired lease whose
+ * region was reused).
+ *
+ * Watermark options are dram options: they are passed only when the tier is
+ * "dram".  Other tiers are assumed to use the documented defaults (0.9/0.7).
+ * Data is random (the seed is logged), destinations are poisoned, and every
+ * restored byte is compared.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <criterion/parameterized.h>
+#include <errno.h>
+#include <ev.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "test_util.h"
+#include "umbp/tier.h"
+#include "umbp/umbp.h"
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024ull)
+
+/* ---- the parameter: one registered tier -------------------------------------- */
+
+/* A copyable name (Criterion copies parameters into the test's process). */
+struct tier_param {
+    char name[32];
+};
+
+static struct tier_param tier_params[32];
+
+static size_t tier_params_fill(void)
+{
+    size_t n = 0;
+    for (size_t i = 0; umbp_tier_registry[i] && n < 32; i++, n++) {
+        memset(&tier_params[n], 0, sizeof(tier_params[n]));
+        strncpy(tier_params[n].name, umbp_tier_registry[i]->name,
+                sizeof(tier_params[n].name) - 1);
+    }
+    return n;
+}
+
+#define TIER_TEST(test)                                                             \
+    ParameterizedTestParameters(conformance, test)                                  \
+    {                                                                               \
+        size_t n = tier_params_fill();                                              \
+        return cr_make_param_array(struct tier_param, tier_params, n);              \
+    }                                                                               \
+    ParameterizedTest(struct tier_param *tp, conformance, test)
+
+static bool is_dram(const struct tier_param *tp) { return strcmp(tp->name, "dram") == 0; }
+
+static uint64_t test_seed(const struct tier_param *tp, const char *test)
+{
+    uint64_t s = tu_time_seed();
+    cr_log_info("%s on tier %s: seed %llu", test, tp->name, (unsigned long long)s);
+    return s;
+}
+
+/* A runtime on the tier with `cap` bytes; extra is "" or ", ...json members". */
+static umbp_runtime_t *conf_rt(const struct tier_param *tp, uint64_t cap, const char *extra)
+{
+    /* lookups and stats are bounded by lookup_timeout_ms; a generous bound
+     * keeps a loaded machine (sanitizers, parallel tests) from failing them */
+    return tu_create("{\"tier\": \"%s\", \"capacity_bytes\": %llu, \"log_level\": \"error\", "
+                     "\"lookup_timeout_ms\": 10000%s}",
+                     tp->name, (unsigned long long)cap, extra ? extra : "");
+}
+
+/* A runtime with watermarks hi/lo when the tier is dram; other tiers keep
+ * their defaults, and hi and lo are set to the documented 0.9/0.7. */
+static umbp_runtime_t *conf_rt_wm(const struct tier_param *tp, uint64_t cap, double *hi,
+                                  double *lo, const char *extra)
+{
+    char buf[1024];
+    if (is_dram(tp)) {
+        snprintf(buf, sizeof(buf),
+                 ", \"dram_high_watermark\": %.17g, \"dram_low_watermark\": %.17g%s", *hi, *lo,
+                 extra ? extra : "");
+        return conf_rt(tp, cap, buf);
+    }
+    *hi = 0.9;
+    *lo = 0.7;
+    return conf_rt(tp, cap, extra);
+}
+
+static void objs_free(struct tu_obj *o, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        tu_obj_free(&o[i]);
+}
+
+/* ---- put/get round trip --------------------------------------------------------- */
+
+TIER_TEST(roundtrip_random_bytes)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "roundtrip_random_bytes"));
+    umbp_runtime_t *rt = conf_rt(tp, 16 * MiB, NULL);
+    static const uint64_t sizes[] = {1,       2,       255,     256,    257,
+                                     4095,    4096,    4097,    65536,  65537,
+                                     100003,  1 * MiB, 3 * MiB + 7, 777, 12345};
+    enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+    struct tu_obj o[N];
+    for (size_t i = 0; i < N; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), sizes[i],
+                    (uint32_t)tu_rng_between(&r, 1, TU_MAX_RANGES), false);
+    tu_put_ok(rt, o, N / 2);                 /* one batch */
+    for (size_t i = N / 2; i < N; i++)        /* and single puts */
+        tu_put_ok(rt, &o[i], 1);
+    for (size_t i = 0; i < N; i++) {
+        cr_assert_eq(tu_present(rt, o[i].key), 1, "object %zu not present after its put", i);
+        tu_expect_obj(rt, &o[i]);
+    }
+    /* one batch get of everything, each into a poisoned buffer */
+    uint8_t *bufs[N];
+    umbp_range_t rg[N];
+    umbp_get_item_t it[N];
+    for (size_t i = 0; i < N; i++) {
+        bufs[i] = malloc(sizes[i]);
+        tu_poison(bufs[i], sizes[i]);
+        rg[i] = (umbp_range_t){bufs[i], sizes[i], 0};
+        it[i] = (umbp_get_item_t){o[i].key, &rg[i], 1};
+    }
+    umbp_op_t *op;
+    cr_assert_eq(umbp_get(rt, it, N, &op), 0);
+    tu_wait(op);
+    cr_assert_eq(umbp_op_num_keys(op), N);
+    cr_assert_eq(umbp_op_num_ok(op), N);
+    for (size_t i = 0; i < N; i++) {
+        cr_assert_eq(umbp_op_key_status(op, i), 0);
+        cr_assert_eq(tu_first_diff(bufs[i], o[i].data, sizes[i]), SIZE_MAX,
+                     "batch get: object %zu differs", i);
+        free(bufs[i]);
+    }
+    umbp_op_release(op);
+    objs_free(o, N);
+    tu_destroy(rt);
+}
+
+/* ---- ranged gets ------------------------------------------------------------------ */
+
+TIER_TEST(ranged_gets)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "ranged_gets"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, NULL);
+    const uint64_t size = 64 * KiB + 13;
+    struct tu_obj o;
+    tu_obj_init(&o, &r, tu_key_random(&r), size, 5, false);
+    tu_put_ok(rt, &o, 1);
+
+    /* fixed shapes: whole, head, tail, middle, single bytes, out of order */
+    struct {
+        uint32_t n;
+        uint64_t off[4], len[4];
+    } shapes[] = {
+        {1, {0}, {size}},
+        {1, {0}, {1}},
+        {1, {size - 1}, {1}},
+        {1, {1000}, {3000}},
+        {2, {5000, 100}, {7, 4000}},                         /* out of order */
+        {4, {size - 10, 0, 20000, 4096}, {10, 4096, 1, 15000}}, /* out of order, gaps */
+        {3, {30000, 29999, 30001}, {1, 1, 100}},             /* adjacent, unsorted */
+    };
+    for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
+        uint8_t *dst = malloc(size + 64);
+        tu_poison(dst, size + 64);
+        umbp_range_t rg[4];
+        for (uint32_t k = 0; k < shapes[s].n; k++)
+            /* each range lands at its own object offset inside dst + 32, so
+             * bytes outside every range must stay poisoned */
+            rg[k] = (umbp_range_t){dst + 32 + shapes[s].off[k], shapes[s].len[k], shapes[s].off[k]};
+        umbp_get_item_t it = {o.key, rg, shapes[s].n};
+        umbp_op_t *op;
+        cr_assert_eq(umbp_get(rt, &it, 1, &op), 0);
+        tu_wait(op);
+        cr_assert_eq(umbp_op_key_status(op, 0), 0, "shape %zu: status %d", s,
+                     umbp_op_key_status(op, 0));
+        umbp_op_release(op);
+        for (uint64_t b = 0; b < size + 64; b++) {
+            bool inside = false;
+            for (uint32_t k = 0; k < shapes[s].n; k++)
+                if (b >= 32 + shapes[s].off[k] && b < 32 + shapes[s].off[k] + shapes[s].len[k])
+                    inside = true;
+            if (inside)
+                cr_assert_eq(dst[b], o.data[b - 32], "shape %zu: byte %llu wrong", s,
+                             (unsigned long long)(b - 32));
+            else
+                cr_assert_eq(dst[b], TU_POISON, "shape %zu: byte %lld written outside the ranges",
+                             s, (long long)b - 32);
+        }
+        free(dst);
+    }
+
+    /* random disjoint sub-ranges into separate buffers, many keys per batch */
+    enum { K = 8 };
+    struct tu_obj ok[K];
+    for (int i = 0; i < K; i++)
+        tu_obj_init(&ok[i], &r, tu_key_random(&r), tu_rng_between(&r, 1, 200 * KiB), 3, false);
+    tu_put_ok(rt, ok, K);
+    for (int round = 0; round < 20; round++) {
+        umbp_get_item_t it[K];
+        umbp_range_t rg[K][4];
+        uint8_t *buf[K][4];
+        for (int i = 0; i < K; i++) {
+            /* pick up to 4 cut points, use alternate segments, shuffle */
+            uint64_t cuts[8];
+            uint32_t nc = 0;
+            for (int c = 0; c < 8; c++)
+                cuts[nc++] = tu_rng_below(&r, ok[i].size + 1);
+            for (uint32_t a = 0; a < nc; a++)
+                for (uint32_t b = a + 1; b < nc; b++)
+                    if (cuts[b] < cuts[a]) {
+                        uint64_t t = cuts[a];
+                        cuts[a] = cuts[b];
+                        cuts[b] = t;
+                    }
+            uint32_t n = 0;
+            for (uint32_t c = 0; c + 1 < nc; c += 2) {
+                uint64_t len = cuts[c + 1] - cuts[c];
+                if (!len)
+                    continue;
+                buf[i][n] = malloc(len);
+                tu_poison(buf[i][n], len);
+                rg[i][n] = (umbp_range_t){buf[i][n], len, cuts[c]};
+                n++;
+            }
+            if (n == 0) {
+                buf[i][0] = malloc(1);
+                rg[i][0] = (umbp_range_t){buf[i][0], 1, ok[i].size - 1};
+                n = 1;
+            }
+            for (uint32_t a = n; a > 1; a--) { /* out of order */
+                uint32_t b = (uint32_t)tu_rng_below(&r, a);
+                umbp_range_t t = rg[i][a - 1];
+                rg[i][a - 1] = rg[i][b];
+                rg[i][b] = t;
+            }
+            it[i] = (umbp_get_item_t){ok[i].key, rg[i], n};
+        }
+        umbp_op_t *op;
+        cr_assert_eq(umbp_get(rt, it, K, &op), 0);
+        tu_wait(op);
+        cr_assert_eq(umbp_op_num_ok(op), K);
+        for (int i = 0; i < K; i++) {
+            cr_assert_eq(umbp_op_key_status(op, (size_t)i), 0);
+            for (uint32_t k = 0; k < it[i].num_ranges; k++) {
+                const umbp_range_t *g = &it[i].ranges[k];
+                cr_assert_eq(tu_first_diff(g->ptr, ok[i].data + g->offset, g->len), SIZE_MAX,
+                             "round %d key %d range at %llu+%llu differs", round, i,
+                             (unsigned long long)g->offset, (unsigned long long)g->len);
+                free(g->ptr);
+            }
+        }
+        umbp_op_release(op);
+    }
+    objs_free(ok, K);
+    tu_obj_free(&o);
+    tu_destroy(rt);
+}
+
+/* ---- first writer wins -------------------------------------------------------------- */
+
+TIER_TEST(first_writer_wins)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "first_writer_wins"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, NULL);
+    umbp_key_t k = tu_key_random(&r);
+    struct tu_obj first, second, bigger;
+    tu_obj_init(&first, &r, k, 20000, 3, false);
+    tu_obj_init(&second, &r, k, 20000, 2, false);
+    tu_obj_init(&bigger, &r, k, 40000, 1, false);
+    tu_put_ok(rt, &first, 1);
+    tu_put_ok(rt, &second, 1); /* succeeds without writing */
+    tu_put_ok(rt, &bigger, 1); /* a different size too */
+    tu_expect_obj(rt, &first);
+    /* the object kept the first size: a range past 20000 is a shape error */
+    uint8_t *buf = malloc(40000);
+    cr_assert_eq(tu_get_whole(rt, k, buf, 40000), UMBP_E_SHAPE);
+    free(buf);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.puts_ok, 1);
+    cr_assert_eq(s.puts_existing, 2);
+    cr_assert_eq(s.num_objects, 1);
+
+    /* two puts of a new key submitted back to back, before either completes */
+    umbp_key_t k2 = tu_key_random(&r);
+    struct tu_obj a, b;
+    tu_obj_init(&a, &r, k2, 1 * MiB, 4, false);
+    tu_obj_init(&b, &r, k2, 1 * MiB, 4, false);
+    umbp_put_item_t ia = tu_obj_item(&a), ib = tu_obj_item(&b);
+    umbp_op_t *opa, *opb;
+    cr_assert_eq(umbp_put(rt, &ia, 1, &opa), 0);
+    cr_assert_eq(umbp_put(rt, &ib, 1, &opb), 0);
+    tu_wait(opa);
+    tu_wait(opb);
+    cr_assert_eq(umbp_op_key_status(opa, 0), 0);
+    cr_assert_eq(umbp_op_key_status(opb, 0), 0);
+    umbp_op_release(opa);
+    umbp_op_release(opb);
+    cr_assert_eq(umbp_flush(rt, TU_WAIT_MS), 0);
+    tu_expect_obj(rt, &a);
+
+    /* after clear the key is free again: the next writer is the first */
+    cr_assert_eq(umbp_clear(rt), 0);
+    tu_put_ok(rt, &second, 1);
+    tu_expect_obj(rt, &second);
+    tu_obj_free(&first);
+    tu_obj_free(&second);
+    tu_obj_free(&bigger);
+    tu_obj_free(&a);
+    tu_obj_free(&b);
+    tu_destroy(rt);
+}
+
+/* ---- whole-batch shape errors --------------------------------------------------------- */
+
+TIER_TEST(put_tiling_errors_fail_whole_batch)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "put_tiling_errors_fail_whole_batch"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, NULL);
+    uint8_t *src = malloc(8192);
+    tu_fill_random(&r, src, 8192);
+    struct tu_obj good;
+    tu_obj_init(&good, &r, tu_key_random(&r), 5000, 2, false);
+
+    struct bad {
+        const char *what;
+        uint64_t size;
+        uint32_t n;
+        umbp_range_t rg[3];
+        bool null_ranges;
+    } bad[] = {
+        {"gap", 300, 2, {{src, 100, 0}, {src + 150, 150, 150}}, false},
+        {"overlap", 300, 2, {{src, 200, 0}, {src + 150, 150, 150}}, false},
+        {"unsorted", 300, 2, {{src + 100, 200, 100}, {src, 100, 0}}, false},
+        {"zero-length", 300, 3, {{src, 100, 0}, {src + 100, 0, 100}, {src + 100, 200, 100}}, false},
+        {"short", 300, 1, {{src, 299, 0}}, false},
+        {"long", 300, 1, {{src, 301, 0}}, false},
+        {"past the end", 300, 2, {{src, 300, 0}, {src + 300, 10, 300}}, false},
+        {"not from 0", 300, 1, {{src + 1, 300, 1}}, false},
+        {"NULL ptr", 300, 2, {{src, 100, 0}, {NULL, 200, 100}}, false},
+        {"zero object size", 0, 1, {{src, 1, 0}}, false},
+        {"zero ranges", 300, 0, {{src, 300, 0}}, false},
+        {"NULL ranges", 300, 1, {{src, 300, 0}}, true},
+        {"offset wraps", 300, 2, {{src, 100, 0}, {src, UINT64_MAX, 100}}, false},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        umbp_key_t kb = tu_key_random(&r);
+        umbp_put_item_t items[2] = {
+            tu_obj_item(&good),
+            {kb, bad[i].size, bad[i].null_ranges ? NULL : bad[i].rg, bad[i].n},
+        };
+        for (int order = 0; order < 2; order++) { /* bad item last, then first */
+            umbp_put_item_t it[2] = {items[order], items[1 - order]};
+            umbp_op_t *op = (umbp_op_t *)(uintptr_t)0x1;
+            int rc = umbp_put(rt, it, 2, &op);
+            cr_assert_eq(rc, UMBP_E_SHAPE, "%s: umbp_put = %d (%s), want UMBP_E_SHAPE",
+                         bad[i].what, rc, umbp_strerror(rc));
+            cr_assert_eq(op, (umbp_op_t *)(uintptr_t)0x1, "%s: *op set on a refused batch",
+                         bad[i].what);
+        }
+        cr_assert_eq(tu_present(rt, good.key), 0, "%s: good key of a refused batch stored",
+                     bad[i].what);
+        cr_assert_eq(tu_present(rt, kb), 0, "%s: bad key stored", bad[i].what);
+    }
+    cr_assert_eq(umbp_flush(rt, TU_WAIT_MS), 0);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.num_objects, 0);
+    cr_assert_eq(s.used_bytes, 0);
+    cr_assert_eq(s.puts_ok + s.puts_existing + s.puts_failed, 0);
+    /* the runtime still works */
+    tu_put_ok(rt, &good, 1);
+    tu_expect_obj(rt, &good);
+    tu_obj_free(&good);
+    free(src);
+    tu_destroy(rt);
+}
+
+TIER_TEST(duplicate_keys_in_batch)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "duplicate_keys_in_batch"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, NULL);
+    struct tu_obj o[4];
+    for (int i = 0; i < 4; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), 3000 + (uint64_t)i, 2, false);
+    o[3].key = o[1].key;
+    umbp_put_item_t it[4];
+    for (int i = 0; i < 4; i++)
+        it[i] = tu_obj_item(&o[i]);
+    umbp_op_t *op = NULL;
+    cr_assert_eq(umbp_put(rt, it, 4, &op), UMBP_E_DUPLICATE_KEY);
+    cr_assert_null(op);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(tu_present(rt, o[i].key), 0);
+
+    tu_put_ok(rt, o, 3);
+    uint8_t a[100], b[100];
+    umbp_range_t ra = {a, 100, 0}, rb = {b, 100, 0};
+    umbp_get_item_t g[3] = {{o[0].key, &ra, 1}, {o[2].key, &rb, 1}, {o[0].key, &rb, 1}};
+    cr_assert_eq(umbp_get(rt, g, 3, &op), UMBP_E_DUPLICATE_KEY);
+    cr_assert_null(op);
+    objs_free(o, 4);
+    tu_destroy(rt);
+}
+
+TIER_TEST(get_shape_errors_fail_whole_batch)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "get_shape_errors_fail_whole_batch"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, NULL);
+    struct tu_obj o;
+    tu_obj_init(&o, &r, tu_key_random(&r), 4096, 1, false);
+    tu_put_ok(rt, &o, 1);
+    uint8_t d[4096], e[4096];
+    tu_poison(d, sizeof(d));
+    struct bad {
+        const char *what;
+        uint32_t n;
+        umbp_range_t rg[3];
+        bool null_ranges;
+    } bad[] = {
+        {"overlap", 2, {{d, 100, 0}, {d + 50, 100, 50}}, false},
+        {"overlap unsorted", 2, {{d + 50, 100, 50}, {d, 100, 0}}, false},
+        {"same range twice", 2, {{d, 10, 10}, {e, 10, 10}}, false},
+        {"contained", 3, {{d, 1000, 0}, {e, 10, 2000}, {e + 100, 10, 500}}, false},
+        {"zero-length", 2, {{d, 100, 0}, {d + 100, 0, 100}}, false},
+        {"NULL ptr", 1, {{NULL, 100, 0}}, false},
+        {"zero ranges", 0, {{d, 100, 0}}, false},
+        {"NULL ranges", 1, {{d, 100, 0}}, true},
+        {"offset wraps", 1, {{d, 100, UINT64_MAX - 10}}, false},
+    };
+    uint8_t g0[4096];
+    umbp_range_t good_rg = {g0, 4096, 0};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        umbp_get_item_t it[2] = {{o.key, &good_rg, 1},
+                                 {tu_key_random(&r), bad[i].null_ranges ? NULL : bad[i].rg,
+                                  bad[i].n}};
+        it[1].key = tu_key_random(&r);
+        umbp_op_t *op = NULL;
+        int rc = umbp_get(rt, it, 2, &op);
+        cr_assert_eq(rc, UMBP_E_SHAPE, "%s: umbp_get = %d (%s), want UMBP_E_SHAPE",
+                     bad[i].what, rc, umbp_strerror(rc));
+        cr_assert_null(op);
+        /* same shape on the existing key alone */
+        it[1].key = o.key;
+        rc = umbp_get(rt, &it[1], 1, &op);
+        cr_assert_eq(rc, UMBP_E_SHAPE, "%s (existing key): umbp_get = %d", bad[i].what, rc);
+        cr_assert_null(op);
+    }
+    cr_assert(tu_is_poisoned(d, sizeof(d)), "a refused get wrote its destination");
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.gets_ok + s.gets_miss + s.gets_failed, 0);
+    cr_assert_eq(s.num_leased, 0);
+    tu_expect_obj(rt, &o);
+    tu_obj_free(&o);
+    tu_destroy(rt);
+}
+
+/* ---- per-key get outcomes --------------------------------------------------------------- */
+
+TIER_TEST(get_past_end_fails_only_its_key)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "get_past_end_fails_only_its_key"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, NULL);
+    struct tu_obj o[4];
+    for (int i = 0; i < 4; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), 10000, 2, false);
+    tu_put_ok(rt, o, 4);
+    uint8_t *b[4];
+    for (int i = 0; i < 4; i++) {
+        b[i] = malloc(20000);
+        tu_poison(b[i], 20000);
+    }
+    umbp_range_t r0 = {b[0], 10000, 0};
+    umbp_range_t r1[2] = {{b[1], 100, 0}, {b[1] + 9990, 11, 9990}}; /* one byte past */
+    umbp_range_t r2 = {b[2], 5, 10001};                             /* starts past */
+    umbp_range_t r3[2] = {{b[3] + 5000, 5000, 5000}, {b[3], 10, 0}};
+    umbp_range_t r4 = {b[2] + 100, 1, 10000};                       /* starts at end */
+    umbp_get_item_t it[5] = {{o[0].key, &r0, 1}, {o[1].key, r1, 2}, {o[2].key, &r2, 1},
+                             {o[3].key, r3, 2}, {tu_key_random(&r), &r4, 1}};
+    struct tu_obj extra;
+    tu_obj_init(&extra, &r, tu_key_random(&r), 10000, 1, false);
+    tu_put_ok(rt, &extra, 1);
+    it[4].key = extra.key;
+    umbp_op_t *op;
+    cr_assert_eq(umbp_get(rt, it, 5, &op), 0);
+    tu_wait(op);
+    cr_assert_eq(umbp_op_key_status(op, 0), 0);
+    cr_assert_eq(umbp_op_key_status(op, 1), UMBP_E_SHAPE);
+    cr_assert_eq(umbp_op_key_status(op, 2), UMBP_E_SHAPE);
+    cr_assert_eq(umbp_op_key_status(op, 3), 0);
+    cr_assert_eq(umbp_op_key_status(op, 4), UMBP_E_SHAPE);
+    cr_assert_eq(umbp_op_num_ok(op), 2);
+    umbp_op_release(op);
+    cr_assert_eq(tu_first_diff(b[0], o[0].data, 10000), SIZE_MAX);
+    cr_assert_eq(tu_first_diff(b[3] + 5000, o[3].data + 5000, 5000), SIZE_MAX);
+    cr_assert_eq(tu_first_diff(b[3], o[3].data, 10), SIZE_MAX);
+    cr_assert(tu_is_poisoned(b[3] + 10, 4990));
+    /* failed keys hold no lease and their objects are intact */
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.num_leased, 0, "a key failed with UMBP_E_SHAPE kept its lease");
+    cr_assert_eq(s.gets_ok, 2);
+    cr_assert_eq(s.gets_failed, 3);
+    tu_expect_obj(rt, &o[1]);
+    tu_expect_obj(rt, &o[2]);
+    cr_assert_eq(umbp_clear(rt), 0);
+    s = tu_stats(rt);
+    cr_assert_eq(s.used_bytes, 0, "objects read with a bad range were never freed");
+    for (int i = 0; i < 4; i++)
+        free(b[i]);
+    objs_free(o, 4);
+    tu_obj_free(&extra);
+    tu_destroy(rt);
+}
+
+TIER_TEST(get_missing_key_enoent)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "get_missing_key_enoent"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, NULL);
+    struct tu_obj o[2];
+    for (int i = 0; i < 2; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), 7777, 3, false);
+    tu_put_ok(rt, o, 2);
+    enum { N = 6 };
+    uint8_t *b[N];
+    umbp_range_t rg[N];
+    umbp_get_item_t it[N];
+    bool stored[N] = {false, true, false, false, true, false};
+    for (int i = 0, s = 0; i < N; i++) {
+        b[i] = malloc(7777);
+        tu_poison(b[i], 7777);
+        rg[i] = (umbp_range_t){b[i], 7777, 0};
+        it[i] = (umbp_get_item_t){stored[i] ? o[s++].key : tu_key_random(&r), &rg[i], 1};
+    }
+    umbp_op_t *op;
+    cr_assert_eq(umbp_get(rt, it, N, &op), 0);
+    tu_wait(op);
+    for (int i = 0, s = 0; i < N; i++) {
+        if (stored[i]) {
+            cr_assert_eq(umbp_op_key_status(op, (size_t)i), 0);
+            cr_assert_eq(tu_first_diff(b[i], o[s++].data, 7777), SIZE_MAX);
+        } else {
+            cr_assert_eq(umbp_op_key_status(op, (size_t)i), -ENOENT, "key %d: %d", i,
+                         umbp_op_key_status(op, (size_t)i));
+        }
+        free(b[i]);
+    }
+    cr_assert_eq(umbp_op_num_ok(op), 2);
+    umbp_op_release(op);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.gets_ok, 2);
+    cr_assert_eq(s.gets_miss, 4);
+    cr_assert_eq(s.gets_failed, 0);
+    objs_free(o, 2);
+    tu_destroy(rt);
+}
+
+/* ---- lookup -------------------------------------------------------------------------------- */
+
+TIER_TEST(lookup_exists_and_prefix)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "lookup_exists_and_prefix"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, NULL);
+    enum { N = 12 };
+    umbp_key_t keys[N];
+    for (int i = 0; i < N; i++)
+        keys[i] = tu_key_random(&r);
+    /* store 0,1,2, 4,5, 7, 9,10,11: holes at 3, 6, 8 */
+    const bool want[N] = {1, 1, 1, 0, 1, 1, 0, 1, 0, 1, 1, 1};
+    struct tu_obj o[N];
+    size_t no = 0;
+    for (int i = 0; i < N; i++)
+        if (want[i])
+            tu_obj_init(&o[no++], &r, keys[i], 1000 + (uint64_t)i, 1, false);
+    tu_put_ok(rt, o, no);
+    uint8_t present[N];
+    size_t prefix = 777;
+    memset(present, 0x5a, sizeof(present));
+    cr_assert_eq(umbp_lookup(rt, keys, N, present, &prefix, 0), 0);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(present[i], want[i], "present[%d] = %u", i, present[i]);
+    cr_assert_eq(prefix, 3);
+    /* present may be NULL */
+    prefix = 777;
+    cr_assert_eq(umbp_lookup(rt, keys, N, NULL, &prefix, 0), 0);
+    cr_assert_eq(prefix, 3);
+    /* a batch starting with a hole has prefix 0 */
+    cr_assert_eq(umbp_lookup(rt, &keys[3], N - 3, present, &prefix, 0), 0);
+    cr_assert_eq(prefix, 0);
+    cr_assert_eq(present[0], 0);
+    cr_assert_eq(present[1], 1);
+    /* all present */
+    cr_assert_eq(umbp_lookup(rt, &keys[9], 3, present, &prefix, 0), 0);
+    cr_assert_eq(prefix, 3);
+    /* the same key many times */
+    umbp_key_t rep[5] = {keys[0], keys[0], keys[1], keys[0], keys[3]};
+    cr_assert_eq(umbp_lookup(rt, rep, 5, present, &prefix, UMBP_LOOKUP_TOUCH), 0);
+    cr_assert_eq(prefix, 4);
+    cr_assert_eq(present[4], 0);
+    /* n == 0 */
+    prefix = 777;
+    cr_assert_eq(umbp_lookup(rt, keys, 0, NULL, &prefix, 0), 0);
+    cr_assert_eq(prefix, 0);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.lookups, 5);
+    cr_assert_eq(s.lookup_keys, N + N + (N - 3) + 3 + 5);
+    cr_assert_eq(s.lookup_hits, 9 + 9 + 6 + 3 + 4);
+    objs_free(o, no);
+    tu_destroy(rt);
+}
+
+/* Predicates for tu_wait_stats. */
+static bool used_at_most(const umbp_stats_t *s, void *arg)
+{
+    return s->used_bytes <= *(uint64_t *)arg;
+}
+
+/*
+ * LRU: fill 40 objects (A0..A39, oldest first), look up A0..A9 without
+ * TOUCH and A10..A19 with it, then add 20 more in one batch to cross the high
+ * watermark.  The evictor frees down to the low one (16 objects): the
+ * correct victims are A0..A9 and A20..A25.  If a plain lookup refreshed LRU,
+ * A0..A9 would survive; if TOUCH did not, A10..A19 would go.
+ */
+TIER_TEST(lookup_touch_and_lru_eviction_order)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "lookup_touch_and_lru_eviction_order"));
+    double hi = 0.9, lo = 0.7;
+    const uint64_t cap = 1 * MiB, osz = 16 * KiB;
+    umbp_runtime_t *rt = conf_rt_wm(tp, cap, &hi, &lo, NULL);
+    uint64_t high = (uint64_t)(hi * (double)cap), low = (uint64_t)(lo * (double)cap);
+    size_t n_a = 40, n_b = 20;
+    cr_assert(n_a * osz < high && (n_a + n_b) * osz > high && (n_a + n_b) * osz <= cap);
+    size_t keep = (size_t)(low / osz), evicted = n_a + n_b - keep;
+    cr_assert(evicted > 10 && evicted <= 30, "geometry: %zu evicted", evicted);
+
+    struct tu_obj a[40], b[20];
+    for (size_t i = 0; i < n_a; i++) {
+        tu_obj_init(&a[i], &r, tu_key_random(&r), osz, 2, false);
+        tu_put_ok(rt, &a[i], 1); /* one at a time: A0 is the oldest */
+    }
+    umbp_key_t ka[40];
+    for (size_t i = 0; i < n_a; i++)
+        ka[i] = a[i].key;
+    uint8_t present[40];
+    size_t prefix;
+    for (int rep = 0; rep < 3; rep++)
+        cr_assert_eq(umbp_lookup(rt, ka, 10, present, &prefix, 0), 0);
+    cr_assert_eq(prefix, 10);
+    cr_assert_eq(umbp_lookup(rt, &ka[10], 10, present, &prefix, UMBP_LOOKUP_TOUCH), 0);
+    cr_assert_eq(prefix, 10);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.evictions, 0, "evicted below the high watermark");
+
+    for (size_t i = 0; i < n_b; i++)
+        tu_obj_init(&b[i], &r, tu_key_random(&r), osz, 1, false);
+    tu_put_ok(rt, b, n_b);
+    bool ok = tu_wait_stats(rt, used_at_most, &low, 10000, &s);
+    cr_assert(ok, "usage %llu never fell to the low watermark %llu (evictions %llu)",
+              (unsigned long long)s.used_bytes, (unsigned long long)low,
+              (unsigned long long)s.evictions);
+
+    cr_assert_eq(umbp_lookup(rt, ka, n_a, present, &prefix, 0), 0);
+    for (size_t i = 0; i < 10; i++)
+        cr_assert_eq(present[i], 0, "A%zu survived: a lookup without TOUCH refreshed it", i);
+    for (size_t i = 10; i < 20; i++)
+        cr_assert_eq(present[i], 1, "A%zu evicted although UMBP_LOOKUP_TOUCH refreshed it", i);
+    for (size_t i = 20; i < 20 + (evicted - 10); i++)
+        cr_assert_eq(present[i], 0, "A%zu (least recently used) survived", i);
+    for (size_t i = 20 + (evicted - 10); i < n_a; i++)
+        cr_assert_eq(present[i], 1, "A%zu evicted out of LRU order", i);
+    for (size_t i = 0; i < n_b; i++)
+        cr_assert_eq(tu_present(rt, b[i].key), 1, "B%zu (newest) evicted", i);
+    cr_assert_eq(s.evictions, evicted);
+    cr_assert_eq(s.evicted_bytes, evicted * osz);
+    for (size_t i = 10; i < 20; i++)
+        tu_expect_obj(rt, &a[i]);
+    objs_free(a, n_a);
+    objs_free(b, n_b);
+    tu_destroy(rt);
+}
+
+/* ---- eviction between the watermarks ----------------------------------------------------- */
+
+TIER_TEST(eviction_between_watermarks)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "eviction_between_watermarks"));
+    double hi = 0.8, lo = 0.5;
+    const uint64_t cap = 2 * MiB, osz = 16 * KiB;
+    umbp_runtime_t *rt = conf_rt_wm(tp, cap, &hi, &lo, NULL);
+    uint64_t high = (uint64_t)(hi * (double)cap), low = (uint64_t)(lo * (double)cap);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.capacity_bytes, cap);
+    cr_assert_eq(s.used_bytes, 0);
+
+    size_t n = (size_t)(high / osz) + 1; /* one object over high */
+    struct tu_obj *o = calloc(n, sizeof(*o));
+    for (size_t i = 0; i < n; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), osz, 1, false);
+    /* below high: nothing goes */
+    tu_put_ok(rt, o, n - 1);
+    cr_assert_eq(umbp_flush(rt, TU_WAIT_MS), 0);
+    s = tu_stats(rt);
+    cr_assert_eq(s.evictions, 0);
+    cr_assert_eq(s.num_objects, n - 1);
+    cr_assert_geq(s.used_bytes, (n - 1) * osz);
+    tu_put_ok(rt, &o[n - 1], 1);
+    bool ok = tu_wait_stats(rt, used_at_most, &low, 10000, &s);
+    cr_assert(ok, "usage %llu stayed above the low watermark %llu (high %llu, evictions %llu)",
+              (unsigned long long)s.used_bytes, (unsigned long long)low,
+              (unsigned long long)high, (unsigned long long)s.evictions);
+    /* down to low, not further: one more object would have been too many */
+    cr_assert_gt(s.used_bytes + osz, low, "evicted below the low watermark: used %llu, low %llu",
+                 (unsigned long long)s.used_bytes, (unsigned long long)low);
+    cr_assert_eq(s.num_objects + s.evictions, n);
+    cr_assert_eq(s.evicted_bytes, s.evictions * osz);
+    /* the survivors are the newest, intact */
+    size_t first_alive = n;
+    for (size_t i = 0; i < n; i++) {
+        int p = tu_present(rt, o[i].key);
+        if (p && first_alive == n)
+            first_alive = i;
+        if (i > first_alive && first_alive < n)
+            cr_assert_eq(p, 1, "object %zu evicted while an older one (%zu) survived", i,
+                         first_alive);
+    }
+    cr_assert_eq(n - first_alive, s.num_objects);
+    for (size_t i = first_alive; i < n; i++)
+        tu_expect_obj(rt, &o[i]);
+    objs_free(o, n);
+    free(o);
+    tu_destroy(rt);
+}
+
+/* ---- full pools ----------------------------------------------------------------------------- */
+
+TIER_TEST(put_larger_than_pool_efbig)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "put_larger_than_pool_efbig"));
+    const uint64_t cap = 1 * MiB;
+    umbp_runtime_t *rt = conf_rt(tp, cap, ", \"put_wait_ms\": 20");
+    struct tu_obj o[3];
+    tu_obj_init(&o[0], &r, tu_key_random(&r), 4096, 1, false);
+    tu_obj_init(&o[1], &r, tu_key_random(&r), cap + 4096, 3, false);
+    tu_obj_init(&o[2], &r, tu_key_random(&r), 4096, 1, false);
+    int st[3];
+    cr_assert_eq(tu_put_objs(rt, o, 3, st), 0);
+    cr_assert_eq(st[0], 0);
+    cr_assert_eq(st[1], -EFBIG, "object larger than the pool: status %d (%s), want -EFBIG", st[1],
+                 umbp_strerror(st[1]));
+    cr_assert_eq(st[2], 0);
+    cr_assert_eq(tu_present(rt, o[1].key), 0);
+    tu_expect_obj(rt, &o[0]);
+    tu_expect_obj(rt, &o[2]);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.puts_failed, 1);
+    cr_assert_eq(s.puts_ok, 2);
+    cr_assert_eq(s.evictions, 0, "a put that can never fit evicted other objects");
+    objs_free(o, 3);
+    tu_destroy(rt);
+}
+
+/* A pool filled to just under the high watermark, then a batch that does not
+ * fit: the keys that do not fit wait for eviction and then succeed. */
+TIER_TEST(put_waits_for_eviction)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "put_waits_for_eviction"));
+    double hi = 0.9, lo = 0.7;
+    const uint64_t cap = 1 * MiB, osz = 16 * KiB;
+    umbp_runtime_t *rt = conf_rt_wm(tp, cap, &hi, &lo, ", \"put_wait_ms\": 30000");
+    size_t nfill = (size_t)((uint64_t)(hi * (double)cap) / osz); /* 57 */
+    size_t free_slots = (size_t)((cap - nfill * osz) / osz);
+    size_t nmore = free_slots + 3;
+    struct tu_obj *o = calloc(nfill + nmore, sizeof(*o));
+    for (size_t i = 0; i < nfill + nmore; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), osz, 2, false);
+    tu_put_ok(rt, o, nfill);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.evictions, 0);
+    tu_put_ok(rt, &o[nfill], nmore); /* all must succeed */
+    s = tu_stats(rt);
+    cr_assert_gt(s.evictions, 0);
+    cr_assert_geq(s.puts_waited_for_space, 1, "the batch did not fit, yet no put waited");
+    for (size_t i = nfill; i < nfill + nmore; i++)
+        tu_expect_obj(rt, &o[i]);
+    objs_free(o, nfill + nmore);
+    free(o);
+    tu_destroy(rt);
+}
+
+/* Same, with one object a quarter of the pool: eviction must free a
+ * contiguous region large enough, not merely enough bytes in total.
+ * (Regression test: the evictor used to stop at min(low watermark, capacity
+ * - bytes wanted) while the free space was split into a 208 KiB hole at the
+ * start of the pool and 112 KiB at its end, so this put failed with -ENOSPC
+ * after put_wait_ms although every object was evictable; fixed in
+ * runtime/actor_evictor.c by f73181a.) */
+TIER_TEST(put_waits_for_eviction_large_object)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "put_waits_for_eviction_large_object"));
+    double hi = 0.9, lo = 0.7;
+    const uint64_t cap = 1 * MiB, osz = 16 * KiB;
+    umbp_runtime_t *rt = conf_rt_wm(tp, cap, &hi, &lo, ", \"put_wait_ms\": 5000");
+    size_t nfill = (size_t)((uint64_t)(hi * (double)cap) / osz);
+    struct tu_obj *o = calloc(nfill, sizeof(*o));
+    for (size_t i = 0; i < nfill; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), osz, 1, false);
+    tu_put_ok(rt, o, nfill);
+    struct tu_obj big;
+    tu_obj_init(&big, &r, tu_key_random(&r), cap / 4, 4, false);
+    int st = 1;
+    cr_assert_eq(tu_put_objs(rt, &big, 1, &st), 0);
+    cr_assert_eq(st, 0, "a put of a quarter of a pool full of evictable objects: %d (%s)", st,
+                 umbp_strerror(st));
+    tu_expect_obj(rt, &big);
+    tu_obj_free(&big);
+    objs_free(o, nfill);
+    free(o);
+    tu_destroy(rt);
+}
+
+/* A full pool that nothing will drain (dram: high watermark 1.0) and
+ * put_wait_ms 0: the put fails with -ENOSPC and changes nothing. */
+TIER_TEST(put_into_full_pool_enospc)
+{
+    if (!is_dram(tp))
+        cr_skip_test("needs dram_high_watermark=1.0 to keep the pool full");
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "put_into_full_pool_enospc"));
+    const uint64_t cap = 1 * MiB, osz = 16 * KiB;
+    umbp_runtime_t *rt = conf_rt(tp, cap,
+                                 ", \"put_wait_ms\": 0, \"dram_high_watermark\": 1.0,"
+                                 " \"dram_low_watermark\": 0.99");
+    size_t n = cap / osz;
+    struct tu_obj *o = calloc(n + 1, sizeof(*o));
+    for (size_t i = 0; i <= n; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), osz, 1, false);
+    tu_put_ok(rt, o, n);
+    int st = 1;
+    cr_assert_eq(tu_put_objs(rt, &o[n], 1, &st), 0);
+    cr_assert_eq(st, -ENOSPC, "put into a full pool: %d (%s)", st, umbp_strerror(st));
+    cr_assert_eq(tu_present(rt, o[n].key), 0);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.num_objects, n);
+    cr_assert_eq(s.used_bytes, cap);
+    cr_assert_eq(s.num_pending, 0);
+    cr_assert_eq(s.puts_failed, 1);
+    for (size_t i = 0; i < n; i += 7)
+        tu_expect_obj(rt, &o[i]);
+    /* room again after clear */
+    cr_assert_eq(umbp_clear(rt), 0);
+    tu_put_ok(rt, &o[n], 1);
+    tu_expect_obj(rt, &o[n]);
+    objs_free(o, n + 1);
+    free(o);
+    tu_destroy(rt);
+}
+
+/*
+ * Holding leases from outside: one get op over objs[0..n), the first key's
+ * destination trapped (see tu_trap_arm) so the copy worker stalls with every
+ * key of the op leased.  lease_release_check lets it finish and checks every
+ * key's status and bytes.
+ */
+struct held {
+    umbp_op_t *op;
+    size_t n;
+    uint8_t **dst;
+    umbp_range_t *rg;
+};
+
+static struct held lease_hold(umbp_runtime_t *rt, const struct tu_obj *objs, size_t n)
+{
+    struct held h = {NULL, n, calloc(n, sizeof(uint8_t *)), calloc(n, sizeof(umbp_range_t))};
+    umbp_get_item_t *it = calloc(n, sizeof(*it));
+    for (size_t i = 0; i < n; i++) {
+        h.dst[i] = i == 0 ? tu_trap_arm(objs[i].size) : malloc(objs[i].size);
+        if (i)
+            tu_poison(h.dst[i], objs[i].size);
+        h.rg[i] = (umbp_range_t){h.dst[i], objs[i].size, 0};
+        it[i] = (umbp_get_item_t){objs[i].key, &h.rg[i], 1};
+    }
+    cr_assert_eq(umbp_get(rt, it, n, &h.op), 0);
+    free(it);
+    tu_trap_wait_hit();
+    return h;
+}
+
+/* want0: the status expected of the trapped key (0, or UMBP_E_STALE). */
+static void lease_release_check(struct held *h, const struct tu_obj *objs, int want0)
+{
+    tu_trap_release();
+    tu_wait(h->op);
+    for (size_t i = 0; i < h->n; i++) {
+        int st = umbp_op_key_status(h->op, i);
+        if (i == 0) {
+            cr_assert_eq(st, want0, "held key: status %d (%s), want %d (%s)", st,
+                         umbp_strerror(st), want0, umbp_strerror(want0));
+            if (st == 0)
+                cr_assert_eq(tu_first_diff(h->dst[0], objs[0].data, objs[0].size), SIZE_MAX,
+                             "held key: status 0 but wrong bytes");
+        } else {
+            cr_assert_eq(st, 0, "leased key %zu: status %d (%s)", i, st, umbp_strerror(st));
+            cr_assert_eq(tu_first_diff(h->dst[i], objs[i].data, objs[i].size), SIZE_MAX,
+                         "leased key %zu: wrong bytes", i);
+            free(h->dst[i]);
+        }
+    }
+    umbp_op_release(h->op);
+    tu_trap_free();
+    free(h->dst);
+    free(h->rg);
+}
+
+/* A leased object is never evicted, even when it is the least recently used. */
+TIER_TEST(leased_object_survives_eviction)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "leased_object_survives_eviction"));
+    double hi = 0.9, lo = 0.7;
+    const uint64_t cap = 1 * MiB, osz = 16 * KiB;
+    umbp_runtime_t *rt = conf_rt_wm(tp, cap, &hi, &lo, ", \"copy_threads\": 2");
+    struct tu_obj l;
+    tu_obj_init(&l, &r, tu_key_random(&r), osz, 3, false);
+    tu_put_ok(rt, &l, 1);
+    struct held h = lease_hold(rt, &l, 1);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.num_leased, 1);
+    /* fill well past high in several batches: every object but l is
+     * younger, so l is the LRU victim unless its lease protects it */
+    size_t n = (size_t)(cap / osz) * 3;
+    struct tu_obj *o = calloc(n, sizeof(*o));
+    for (size_t i = 0; i < n; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), osz, 1, false);
+    int *st = calloc(n, sizeof(int));
+    for (size_t i = 0; i < n; i += 8)
+        cr_assert_eq(tu_put_objs(rt, &o[i], n - i < 8 ? n - i : 8, st + i), 0);
+    s = tu_stats(rt);
+    cr_assert_gt(s.evictions, 0, "no eviction happened");
+    cr_assert_eq(tu_present(rt, l.key), 1, "a leased object was evicted");
+    cr_assert_eq(s.num_leased, 1);
+    lease_release_check(&h, &l, 0);
+    /* once released it is an ordinary LRU object again */
+    tu_expect_obj(rt, &l);
+    free(st);
+    objs_free(o, n);
+    free(o);
+    tu_obj_free(&l);
+    tu_destroy(rt);
+}
+
+/* Every object leased, a put that needs eviction: it waits, then fails with
+ * UMBP_E_TIMEOUT (timeout_ms first) or -ENOSPC (put_wait_ms first); flush
+ * is bounded meanwhile; the failed key changes nothing. */
+static void put_blocked_by_leases(const struct tier_param *tp, const char *limits, int want)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "put_blocked_by_leases"));
+    double hi = 0.9, lo = 0.7;
+    const uint64_t cap = 1 * MiB, osz = 64 * KiB;
+    char extra[256];
+    snprintf(extra, sizeof(extra), ", \"copy_threads\": 2, %s", limits);
+    umbp_runtime_t *rt = conf_rt_wm(tp, cap, &hi, &lo, extra);
+    size_t n = (size_t)((uint64_t)(hi * (double)cap) / osz); /* below high */
+    struct tu_obj *o = calloc(n, sizeof(*o));
+    for (size_t i = 0; i < n; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), osz, 2, false);
+    tu_put_ok(rt, o, n);
+    struct held h = lease_hold(rt, o, n);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.num_leased, n);
+
+    struct tu_obj big;
+    tu_obj_init(&big, &r, tu_key_random(&r), cap - n * osz + osz, 2, false);
+    umbp_put_item_t it = tu_obj_item(&big);
+    umbp_op_t *op;
+    cr_assert_eq(umbp_put(rt, &it, 1, &op), 0);
+    cr_assert_eq(umbp_flush(rt, 50), UMBP_E_TIMEOUT, "flush returned while a put waits");
+    tu_wait(op);
+    int st = umbp_op_key_status(op, 0);
+    cr_assert_eq(st, want, "put into a pool of leased objects: %d (%s), want %d (%s)", st,
+                 umbp_strerror(st), want, umbp_strerror(want));
+    umbp_op_release(op);
+    cr_assert_eq(umbp_flush(rt, TU_WAIT_MS), 0);
+    s = tu_stats(rt);
+    cr_assert_eq(s.num_objects, n, "objects were lost while the put waited");
+    cr_assert_eq(s.num_pending, 0);
+    cr_assert_eq(s.puts_failed, 1);
+    cr_assert_geq(s.puts_waited_for_space, 1);
+    if (want == UMBP_E_TIMEOUT)
+        cr_assert_geq(s.ops_timed_out, 1);
+    cr_assert_eq(tu_present(rt, big.key), 0);
+    lease_release_check(&h, o, 0);
+    /* with the leases gone the same put succeeds (by evicting) */
+    tu_put_ok(rt, &big, 1);
+    tu_expect_obj(rt, &big);
+    tu_obj_free(&big);
+    objs_free(o, n);
+    free(o);
+    tu_destroy(rt);
+}
+
+TIER_TEST(put_blocked_by_leases_times_out)
+{
+    put_blocked_by_leases(tp, "\"timeout_ms\": 500, \"put_wait_ms\": 600000", UMBP_E_TIMEOUT);
+}
+
+TIER_TEST(put_blocked_by_leases_enospc)
+{
+    put_blocked_by_leases(tp, "\"timeout_ms\": 600000, \"put_wait_ms\": 500", -ENOSPC);
+}
+
+/* A lease that expires (lease_ttl_ms 10) while the copy is stalled, then the
+ * object is freed and its region reused: the get must report UMBP_E_STALE,
+ * never status 0 with another object's bytes. */
+TIER_TEST(expired_lease_reused_region_is_stale)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "expired_lease_reused_region_is_stale"));
+    const uint64_t cap = 1 * MiB, osz = 64 * KiB;
+    umbp_runtime_t *rt = conf_rt(tp, cap, ", \"copy_threads\": 2, \"lease_ttl_ms\": 10");
+    struct tu_obj a;
+    tu_obj_init(&a, &r, tu_key_random(&r), osz, 1, false);
+    tu_put_ok(rt, &a, 1);
+    struct held h = lease_hold(rt, &a, 1);
+    umbp_stats_t s;
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    do {
+        tu_sleep_ms(5);
+        s = tu_stats(rt);
+        cr_assert(tu_now_ms() < end, "a 10 ms lease never expired");
+    } while (s.leases_expired == 0);
+    cr_assert_eq(s.num_leased, 0, "an expired lease still counts as held");
+    /* free it and reuse every byte of the pool */
+    cr_assert_eq(umbp_clear(rt), 0);
+    size_t n = cap / osz;
+    struct tu_obj *o = calloc(n, sizeof(*o));
+    for (size_t i = 0; i < n; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), osz, 1, false);
+    int *st = calloc(n, sizeof(int));
+    cr_assert_eq(tu_put_objs(rt, o, n, st), 0);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(st[i], 0, "refilling the pool: key %zu status %d", i, st[i]);
+    lease_release_check(&h, &a, UMBP_E_STALE);
+    free(st);
+    objs_free(o, n);
+    free(o);
+    tu_obj_free(&a);
+    tu_destroy(rt);
+}
+
+/* clear while a reader holds an object: it disappears at once, the reader
+ * still gets its exact bytes, and the space is freed when it finishes. */
+TIER_TEST(clear_while_reading)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "clear_while_reading"));
+    umbp_runtime_t *rt = conf_rt(tp, 4 * MiB, ", \"copy_threads\": 2");
+    struct tu_obj a[3];
+    for (int i = 0; i < 3; i++)
+        tu_obj_init(&a[i], &r, tu_key_random(&r), 100 * KiB + (uint64_t)i, 3, false);
+    tu_put_ok(rt, a, 3);
+    struct held h = lease_hold(rt, a, 2);
+    cr_assert_eq(umbp_clear(rt), 0);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(tu_present(rt, a[i].key), 0, "object %d visible after clear", i);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.num_objects, 0);
+    /* new objects, including the cleared keys with new bytes, go elsewhere */
+    struct tu_obj b[3];
+    for (int i = 0; i < 3; i++)
+        tu_obj_init(&b[i], &r, i < 2 ? a[i].key : tu_key_random(&r), 100 * KiB, 2, false);
+    tu_put_ok(rt, b, 3);
+    lease_release_check(&h, a, 0);
+    for (int i = 0; i < 3; i++)
+        tu_expect_obj(rt, &b[i]);
+    cr_assert_eq(umbp_clear(rt), 0);
+    s = tu_stats(rt);
+    cr_assert_eq(s.used_bytes, 0, "objects cleared while read were never freed");
+    cr_assert_eq(s.num_leased, 0);
+    objs_free(a, 3);
+    objs_free(b, 3);
+    tu_destroy(rt);
+}
+
+/* A load that failed (UMBP_E_STALE) quarantines its key for
+ * load_failure_quarantine_ms: lookups and gets count it as a miss even after
+ * a new store of the key; afterwards the key is visible again. */
+TIER_TEST(failed_load_quarantines_key)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "failed_load_quarantines_key"));
+    const uint64_t cap = 1 * MiB, osz = 64 * KiB;
+    umbp_runtime_t *rt = conf_rt(tp, cap,
+                                 ", \"copy_threads\": 2, \"lease_ttl_ms\": 10,"
+                                 " \"load_failure_quarantine_ms\": 300");
+    struct tu_obj a, a2;
+    umbp_key_t ka = tu_key_random(&r);
+    tu_obj_init(&a, &r, ka, osz, 1, false);
+    tu_obj_init(&a2, &r, ka, osz, 2, false);
+    tu_put_ok(rt, &a, 1);
+    struct held h = lease_hold(rt, &a, 1);
+    umbp_stats_t s;
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    do {
+        tu_sleep_ms(5);
+        s = tu_stats(rt);
+        cr_assert(tu_now_ms() < end, "a 10 ms lease never expired");
+    } while (s.leases_expired == 0);
+    /* free A and reuse every byte of the pool */
+    cr_assert_eq(umbp_clear(rt), 0);
+    size_t n = cap / osz;
+    struct tu_obj *o = calloc(n, sizeof(*o));
+    for (size_t i = 0; i < n; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), osz, 1, false);
+    tu_put_ok(rt, o, n);
+    lease_release_check(&h, &a, UMBP_E_STALE);
+    /* let the evictor bring the full pool down before storing the key again */
+    uint64_t high = cap * 9 / 10;
+    cr_assert(tu_wait_stats(rt, used_at_most, &high, 10000, &s), "no eviction from a full pool");
+    tu_put_ok(rt, &a2, 1); /* the key again, new bytes: does not lift the quarantine */
+    /* quarantined: a miss, although a2 is stored */
+    cr_assert_eq(tu_present(rt, ka), 0, "a quarantined key is reported present");
+    uint8_t *buf = malloc(osz);
+    cr_assert_eq(tu_get_whole(rt, ka, buf, osz), UMBP_E_QUARANTINED);
+    s = tu_stats(rt);
+    cr_assert_geq(s.gets_miss, 1, "a quarantined get is not counted as a miss");
+    /* until the quarantine ends (300 ms; the bound only avoids a hang) */
+    end = tu_now_ms() + TU_WAIT_MS;
+    while (!tu_present(rt, ka)) {
+        cr_assert(tu_now_ms() < end, "the quarantine never ended");
+        tu_sleep_ms(10);
+    }
+    tu_expect_obj(rt, &a2);
+    free(buf);
+    objs_free(o, n);
+    free(o);
+    tu_obj_free(&a);
+    tu_obj_free(&a2);
+    tu_destroy(rt);
+}
+
+/* Batches of thousands of keys: one put, one lookup, one get. */
+TIER_TEST(large_batches)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "large_batches"));
+    umbp_runtime_t *rt = conf_rt(tp, 64 * MiB, NULL);
+    enum { N = 5000 };
+    struct tu_obj *o = calloc(N, sizeof(*o));
+    for (size_t i = 0; i < N; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), tu_rng_between(&r, 1, 4000),
+                    (uint32_t)tu_rng_between(&r, 1, 3), false);
+    tu_put_ok(rt, o, N);
+    umbp_key_t *k = calloc(2 * N, sizeof(*k));
+    for (size_t i = 0; i < N; i++) {
+        k[2 * i] = o[i].key;
+        k[2 * i + 1] = tu_key_random(&r);
+    }
+    uint8_t *present = malloc(2 * N);
+    size_t prefix;
+    cr_assert_eq(umbp_lookup(rt, k, 2 * N, present, &prefix, 0), 0);
+    cr_assert_eq(prefix, 1);
+    for (size_t i = 0; i < 2 * N; i++)
+        cr_assert_eq(present[i], i % 2 == 0, "present[%zu] = %u", i, present[i]);
+    cr_assert_eq(umbp_lookup(rt, k, 1, present, &prefix, 0), 0);
+    umbp_get_item_t *it = calloc(N, sizeof(*it));
+    umbp_range_t *rg = calloc(N, sizeof(*rg));
+    uint8_t **buf = calloc(N, sizeof(*buf));
+    for (size_t i = 0; i < N; i++) {
+        buf[i] = malloc(o[i].size);
+        tu_poison(buf[i], o[i].size);
+        rg[i] = (umbp_range_t){buf[i], o[i].size, 0};
+        it[i] = (umbp_get_item_t){o[i].key, &rg[i], 1};
+    }
+    umbp_op_t *op;
+    cr_assert_eq(umbp_get(rt, it, N, &op), 0);
+    tu_wait(op);
+    cr_assert_eq(umbp_op_num_keys(op), N);
+    cr_assert_eq(umbp_op_num_ok(op), N);
+    for (size_t i = 0; i < N; i++) {
+        cr_assert_eq(tu_first_diff(buf[i], o[i].data, o[i].size), SIZE_MAX, "key %zu", i);
+        free(buf[i]);
+    }
+    umbp_op_release(op);
+    free(buf);
+    free(rg);
+    free(it);
+    free(present);
+    free(k);
+    objs_free(o, N);
+    free(o);
+    tu_destroy(rt);
+}
+
+/* ---- clear, flush ------------------------------------------------------------------------------ */
+
+TIER_TEST(clear_removes_everything)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "clear_removes_everything"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, NULL);
+    enum { N = 50 };
+    struct tu_obj o[N];
+    umbp_key_t k[N];
+    for (int i = 0; i < N; i++) {
+        tu_obj_init(&o[i], &r, tu_key_random(&r), tu_rng_between(&r, 1, 64 * KiB), 2, false);
+        k[i] = o[i].key;
+    }
+    tu_put_ok(rt, o, N);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.num_objects, N);
+    cr_assert_gt(s.used_bytes, 0);
+    cr_assert_eq(umbp_clear(rt), 0);
+    uint8_t present[N];
+    size_t prefix;
+    cr_assert_eq(umbp_lookup(rt, k, N, present, &prefix, 0), 0);
+    cr_assert_eq(prefix, 0);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(present[i], 0);
+    s = tu_stats(rt);
+    cr_assert_eq(s.num_objects, 0);
+    cr_assert_eq(s.used_bytes, 0);
+    uint8_t *buf = malloc(64 * KiB);
+    cr_assert_eq(tu_get_whole(rt, k[0], buf, o[0].size), -ENOENT);
+    free(buf);
+    /* clear of an empty pool, and the pool is usable afterwards */
+    cr_assert_eq(umbp_clear(rt), 0);
+    tu_put_ok(rt, o, N);
+    for (int i = 0; i < N; i++)
+        tu_expect_obj(rt, &o[i]);
+    objs_free(o, N);
+    tu_destroy(rt);
+}
+
+TIER_TEST(flush_waits_for_earlier_puts)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "flush_waits_for_earlier_puts"));
+    umbp_runtime_t *rt = conf_rt(tp, 64 * MiB, NULL);
+    enum { B = 8, K = 8 };
+    struct tu_obj o[B][K];
+    umbp_op_t *op[B];
+    for (int b = 0; b < B; b++) {
+        umbp_put_item_t it[K];
+        for (int i = 0; i < K; i++) {
+            tu_obj_init(&o[b][i], &r, tu_key_random(&r), 512 * KiB, 4, false);
+            it[i] = tu_obj_item(&o[b][i]);
+        }
+        cr_assert_eq(umbp_put(rt, it, K, &op[b]), 0);
+    }
+    cr_assert_eq(umbp_flush(rt, TU_WAIT_MS), 0);
+    for (int b = 0; b < B; b++) {
+        cr_assert_eq(umbp_op_test(op[b]), 0, "flush returned before put batch %d completed", b);
+        cr_assert_eq(umbp_op_num_ok(op[b]), K);
+        umbp_op_release(op[b]);
+    }
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.num_pending, 0);
+    cr_assert_eq(s.num_objects, B * K);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < K; i++) {
+            tu_expect_obj(rt, &o[b][i]);
+            tu_obj_free(&o[b][i]);
+        }
+    /* nothing to wait for.  flush(rt, 0) still needs a round trip through
+     * the loop thread, so it may report UMBP_E_TIMEOUT even then (see the
+     * report: arguably it should say 0 when no put is outstanding). */
+    int rc0 = umbp_flush(rt, 0);
+    cr_assert(rc0 == 0 || rc0 == UMBP_E_TIMEOUT, "flush(rt, 0) = %d", rc0);
+    cr_assert_eq(umbp_flush(rt, -1), 0);
+    tu_destroy(rt);
+}
+
+/* ---- events -------------------------------------------------------------------------------------- */
+
+static size_t drain_all(umbp_runtime_t *rt, umbp_event_t *ev, size_t max, uint64_t *lost)
+{
+    size_t n = umbp_events_drain(rt, ev, max, lost);
+    return n;
+}
+
+TIER_TEST(events_stored_and_removed)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "events_stored_and_removed"));
+    double hi = 0.9, lo = 0.7;
+    const uint64_t cap = 1 * MiB, osz = 64 * KiB;
+    umbp_runtime_t *rt = conf_rt_wm(tp, cap, &hi, &lo, ", \"enable_events\": true");
+    umbp_event_t ev[64];
+    uint64_t lost = 99;
+    cr_assert_eq(drain_all(rt, ev, 64, &lost), 0);
+    cr_assert_eq(lost, 0);
+
+    struct tu_obj o[3];
+    for (int i = 0; i < 3; i++)
+        tu_obj_init(&o[i], &r, tu_key_random(&r), osz, 1, false);
+    for (int i = 0; i < 3; i++)
+        tu_put_ok(rt, &o[i], 1);
+    tu_put_ok(rt, &o[1], 1); /* already present: no event */
+    size_t n = drain_all(rt, ev, 64, &lost);
+    cr_assert_eq(n, 3, "%zu events after 3 new keys", n);
+    cr_assert_eq(lost, 0);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(ev[i].type, UMBP_EVENT_STORED);
+        cr_assert(tu_key_eq(&ev[i].key, &o[i].key), "event %d names the wrong key", i);
+    }
+    cr_assert_eq(drain_all(rt, ev, 64, &lost), 0, "events drained twice");
+
+    /* a failed put emits nothing */
+    struct tu_obj big;
+    tu_obj_init(&big, &r, tu_key_random(&r), 2 * cap, 1, false);
+    int st;
+    cr_assert_eq(tu_put_objs(rt, &big, 1, &st), 0);
+    cr_assert_neq(st, 0);
+    cr_assert_eq(drain_all(rt, ev, 64, &lost), 0);
+    tu_obj_free(&big);
+
+    /* small max: oldest first, the rest stays */
+    cr_assert_eq(umbp_clear(rt), 0);
+    cr_assert_eq(drain_all(rt, ev, 1, &lost), 1);
+    cr_assert_eq(ev[0].type, UMBP_EVENT_REMOVED);
+    n = drain_all(rt, ev + 1, 63, &lost);
+    cr_assert_eq(n, 2);
+    for (int i = 0; i < 3; i++) {
+        int seen = 0;
+        for (int e = 0; e < 3; e++)
+            seen += ev[e].type == UMBP_EVENT_REMOVED && tu_key_eq(&ev[e].key, &o[i].key);
+        cr_assert_eq(seen, 1, "key %d: %d REMOVED events after clear", i, seen);
+    }
+
+    /* eviction emits REMOVED for exactly the evicted keys */
+    size_t nfill = (size_t)((uint64_t)(hi * (double)cap) / osz) + 1;
+    struct tu_obj *f = calloc(nfill, sizeof(*f));
+    for (size_t i = 0; i < nfill; i++)
+        tu_obj_init(&f[i], &r, tu_key_random(&r), osz, 1, false);
+    tu_put_ok(rt, f, nfill);
+    uint64_t low = (uint64_t)(lo * (double)cap);
+    umbp_stats_t s;
+    cr_assert(tu_wait_stats(rt, used_at_most, &low, 10000, &s), "no eviction");
+    umbp_event_t *all = calloc(nfill * 2 + 8, sizeof(*all));
+    n = drain_all(rt, all, nfill * 2 + 8, &lost);
+    cr_assert_eq(lost, 0);
+    size_t stored = 0, removed = 0;
+    for (size_t e = 0; e < n; e++) {
+        stored += all[e].type == UMBP_EVENT_STORED;
+        if (all[e].type == UMBP_EVENT_REMOVED) {
+            removed++;
+            size_t i = 0;
+            while (i < nfill && !tu_key_eq(&all[e].key, &f[i].key))
+                i++;
+            cr_assert(i < nfill, "REMOVED event for an unknown key");
+            cr_assert_eq(tu_present(rt, f[i].key), 0, "REMOVED event for a present key");
+        }
+    }
+    cr_assert_eq(stored, nfill);
+    cr_assert_eq(removed, s.evictions);
+    cr_assert_eq(removed + s.num_objects, nfill);
+    free(all);
+    objs_free(f, nfill);
+    free(f);
+    objs_free(o, 3);
+    tu_destroy(rt);
+}
+
+TIER_TEST(events_overflow_counts_lost)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "events_overflow_counts_lost"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, ", \"enable_events\": true, \"event_queue_size\": 16");
+    enum { N = 20 };
+    struct tu_obj o[N];
+    for (int i = 0; i < N; i++) {
+        tu_obj_init(&o[i], &r, tu_key_random(&r), 1000, 1, false);
+        tu_put_ok(rt, &o[i], 1); /* in order */
+    }
+    umbp_event_t ev[64];
+    uint64_t lost = 0;
+    size_t n = umbp_events_drain(rt, ev, 64, &lost);
+    cr_assert_eq(n, 16, "queue of 16 returned %zu events", n);
+    cr_assert_eq(lost, N - 16, "lost = %llu, want %d", (unsigned long long)lost, N - 16);
+    for (size_t i = 0; i < n; i++) { /* the oldest were dropped */
+        cr_assert_eq(ev[i].type, UMBP_EVENT_STORED);
+        cr_assert(tu_key_eq(&ev[i].key, &o[N - 16 + i].key), "event %zu out of order", i);
+    }
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.events_dropped, N - 16);
+    /* the loss is reported once */
+    n = umbp_events_drain(rt, ev, 64, &lost);
+    cr_assert_eq(n, 0);
+    cr_assert_eq(lost, 0);
+    /* lost may be NULL */
+    cr_assert_eq(umbp_clear(rt), 0);
+    n = umbp_events_drain(rt, ev, 64, NULL);
+    cr_assert_eq(n, 16);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(ev[i].type, UMBP_EVENT_REMOVED);
+    objs_free(o, N);
+    tu_destroy(rt);
+}
+
+TIER_TEST(events_disabled_by_default)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "events_disabled_by_default"));
+    umbp_runtime_t *rt = conf_rt(tp, 8 * MiB, NULL);
+    struct tu_obj o;
+    tu_obj_init(&o, &r, tu_key_random(&r), 1000, 1, false);
+    tu_put_ok(rt, &o, 1);
+    umbp_event_t ev[4];
+    uint64_t lost = 5;
+    cr_assert_eq(umbp_events_drain(rt, ev, 4, &lost), 0);
+    cr_assert_eq(lost, 0);
+    tu_obj_free(&o);
+    tu_destroy(rt);
+}
+
+/* ---- statistics ---------------------------------------------------------------------------------- */
+
+TIER_TEST(stats_counters_consistent)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "stats_counters_consistent"));
+    const uint64_t cap = 8 * MiB;
+    umbp_runtime_t *rt = conf_rt(tp, cap, ", \"put_wait_ms\": 10");
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_eq(s.capacity_bytes, cap);
+    cr_assert_eq(s.used_bytes + s.num_objects + s.num_pending + s.num_leased, 0);
+    cr_assert_eq(s.puts_ok + s.puts_existing + s.puts_failed + s.gets_ok + s.gets_miss +
+                     s.gets_failed + s.bytes_written + s.bytes_read + s.lookups + s.evictions,
+                 0);
+
+    enum { N = 10 };
+    struct tu_obj o[N];
+    uint64_t total = 0;
+    for (int i = 0; i < N; i++) {
+        tu_obj_init(&o[i], &r, tu_key_random(&r), tu_rng_between(&r, 1, 100 * KiB), 3, false);
+        total += o[i].size;
+    }
+    tu_put_ok(rt, o, N);
+    tu_put_ok(rt, o, 4); /* existing */
+    struct tu_obj big;
+    tu_obj_init(&big, &r, tu_key_random(&r), cap * 2, 1, false);
+    int st;
+    cr_assert_eq(tu_put_objs(rt, &big, 1, &st), 0);
+    cr_assert_neq(st, 0);
+    tu_obj_free(&big);
+
+    /* gets: N whole, 3 partial (bytes counted per range), 2 misses */
+    uint64_t read = 0;
+    for (int i = 0; i < N; i++) {
+        tu_expect_obj(rt, &o[i]);
+        read += o[i].size;
+    }
+    for (int i = 0; i < 3; i++) {
+        uint8_t buf[64];
+        uint64_t len = o[i].size < 64 ? o[i].size : 64;
+        umbp_range_t rg = {buf, len, o[i].size - len};
+        umbp_get_item_t it = {o[i].key, &rg, 1};
+        umbp_op_t *op;
+        cr_assert_eq(umbp_get(rt, &it, 1, &op), 0);
+        tu_wait(op);
+        cr_assert_eq(umbp_op_key_status(op, 0), 0);
+        cr_assert_eq(memcmp(buf, o[i].data + o[i].size - len, len), 0);
+        umbp_op_release(op);
+        read += len;
+    }
+    uint8_t tmp[16];
+    cr_assert_eq(tu_get_whole(rt, tu_key_random(&r), tmp, 16), -ENOENT);
+    cr_assert_eq(tu_get_whole(rt, tu_key_random(&r), tmp, 16), -ENOENT);
+
+    umbp_key_t k[N + 2];
+    for (int i = 0; i < N; i++)
+        k[i] = o[i].key;
+    k[N] = tu_key_random(&r);
+    k[N + 1] = tu_key_random(&r);
+    cr_assert_eq(umbp_lookup(rt, k, N + 2, NULL, NULL, 0), 0);
+    cr_assert_eq(umbp_lookup(rt, k + N, 2, NULL, NULL, 0), 0);
+
+    s = tu_stats(rt);
+    cr_assert_eq(s.puts_ok, N);
+    cr_assert_eq(s.puts_existing, 4);
+    cr_assert_eq(s.puts_failed, 1);
+    cr_assert_eq(s.bytes_written, total);
+    cr_assert_eq(s.gets_ok, N + 3);
+    cr_assert_eq(s.gets_miss, 2);
+    cr_assert_eq(s.gets_failed, 0);
+    cr_assert_eq(s.bytes_read, read);
+    cr_assert_eq(s.lookups, 2);
+    cr_assert_eq(s.lookup_keys, N + 4);
+    cr_assert_eq(s.lookup_hits, N);
+    cr_assert_eq(s.num_objects, N);
+    cr_assert_eq(s.num_pending, 0);
+    cr_assert_eq(s.num_leased, 0);
+    cr_assert_geq(s.used_bytes, total);
+    cr_assert_leq(s.used_bytes, s.capacity_bytes);
+    cr_assert_eq(s.evictions, 0);
+    cr_assert_eq(s.mailbox_full, 0);
+    cr_assert_eq(s.ops_timed_out, 0);
+    cr_assert_eq(umbp_clear(rt), 0);
+    s = tu_stats(rt);
+    cr_assert_eq(s.num_objects, 0);
+    cr_assert_eq(s.used_bytes, 0);
+    cr_assert_eq(s.evictions, 0, "clear counted as eviction");
+    cr_assert_eq(s.puts_ok, N, "clear reset the counters");
+    objs_free(o, N);
+    tu_destroy(rt);
+}
+
+/* capacity_bytes is a budget: the pool may hold a little less (alignment),
+ * never more, also when the size is not a multiple of the page size.
+ *
+ * KNOWN BUG (backends/dram/dram_tier.c, dram_create): the allocator manages
+ * the whole mapping, dram_alloc_create(dt->pool->size, ...), and the mapping
+ * is the capacity rounded UP to the page size, so capacity_bytes 1048577
+ * yields a 1052672-byte pool (and with dram_use_hugepages and 1GiB pages up
+ * to 1 GiB more than configured).  Fix: dram_alloc_create(env->capacity_bytes,
+ * &dt->alloc). */
+TIER_TEST(capacity_is_an_upper_bound)
+{
+    static const uint64_t caps[] = {1 * MiB + 1, 1 * MiB + 4095, 3 * MiB + 12345, 10 * MiB / 3};
+    for (size_t i = 0; i < sizeof(caps) / sizeof(caps[0]); i++) {
+        umbp_runtime_t *rt = conf_rt(tp, caps[i], NULL);
+        umbp_stats_t s = tu_stats(rt);
+        cr_assert_leq(s.capacity_bytes, caps[i], "capacity_bytes %llu gave a pool of %llu bytes",
+                      (unsigned long long)caps[i], (unsigned long long)s.capacity_bytes);
+        cr_assert_geq(s.capacity_bytes + 4096, caps[i], "capacity_bytes %llu gave only %llu",
+                      (unsigned long long)caps[i], (unsigned long long)s.capacity_bytes);
+        tu_destroy(rt);
+    }
+    /* split over ranks: the ranks together stay within the total */
+    umbp_runtime_t *rt = tu_create("{\"tier\": \"%s\", \"total_capacity_bytes\": \"10MiB\", "
+                                   "\"world_size\": 3, \"rank\": 2, \"log_level\": \"error\"}",
+                                   tp->name);
+    umbp_stats_t s = tu_stats(rt);
+    cr_assert_leq(3 * s.capacity_bytes, 10 * MiB, "3 ranks of %llu bytes exceed 10MiB",
+                  (unsigned long long)s.capacity_bytes);
+    tu_destroy(rt);
+}
+
+/* ---- the tier's vtable, driven directly ------------------------------------------------------------ */
+
+/*
+ * A tier alone on a private libev loop, configured by the runtime's own
+ * option parser.  Members that complete later (a remote tier) are waited
+ * for by running the loop; the bound only avoids a hang.
+ */
+struct th {
+    struct rt_config *cfg;
+    struct ev_loop *loop;
+    struct umbp_tier *t;
+    const struct umbp_tier_ops *ops;
+    umbp_event_t ev[512];
+    size_t nev, nfreed;
+};
+
+struct th_done {
+    bool done;
+    int rc;
+};
+
+static void th_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key)
+{
+    struct th *h = ctx;
+    if (h->nev < 512)
+        h->ev[h->nev++] = (umbp_event_t){type, *key};
+}
+
+static void th_freed(void *ctx) { ((struct th *)ctx)->nfreed++; }
+
+static void th_done_cb(void *arg, int rc)
+{
+    struct th_done *d = arg;
+    cr_assert(!d->done, "done callback called twice");
+    d->done = true;
+    d->rc = rc;
+}
+
+static void th_wait(struct th *h, struct th_done *d)
+{
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while (!d->done) {
+        ev_run(h->loop, EVRUN_NOWAIT);
+        if (!d->done) {
+            cr_assert(tu_now_ms() < end, "tier call never completed");
+            tu_sleep_ms(1);
+        }
+    }
+    cr_assert_eq(d->rc, 0, "tier call failed as a whole: %d (%s)", d->rc, umbp_strerror(d->rc));
+}
+
+static void th_open(struct th *h, const struct tier_param *tp, uint64_t cap, const char *extra)
+{
+    memset(h, 0, sizeof(*h));
+    char json[1024];
+    snprintf(json, sizeof(json), "{\"capacity_bytes\": %llu%s}", (unsigned long long)cap,
+             extra ? extra : "");
+    int rc = config_parse(json, &h->cfg);
+    cr_assert_eq(rc, 0, "config_parse(%s): %s", json, umbp_last_error());
+    h->ops = umbp_tier_find(tp->name);
+    cr_assert_not_null(h->ops);
+    h->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
+    cr_assert_not_null(h->loop);
+    struct umbp_tier_env env = {
+        .loop = h->loop,
+        .core = &h->cfg->core,
+        .capacity_bytes = h->cfg->rank_capacity,
+        .emit_event = th_emit,
+        .space_freed = th_freed,
+        .ctx = h,
+    };
+    char err[512] = "";
+    rc = h->ops->create(&env, config_tier(h->cfg, h->ops), &h->t, err, sizeof(err));
+    cr_assert_eq(rc, 0, "%s create: %d %s", tp->name, rc, err);
+    h->t->ops = h->ops;
+    h->t->env = env;
+}
+
+static void th_close(struct th *h)
+{
+    h->ops->destroy(h->t);
+    ev_loop_destroy(h->loop);
+    config_free(h->cfg);
+    tu_check_leaks();
+}
+
+static struct umbp_tier_usage th_usage(struct th *h)
+{
+    struct umbp_tier_usage u;
+    memset(&u, 0, sizeof(u));
+    if (h->ops->usage)
+        h->ops->usage(h->t, &u);
+    return u;
+}
+
+/* Single-request helpers; they return the request's status. */
+static int th_reserve(struct th *h, struct umbp_tier_req *q)
+{
+    struct umbp_tier_req *p[1] = {q};
+    struct th_done d = {0};
+    q->status = 0;
+    h->ops->reserve(h->t, p, 1, th_done_cb, &d);
+    th_wait(h, &d);
+    return q->status;
+}
+
+static int th_publish(struct th *h, struct umbp_tier_req *q)
+{
+    struct umbp_tier_req *p[1] = {q};
+    struct th_done d = {0};
+    h->ops->publish(h->t, p, 1, th_done_cb, &d);
+    th_wait(h, &d);
+    return q->status;
+}
+
+static int th_acquire(struct th *h, struct umbp_tier_req *q, uint64_t ttl_ms)
+{
+    struct umbp_tier_req *p[1] = {q};
+    struct th_done d = {0};
+    q->status = 0;
+    h->ops->acquire(h->t, p, 1, ttl_ms, th_done_cb, &d);
+    th_wait(h, &d);
+    return q->status;
+}
+
+static int th_release(struct th *h, struct umbp_tier_req *q)
+{
+    struct umbp_tier_req *p[1] = {q};
+    struct th_done d = {0};
+    h->ops->release(h->t, p, 1, th_done_cb, &d);
+    th_wait(h, &d);
+    return q->status;
+}
+
+static bool th_present(struct th *h, umbp_key_t key, bool touch)
+{
+    struct umbp_tier_req q = {.key = key};
+    struct umbp_tier_req *p[1] = {&q};
+    uint8_t present = 0x77;
+    struct th_done d = {0};
+    h->ops->lookup(h->t, p, 1, &present, touch, th_done_cb, &d);
+    th_wait(h, &d);
+    cr_assert(present == 0 || present == 1);
+    return present;
+}
+
+static void th_clear(struct th *h)
+{
+    struct th_done d = {0};
+    h->ops->clear(h->t, th_done_cb, &d);
+    th_wait(h, &d);
+}
+
+static uint64_t th_evict(struct th *h, uint64_t target, size_t max, bool *more)
+{
+    cr_assert_not_null(h->ops->evict, "tier has no evict member");
+    bool m = false;
+    uint64_t f = h->ops->evict(h->t, target, max, &m);
+    if (more)
+        *more = m;
+    return f;
+}
+
+/* Reserves, writes random bytes (kept in data), publishes. */
+static void th_store(struct th *h, struct tu_rng *r, struct umbp_tier_req *q, umbp_key_t key,
+                     uint64_t size, uint8_t *data)
+{
+    memset(q, 0, sizeof(*q));
+    q->key = key;
+    q->size = size;
+    cr_assert_eq(th_reserve(h, q), 0);
+    if (!q->region.addr)
+        cr_skip_test("tier %s hands out unmapped regions; these tests need mapped ones",
+                     h->ops->name);
+    cr_assert_geq(q->region.size, size);
+    tu_fill_random(r, data, size);
+    memcpy(q->region.addr, data, size);
+    cr_assert_eq(th_publish(h, q), 0);
+}
+
+TIER_TEST(tier_reserve_hidden_until_publish)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "tier_reserve_hidden_until_publish"));
+    struct th h;
+    th_open(&h, tp, 1 * MiB, NULL);
+    umbp_key_t k = tu_key_random(&r);
+    struct umbp_tier_req q = {.key = k, .size = 5000};
+    cr_assert_eq(th_reserve(&h, &q), 0);
+    if (!q.region.addr)
+        cr_skip_test("unmapped regions");
+    cr_assert_eq(th_present(&h, k, false), 0, "a reserved key is visible before publish");
+    struct umbp_tier_req g = {.key = k};
+    cr_assert_eq(th_acquire(&h, &g, 1000), -ENOENT, "a pending key can be read");
+    struct umbp_tier_usage u = th_usage(&h);
+    cr_assert_eq(u.num_pending, 1);
+    cr_assert_eq(u.num_objects, 0);
+    cr_assert_geq(u.used_bytes, 5000);
+    cr_assert_eq(h.nev, 0, "event before publish");
+    /* a second reservation of a pending key: first writer wins */
+    struct umbp_tier_req q2 = {.key = k, .size = 5000};
+    cr_assert_eq(th_reserve(&h, &q2), UMBP_TIER_EXISTS);
+    /* pending objects are never evicted */
+    th_evict(&h, 0, 1000, NULL);
+    u = th_usage(&h);
+    cr_assert_eq(u.num_pending, 1);
+    uint8_t data[5000];
+    tu_fill_random(&r, data, sizeof(data));
+    memcpy(q.region.addr, data, sizeof(data));
+    cr_assert_eq(th_publish(&h, &q), 0);
+    cr_assert_eq(th_present(&h, k, false), 1);
+    cr_assert_eq(h.nev, 1);
+    cr_assert_eq(h.ev[0].type, UMBP_EVENT_STORED);
+    cr_assert(tu_key_eq(&h.ev[0].key, &k));
+    cr_assert_eq(th_reserve(&h, &q2), UMBP_TIER_EXISTS);
+    cr_assert_eq(th_acquire(&h, &g, 1000), 0);
+    cr_assert_eq(g.region.size, 5000);
+    cr_assert_eq(memcmp(g.region.addr, data, sizeof(data)), 0);
+    cr_assert_eq(th_release(&h, &g), 0);
+    u = th_usage(&h);
+    cr_assert_eq(u.num_pending, 0);
+    cr_assert_eq(u.num_objects, 1);
+    cr_assert_eq(u.num_leased, 0);
+    th_close(&h);
+}
+
+TIER_TEST(tier_abort_leaves_previous_state)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "tier_abort_leaves_previous_state"));
+    struct th h;
+    th_open(&h, tp, 1 * MiB, NULL);
+    struct umbp_tier_usage u0 = th_usage(&h);
+    umbp_key_t k = tu_key_random(&r);
+    struct umbp_tier_req q = {.key = k, .size = 300000};
+    cr_assert_eq(th_reserve(&h, &q), 0);
+    struct umbp_tier_req *p[1] = {&q};
+    h.ops->abort(h.t, p, 1);
+    cr_assert_eq(th_present(&h, k, false), 0);
+    struct umbp_tier_usage u = th_usage(&h);
+    cr_assert_eq(u.used_bytes, u0.used_bytes, "abort did not give the space back");
+    cr_assert_eq(u.num_pending, 0);
+    cr_assert_eq(h.nev, 0);
+    /* the key can be written afresh */
+    struct umbp_tier_req q2;
+    uint8_t data[1000];
+    th_store(&h, &r, &q2, k, sizeof(data), data);
+    /* aborting a stale reservation token changes nothing */
+    h.ops->abort(h.t, p, 1);
+    cr_assert_eq(th_present(&h, k, false), 1);
+    struct umbp_tier_req g = {.key = k};
+    cr_assert_eq(th_acquire(&h, &g, 1000), 0);
+    cr_assert_eq(memcmp(g.region.addr, data, sizeof(data)), 0);
+    cr_assert_eq(th_release(&h, &g), 0);
+    th_close(&h);
+}
+
+TIER_TEST(tier_lookup_without_touch_keeps_lru)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "tier_lookup_without_touch_keeps_lru"));
+    struct th h;
+    th_open(&h, tp, 1 * MiB, NULL);
+    enum { N = 6 };
+    struct umbp_tier_req q[N];
+    umbp_key_t k[N];
+    uint8_t data[N][512];
+    for (int i = 0; i < N; i++) {
+        k[i] = tu_key_random(&r);
+        th_store(&h, &r, &q[i], k[i], 512, data[i]);
+    }
+    /* oldest first: 0 1 2 3 4 5.  Plain lookups of 0 change nothing. */
+    for (int rep = 0; rep < 3; rep++)
+        cr_assert_eq(th_present(&h, k[0], false), 1);
+    bool more = false;
+    cr_assert_gt(th_evict(&h, 0, 1, &more), 0);
+    cr_assert(more, "evict stopped on max_objects without saying so");
+    cr_assert_eq(th_present(&h, k[0], false), 0, "the LRU object survived a one-object eviction");
+    /* touch 1: the next victim is 2 */
+    cr_assert_eq(th_present(&h, k[1], true), 1);
+    th_evict(&h, 0, 1, NULL);
+    cr_assert_eq(th_present(&h, k[1], false), 1, "a touched object was evicted first");
+    cr_assert_eq(th_present(&h, k[2], false), 0);
+    /* a read refreshes too (the lease touches): read 3, next victim is 4 */
+    struct umbp_tier_req g = {.key = k[3]};
+    cr_assert_eq(th_acquire(&h, &g, 1000), 0);
+    cr_assert_eq(th_release(&h, &g), 0);
+    th_evict(&h, 0, 1, NULL);
+    cr_assert_eq(th_present(&h, k[4], false), 0);
+    cr_assert_eq(th_present(&h, k[3], false), 1);
+    /* evict stops at the target */
+    struct umbp_tier_usage u = th_usage(&h);
+    cr_assert_eq(u.num_objects, 3);
+    th_evict(&h, u.used_bytes - 1, 1000, &more);
+    cr_assert(!more);
+    struct umbp_tier_usage u2 = th_usage(&h);
+    cr_assert_eq(u2.num_objects, 2, "evict went past its target");
+    cr_assert_eq(u2.evictions, 4);
+    size_t removed = 0;
+    for (size_t e = 0; e < h.nev; e++)
+        removed += h.ev[e].type == UMBP_EVENT_REMOVED;
+    cr_assert_eq(removed, 4);
+    cr_assert_gt(h.nfreed, 0, "space_freed never called");
+    th_close(&h);
+}
+
+TIER_TEST(tier_leased_objects_never_evicted)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "tier_leased_objects_never_evicted"));
+    struct th h;
+    th_open(&h, tp, 1 * MiB, NULL);
+    enum { N = 8 };
+    struct umbp_tier_req q[N];
+    umbp_key_t k[N];
+    static uint8_t data[N][64 * 1024];
+    for (int i = 0; i < N; i++) {
+        k[i] = tu_key_random(&r);
+        th_store(&h, &r, &q[i], k[i], sizeof(data[i]), data[i]);
+    }
+    /* lease the two oldest, twice for one of them */
+    struct umbp_tier_req g0 = {.key = k[0]}, g1 = {.key = k[1]}, g1b = {.key = k[1]};
+    cr_assert_eq(th_acquire(&h, &g0, 60000), 0);
+    cr_assert_eq(th_acquire(&h, &g1, 60000), 0);
+    cr_assert_eq(th_acquire(&h, &g1b, 60000), 0);
+    struct umbp_tier_usage u = th_usage(&h);
+    cr_assert_eq(u.num_leased, 2);
+    th_evict(&h, 0, 1000, NULL);
+    u = th_usage(&h);
+    cr_assert_eq(u.num_objects, 2, "eviction took leased objects (or left unleased ones)");
+    cr_assert_eq(th_present(&h, k[0], false), 1);
+    cr_assert_eq(th_present(&h, k[1], false), 1);
+    /* other objects may now reuse the freed space; leased bytes stay put */
+    for (int i = 2; i < N; i++) {
+        struct umbp_tier_req q2;
+        uint8_t tmp[64 * 1024];
+        th_store(&h, &r, &q2, tu_key_random(&r), sizeof(tmp), tmp);
+    }
+    cr_assert_eq(memcmp(g0.region.addr, data[0], sizeof(data[0])), 0, "leased bytes overwritten");
+    cr_assert_eq(memcmp(g1.region.addr, data[1], sizeof(data[1])), 0, "leased bytes overwritten");
+    cr_assert_eq(th_release(&h, &g0), 0);
+    cr_assert_eq(th_release(&h, &g1), 0);
+    /* still one lease on k[1] */
+    th_evict(&h, 0, 1000, NULL);
+    cr_assert_eq(th_present(&h, k[0], false), 0);
+    cr_assert_eq(th_present(&h, k[1], false), 1, "an object with one remaining lease was evicted");
+    cr_assert_eq(th_release(&h, &g1b), 0);
+    th_evict(&h, 0, 1000, NULL);
+    cr_assert_eq(th_present(&h, k[1], false), 0);
+    u = th_usage(&h);
+    cr_assert_eq(u.num_objects, 0);
+    cr_assert_eq(u.num_leased, 0);
+    cr_assert_eq(u.used_bytes, 0);
+    /* releasing a token twice is refused as stale, not a crash */
+    cr_assert_eq(th_release(&h, &g0), UMBP_E_STALE);
+    th_close(&h);
+}
+
+TIER_TEST(tier_clear_while_leased)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "tier_clear_while_leased"));
+    struct th h;
+    th_open(&h, tp, 1 * MiB, NULL);
+    struct umbp_tier_req q[3];
+    umbp_key_t k[3];
+    uint8_t data[3][4096];
+    for (int i = 0; i < 3; i++) {
+        k[i] = tu_key_random(&r);
+        th_store(&h, &r, &q[i], k[i], 4096, data[i]);
+    }
+    struct umbp_tier_req g = {.key = k[1]};
+    cr_assert_eq(th_acquire(&h, &g, 60000), 0);
+    size_t ev0 = h.nev;
+    th_clear(&h);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(th_present(&h, k[i], false), 0, "key %d visible after clear", i);
+    cr_assert_eq(h.nev - ev0, 3, "clear emitted %zu events for 3 objects", h.nev - ev0);
+    struct umbp_tier_usage u = th_usage(&h);
+    cr_assert_eq(u.num_objects, 0);
+    /* the cleared key can be stored again while the old copy is still read */
+    struct umbp_tier_req q2;
+    uint8_t fresh[4096];
+    th_store(&h, &r, &q2, k[1], 4096, fresh);
+    /* fill every free byte: none of it may be the leased object's */
+    for (uint64_t i = 0;; i++) {
+        struct umbp_tier_req f = {.key = tu_key_id(77, i), .size = 4096};
+        int st = th_reserve(&h, &f);
+        if (st == -ENOSPC)
+            break;
+        cr_assert_eq(st, 0);
+        cr_assert(i < 1000, "a 1 MiB pool took more than 1000 objects of 4 KiB");
+        memset(f.region.addr, 0xee, 4096);
+        cr_assert_eq(th_publish(&h, &f), 0);
+    }
+    cr_assert_eq(memcmp(g.region.addr, data[1], 4096), 0, "a leased region was reused");
+    cr_assert_eq(th_release(&h, &g), 0, "release of an intact lease after clear");
+    struct umbp_tier_req g2 = {.key = k[1]};
+    cr_assert_eq(th_acquire(&h, &g2, 60000), 0);
+    cr_assert_eq(memcmp(g2.region.addr, fresh, 4096), 0);
+    cr_assert_eq(th_release(&h, &g2), 0);
+    th_clear(&h);
+    u = th_usage(&h);
+    cr_assert_eq(u.used_bytes, 0, "the cleared, leased object was never freed");
+    cr_assert_eq(u.num_leased, 0);
+    th_close(&h);
+}
+
+/*
+ * A lease that expires stops pinning its object; if the region is then
+ * reused, the late release must say UMBP_E_STALE (the reader's bytes are not
+ * the object's).  If it was not reused, the release says 0.
+ */
+TIER_TEST(tier_expired_lease_reports_stale)
+{
+    if (!((const struct umbp_tier_ops *)umbp_tier_find(tp->name))->expire_leases)
+        cr_skip_test("tier %s expires no leases", tp->name);
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "tier_expired_lease_reports_stale"));
+    struct th h;
+    const uint64_t cap = 1 * MiB, osz = 64 * KiB;
+    th_open(&h, tp, cap, NULL);
+    static uint8_t data[2][64 * 1024];
+    struct umbp_tier_req qa, qb;
+    umbp_key_t ka = tu_key_random(&r), kb = tu_key_random(&r);
+    th_store(&h, &r, &qa, ka, osz, data[0]);
+    th_store(&h, &r, &qb, kb, osz, data[1]);
+
+    /* B: expired but never reused -> 0 */
+    struct umbp_tier_req gb = {.key = kb};
+    cr_assert_eq(th_acquire(&h, &gb, 10), 0);
+    /* A: expired, evicted, region reused -> STALE */
+    struct umbp_tier_req ga = {.key = ka};
+    cr_assert_eq(th_acquire(&h, &ga, 10), 0);
+    th_evict(&h, 0, 1000, NULL);
+    cr_assert_eq(th_present(&h, ka, false), 1, "evicted under an active lease");
+    h.ops->expire_leases(h.t, umbp_now_ns() + 50ull * 1000000ull);
+    struct umbp_tier_usage u = th_usage(&h);
+    cr_assert_eq(u.num_leased, 0, "expired leases still pin objects");
+    cr_assert_geq(u.leases_expired, 2);
+    cr_assert_eq(th_release(&h, &gb), 0, "release of an expired but untouched lease");
+    th_evict(&h, 0, 1000, NULL);
+    cr_assert_eq(th_present(&h, ka, false), 0, "an expired lease still pinned its object");
+    /* fill the pool so A's region is certainly reused */
+    for (uint64_t i = 0; i < cap / osz; i++) {
+        struct umbp_tier_req q;
+        static uint8_t tmp[64 * 1024];
+        th_store(&h, &r, &q, tu_key_random(&r), osz, tmp);
+    }
+    cr_assert_eq(th_release(&h, &ga), UMBP_E_STALE,
+                 "release of a lease whose region was reused must be UMBP_E_STALE");
+    th_close(&h);
+}
+
+/* The evictor acts only on usage()'s watermark bytes: a tier that evicts
+ * through the runtime must report them (dram once reported 0/0, so nothing
+ * was ever evicted). */
+TIER_TEST(tier_usage_and_watermarks)
+{
+    struct th h;
+    const uint64_t cap = 4 * MiB;
+    th_open(&h, tp, cap,
+            is_dram(tp) ? ", \"dram_high_watermark\": 0.75, \"dram_low_watermark\": 0.25" : NULL);
+    struct umbp_tier_usage u = th_usage(&h);
+    cr_assert_eq(u.capacity_bytes, cap);
+    cr_assert_eq(u.used_bytes, 0);
+    if (is_dram(tp)) {
+        /* the evictor acts only on these: without them nothing is ever evicted */
+        cr_assert_eq(u.high_watermark_bytes, cap * 3 / 4,
+                     "usage().high_watermark_bytes = %llu, want %llu",
+                     (unsigned long long)u.high_watermark_bytes, (unsigned long long)(cap * 3 / 4));
+        cr_assert_eq(u.low_watermark_bytes, cap / 4, "usage().low_watermark_bytes = %llu",
+                     (unsigned long long)u.low_watermark_bytes);
+    } else if (u.high_watermark_bytes) {
+        cr_assert_lt(u.low_watermark_bytes, u.high_watermark_bytes);
+        cr_assert_leq(u.high_watermark_bytes, cap);
+    }
+    th_close(&h);
+}
+
+TIER_TEST(tier_reserve_too_big)
+{
+    struct th h;
+    th_open(&h, tp, 1 * MiB, NULL);
+    struct umbp_tier_req q = {.key = tu_key_id(1, 1), .size = 1 * MiB + 1};
+    cr_assert_eq(th_reserve(&h, &q), -EFBIG);
+    struct umbp_tier_req q2 = {.key = tu_key_id(1, 2), .size = 1 * MiB};
+    cr_assert_eq(th_reserve(&h, &q2), 0, "an object of exactly the capacity");
+    struct umbp_tier_req q3 = {.key = tu_key_id(1, 3), .size = 1};
+    cr_assert_eq(th_reserve(&h, &q3), -ENOSPC, "reserve in a full pool");
+    struct umbp_tier_usage u = th_usage(&h);
+    cr_assert_eq(u.num_pending, 1);
+    th_close(&h);
+}
