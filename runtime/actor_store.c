@@ -175,8 +175,26 @@ static void put_published(void *arg, int rc)
     put_after_round(rt, op);
 }
 
+/* The GPU transfer of this round failed: drop its reservations. */
+static void put_copy_failed(struct umbp_runtime *rt, struct umbp_op *op)
+{
+    size_t m = 0;
+    for (size_t k = 0; k < op->n; k++)
+        if (op->state[k] == KEY_COPYING) {
+            op->req_ptrs[m++] = &op->reqs[k];
+            op->state[k] = KEY_DONE;
+            op->status[k] = op->gpu_rc;
+        }
+    tier_abort(rt->tier, op->req_ptrs, m);
+    put_after_round(rt, op);
+}
+
 static void put_copied(struct umbp_runtime *rt, struct umbp_op *op)
 {
+    if (op->gpu_rc < 0) {
+        put_copy_failed(rt, op);
+        return;
+    }
     size_t m = 0;
     for (size_t k = 0; k < op->n; k++)
         if (op->state[k] == KEY_COPYING)
@@ -213,7 +231,9 @@ static void put_reserved(void *arg, int rc)
             op->status[k] = s;
         }
     }
-    if (ncopy)
+    if (ncopy && op->kv_layout)
+        gpu_dispatch(op, MSG_PUT_COPIED);
+    else if (ncopy)
         copy_dispatch(op, true, MSG_PUT_COPIED);
     else
         put_after_round(rt, op);

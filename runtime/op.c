@@ -41,6 +41,9 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     op->prefix = 0;
     op->flags = 0;
     op->prev = op->next = NULL;
+    op->kv_layout = NULL;
+    op->xfer = NULL;
+    op->gpu_rc = 0;
     op->submit_ns = umbp_now_ns();
     op->deadline_ns = op->submit_ns + ms_to_ns(rt->core->timeout_ms);
     atomic_store_explicit(&op->done, 0, memory_order_relaxed);
@@ -68,7 +71,9 @@ int op_reserve_keys(struct umbp_op *op, size_t n, size_t nranges)
             grow((void **)&op->status, NULL, want, sizeof(*op->status)) ||
             grow((void **)&op->present, NULL, want, sizeof(*op->present)) ||
             grow((void **)&op->range_first, NULL, want + 1, sizeof(*op->range_first)) ||
-            grow((void **)&op->jobs, NULL, want, sizeof(*op->jobs)))
+            grow((void **)&op->jobs, NULL, want, sizeof(*op->jobs)) ||
+            grow((void **)&op->kv_block, NULL, want, sizeof(*op->kv_block)) ||
+            grow((void **)&op->kv_io, NULL, want, sizeof(*op->kv_io)))
             return -ENOMEM;
         op->cap_keys = want;
         op->cap_jobs = (uint32_t)want;

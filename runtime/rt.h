@@ -27,6 +27,7 @@
 #include <stdbool.h>
 
 #include "msg.h"
+#include "umbp/gpu.h"
 #include "umbp/tier.h"
 #include "umbp/umbp.h"
 
@@ -93,6 +94,17 @@ struct umbp_op {
     struct copy_job *jobs;
     uint32_t cap_jobs;
 
+    /* GPU KV transfers (umbp_kv_store / umbp_kv_load): the layout, the GPU
+     * block of each key, the layer subset and the caller's event */
+    umbp_kv_layout_t *kv_layout;
+    uint64_t *kv_block;
+    umbp_kv_block_io_t *kv_io;
+    uint32_t kv_first_layer, kv_num_layers;
+    void *kv_wait_event;
+    umbp_gpu_xfer_t *xfer;
+    int gpu_rc;               /* result of the last GPU transfer round */
+    struct umbp_op *gnext;    /* GPU waiter queue */
+
     /* lookup / stats / flush */
     size_t prefix;
     unsigned flags;
@@ -138,6 +150,35 @@ void copy_pool_stop(struct umbp_runtime *rt);
 /* Loop thread: splits the op's COPYING keys into jobs and queues them; the
  * last job to finish posts the op with message type `then`. */
 void copy_dispatch(struct umbp_op *op, bool to_object, enum msg_type then);
+
+/* ---- GPU KV path (kv.c) ------------------------------------------------ */
+
+struct kv_entry {
+    uint64_t handle;
+    umbp_kv_layout_t *layout;
+};
+
+struct kv_state {
+    pthread_mutex_t lock;          /* engine creation, the layout table */
+    umbp_gpu_engine_t *engine;
+    void *pool_addr;               /* registered with the engine */
+    struct kv_entry *v;
+    size_t n, cap;
+    uint64_t next_handle;
+    /* waiter thread: waits for transfers, posts their ops back */
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t qlock;
+    pthread_cond_t qcond;
+    struct umbp_op *qhead, *qtail;
+    bool quit;
+};
+
+/* Loop thread: submits the op's COPYING keys as one GPU transfer; the op is
+ * posted back with `then` when it completes (op->gpu_rc says how). */
+void gpu_dispatch(struct umbp_op *op, enum msg_type then);
+void kv_init(struct umbp_runtime *rt);
+void kv_fini(struct umbp_runtime *rt);
 
 /* ---- memory registry --------------------------------------------------- */
 
@@ -205,6 +246,7 @@ struct umbp_runtime {
     ck_ring_buffer_t *free_buf;
 
     struct copy_pool copy;
+    struct kv_state kv;
     struct memreg memreg;
     struct event_queue events;
     struct rt_counters cnt;
@@ -260,6 +302,9 @@ struct quarantine *quarantine_new(void);
 void quarantine_free(struct quarantine *q);
 void quarantine_add(struct quarantine *q, const umbp_key_t *k, uint64_t until_ns);
 bool quarantine_has(struct quarantine *q, const umbp_key_t *k, uint64_t now_ns);
+
+/* Caller side: UMBP_E_DUPLICATE_KEY if two of op's keys are equal. */
+int umbp_check_duplicate_keys(struct umbp_op *op);
 
 /* Errors: remember a message for umbp_last_error() and log it once. */
 void umbp_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

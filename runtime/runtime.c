@@ -156,6 +156,7 @@ static int create_actors(struct umbp_runtime *rt)
 
 static void free_runtime(struct umbp_runtime *rt)
 {
+    kv_fini(rt); /* GPU transfers end and the pool is unpinned before unmap */
     if (rt->tier)
         rt->tier->ops->destroy(rt->tier);
     for (int a = 0; a < ACTOR_COUNT; a++)
@@ -172,6 +173,8 @@ static void free_runtime(struct umbp_runtime *rt)
         free(op->range_first);
         free(op->jobs);
         free(op->ranges);
+        free(op->kv_block);
+        free(op->kv_io);
     }
     free(rt->ops);
     free(rt->free_buf);
@@ -205,6 +208,7 @@ int umbp_runtime_create(const char *json_config, umbp_runtime_t **out)
     }
     rt->cfg = cfg;
     rt->core = &cfg->core;
+    kv_init(rt);
     rt->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
     if (!rt->loop) {
         umbp_set_error("libev: cannot create an event loop");

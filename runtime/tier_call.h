@@ -80,6 +80,11 @@ static inline int tier_health(struct umbp_tier *t)
     return t->ops->health ? t->ops->health(t) : 0;
 }
 
+static inline int tier_mapped_memory(struct umbp_tier *t, void **addr, size_t *len)
+{
+    return t->ops->mapped_memory ? t->ops->mapped_memory(t, addr, len) : -ENOTSUP;
+}
+
 static inline void tier_read(struct umbp_tier *t, const struct umbp_region *r,
                              const umbp_range_t *ranges, size_t n, umbp_tier_done_fn done,
                              void *arg)

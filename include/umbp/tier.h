@@ -87,6 +87,10 @@ struct umbp_core_config {
     bool enable_events;
     int64_t event_queue_size;
     char log_level[16];
+    char gpu_backend[16];            /* auto, cuda, hip, host */
+    int64_t gpu_device;
+    int64_t gpu_max_ctas;
+    uint64_t gpu_staging_bytes;
 };
 
 /* ---- what the runtime gives a tier ------------------------------------ */
@@ -223,6 +227,12 @@ struct umbp_tier_ops {
     /* optional (default: 0, healthy).  UMBP_E_NOT_ATTEMPTED while the backend
      * is stalled, so new transfers fail fast. */
     int (*health)(struct umbp_tier *t);
+
+    /* optional (default: -ENOTSUP).  The locally mapped memory every region
+     * of this tier lies in, so the runtime can register it with the GPU
+     * runtime once (pinning it), off the critical path.  Caller's thread
+     * (umbp_kv_register), may block; the loop may be running. */
+    int (*mapped_memory)(struct umbp_tier *t, void **addr, size_t *len);
 
     /* optional (default: -ENOTSUP).  For regions with addr == NULL: move the
      * bytes of ranges between caller memory and the region. */

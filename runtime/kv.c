@@ -1,0 +1,350 @@
+/*
+ * kv.c - the GPU KV path: registering the engine's KV tensors, and moving
+ * whole blocks between GPU memory and pool objects with the GPU copy engine.
+ *
+ * The GPU engine is created, and the tier's pool pinned and mapped for it
+ * (slow: it pins every page), on the first umbp_kv_register, on the caller's
+ * thread: registration happens when the engine starts up, off the critical
+ * path.  A mutex guards creation and the layout table.
+ *
+ * Transfers reuse the store and load actors unchanged: a store reserves
+ * regions, then, instead of queueing memcpy jobs, gpu_dispatch() submits one
+ * GPU transfer of every reserved key (block -> region) on the loop thread
+ * (submission does not block) and hands the op to the waiter thread; the
+ * waiter waits for the transfer and posts the op back (PUT_COPIED), after
+ * which the keys are published.  The op completes only after the transfer, so
+ * the engine never gets its GPU blocks back while they are still being read.
+ * Loads acquire leases, restore region -> block, then release and validate.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt.h"
+#include "tier_call.h"
+
+#define WAIT_SLICE_MS 100
+
+/* ---- waiter thread -------------------------------------------------------- */
+
+static void *kv_waiter(void *arg)
+{
+    struct umbp_runtime *rt = arg;
+    struct kv_state *kv = &rt->kv;
+    pthread_mutex_lock(&kv->qlock);
+    for (;;) {
+        while (!kv->qhead && !kv->quit)
+            pthread_cond_wait(&kv->qcond, &kv->qlock);
+        if (!kv->qhead)
+            break; /* quit with nothing left */
+        struct umbp_op *op = kv->qhead;
+        kv->qhead = op->gnext;
+        if (!kv->qhead)
+            kv->qtail = NULL;
+        pthread_mutex_unlock(&kv->qlock);
+        /* Transfers finish in bounded time unless the device is wedged;
+         * wait in slices so a wedged device is at least logged. */
+        int rc;
+        uint64_t t0 = umbp_now_ns();
+        while ((rc = umbp_gpu_xfer_wait(op->xfer, WAIT_SLICE_MS)) == UMBP_E_TIMEOUT)
+            if (umbp_now_ns() - t0 > ms_to_ns(rt->core->timeout_ms))
+                umbp_log(UMBP_LOG_WARN, "GPU transfer running for over timeout_ms; still waiting "
+                         "(the device may be wedged)");
+        op->gpu_rc = rc;
+        umbp_gpu_xfer_release(op->xfer);
+        op->xfer = NULL;
+        rt_post(rt, &op->hdr); /* cannot fail: see rt.h */
+        pthread_mutex_lock(&kv->qlock);
+    }
+    pthread_mutex_unlock(&kv->qlock);
+    return NULL;
+}
+
+void kv_init(struct umbp_runtime *rt)
+{
+    struct kv_state *kv = &rt->kv;
+    pthread_mutex_init(&kv->lock, NULL);
+    pthread_mutex_init(&kv->qlock, NULL);
+    pthread_cond_init(&kv->qcond, NULL);
+}
+
+void kv_fini(struct umbp_runtime *rt)
+{
+    struct kv_state *kv = &rt->kv;
+    if (kv->thread_started) {
+        pthread_mutex_lock(&kv->qlock);
+        kv->quit = true;
+        pthread_cond_signal(&kv->qcond);
+        pthread_mutex_unlock(&kv->qlock);
+        pthread_join(kv->thread, NULL);
+    }
+    for (size_t i = 0; i < kv->n; i++)
+        umbp_kv_layout_destroy(kv->v[i].layout);
+    free(kv->v);
+    if (kv->engine) {
+        if (kv->pool_addr)
+            umbp_gpu_host_unregister(kv->engine, kv->pool_addr);
+        umbp_gpu_engine_destroy(kv->engine);
+    }
+    pthread_mutex_destroy(&kv->lock);
+    pthread_mutex_destroy(&kv->qlock);
+    pthread_cond_destroy(&kv->qcond);
+    memset(kv, 0, sizeof(*kv));
+}
+
+/* ---- engine ------------------------------------------------------------------ */
+
+static int pick_backend(const char *name, umbp_gpu_backend_t *out)
+{
+    static const struct { const char *name; umbp_gpu_backend_t b; } fixed[] = {
+        {"cuda", UMBP_GPU_BACKEND_CUDA}, {"hip", UMBP_GPU_BACKEND_HIP}, {"host", UMBP_GPU_BACKEND_HOST}};
+    for (size_t i = 0; i < 3; i++)
+        if (strcmp(name, fixed[i].name) == 0) {
+            *out = fixed[i].b;
+            return 0;
+        }
+    /* auto never falls back to "host": device pointers are not host memory */
+    int n;
+    if (umbp_gpu_backend_probe(UMBP_GPU_BACKEND_CUDA, &n) == 0) {
+        *out = UMBP_GPU_BACKEND_CUDA;
+        return 0;
+    }
+    if (umbp_gpu_backend_probe(UMBP_GPU_BACKEND_HIP, &n) == 0) {
+        *out = UMBP_GPU_BACKEND_HIP;
+        return 0;
+    }
+    umbp_set_error("gpu_backend: auto found no CUDA or HIP device (%s); "
+                   "set gpu_backend to \"host\" only for tests without a GPU",
+                   umbp_gpu_last_error());
+    return -ENODEV;
+}
+
+/* Caller's thread, kv->lock held. */
+static int engine_start(struct umbp_runtime *rt)
+{
+    struct kv_state *kv = &rt->kv;
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    int rc = pick_backend(rt->core->gpu_backend, &cfg.backend);
+    if (rc < 0)
+        return rc;
+    cfg.device = (int)rt->core->gpu_device;
+    cfg.max_ctas = (uint32_t)rt->core->gpu_max_ctas;
+    cfg.staging_bytes = rt->core->gpu_staging_bytes;
+    if ((rc = umbp_gpu_engine_create(&cfg, &kv->engine)) < 0) {
+        umbp_set_error("gpu_device %lld (%s): %s", (long long)rt->core->gpu_device,
+                       umbp_gpu_backend_name(cfg.backend), umbp_gpu_last_error());
+        return rc;
+    }
+    void *addr;
+    size_t len;
+    if ((rc = tier_mapped_memory(rt->tier, &addr, &len)) < 0) {
+        umbp_set_error("tier %s cannot expose its pool to the GPU copy engine", rt->tier_name);
+        goto fail;
+    }
+    if ((rc = umbp_gpu_host_register(kv->engine, addr, len)) < 0) {
+        umbp_set_error("cannot register the %zu-byte pool with the GPU runtime: %s", len,
+                       umbp_gpu_last_error());
+        goto fail;
+    }
+    kv->pool_addr = addr;
+    if ((rc = -pthread_create(&kv->thread, NULL, kv_waiter, rt)) < 0) {
+        umbp_set_error("cannot start the GPU waiter thread: %s", umbp_strerror(rc));
+        goto fail;
+    }
+    kv->thread_started = true;
+    char name[64];
+    umbp_gpu_engine_device_name(kv->engine, name, sizeof(name));
+    umbp_log(UMBP_LOG_INFO, "GPU copy engine on %s (%s device %lld), pool of %zu bytes pinned",
+             name, umbp_gpu_backend_name(cfg.backend), (long long)rt->core->gpu_device, len);
+    return 0;
+fail:
+    if (kv->pool_addr)
+        umbp_gpu_host_unregister(kv->engine, kv->pool_addr);
+    kv->pool_addr = NULL;
+    umbp_gpu_engine_destroy(kv->engine);
+    kv->engine = NULL;
+    return rc;
+}
+
+/* ---- registration ------------------------------------------------------------ */
+
+int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors, uint32_t n,
+                     umbp_kv_handle_t *out)
+{
+    if (!rt || !tensors || !n || !out)
+        return -EINVAL;
+    struct kv_state *kv = &rt->kv;
+    int rc = 0;
+    pthread_mutex_lock(&kv->lock);
+    if (!kv->engine && (rc = engine_start(rt)) < 0)
+        goto out;
+    if (kv->n == kv->cap) {
+        size_t cap = kv->cap ? kv->cap * 2 : 4;
+        struct kv_entry *v = realloc(kv->v, cap * sizeof(*v));
+        if (!v) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        kv->v = v;
+        kv->cap = cap;
+    }
+    umbp_kv_layout_t *layout;
+    if ((rc = umbp_kv_layout_create(kv->engine, tensors, n, &layout)) < 0) {
+        umbp_set_error("umbp_kv_register: %s", umbp_gpu_last_error());
+        goto out;
+    }
+    kv->v[kv->n] = (struct kv_entry){++kv->next_handle, layout};
+    *out = kv->v[kv->n].handle;
+    kv->n++;
+out:
+    pthread_mutex_unlock(&kv->lock);
+    return rc;
+}
+
+static umbp_kv_layout_t *find_layout(struct umbp_runtime *rt, umbp_kv_handle_t h)
+{
+    umbp_kv_layout_t *l = NULL;
+    pthread_mutex_lock(&rt->kv.lock);
+    for (size_t i = 0; i < rt->kv.n; i++)
+        if (rt->kv.v[i].handle == h)
+            l = rt->kv.v[i].layout;
+    pthread_mutex_unlock(&rt->kv.lock);
+    return l;
+}
+
+int umbp_kv_deregister(umbp_runtime_t *rt, umbp_kv_handle_t h)
+{
+    if (!rt)
+        return -EINVAL;
+    struct kv_state *kv = &rt->kv;
+    int rc = -ENOENT;
+    pthread_mutex_lock(&kv->lock);
+    for (size_t i = 0; i < kv->n; i++) {
+        if (kv->v[i].handle != h)
+            continue;
+        umbp_kv_layout_destroy(kv->v[i].layout);
+        kv->v[i] = kv->v[--kv->n];
+        rc = 0;
+        break;
+    }
+    pthread_mutex_unlock(&kv->lock);
+    return rc;
+}
+
+uint64_t umbp_kv_object_size(umbp_runtime_t *rt, umbp_kv_handle_t h)
+{
+    umbp_kv_layout_t *l = rt ? find_layout(rt, h) : NULL;
+    return l ? umbp_kv_layout_object_size(l) : 0;
+}
+
+/* ---- transfers ------------------------------------------------------------ */
+
+static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block_t *blocks,
+                     size_t n, bool store, const umbp_kv_xfer_opts_t *opts, umbp_op_t **out)
+{
+    if (!rt || !blocks || !n || !out || n > (1u << 24))
+        return -EINVAL;
+    umbp_kv_layout_t *l = find_layout(rt, h);
+    if (!l)
+        return -ENOENT;
+    uint32_t first = opts ? opts->first_layer : 0, count = opts ? opts->num_layers : 0;
+    uint64_t span_off, span_len;
+    if (store && (first || (count && count != umbp_kv_layout_num_layers(l))))
+        return UMBP_E_SHAPE; /* an object is written whole */
+    if (umbp_kv_layout_layer_span(l, first, count, &span_off, &span_len) < 0)
+        return UMBP_E_SHAPE;
+    uint64_t nblocks = umbp_kv_layout_num_blocks(l);
+    for (size_t k = 0; k < n; k++)
+        if (blocks[k].block >= nblocks)
+            return UMBP_E_SHAPE;
+    if (atomic_load(&rt->closing))
+        return UMBP_E_NOT_ATTEMPTED;
+    struct umbp_op *op = op_get(rt, store ? OP_PUT : OP_GET);
+    if (!op)
+        return -EAGAIN;
+    if (op_reserve_keys(op, n, 0) < 0) {
+        op_abandon(op);
+        return -ENOMEM;
+    }
+    uint64_t size = umbp_kv_layout_object_size(l);
+    for (size_t k = 0; k < n; k++) {
+        memset(&op->reqs[k], 0, sizeof(op->reqs[k]));
+        op->reqs[k].key = blocks[k].key;
+        op->reqs[k].size = size;
+        op->kv_block[k] = blocks[k].block;
+        op->state[k] = KEY_TODO;
+        op->status[k] = UMBP_E_INPROGRESS;
+        op->range_first[k] = op->range_first[k + 1] = 0;
+    }
+    op->range_first[n] = 0;
+    op->kv_layout = l;
+    op->kv_first_layer = first;
+    op->kv_num_layers = count;
+    op->kv_wait_event = opts ? opts->wait_event : NULL;
+    for (size_t k = 0; k < n; k++)
+        op->req_ptrs[k] = &op->reqs[k];
+    int rc = umbp_check_duplicate_keys(op);
+    if (rc < 0) {
+        op_abandon(op);
+        return rc;
+    }
+    op->hdr.type = store ? MSG_PUT_SUBMIT : MSG_GET_SUBMIT;
+    if ((rc = rt_post(rt, &op->hdr)) < 0) {
+        CNT_ADD(rt, mailbox_full, 1);
+        op_abandon(op);
+        return rc;
+    }
+    *out = op;
+    return 0;
+}
+
+int umbp_kv_store(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
+                  size_t n, const umbp_kv_xfer_opts_t *opts, umbp_op_t **op)
+{
+    return kv_submit(rt, kv, blocks, n, true, opts, op);
+}
+
+int umbp_kv_load(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
+                 size_t n, const umbp_kv_xfer_opts_t *opts, umbp_op_t **op)
+{
+    return kv_submit(rt, kv, blocks, n, false, opts, op);
+}
+
+void gpu_dispatch(struct umbp_op *op, enum msg_type then)
+{
+    struct umbp_runtime *rt = op->rt;
+    size_t m = 0;
+    for (size_t k = 0; k < op->n; k++)
+        if (op->state[k] == KEY_COPYING)
+            op->kv_io[m++] = (umbp_kv_block_io_t){op->kv_block[k], op->reqs[k].region.addr};
+    umbp_kv_xfer_desc_t d = {
+        .layout = op->kv_layout,
+        .blocks = op->kv_io,
+        .num_blocks = m,
+        .first_layer = op->kv_first_layer,
+        .num_layers = op->kv_num_layers,
+        .wait_event = op->kv_wait_event,
+    };
+    op->hdr.type = (uint16_t)then;
+    op->gpu_rc = op->kind == OP_PUT ? umbp_gpu_store(rt->kv.engine, &d, &op->xfer)
+                                    : umbp_gpu_restore(rt->kv.engine, &d, &op->xfer);
+    if (op->gpu_rc == -EAGAIN)
+        op->gpu_rc = UMBP_E_NOT_ATTEMPTED; /* engine saturated: nothing moved */
+    if (op->gpu_rc < 0) {
+        umbp_log(UMBP_LOG_WARN, "GPU %s of %zu blocks not submitted: %s",
+                 op->kind == OP_PUT ? "store" : "restore", m, umbp_gpu_last_error());
+        rt_post(rt, &op->hdr);
+        return;
+    }
+    struct kv_state *kv = &rt->kv;
+    op->gnext = NULL;
+    pthread_mutex_lock(&kv->qlock);
+    if (kv->qtail)
+        kv->qtail->gnext = op;
+    else
+        kv->qhead = op;
+    kv->qtail = op;
+    pthread_cond_signal(&kv->qcond);
+    pthread_mutex_unlock(&kv->qlock);
+}
