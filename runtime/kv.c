@@ -240,15 +240,30 @@ uint64_t umbp_kv_object_size(umbp_runtime_t *rt, umbp_kv_handle_t h)
 
 /* ---- transfers ------------------------------------------------------------ */
 
-static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block_t *blocks,
-                     size_t n, bool store, const umbp_kv_xfer_opts_t *opts, umbp_op_t **out)
+/* Fills op (already sized for n keys) with blocks[0, n). */
+static void kv_fill(struct umbp_op *op, umbp_kv_layout_t *l, const umbp_kv_block_t *blocks,
+                    size_t n, uint32_t first, uint32_t count, void *wait_event)
 {
-    if (!rt || !blocks || !n || !out || n > (1u << 24))
-        return -EINVAL;
-    umbp_kv_layout_t *l = find_layout(rt, h);
-    if (!l)
-        return -ENOENT;
-    uint32_t first = opts ? opts->first_layer : 0, count = opts ? opts->num_layers : 0;
+    uint64_t size = umbp_kv_layout_object_size(l);
+    for (size_t k = 0; k < n; k++) {
+        memset(&op->reqs[k], 0, sizeof(op->reqs[k]));
+        op->reqs[k].key = blocks[k].key;
+        op->reqs[k].size = size;
+        op->kv_block[k] = blocks[k].block;
+        op->state[k] = KEY_TODO;
+        op->status[k] = UMBP_E_INPROGRESS;
+        op->range_first[k] = 0;
+    }
+    op->range_first[n] = 0;
+    op->kv_layout = l;
+    op->kv_first_layer = first;
+    op->kv_num_layers = count;
+    op->kv_wait_event = wait_event;
+}
+
+static int kv_check(umbp_kv_layout_t *l, const umbp_kv_block_t *blocks, size_t n, bool store,
+                    uint32_t first, uint32_t count)
+{
     uint64_t span_off, span_len;
     if (store && (first || (count && count != umbp_kv_layout_num_layers(l))))
         return UMBP_E_SHAPE; /* an object is written whole */
@@ -258,45 +273,73 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     for (size_t k = 0; k < n; k++)
         if (blocks[k].block >= nblocks)
             return UMBP_E_SHAPE;
+    return 0;
+}
+
+static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block_t *blocks,
+                     size_t n, bool store, const umbp_kv_xfer_opts_t *opts, umbp_op_t **out)
+{
+    if (!rt || !blocks || !n || !out || n > (1u << 24))
+        return -EINVAL;
+    umbp_kv_layout_t *l = find_layout(rt, h);
+    if (!l)
+        return -ENOENT;
+    uint32_t first = opts ? opts->first_layer : 0, count = opts ? opts->num_layers : 0;
+    void *ev = opts ? opts->wait_event : NULL;
+    int rc = kv_check(l, blocks, n, store, first, count);
+    if (rc < 0)
+        return rc;
     if (atomic_load(&rt->closing))
         return UMBP_E_NOT_ATTEMPTED;
-    struct umbp_op *op = op_get(rt, store ? OP_PUT : OP_GET);
+    enum op_kind kind = store ? OP_PUT : OP_GET;
+    size_t slice = (size_t)rt->core->gpu_op_slice_blocks;
+    size_t nchild = slice && n > slice ? (n + slice - 1) / slice : 0;
+    if (nchild > 64)
+        nchild = 64, slice = (n + 63) / 64;
+    struct umbp_op *op = op_get(rt, kind), *child[64];
+    size_t got = 0;
     if (!op)
         return -EAGAIN;
     if (op_reserve_keys(op, n, 0) < 0) {
-        op_abandon(op);
-        return -ENOMEM;
+        rc = -ENOMEM;
+        goto fail;
     }
-    uint64_t size = umbp_kv_layout_object_size(l);
-    for (size_t k = 0; k < n; k++) {
-        memset(&op->reqs[k], 0, sizeof(op->reqs[k]));
-        op->reqs[k].key = blocks[k].key;
-        op->reqs[k].size = size;
-        op->kv_block[k] = blocks[k].block;
-        op->state[k] = KEY_TODO;
-        op->status[k] = UMBP_E_INPROGRESS;
-        op->range_first[k] = op->range_first[k + 1] = 0;
+    kv_fill(op, l, blocks, n, first, count, ev);
+    if ((rc = umbp_check_duplicate_keys(op)) < 0)
+        goto fail;
+    for (; got < nchild; got++) {
+        size_t base = got * slice, m = n - base < slice ? n - base : slice;
+        if (!(child[got] = op_get(rt, kind))) {
+            rc = -EAGAIN;
+            goto fail;
+        }
+        if (op_reserve_keys(child[got], m, 0) < 0) {
+            got++;
+            rc = -ENOMEM;
+            goto fail;
+        }
+        kv_fill(child[got], l, blocks + base, m, first, count, ev);
+        child[got]->parent = op;
+        child[got]->parent_base = base;
     }
-    op->range_first[n] = 0;
-    op->kv_layout = l;
-    op->kv_first_layer = first;
-    op->kv_num_layers = count;
-    op->kv_wait_event = opts ? opts->wait_event : NULL;
-    for (size_t k = 0; k < n; k++)
-        op->req_ptrs[k] = &op->reqs[k];
-    int rc = umbp_check_duplicate_keys(op);
-    if (rc < 0) {
-        op_abandon(op);
-        return rc;
+    atomic_store(&op->children_left, (uint32_t)nchild);
+    /* The mailbox has room for every op of the pool, so posting the
+     * children (or the op itself) cannot fail once they are taken. */
+    for (size_t c = 0; c < nchild; c++) {
+        child[c]->hdr.type = store ? MSG_PUT_SUBMIT : MSG_GET_SUBMIT;
+        rt_post(rt, &child[c]->hdr);
     }
-    op->hdr.type = store ? MSG_PUT_SUBMIT : MSG_GET_SUBMIT;
-    if ((rc = rt_post(rt, &op->hdr)) < 0) {
-        CNT_ADD(rt, mailbox_full, 1);
-        op_abandon(op);
-        return rc;
+    if (!nchild) {
+        op->hdr.type = store ? MSG_PUT_SUBMIT : MSG_GET_SUBMIT;
+        rt_post(rt, &op->hdr);
     }
     *out = op;
     return 0;
+fail:
+    for (size_t c = 0; c < got; c++)
+        op_abandon(child[c]);
+    op_abandon(op);
+    return rc;
 }
 
 int umbp_kv_store(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,

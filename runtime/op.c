@@ -42,6 +42,7 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     op->flags = 0;
     op->prev = op->next = NULL;
     op->kv_layout = NULL;
+    op->parent = NULL;
     op->xfer = NULL;
     op->gpu_rc = 0;
     op->submit_ns = umbp_now_ns();
@@ -120,6 +121,17 @@ void op_complete(struct umbp_op *op)
     if (atomic_load(&op->waiters))
         futex(&op->done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
     atomic_fetch_sub(&rt->inflight, 1);
+    struct umbp_op *parent = op->parent;
+    if (parent) {
+        /* a child: hand its results to the parent, then drop both of its
+         * references (the parent stood in for the caller) */
+        memcpy(&parent->status[op->parent_base], op->status, op->n * sizeof(*op->status));
+        op_put_ref(op);
+        op_put_ref(op);
+        if (atomic_fetch_sub_explicit(&parent->children_left, 1, memory_order_acq_rel) == 1)
+            op_complete(parent);
+        return;
+    }
     op_put_ref(op);
 }
 

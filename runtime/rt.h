@@ -103,6 +103,13 @@ struct umbp_op {
     void *kv_wait_event;
     umbp_gpu_xfer_t *xfer;
     int gpu_rc;               /* result of the last GPU transfer round */
+    /* A large KV batch is split into child ops (gpu_op_slice_blocks keys
+     * each) so the actors reserve and publish one slice while the GPU copies
+     * another; the caller holds the parent, whose statuses the children fill
+     * in as they complete. */
+    struct umbp_op *parent;
+    size_t parent_base;       /* index of this child's first key in parent */
+    _Atomic uint32_t children_left;
     struct umbp_op *gnext;    /* GPU waiter queue */
 
     /* lookup / stats / flush */

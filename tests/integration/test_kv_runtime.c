@@ -255,6 +255,17 @@ static bool have_device(umbp_gpu_backend_t *b, const char **name)
         cr_skip_test("no GPU: %s", umbp_gpu_last_error());
 
 Test(kv_host, round_trip) { run_round_trip(UMBP_GPU_BACKEND_HOST, "host"); }
+/* batches split into slices of 3 child ops: statuses land at the right keys */
+Test(kv_host, round_trip_sliced)
+{
+    setenv("UMBP_GPU_OP_SLICE_BLOCKS", "3", 1);
+    run_round_trip(UMBP_GPU_BACKEND_HOST, "host");
+}
+Test(kv_host, errors_sliced)
+{
+    setenv("UMBP_GPU_OP_SLICE_BLOCKS", "1", 1);
+    run_partial_and_errors(UMBP_GPU_BACKEND_HOST, "host");
+}
 Test(kv_host, partial_layers_and_errors) { run_partial_and_errors(UMBP_GPU_BACKEND_HOST, "host"); }
 Test(kv_host, foreign_object) { run_foreign_object(UMBP_GPU_BACKEND_HOST, "host"); }
 
