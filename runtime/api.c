@@ -157,20 +157,45 @@ static int take_op(struct umbp_runtime *rt, enum op_kind kind, size_t n, size_t 
     return 0;
 }
 
+/* The common end of a put or get submission: whole-batch checks that need
+ * the op's copy of the batch, then the post.  Gives the op back on error. */
+static int submit_filled(struct umbp_runtime *rt, struct umbp_op *op, enum msg_type t,
+                         umbp_op_t **out)
+{
+    int rc = umbp_check_duplicate_keys(op);
+    for (size_t k = 0; rc == 0 && k < op->n; k++)
+        rc = classify_key(rt, op, k);
+    if (rc < 0) {
+        op_abandon(op);
+        return rc;
+    }
+    if ((rc = post_op(rt, op, t)) < 0)
+        return rc;
+    *out = op;
+    return 0;
+}
+
+/* Takes an op sized for the batch; -EINVAL if it has too many ranges. */
+static int take_batch_op(struct umbp_runtime *rt, enum op_kind kind, size_t n,
+                         size_t nranges, struct umbp_op **op)
+{
+    if (nranges > UINT32_MAX)
+        return -EINVAL;
+    return take_op(rt, kind, n, nranges, op);
+}
+
 int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n, umbp_op_t **out)
 {
     if (!rt || !items || !out || n == 0 || n > MAX_BATCH)
         return -EINVAL;
-    for (size_t i = 0; i < n; i++)
+    size_t nranges = 0;
+    for (size_t i = 0; i < n; i++) {
         if (check_put_item(&items[i]) < 0)
             return UMBP_E_SHAPE;
-    size_t nranges = 0;
-    for (size_t i = 0; i < n; i++)
         nranges += items[i].num_ranges;
-    if (nranges > UINT32_MAX)
-        return -EINVAL;
+    }
     struct umbp_op *op;
-    int rc = take_op(rt, OP_PUT, n, nranges, &op);
+    int rc = take_batch_op(rt, OP_PUT, n, nranges, &op);
     if (rc < 0)
         return rc;
     size_t ri = 0;
@@ -178,54 +203,32 @@ int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n, umbp_op
         fill_key(op, k, &items[k].key, items[k].ranges, items[k].num_ranges, &ri);
         op->reqs[k].size = items[k].object_size;
     }
-    if ((rc = umbp_check_duplicate_keys(op)) < 0)
-        goto bad;
-    for (size_t k = 0; k < n; k++)
-        if ((rc = classify_key(rt, op, k)) < 0)
-            goto bad;
-    if ((rc = post_op(rt, op, MSG_PUT_SUBMIT)) < 0)
-        return rc;
-    *out = op;
-    return 0;
-bad:
-    op_abandon(op);
-    return rc;
+    return submit_filled(rt, op, MSG_PUT_SUBMIT, out);
 }
 
 int umbp_get(umbp_runtime_t *rt, const umbp_get_item_t *items, size_t n, umbp_op_t **out)
 {
     if (!rt || !items || !out || n == 0 || n > MAX_BATCH)
         return -EINVAL;
-    for (size_t i = 0; i < n; i++)
+    size_t nranges = 0;
+    for (size_t i = 0; i < n; i++) {
         if (items[i].num_ranges == 0 || !items[i].ranges)
             return UMBP_E_SHAPE;
-    size_t nranges = 0;
-    for (size_t i = 0; i < n; i++)
         nranges += items[i].num_ranges;
-    if (nranges > UINT32_MAX)
-        return -EINVAL;
+    }
     struct umbp_op *op;
-    int rc = take_op(rt, OP_GET, n, nranges, &op);
+    int rc = take_batch_op(rt, OP_GET, n, nranges, &op);
     if (rc < 0)
         return rc;
     size_t ri = 0;
     for (size_t k = 0; k < n; k++) {
         fill_key(op, k, &items[k].key, items[k].ranges, items[k].num_ranges, &ri);
-        if ((rc = check_get_ranges(&op->ranges[op->range_first[k]], items[k].num_ranges)) < 0)
-            goto bad;
+        if ((rc = check_get_ranges(&op->ranges[op->range_first[k]], items[k].num_ranges)) < 0) {
+            op_abandon(op);
+            return rc;
+        }
     }
-    if ((rc = umbp_check_duplicate_keys(op)) < 0)
-        goto bad;
-    for (size_t k = 0; k < n; k++)
-        if ((rc = classify_key(rt, op, k)) < 0)
-            goto bad;
-    if ((rc = post_op(rt, op, MSG_GET_SUBMIT)) < 0)
-        return rc;
-    *out = op;
-    return 0;
-bad:
-    op_abandon(op);
-    return rc;
+    return submit_filled(rt, op, MSG_GET_SUBMIT, out);
 }
 
 /* ---- synchronous, bounded helpers ---------------------------------------------- */
