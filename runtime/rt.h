@@ -103,9 +103,9 @@ struct umbp_op {
     void *kv_wait_event;
     umbp_gpu_xfer_t *xfer;
     int gpu_rc;               /* result of the last GPU transfer round */
-    /* A large KV batch is split into child ops (gpu_op_slice_blocks keys
-     * each) so the actors reserve and publish one slice while the GPU copies
-     * another; the caller holds the parent, whose statuses the children fill
+    /* A large KV store is split into child ops (gpu_store_slice_blocks keys
+     * each) so the store actor reserves and publishes one slice while the GPU
+     * copies another; the caller holds the parent, whose statuses the children fill
      * in as they complete. */
     struct umbp_op *parent;
     size_t parent_base;       /* index of this child's first key in parent */

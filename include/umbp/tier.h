@@ -91,7 +91,7 @@ struct umbp_core_config {
     int64_t gpu_device;
     int64_t gpu_max_ctas;
     uint64_t gpu_staging_bytes;
-    int64_t gpu_op_slice_blocks;
+    int64_t gpu_store_slice_blocks;
 };
 
 /* ---- what the runtime gives a tier ------------------------------------ */

@@ -57,13 +57,22 @@ static const uint8_t *chunk(const uint8_t *layer, size_t block, int kv)
     return layer + ((size_t)kv * NB + block) * CHUNK;
 }
 
+static void setup_cfg(struct fixture *f, umbp_gpu_backend_t b, const char *name,
+                      const char *extra);
+
 static void setup(struct fixture *f, umbp_gpu_backend_t b, const char *name)
+{
+    setup_cfg(f, b, name, "\"capacity_bytes\":\"64MiB\"");
+}
+
+static void setup_cfg(struct fixture *f, umbp_gpu_backend_t b, const char *name,
+                      const char *extra)
 {
     memset(f, 0, sizeof(*f));
     f->ops = gpu_backend_ops(b);
     cr_assert_not_null(f->ops);
     char cfg[256];
-    snprintf(cfg, sizeof(cfg), "{\"capacity_bytes\":\"64MiB\",\"gpu_backend\":\"%s\"}", name);
+    snprintf(cfg, sizeof(cfg), "{%s,\"gpu_backend\":\"%s\"}", extra, name);
     cr_assert_eq(umbp_runtime_create(cfg, &f->rt), 0, "%s", umbp_last_error());
     umbp_kv_tensor_t t[L];
     for (int l = 0; l < L; l++) {
@@ -258,13 +267,38 @@ Test(kv_host, round_trip) { run_round_trip(UMBP_GPU_BACKEND_HOST, "host"); }
 /* batches split into slices of 3 child ops: statuses land at the right keys */
 Test(kv_host, round_trip_sliced)
 {
-    setenv("UMBP_GPU_OP_SLICE_BLOCKS", "3", 1);
+    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "3", 1);
     run_round_trip(UMBP_GPU_BACKEND_HOST, "host");
 }
-Test(kv_host, errors_sliced)
+/* A sliced store whose later slices meet a full pool: each child's
+ * statuses must land at its own keys.  1 MiB holds exactly 32 objects of
+ * 32 KiB; no waiting and no eviction (high watermark 100%). */
+Test(kv_host, sliced_store_statuses_land_at_their_keys)
 {
-    setenv("UMBP_GPU_OP_SLICE_BLOCKS", "1", 1);
-    run_partial_and_errors(UMBP_GPU_BACKEND_HOST, "host");
+    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "3", 1);
+    struct fixture f;
+    setup_cfg(&f, UMBP_GPU_BACKEND_HOST, "host",
+              "\"capacity_bytes\":\"1MiB\",\"put_wait_ms\":0,"
+              "\"dram_high_watermark\":1.0,\"dram_low_watermark\":0.9");
+    umbp_kv_block_t blocks[40];
+    for (int i = 0; i < 40; i++)
+        blocks[i] = (umbp_kv_block_t){key_of(i), (uint64_t)i};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(f.rt, f.kv, blocks, 40, NULL, &op), 0);
+    cr_assert_eq(umbp_op_wait(op, 60000), 0);
+    cr_assert_eq(umbp_op_num_keys(op), 40);
+    for (size_t i = 0; i < 40; i++)
+        cr_assert_eq(umbp_op_key_status(op, i), i < 32 ? 0 : -ENOSPC, "key %zu: %s", i,
+                     umbp_strerror(umbp_op_key_status(op, i)));
+    cr_assert_eq(umbp_op_num_ok(op), 32);
+    umbp_op_release(op);
+    size_t prefix;
+    umbp_key_t keys[40];
+    for (int i = 0; i < 40; i++)
+        keys[i] = key_of(i);
+    cr_assert_eq(umbp_lookup(f.rt, keys, 40, NULL, &prefix, 0), 0);
+    cr_assert_eq(prefix, 32);
+    teardown_fixture(&f);
 }
 Test(kv_host, partial_layers_and_errors) { run_partial_and_errors(UMBP_GPU_BACKEND_HOST, "host"); }
 Test(kv_host, foreign_object) { run_foreign_object(UMBP_GPU_BACKEND_HOST, "host"); }
