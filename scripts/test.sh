@@ -10,6 +10,30 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j 1
 
+# Huge pages: the suites above ran with whatever the machine has reserved
+# (usually none: the fallback path).  Where we may, reserve 2 MiB pages for
+# a second pass of the pool tests and the demo, so the huge-page path runs
+# too, then give them back.
+hp=/proc/sys/vm/nr_hugepages
+if [[ -w $hp ]]; then
+  old=$(cat $hp)
+  trap 'echo "$old" > '"$hp"' 2>/dev/null || true' EXIT
+  echo $((old + 96)) > $hp 2>/dev/null || true
+  if (( $(cat $hp) > old )); then
+    echo "scripts/test.sh: huge-page pass ($(( $(cat $hp) - old )) x 2 MiB reserved)"
+    build/tests/test_dram_pool --jobs 1
+    out=$(UMBP_DRAM_USE_HUGEPAGES=1 build/umbp-demo --blocks 32 2>&1)
+    echo "$out" | tail -2
+    if grep -q "nr_hugepages" <<<"$out"; then
+      echo "scripts/test.sh: huge pages were reserved but the demo's pool fell back" >&2
+      exit 1
+    fi
+  else
+    echo "scripts/test.sh: no 2 MiB huge pages could be reserved; huge-page pass skipped"
+  fi
+  echo "$old" > $hp
+fi
+
 if [[ "${1:-}" != "--no-sanitize" ]]; then
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DUMBP_SANITIZE=ON -DUMBP_BUILD_BENCH=OFF
   cmake --build build-asan -j "$jobs"
