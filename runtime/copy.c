@@ -32,7 +32,10 @@ static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
 
 static void run_job(struct copy_job *j)
 {
-    struct umbp_op *op = j->op;
+    /* pairs with the dispatcher's release store of j->op: the job and
+     * everything the loop thread wrote into the op before queueing it are
+     * visible here */
+    struct umbp_op *op = atomic_load_explicit(&j->op, memory_order_acquire);
     bool to_object = op->kind == OP_PUT;
     for (uint32_t k = j->first; k < j->last; k++) {
         if (op->state[k] != KEY_COPYING)
@@ -160,14 +163,18 @@ void copy_dispatch(struct umbp_op *op, bool to_object, enum msg_type then)
             acc += key_bytes(op, k);
         bool last_key = k + 1 == op->n;
         if ((acc >= per_job && nj + 1 < njobs) || last_key) {
-            op->jobs[nj++] = (struct copy_job){op, first, (uint32_t)k + 1};
+            op->jobs[nj].first = first;
+            op->jobs[nj].last = (uint32_t)k + 1;
+            nj++;
             first = (uint32_t)k + 1;
             acc = 0;
         }
     }
     op->num_jobs = nj;
     atomic_store_explicit(&op->jobs_left, nj, memory_order_release);
-    for (uint32_t j = 0; j < nj; j++)
+    for (uint32_t j = 0; j < nj; j++) {
+        atomic_store_explicit(&op->jobs[j].op, op, memory_order_release);
         ck_ring_enqueue_mpmc(&cp->ring, cp->buf, &op->jobs[j]);
+    }
     wake_workers(cp, (int)nj);
 }

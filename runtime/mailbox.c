@@ -20,6 +20,8 @@ static void mailbox_on_doorbell(struct ev_loop *loop, ev_async *w, int revents)
     void *m;
     int n = 0;
     while (n < MAILBOX_DRAIN_BATCH && ck_ring_dequeue_mpsc(&mb->ring, mb->buf, &m)) {
+        /* pairs with the release in mailbox_post */
+        (void)atomic_load_explicit(&((struct msg_hdr *)m)->posted, memory_order_acquire);
         mb->handle(mb->rt, m);
         n++;
     }
@@ -57,6 +59,7 @@ int mailbox_post(struct mailbox *mb, struct msg_hdr *m)
 {
     /* ck_ring's enqueue publishes the slot with a store fence before moving
      * the producer index, so the consumer sees the message fully written. */
+    atomic_store_explicit(&m->posted, 1, memory_order_release);
     if (!ck_ring_enqueue_mpsc(&mb->ring, mb->buf, m))
         return -EAGAIN;
     ev_async_send(mb->rt->loop, &mb->doorbell);

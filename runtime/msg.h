@@ -10,6 +10,7 @@
 #ifndef UMBP_MSG_H
 #define UMBP_MSG_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #define UMBP_MESSAGES(X)                                                   \
@@ -41,7 +42,11 @@ enum msg_type {
 };
 
 struct msg_hdr {
-    uint16_t type; /* enum msg_type */
+    uint16_t type;           /* enum msg_type */
+    _Atomic uint32_t posted; /* release on post, acquire on receipt: the
+                                C11 edge that hands the message's contents
+                                over (ck's own fences do the same on x86,
+                                but only this is visible to ThreadSanitizer) */
 };
 
 const char *msg_name(enum msg_type t);

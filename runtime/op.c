@@ -34,6 +34,9 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
         return NULL;
     }
     struct umbp_op *op = p;
+    /* pairs with the acq_rel decrement that dropped the last reference:
+     * the previous user's writes happen before ours */
+    (void)atomic_load_explicit(&op->refs, memory_order_acquire);
     op->kind = kind;
     op->rc = 0;
     op->n = 0;

@@ -124,8 +124,9 @@ struct umbp_op {
 };
 
 struct copy_job {
-    struct umbp_op *op;
-    uint32_t first, last; /* keys [first, last) */
+    uint32_t first, last;        /* keys [first, last) */
+    _Atomic(struct umbp_op *) op; /* stored last, with release: the job's
+                                     publication edge (see copy.c) */
 };
 
 /* Caller side. */

@@ -40,4 +40,19 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan --output-on-failure -j 1
 fi
+if [[ "${1:-}" != "--no-sanitize" ]]; then
+  # ThreadSanitizer: Criterion aborts under it, so the plain programs drive
+  # the caller, loop, copy and evictor threads instead.  Any report fails.
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUMBP_SANITIZE_THREAD=ON \
+    -DUMBP_BUILD_TESTS=OFF
+  cmake --build build-tsan -j "$jobs"
+  export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1 exitcode=66"
+  export UMBP_LOOKUP_TIMEOUT_MS=10000 # TSan slows everything ~10x
+  build-tsan/umbp-demo --blocks 64 2>/dev/null | tail -1
+  build-tsan/bench/bench_alloc 20000 | tail -1
+  build-tsan/bench/bench_lookup 200 | tail -1
+  build-tsan/bench/bench_putget 64 1 | tail -1
+  unset TSAN_OPTIONS UMBP_LOOKUP_TIMEOUT_MS
+  echo "scripts/test.sh: ThreadSanitizer pass clean"
+fi
 echo "scripts/test.sh: all tests passed"
