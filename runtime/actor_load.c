@@ -117,6 +117,8 @@ static void get_acquired(void *arg, int rc)
 
 static void get_copied(struct umbp_runtime *rt, struct umbp_op *op)
 {
+    if (op->kv_layout)
+        kv_transfer_done(rt);
     if (op->gpu_rc < 0) /* the GPU restore failed: keys fail, leases end */
         for (size_t k = 0; k < op->n; k++)
             if (op->state[k] == KEY_COPYING) {

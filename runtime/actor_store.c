@@ -191,6 +191,8 @@ static void put_copy_failed(struct umbp_runtime *rt, struct umbp_op *op)
 
 static void put_copied(struct umbp_runtime *rt, struct umbp_op *op)
 {
+    if (op->kv_layout)
+        kv_transfer_done(rt);
     if (op->gpu_rc < 0) {
         put_copy_failed(rt, op);
         return;

@@ -60,9 +60,18 @@ static void *kv_waiter(void *arg)
     return NULL;
 }
 
+static void kv_on_poll(struct ev_loop *loop, ev_idle *w, int revents) {}
+
+void kv_transfer_done(struct umbp_runtime *rt)
+{
+    if (rt->kv.inflight && --rt->kv.inflight == 0)
+        ev_idle_stop(rt->loop, &rt->kv.poll);
+}
+
 void kv_init(struct umbp_runtime *rt)
 {
     struct kv_state *kv = &rt->kv;
+    ev_idle_init(&kv->poll, kv_on_poll);
     pthread_mutex_init(&kv->lock, NULL);
     pthread_mutex_init(&kv->qlock, NULL);
     pthread_cond_init(&kv->qcond, NULL);
@@ -374,6 +383,8 @@ void gpu_dispatch(struct umbp_op *op, enum msg_type then)
         .wait_event = op->kv_wait_event,
     };
     op->hdr.type = (uint16_t)then;
+    if (rt->kv.inflight++ == 0 && rt->may_spin)
+        ev_idle_start(rt->loop, &rt->kv.poll);
     op->gpu_rc = op->kind == OP_PUT ? umbp_gpu_store(rt->kv.engine, &d, &op->xfer)
                                     : umbp_gpu_restore(rt->kv.engine, &d, &op->xfer);
     if (op->gpu_rc == -EAGAIN)

@@ -138,11 +138,34 @@ void op_complete(struct umbp_op *op)
     op_put_ref(op);
 }
 
+/* How long a waiter polls before it sleeps: a futex wake costs tens of
+ * microseconds (more in a VM), a GPU batch completes in a few milliseconds,
+ * so a short poll saves a wake-up on the critical path for little CPU. */
+#define WAIT_SPIN_NS 50000ull
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("pause" ::: "memory");
+#elif defined(__aarch64__)
+    __asm__ volatile("yield" ::: "memory");
+#endif
+}
+
 int op_wait_ns(struct umbp_op *op, uint64_t timeout_ns)
 {
     if (atomic_load_explicit(&op->done, memory_order_acquire))
         return 0;
-    uint64_t deadline = timeout_ns == UINT64_MAX ? UINT64_MAX : umbp_now_ns() + timeout_ns;
+    uint64_t start = umbp_now_ns();
+    uint64_t deadline = timeout_ns == UINT64_MAX ? UINT64_MAX : start + timeout_ns;
+    uint64_t spin_until = start + WAIT_SPIN_NS < deadline ? start + WAIT_SPIN_NS : deadline;
+    for (unsigned i = 1; op->rt->may_spin; i++) {
+        if (atomic_load_explicit(&op->done, memory_order_acquire))
+            return 0;
+        cpu_relax();
+        if ((i & 63) == 0 && umbp_now_ns() >= spin_until)
+            break;
+    }
     atomic_fetch_add(&op->waiters, 1);
     int rc = UMBP_E_INPROGRESS;
     for (;;) {

@@ -168,6 +168,11 @@ struct kv_entry {
 
 struct kv_state {
     pthread_mutex_t lock;          /* engine creation, the layout table */
+    /* loop thread: GPU transfers in flight; while any is, an idle watcher
+     * keeps the loop polling instead of sleeping, so the waiter's completion
+     * is picked up without a wake-up (a core spins for milliseconds at most) */
+    uint32_t inflight;
+    ev_idle poll;
     umbp_gpu_engine_t *engine;
     void *pool_addr;               /* registered with the engine */
     struct kv_entry *v;
@@ -186,6 +191,8 @@ struct kv_state {
  * posted back with `then` when it completes (op->gpu_rc says how). */
 void gpu_dispatch(struct umbp_op *op, enum msg_type then);
 void kv_init(struct umbp_runtime *rt);
+/* Loop thread: a GPU transfer's op came back (PUT_COPIED / GET_COPIED). */
+void kv_transfer_done(struct umbp_runtime *rt);
 void kv_fini(struct umbp_runtime *rt);
 
 /* ---- memory registry --------------------------------------------------- */
@@ -259,6 +266,7 @@ struct umbp_runtime {
     struct event_queue events;
     struct rt_counters cnt;
 
+    bool may_spin;             /* enough cores that short polls beat sleeps */
     _Atomic bool closing;      /* set by destroy: refuse new work */
     _Atomic size_t inflight;   /* ops taken and not yet completed */
     bool stopping;             /* loop thread: drain then break */

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "rt.h"
@@ -208,6 +209,10 @@ int umbp_runtime_create(const char *json_config, umbp_runtime_t **out)
     }
     rt->cfg = cfg;
     rt->core = &cfg->core;
+    /* Polling briefly instead of sleeping (waiters, the loop during GPU
+     * transfers) pays only where cores are to spare: with few, the poller
+     * steals the core the thread it waits for needs. */
+    rt->may_spin = sysconf(_SC_NPROCESSORS_ONLN) >= 8;
     kv_init(rt);
     rt->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
     if (!rt->loop) {
