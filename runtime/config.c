@@ -25,6 +25,7 @@
 static const char *const modes[] = {"embedded", "standalone", "distributed", NULL};
 static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const gpu_backends[] = {"auto", "cuda", "hip", "host", NULL};
+static const char *const auto_on_off[] = {"auto", "on", "off", NULL};
 
 const struct umbp_option umbp_core_options[] = {
     {"mode", UMBP_OPT_STRING, OFF(mode), "embedded", 0, 0, 32, modes,
@@ -58,6 +59,9 @@ const struct umbp_option umbp_core_options[] = {
      "events kept before the oldest are dropped (and counted as lost)"},
     {"log_level", UMBP_OPT_STRING, OFF(log_level), "warn", 0, 0, 16, levels,
      "error, warn, info or debug"},
+    {"poll_wait", UMBP_OPT_STRING, OFF(poll_wait), "auto", 0, 0, 8, auto_on_off,
+     "poll briefly before sleeping (waiters; the loop during GPU transfers): auto = on "
+     "with at least 8 cores"},
     {"gpu_backend", UMBP_OPT_STRING, OFF(gpu_backend), "auto", 0, 0, 16, gpu_backends,
      "GPU runtime of umbp_kv_*: auto (CUDA, then HIP), cuda, hip, or host (device memory is "
      "host memory; tests)"},

@@ -212,7 +212,9 @@ int umbp_runtime_create(const char *json_config, umbp_runtime_t **out)
     /* Polling briefly instead of sleeping (waiters, the loop during GPU
      * transfers) pays only where cores are to spare: with few, the poller
      * steals the core the thread it waits for needs. */
-    rt->may_spin = sysconf(_SC_NPROCESSORS_ONLN) >= 8;
+    rt->may_spin = strcmp(cfg->core.poll_wait, "on") == 0 ||
+                   (strcmp(cfg->core.poll_wait, "auto") == 0 &&
+                    sysconf(_SC_NPROCESSORS_ONLN) >= 8);
     kv_init(rt);
     rt->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
     if (!rt->loop) {

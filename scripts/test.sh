@@ -49,6 +49,7 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1 exitcode=66"
   export UMBP_LOOKUP_TIMEOUT_MS=10000 # TSan slows everything ~10x
   build-tsan/umbp-demo --blocks 64 2>/dev/null | tail -1
+  UMBP_POLL_WAIT=on build-tsan/umbp-demo --blocks 64 2>/dev/null | tail -1
   build-tsan/bench/bench_alloc 20000 | tail -1
   build-tsan/bench/bench_lookup 200 | tail -1
   build-tsan/bench/bench_putget 64 1 | tail -1

@@ -264,6 +264,13 @@ static bool have_device(umbp_gpu_backend_t *b, const char **name)
         cr_skip_test("no GPU: %s", umbp_gpu_last_error());
 
 Test(kv_host, round_trip) { run_round_trip(UMBP_GPU_BACKEND_HOST, "host"); }
+/* with polling waiters and a polling loop, as on machines of 8+ cores */
+Test(kv_host, round_trip_polling)
+{
+    setenv("UMBP_POLL_WAIT", "on", 1);
+    run_round_trip(UMBP_GPU_BACKEND_HOST, "host");
+}
+
 /* batches split into slices of 3 child ops: statuses land at the right keys */
 Test(kv_host, round_trip_sliced)
 {

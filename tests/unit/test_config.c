@@ -161,6 +161,7 @@ static const struct {
     {"enable_events", "false"},
     {"event_queue_size", "65536"},
     {"log_level", "warn"},
+    {"poll_wait", "auto"},
     {"gpu_backend", "auto"},
     {"gpu_device", "0"},
     {"gpu_max_ctas", "8"},
