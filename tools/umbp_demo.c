@@ -268,6 +268,7 @@ int main(int argc, char **argv)
     printf("umbp-demo: %zu blocks x %d layers x {K,V} x %zu KiB = %.1f MiB per block, %.1f GiB "
            "total\nconfig: %s\n",
            d.blocks, d.layers, d.chunk >> 10, obj / 1048576.0, total / 1073741824.0, d.config);
+    fflush(stdout); /* before the progress lines on stderr */
     umbp_runtime_t *rt;
     if ((rc = umbp_runtime_create(d.config, &rt)) < 0) {
         fprintf(stderr, "umbp_runtime_create: %s\n", umbp_last_error());
