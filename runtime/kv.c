@@ -307,8 +307,18 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
      * overlap gains (docs/benchmarks.md). */
     size_t slice = store ? (size_t)rt->core->gpu_store_slice_blocks : 0;
     size_t nchild = slice && n > slice ? (n + slice - 1) / slice : 0;
-    if (nchild > 64)
-        nchild = 64, slice = (n + 63) / 64;
+    /* At most a quarter of the op pool (and 64) as children, so a parent and
+     * its children always fit a pool that is not busy; the slice grows to
+     * match.  Fewer than two children is no split at all. */
+    size_t max_children = (size_t)rt->core->max_inflight_ops / 4;
+    if (max_children > 64)
+        max_children = 64;
+    if (nchild > max_children) {
+        slice = max_children ? (n + max_children - 1) / max_children : n;
+        nchild = (n + slice - 1) / slice;
+    }
+    if (nchild < 2)
+        nchild = 0;
     struct umbp_op *op = op_get(rt, kind), *child[64];
     size_t got = 0;
     if (!op)

@@ -277,6 +277,54 @@ Test(kv_host, round_trip_sliced)
     setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "3", 1);
     run_round_trip(UMBP_GPU_BACKEND_HOST, "host");
 }
+/* More slices than the child cap (64): the slice grows so that every key
+ * lands in exactly one child.  Keys 0..99 store GPU blocks i % NB. */
+Test(kv_host, sliced_store_past_the_child_cap)
+{
+    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "1", 1);
+    struct fixture f;
+    setup(&f, UMBP_GPU_BACKEND_HOST, "host");
+    umbp_kv_block_t blocks[100];
+    umbp_key_t keys[100];
+    for (int i = 0; i < 100; i++) {
+        keys[i] = key_of(i);
+        blocks[i] = (umbp_kv_block_t){keys[i], (uint64_t)(i % NB)};
+    }
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(f.rt, f.kv, blocks, 100, NULL, &op), 0);
+    wait_all(op, 0);
+    size_t prefix;
+    cr_assert_eq(umbp_lookup(f.rt, keys, 100, NULL, &prefix, 0), 0);
+    cr_assert_eq(prefix, 100);
+    /* keys 64..99 hold blocks 0..35: restore them into a poisoned cache */
+    poison_and_download(&f, false);
+    for (int i = 0; i < 36; i++)
+        blocks[i] = (umbp_kv_block_t){keys[64 + i], (uint64_t)i};
+    cr_assert_eq(umbp_kv_load(f.rt, f.kv, blocks, 36, NULL, &op), 0);
+    wait_all(op, 0);
+    poison_and_download(&f, true);
+    for (int l = 0; l < L; l++)
+        for (int i = 0; i < 36; i++)
+            for (int kv = 0; kv < 2; kv++)
+                cr_assert(memcmp(chunk(f.back[l], (size_t)i, kv), chunk(f.orig[l], (size_t)i, kv),
+                                 CHUNK) == 0, "layer %d block %d", l, i);
+    teardown_fixture(&f);
+}
+
+/* A pool of 4 ops cannot hold a parent and its children: the store must
+ * still go through (unsplit), not fail with -EAGAIN forever. */
+Test(kv_host, small_op_pool_does_not_split)
+{
+    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "3", 1);
+    struct fixture f;
+    setup_cfg(&f, UMBP_GPU_BACKEND_HOST, "host",
+              "\"capacity_bytes\":\"64MiB\",\"max_inflight_ops\":4");
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(f.rt, f.kv, f.blocks, 20, NULL, &op), 0);
+    wait_all(op, 0);
+    teardown_fixture(&f);
+}
+
 /* A sliced store whose later slices meet a full pool: each child's
  * statuses must land at its own keys.  1 MiB holds exactly 32 objects of
  * 32 KiB; no waiting and no eviction (high watermark 100%). */
