@@ -110,7 +110,7 @@ static void get_acquired(void *arg, int rc)
     if (ncopy && op->kv_layout)
         gpu_dispatch(op, MSG_GET_COPIED);
     else if (ncopy)
-        copy_dispatch(op, false, MSG_GET_COPIED);
+        copy_dispatch(op, MSG_GET_COPIED);
     else
         get_release(rt, op);
 }

@@ -236,7 +236,7 @@ static void put_reserved(void *arg, int rc)
     if (ncopy && op->kv_layout)
         gpu_dispatch(op, MSG_PUT_COPIED);
     else if (ncopy)
-        copy_dispatch(op, true, MSG_PUT_COPIED);
+        copy_dispatch(op, MSG_PUT_COPIED);
     else
         put_after_round(rt, op);
 }

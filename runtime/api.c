@@ -18,9 +18,9 @@
 
 static int submit_gate(struct umbp_runtime *rt)
 {
+    /* A stalled backend is reported by the tier's health() where the actors
+     * receive the op; here only shutdown refuses. */
     if (atomic_load_explicit(&rt->closing, memory_order_acquire))
-        return UMBP_E_NOT_ATTEMPTED;
-    if (atomic_load_explicit(&rt->backend_stalled, memory_order_relaxed))
         return UMBP_E_NOT_ATTEMPTED;
     return 0;
 }
@@ -106,26 +106,6 @@ int umbp_check_duplicate_keys(struct umbp_op *op)
     return 0;
 }
 
-/* Marks keys whose memory this build cannot copy; -EFAULT for a range that
- * straddles a registered region's edge. */
-static int classify_key(struct umbp_runtime *rt, struct umbp_op *op, size_t k)
-{
-    if (!atomic_load_explicit(&rt->memreg.num_device, memory_order_relaxed))
-        return 0;
-    for (uint32_t r = op->range_first[k]; r < op->range_first[k + 1]; r++) {
-        umbp_mem_kind_t kind;
-        int rc = memreg_classify(&rt->memreg, op->ranges[r].ptr, op->ranges[r].len, &kind);
-        if (rc < 0)
-            return rc;
-        if (kind != UMBP_MEM_HOST) {
-            op->state[k] = KEY_DONE;
-            op->status[k] = -ENOTSUP;
-        }
-    }
-    return 0;
-}
-
-
 /* Copies per-key data common to puts and gets into the op. */
 static void fill_key(struct umbp_op *op, size_t k, const umbp_key_t *key,
                      const umbp_range_t *ranges, uint32_t nr, size_t *ri)
@@ -157,14 +137,12 @@ static int take_op(struct umbp_runtime *rt, enum op_kind kind, size_t n, size_t 
     return 0;
 }
 
-/* The common end of a put or get submission: whole-batch checks that need
- * the op's copy of the batch, then the post.  Gives the op back on error. */
+/* The common end of a put or get submission: the duplicate check needs the
+ * op's copy of the batch; then the post.  Gives the op back on error. */
 static int submit_filled(struct umbp_runtime *rt, struct umbp_op *op, enum msg_type t,
                          umbp_op_t **out)
 {
     int rc = umbp_check_duplicate_keys(op);
-    for (size_t k = 0; rc == 0 && k < op->n; k++)
-        rc = classify_key(rt, op, k);
     if (rc < 0) {
         op_abandon(op);
         return rc;

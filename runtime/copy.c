@@ -135,11 +135,10 @@ static uint64_t key_bytes(const struct umbp_op *op, size_t k)
     return b;
 }
 
-void copy_dispatch(struct umbp_op *op, bool to_object, enum msg_type then)
+void copy_dispatch(struct umbp_op *op, enum msg_type then)
 {
     struct umbp_runtime *rt = op->rt;
     struct copy_pool *cp = &rt->copy;
-    (void)to_object;
     uint64_t total = 0;
     for (size_t k = 0; k < op->n; k++)
         if (op->state[k] == KEY_COPYING)

@@ -1,9 +1,10 @@
 /*
- * memreg.c - registered memory regions and their kinds.
+ * memreg.c - registered memory regions.
  *
- * Any thread; a mutex guards the sorted array (registration is rare and off
- * the critical path; classification is skipped entirely while no device
- * region is registered).
+ * Host regions only: device memory is refused with -ENOTSUP, since GPU KV
+ * caches are registered by shape with umbp_kv_register and moved by the GPU
+ * copy engine.  Ranges of puts and gets are always treated as host memory.
+ * Any thread; a mutex guards the sorted array (registration is rare).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -22,23 +23,6 @@ static size_t find_first_end_after(struct memreg *r, uintptr_t p)
             hi = mid;
     }
     return lo;
-}
-
-int memreg_classify(struct memreg *r, const void *ptr, uint64_t len, umbp_mem_kind_t *kind)
-{
-    uintptr_t p = (uintptr_t)ptr, e = p + len;
-    int rc = 0;
-    *kind = UMBP_MEM_HOST;
-    pthread_mutex_lock(&r->lock);
-    size_t i = find_first_end_after(r, p);
-    if (i < r->n && r->v[i].start < e) {
-        if (p < r->v[i].start || e > r->v[i].end)
-            rc = -EFAULT;
-        else
-            *kind = r->v[i].kind;
-    }
-    pthread_mutex_unlock(&r->lock);
-    return rc;
 }
 
 int umbp_mem_register(umbp_runtime_t *rt, const umbp_mem_desc_t *d, umbp_mem_handle_t *out)
@@ -75,8 +59,6 @@ int umbp_mem_register(umbp_runtime_t *rt, const umbp_mem_desc_t *d, umbp_mem_han
     memmove(&r->v[i + 1], &r->v[i], (r->n - i) * sizeof(*r->v));
     r->v[i] = (struct memreg_entry){s, e, d->kind, d->device, ++r->next_handle};
     r->n++;
-    if (d->kind == UMBP_MEM_DEVICE)
-        atomic_fetch_add(&r->num_device, 1);
     *out = r->v[i].handle;
 out:
     pthread_mutex_unlock(&r->lock);
@@ -93,8 +75,6 @@ int umbp_mem_deregister(umbp_runtime_t *rt, umbp_mem_handle_t h)
     for (size_t i = 0; i < r->n; i++) {
         if (r->v[i].handle != h)
             continue;
-        if (r->v[i].kind == UMBP_MEM_DEVICE)
-            atomic_fetch_sub(&r->num_device, 1);
         memmove(&r->v[i], &r->v[i + 1], (r->n - i - 1) * sizeof(*r->v));
         r->n--;
         rc = 0;

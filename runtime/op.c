@@ -56,7 +56,7 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     return op;
 }
 
-static int grow(void **p, size_t *cap_unused, size_t want, size_t elem)
+static int grow(void **p, size_t want, size_t elem)
 {
     void *q = realloc(*p, want * elem);
     if (!q)
@@ -69,22 +69,22 @@ int op_reserve_keys(struct umbp_op *op, size_t n, size_t nranges)
 {
     if (n > op->cap_keys) {
         size_t want = n < 64 ? 64 : n;
-        if (grow((void **)&op->reqs, NULL, want, sizeof(*op->reqs)) ||
-            grow((void **)&op->req_ptrs, NULL, want, sizeof(*op->req_ptrs)) ||
-            grow((void **)&op->state, NULL, want, sizeof(*op->state)) ||
-            grow((void **)&op->status, NULL, want, sizeof(*op->status)) ||
-            grow((void **)&op->present, NULL, want, sizeof(*op->present)) ||
-            grow((void **)&op->range_first, NULL, want + 1, sizeof(*op->range_first)) ||
-            grow((void **)&op->jobs, NULL, want, sizeof(*op->jobs)) ||
-            grow((void **)&op->kv_block, NULL, want, sizeof(*op->kv_block)) ||
-            grow((void **)&op->kv_io, NULL, want, sizeof(*op->kv_io)))
+        if (grow((void **)&op->reqs, want, sizeof(*op->reqs)) ||
+            grow((void **)&op->req_ptrs, want, sizeof(*op->req_ptrs)) ||
+            grow((void **)&op->state, want, sizeof(*op->state)) ||
+            grow((void **)&op->status, want, sizeof(*op->status)) ||
+            grow((void **)&op->present, want, sizeof(*op->present)) ||
+            grow((void **)&op->range_first, want + 1, sizeof(*op->range_first)) ||
+            grow((void **)&op->jobs, want, sizeof(*op->jobs)) ||
+            grow((void **)&op->kv_block, want, sizeof(*op->kv_block)) ||
+            grow((void **)&op->kv_io, want, sizeof(*op->kv_io)))
             return -ENOMEM;
         op->cap_keys = want;
         op->cap_jobs = (uint32_t)want;
     }
     if (nranges > op->cap_ranges) {
         size_t want = nranges < 256 ? 256 : nranges;
-        if (grow((void **)&op->ranges, NULL, want, sizeof(*op->ranges)))
+        if (grow((void **)&op->ranges, want, sizeof(*op->ranges)))
             return -ENOMEM;
         op->cap_ranges = want;
     }

@@ -155,9 +155,10 @@ struct copy_pool {
 
 int copy_pool_start(struct umbp_runtime *rt, int nthreads, unsigned size);
 void copy_pool_stop(struct umbp_runtime *rt);
-/* Loop thread: splits the op's COPYING keys into jobs and queues them; the
- * last job to finish posts the op with message type `then`. */
-void copy_dispatch(struct umbp_op *op, bool to_object, enum msg_type then);
+/* Loop thread: splits the op's COPYING keys into jobs and queues them (a
+ * put copies into the regions, a get out of them); the last job to finish
+ * posts the op with message type `then`. */
+void copy_dispatch(struct umbp_op *op, enum msg_type then);
 
 /* ---- GPU KV path (kv.c) ------------------------------------------------ */
 
@@ -209,13 +210,8 @@ struct memreg {
     struct memreg_entry *v;
     size_t n, cap;
     uint64_t next_handle;
-    _Atomic size_t num_device;
 };
 
-/* Kind of the memory at [p, p+len): HOST unless inside a registered device
- * region.  -EFAULT if it straddles a registered region's edge. */
-int memreg_classify(struct memreg *r, const void *p, uint64_t len,
-                    umbp_mem_kind_t *kind);
 
 /* ---- events ------------------------------------------------------------ */
 
@@ -281,7 +277,6 @@ struct umbp_runtime {
     ev_async store_retry;      /* space freed: retry waiting puts */
     ev_timer drain_timer;      /* shutdown: wait for in-flight ops */
     uint64_t drain_deadline_ns;
-    _Atomic bool backend_stalled; /* tier unhealthy: refuse new transfers */
     /* evictor actor */
     struct msg_hdr evict_kick;
     _Atomic bool evict_kick_queued;

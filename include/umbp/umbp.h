@@ -107,13 +107,13 @@ typedef struct umbp_mem_desc {
 typedef uint64_t umbp_mem_handle_t;
 
 /*
- * Registers a region that ranges of puts and gets will point into, so the
- * runtime knows its kind (and, for GPU memory, can map it once, off the
- * critical path).  Host memory need not be registered: an address outside
- * every registered region is treated as host memory.  Device memory must be
- * registered; a range into unregistered device memory cannot be recognised.
- * Regions must not overlap (-EEXIST).  Returns -ENOTSUP for device memory
- * when the runtime was built without a GPU copy engine.
+ * Registers a host region that ranges of puts and gets will point into.
+ * Ranges of umbp_put / umbp_get are always host memory, registered or not;
+ * GPU memory is not given as ranges but registered by shape with
+ * umbp_kv_register and moved with umbp_kv_store / umbp_kv_load, so
+ * UMBP_MEM_DEVICE is refused here with -ENOTSUP (the kind and device fields
+ * are kept for a future ranged device path).  Regions must not overlap
+ * (-EEXIST).
  */
 int umbp_mem_register(umbp_runtime_t *rt, const umbp_mem_desc_t *desc,
                       umbp_mem_handle_t *out);
@@ -160,8 +160,7 @@ typedef struct umbp_op umbp_op_t;
  * On 0, *op completes later with one status per key (umbp_op_key_status):
  * 0 stored or already present (first writer wins), -ENOSPC no space within
  * put_wait_ms, -EFBIG larger than the whole pool, UMBP_E_TIMEOUT still
- * waiting for space past timeout_ms, -ENOTSUP for memory kinds this build
- * cannot copy (device memory goes through umbp_kv_store).  A failed key
+ * waiting for space past timeout_ms.  A failed key
  * leaves the previous state untouched.  A put of a key whose first put is
  * still being written also completes with 0 without writing: 0 means "stored
  * or being stored by an earlier put", and if that earlier put fails the key
