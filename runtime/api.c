@@ -267,54 +267,45 @@ int umbp_lookup(umbp_runtime_t *rt, const umbp_key_t *keys, size_t n, uint8_t *p
     return rc;
 }
 
+/* A control call: one op through the loop, waited for up to timeout_ms.
+ * On success the op's result is op->rc (and, for stats, op->stats). */
+static int control_call(struct umbp_runtime *rt, enum op_kind kind, enum msg_type t,
+                        int64_t timeout_ms, umbp_stats_t *stats)
+{
+    struct umbp_op *op;
+    int rc = take_op(rt, kind, 0, 0, &op);
+    if (rc < 0)
+        return rc;
+    rc = post_and_wait(rt, op, t, timeout_ms);
+    if (rc == -EAGAIN)
+        return rc; /* never posted; already back in the pool */
+    if (rc == 0) {
+        rc = op->rc;
+        if (stats)
+            *stats = op->stats;
+    }
+    op_put_ref(op);
+    return rc;
+}
+
 int umbp_get_stats(umbp_runtime_t *rt, umbp_stats_t *out)
 {
     if (!rt || !out)
         return -EINVAL;
-    struct umbp_op *op;
-    int rc = take_op(rt, OP_STATS, 0, 0, &op);
-    if (rc < 0)
-        return rc;
-    rc = post_and_wait(rt, op, MSG_STATS, rt->core->lookup_timeout_ms);
-    if (rc == -EAGAIN)
-        return rc;
-    if (rc == 0)
-        *out = op->stats;
-    op_put_ref(op);
-    return rc;
+    return control_call(rt, OP_STATS, MSG_STATS, rt->core->lookup_timeout_ms, out);
 }
 
 int umbp_clear(umbp_runtime_t *rt)
 {
     if (!rt)
         return -EINVAL;
-    struct umbp_op *op;
-    int rc = take_op(rt, OP_CLEAR, 0, 0, &op);
-    if (rc < 0)
-        return rc;
-    rc = post_and_wait(rt, op, MSG_CLEAR, rt->core->timeout_ms);
-    if (rc == -EAGAIN)
-        return rc;
-    if (rc == 0)
-        rc = op->rc;
-    op_put_ref(op);
-    return rc;
+    return control_call(rt, OP_CLEAR, MSG_CLEAR, rt->core->timeout_ms, NULL);
 }
 
 int umbp_flush(umbp_runtime_t *rt, int timeout_ms)
 {
     if (!rt)
         return -EINVAL;
-    struct umbp_op *op;
-    int rc = take_op(rt, OP_FLUSH, 0, 0, &op);
-    if (rc < 0)
-        return rc;
-    int64_t ms = timeout_ms < 0 ? rt->core->timeout_ms : timeout_ms;
-    rc = post_and_wait(rt, op, MSG_FLUSH, ms);
-    if (rc == -EAGAIN)
-        return rc;
-    if (rc == 0)
-        rc = op->rc;
-    op_put_ref(op);
-    return rc;
+    return control_call(rt, OP_FLUSH, MSG_FLUSH,
+                        timeout_ms < 0 ? rt->core->timeout_ms : timeout_ms, NULL);
 }
