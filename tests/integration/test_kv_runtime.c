@@ -218,6 +218,22 @@ static void run_partial_and_errors(umbp_gpu_backend_t b, const char *name)
     opts = (umbp_kv_xfer_opts_t){.first_layer = L};
     cr_assert_eq(umbp_kv_load(f.rt, f.kv, f.blocks, 1, &opts, &op), UMBP_E_SHAPE);
     cr_assert_eq(umbp_kv_load(NULL, f.kv, f.blocks, 1, NULL, &op), -EINVAL);
+    umbp_kv_handle_t h2;
+    cr_assert_eq(umbp_kv_register(f.rt, NULL, 1, &h2), -EINVAL);
+    umbp_kv_tensor_t badt;
+    memset(&badt, 0, sizeof(badt));
+    badt.base = f.dev[0];
+    badt.ndim = 5;
+    int64_t shape[5] = {2, NB, BS, H, D};
+    memcpy(badt.shape, shape, sizeof(shape));
+    umbp_kv_tensor_set_contiguous(&badt);
+    badt.elem_size = ESZ;
+    badt.block_dim = 7; /* no such dimension */
+    badt.kv_dim = 0;
+    badt.layer_dim = -1;
+    int rc = umbp_kv_register(f.rt, &badt, 1, &h2);
+    cr_assert_eq(rc, UMBP_E_KV_ROLE, "rc %d: %s", rc, umbp_last_error());
+    cr_assert(strstr(umbp_last_error(), "block_dim") != NULL, "message: %s", umbp_last_error());
     cr_assert_eq(umbp_kv_deregister(f.rt, f.kv + 100), -ENOENT);
     cr_assert_eq(umbp_kv_deregister(f.rt, f.kv), 0);
     teardown_fixture(&f);
