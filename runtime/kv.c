@@ -45,11 +45,14 @@ static void *kv_waiter(void *arg)
         /* Transfers finish in bounded time unless the device is wedged;
          * wait in slices so a wedged device is at least logged. */
         int rc;
+        bool warned = false;
         uint64_t t0 = umbp_now_ns();
         while ((rc = umbp_gpu_xfer_wait(op->xfer, WAIT_SLICE_MS)) == UMBP_E_TIMEOUT)
-            if (umbp_now_ns() - t0 > ms_to_ns(rt->core->timeout_ms))
-                umbp_log(UMBP_LOG_WARN, "GPU transfer running for over timeout_ms; still waiting "
-                         "(the device may be wedged)");
+            if (!warned && umbp_now_ns() - t0 > ms_to_ns(rt->core->timeout_ms)) {
+                umbp_log(UMBP_LOG_WARN, "GPU transfer running for over timeout_ms; still "
+                         "waiting (the device may be wedged)");
+                warned = true;
+            }
         op->gpu_rc = rc;
         umbp_gpu_xfer_release(op->xfer);
         op->xfer = NULL;
