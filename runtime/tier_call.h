@@ -52,6 +52,12 @@ static inline void tier_clear(struct umbp_tier *t, umbp_tier_done_fn done, void 
     t->ops->clear(t, done, arg);
 }
 
+static inline void tier_stop(struct umbp_tier *t)
+{
+    if (t->ops->stop)
+        t->ops->stop(t);
+}
+
 static inline uint64_t tier_evict(struct umbp_tier *t, uint64_t target, size_t max_objects,
                                   bool *more)
 {

@@ -24,6 +24,17 @@
  * can hand a subset of a batch without copying; a remote tier must make one
  * round trip per batch, never one per key.
  *
+ * Remote tiers (UMBP_TIER_CAP_REMOTE).  done fires exactly once per call,
+ * also when the peer disappears or stalls: by the call's deadline at the
+ * latest (lookup_timeout_ms after the call for lookup, timeout_ms for every
+ * other member), with UMBP_E_TIMEOUT; a lost connection completes every
+ * outstanding call at once (-ECONNRESET).  After done the tier never touches
+ * that call's requests again; a reply that arrives late is the tier's to
+ * undo (abort a reservation, release a lease it no longer reports).  health
+ * says UMBP_E_NOT_ATTEMPTED while the peer is unreachable or a call is
+ * overdue, so new transfers fail fast instead of queueing behind it; the
+ * runtime asks health when an op arrives and before each tier round.
+ *
  * Optional members may be NULL in the ops table; the runtime's wrappers
  * (runtime/tier_call.h) substitute a default that returns -ENOTSUP or does
  * nothing, so no NULL slot is ever called.
@@ -151,8 +162,25 @@ struct umbp_tier_usage {
 
 struct umbp_tier;
 
+/* Capabilities: what a tier does, so shared code and the conformance suite
+ * gate on a property instead of a tier's name. */
+enum umbp_tier_cap {
+    UMBP_TIER_CAP_MAPPED = 1u << 0,         /* every region has addr != NULL */
+    UMBP_TIER_CAP_EVICTS_LOCALLY = 1u << 1, /* the runtime's evictor drives
+                                               ops->evict at its watermarks */
+    UMBP_TIER_CAP_EXPIRES_LEASES = 1u << 2, /* the runtime's lease actor drives
+                                               ops->expire_leases */
+    UMBP_TIER_CAP_REMOTE = 1u << 3,         /* calls complete later from a
+                                               watcher; a peer can vanish */
+    UMBP_TIER_CAP_SHARED = 1u << 4,         /* other processes see its objects */
+};
+
 struct umbp_tier_ops {
     const char *name;                       /* required: "dram" */
+    uint32_t caps;                          /* enum umbp_tier_cap bits */
+    /* Modes this tier is the primary tier of ("embedded", ...), NULL-
+     * terminated; NULL for none.  A mode is declared by exactly one tier. */
+    const char *const *modes;
     const struct umbp_option *options;      /* optional: tier options table,
                                                terminated by a NULL name */
     size_t config_size;                     /* size of the tier's config struct */
@@ -170,6 +198,12 @@ struct umbp_tier_ops {
 
     /* required; after the loop thread has stopped; may block.  Frees all. */
     void (*destroy)(struct umbp_tier *t);
+
+    /* optional (default: nothing); loop thread, when the runtime shuts down,
+     * before it stops the loop.  A tier with calls still outstanding (a
+     * remote tier) completes each of them now, with UMBP_E_NOT_ATTEMPTED,
+     * and stops its watchers; no call arrives after it. */
+    void (*stop)(struct umbp_tier *t);
 
     /* required.  present[i] = 1 if reqs[i]->key is published.  Must not
      * change LRU order unless touch is set. */

@@ -1,0 +1,309 @@
+/*
+ * proto.h - the standalone wire protocol between a client runtime (the shm
+ * tier, the `umbp` tool) and umbp-server, declared once for both sides.
+ *
+ * The protocol is the tier contract (include/umbp/tier.h) carried over a Unix
+ * stream socket: one request frame per batched tier call, one reply frame
+ * with the same sequence number, many requests pipelined.  Payload bytes
+ * never cross the socket: the server hands a worker its shared-memory pool
+ * once (SCM_RIGHTS on the HELLO_OK frame) and replies carry pool offsets.
+ *
+ * Frames.  Every frame is a 16-byte header then `len` body bytes, all
+ * integers little-endian:
+ *
+ *     u32 len      body bytes, <= PROTO_MAX_BODY
+ *     u16 type     enum proto_type
+ *     u16 flags    0 (reserved; a nonzero value is malformed)
+ *     u64 seq      chosen by the requester, echoed by the reply; 0 for
+ *                  unsolicited server frames (EVENTS, ERROR)
+ *
+ * Bodies.  Every body has one shape, an array of fixed-size records:
+ *
+ *     u32 n        number of records, <= the type's max_records
+ *     u32 arg      per type: LOOKUP flags, ACQUIRE lease ttl (ms), a
+ *                  status (CLEAR_R, HELLO_ERR), lost events (EVENTS); else 0
+ *     n records    of the type's record size (table in proto.c)
+ *
+ * so a decoder checks exactly one equation, len == 8 + n * record_size, plus
+ * the per-type bounds on n, and every record accessor is bounds-checked.
+ * Record layouts are the struct proto_* below, packed field by field in the
+ * order written (no padding on the wire beyond the explicit pad fields).
+ *
+ * Versioning.  HELLO carries PROTO_VERSION; the server answers HELLO_ERR
+ * (status -EPROTO) to any version it does not speak.  A change that alters
+ * an existing record or type bumps PROTO_VERSION; new message types may be
+ * added without a bump (an unknown type is malformed for old peers, so new
+ * types are only sent to peers whose HELLO announced a version that has
+ * them).
+ *
+ * Malformed input.  Every decoder returns a negative code and writes the
+ * name of the offending field into err ("RESERVE.n", "frame.flags"); the
+ * server logs it and disconnects that client only.
+ *
+ * Threads: stateless functions; any thread.
+ */
+#ifndef UMBP_SHM_PROTO_H
+#define UMBP_SHM_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "umbp/umbp.h"
+
+#define PROTO_MAGIC 0x554d4250u /* "UMBP" */
+#define PROTO_VERSION 1
+#define PROTO_HDR_SIZE 16
+#define PROTO_BODY_HDR_SIZE 8
+#define PROTO_MAX_RECORDS 65536u       /* per frame; larger batches are split */
+#define PROTO_MAX_BODY (4u << 20)      /* >= 8 + PROTO_MAX_RECORDS * 40 */
+#define PROTO_NAME_MAX 64              /* engine id, namespace: NUL-padded */
+#define PROTO_ERRMSG_MAX 192
+
+/* Message types.  X(name, value, record size, max records, direction)
+ * direction: C = client -> server request, S = server -> client. */
+#define PROTO_TYPES(X)                                                             \
+    X(HELLO, 1, PROTO_HELLO_SIZE, 1, C)      /* n = 1 */                           \
+    X(HELLO_OK, 2, PROTO_WELCOME_SIZE, 1, S) /* n = 1; worker: pool fd attached */ \
+    X(HELLO_ERR, 3, PROTO_ERROR_SIZE, 1, S)  /* n = 1, arg = status */             \
+    X(LOOKUP, 4, 32, PROTO_MAX_RECORDS, C)   /* keys; arg = PROTO_LOOKUP_* */      \
+    X(LOOKUP_R, 5, 1, PROTO_MAX_RECORDS, S)  /* u8 present per key */              \
+    X(RESERVE, 6, PROTO_RESERVE_ITEM_SIZE, PROTO_MAX_RECORDS, C)                  \
+    X(RESERVE_R, 7, PROTO_REGION_ITEM_SIZE, PROTO_MAX_RECORDS, S)                 \
+    X(PUBLISH, 8, PROTO_TOKEN_ITEM_SIZE, PROTO_MAX_RECORDS, C)                    \
+    X(PUBLISH_R, 9, 4, PROTO_MAX_RECORDS, S) /* i32 status per item */             \
+    X(ABORT, 10, PROTO_TOKEN_ITEM_SIZE, PROTO_MAX_RECORDS, C) /* no reply */      \
+    X(ACQUIRE, 11, 32, PROTO_MAX_RECORDS, C) /* keys; arg = lease ttl ms */        \
+    X(ACQUIRE_R, 12, PROTO_REGION_ITEM_SIZE, PROTO_MAX_RECORDS, S)                \
+    X(RELEASE, 13, PROTO_TOKEN_ITEM_SIZE, PROTO_MAX_RECORDS, C)                   \
+    X(RELEASE_R, 14, 4, PROTO_MAX_RECORDS, S) /* i32 status per item */            \
+    X(CLEAR, 15, 0, 0, C)                                                          \
+    X(CLEAR_R, 16, 0, 0, S)                  /* arg = status */                    \
+    X(STATS, 17, 0, 0, C)                                                          \
+    X(STATS_R, 18, PROTO_STATS_SIZE, 1, S)                                         \
+    X(PING, 19, 0, 0, C)                                                           \
+    X(PONG, 20, 0, 0, S)                                                           \
+    X(EVENTS, 21, PROTO_EVENT_ITEM_SIZE, PROTO_MAX_RECORDS, S) /* seq 0; arg = lost */ \
+    X(ERROR, 22, PROTO_ERROR_SIZE, 1, S)     /* seq 0; sent before a disconnect */ \
+    X(SESSIONS, 23, 0, 0, C)                 /* admin: list sessions */            \
+    X(SESSIONS_R, 24, PROTO_SESSION_ITEM_SIZE, 4096, S)
+
+enum proto_type {
+#define X(name, val, rec, max, dir) PROTO_##name = val,
+    PROTO_TYPES(X)
+#undef X
+};
+
+/* ---- records -------------------------------------------------------------- */
+
+enum proto_role {
+    PROTO_ROLE_WORKER = 0, /* maps the pool; every call */
+    PROTO_ROLE_LOOKUP = 1, /* an engine's scheduler: LOOKUP, STATS, PING; no pool */
+    PROTO_ROLE_ADMIN = 2,  /* the umbp tool: STATS, SESSIONS, CLEAR, PING; no pool */
+};
+
+#define PROTO_HELLO_EVENTS 1u     /* hello.flags: send me EVENTS frames */
+#define PROTO_LOOKUP_TOUCH 1u     /* LOOKUP arg: refresh LRU of present keys */
+
+/* HELLO record. */
+struct proto_hello {
+    uint32_t magic;               /* PROTO_MAGIC */
+    uint16_t version;             /* PROTO_VERSION */
+    uint8_t role;                 /* enum proto_role */
+    uint8_t pad;                  /* 0 */
+    uint32_t flags;               /* PROTO_HELLO_* */
+    uint32_t pid;
+    uint32_t dp_rank, tp_rank;
+    char engine_id[PROTO_NAME_MAX]; /* NUL-terminated within the field */
+    char name_space[PROTO_NAME_MAX]; /* tenant namespace (quotas); "" = default */
+};
+#define PROTO_HELLO_SIZE (4 + 2 + 1 + 1 + 4 + 4 + 4 + 4 + 2 * PROTO_NAME_MAX)
+
+/* HELLO_OK record. */
+struct proto_welcome {
+    uint16_t version;             /* the version the server will speak */
+    uint16_t pad;
+    uint32_t lease_ttl_ms;        /* the server's cap on lease ttl */
+    uint64_t session_id;
+    uint64_t pool_id;             /* random at pool creation; kept when a
+                                     restarted server adopts the pool */
+    uint64_t pool_size;           /* bytes of the mapping the fd gives */
+    uint64_t capacity_bytes;      /* usable by objects */
+};
+#define PROTO_WELCOME_SIZE (2 + 2 + 4 + 8 + 8 + 8 + 8)
+
+/* RESERVE item: a key and its object size. */
+struct proto_reserve_item {
+    umbp_key_t key;
+    uint64_t size;
+};
+#define PROTO_RESERVE_ITEM_SIZE (UMBP_KEY_SIZE + 8)
+
+/* PUBLISH, ABORT and RELEASE item: a key and the token its reservation or
+ * lease was given. */
+struct proto_token_item {
+    umbp_key_t key;
+    uint64_t token;
+};
+#define PROTO_TOKEN_ITEM_SIZE (UMBP_KEY_SIZE + 8)
+
+/* RESERVE_R and ACQUIRE_R item: the outcome for one key, in request order.
+ * status 0: [offset, offset + size) of the pool is the object's region and
+ * token names the reservation or lease; status UMBP_TIER_EXISTS (reserve
+ * only) or a negative code: offset, size and token are 0. */
+struct proto_region_item {
+    int32_t status;
+    uint32_t pad;                 /* 0 */
+    uint64_t offset, size, token;
+};
+#define PROTO_REGION_ITEM_SIZE (4 + 4 + 8 + 8 + 8)
+
+/* EVENTS item. */
+struct proto_event_item {
+    uint32_t type;                /* umbp_event_type_t */
+    umbp_key_t key;
+};
+#define PROTO_EVENT_ITEM_SIZE (4 + UMBP_KEY_SIZE)
+
+/* HELLO_ERR and ERROR record. */
+struct proto_error {
+    int32_t status;
+    char message[PROTO_ERRMSG_MAX]; /* NUL-terminated within the field */
+};
+#define PROTO_ERROR_SIZE (4 + PROTO_ERRMSG_MAX)
+
+/* STATS_R record: the pool and the server's counters. */
+struct proto_stats {
+    uint64_t capacity_bytes, used_bytes;
+    uint64_t num_objects, num_pending, num_leased;
+    uint64_t evictions, evicted_bytes, leases_expired;
+    uint64_t sessions;
+    uint64_t lookups, lookup_keys, lookup_hits;
+    uint64_t reserves, publishes, acquires, acquire_hits;
+    uint64_t protocol_errors, refused_connections;
+};
+#define PROTO_STATS_FIELDS 18
+#define PROTO_STATS_SIZE (8 * PROTO_STATS_FIELDS)
+
+/* SESSIONS_R item: one connected session. */
+struct proto_session_item {
+    uint64_t session_id;
+    uint32_t pid, uid;
+    uint32_t role, dp_rank, tp_rank, pad;
+    uint64_t leases, reservations; /* held now */
+    uint64_t requests;             /* frames handled */
+    char engine_id[PROTO_NAME_MAX];
+    char name_space[PROTO_NAME_MAX];
+};
+#define PROTO_SESSION_ITEM_SIZE (8 + 4 * 6 + 8 * 3 + 2 * PROTO_NAME_MAX)
+
+/* ---- decoding ----------------------------------------------------------------- */
+
+/* A complete, validated frame: a view into the caller's buffer. */
+struct proto_frame {
+    uint16_t type;
+    uint64_t seq;
+    uint32_t n, arg;              /* the body header */
+    const uint8_t *records;       /* n * record size bytes */
+    uint32_t record_size;
+};
+
+/* Looks for one frame at the start of buf[0, avail).
+ *  > 0: a whole valid frame; *f describes it and the return value is the
+ *       number of bytes it occupies (header + body).
+ *    0: not enough bytes yet (also sets nothing).
+ *  < 0: malformed (-EPROTO, or -EMSGSIZE for a len over PROTO_MAX_BODY);
+ *       err names the field.
+ * `from_server` selects which direction's types are acceptable: a server
+ * parses with false (only C types), a client with true (only S types). */
+long proto_frame_parse(const uint8_t *buf, size_t avail, bool from_server,
+                       struct proto_frame *f, char *err, size_t errlen);
+
+/* Record accessors: i < f->n and f->type of the right kind, else -EINVAL.
+ * Strings are checked to be NUL-terminated within their field; the pads to
+ * be zero; hello.magic and roles to be known (err names the field). */
+int proto_get_key(const struct proto_frame *f, uint32_t i, umbp_key_t *out);
+int proto_get_u8(const struct proto_frame *f, uint32_t i, uint8_t *out);
+int proto_get_status(const struct proto_frame *f, uint32_t i, int32_t *out);
+int proto_get_hello(const struct proto_frame *f, struct proto_hello *out, char *err,
+                    size_t errlen);
+int proto_get_welcome(const struct proto_frame *f, struct proto_welcome *out, char *err,
+                      size_t errlen);
+int proto_get_reserve_item(const struct proto_frame *f, uint32_t i,
+                           struct proto_reserve_item *out);
+int proto_get_token_item(const struct proto_frame *f, uint32_t i,
+                         struct proto_token_item *out);
+int proto_get_region_item(const struct proto_frame *f, uint32_t i,
+                          struct proto_region_item *out);
+int proto_get_event_item(const struct proto_frame *f, uint32_t i,
+                         struct proto_event_item *out);
+int proto_get_error(const struct proto_frame *f, struct proto_error *out);
+int proto_get_stats(const struct proto_frame *f, struct proto_stats *out);
+int proto_get_session_item(const struct proto_frame *f, uint32_t i,
+                           struct proto_session_item *out);
+
+/* Client side: a region reply item is acceptable for a request of
+ * `want_size` bytes (0 = any, ACQUIRE) in a pool of pool_size bytes: status
+ * 0 with size == want_size (when given), size > 0 and [offset, offset+size)
+ * inside the pool without overflow; or status != 0 with zero fields.  Else
+ * -EPROTO and err names the field ("RESERVE_R.offset"). */
+int proto_region_check(const struct proto_region_item *it, uint64_t want_size,
+                       uint64_t pool_size, bool is_reserve, char *err, size_t errlen);
+
+/* ---- encoding ----------------------------------------------------------------- */
+
+/* A growable output buffer.  Frames are appended whole. */
+struct proto_buf {
+    uint8_t *data;
+    size_t len, cap;
+};
+
+void proto_buf_free(struct proto_buf *b);
+/* Drops the first `bytes` (already written to the socket). */
+void proto_buf_consume(struct proto_buf *b, size_t bytes);
+
+/* Starts a frame of `type` with n records and arg; the caller then appends
+ * exactly n records with the proto_put_* functions below, then calls
+ * proto_end.  -ENOMEM, -EINVAL (n over the type's max). */
+int proto_begin(struct proto_buf *b, uint16_t type, uint64_t seq, uint32_t n, uint32_t arg);
+/* Checks that exactly n records of the type's size were appended
+ * (-EPROTO otherwise, and the frame is dropped from b). */
+int proto_end(struct proto_buf *b);
+
+int proto_put_key(struct proto_buf *b, const umbp_key_t *k);
+int proto_put_u8(struct proto_buf *b, uint8_t v);
+int proto_put_status(struct proto_buf *b, int32_t v);
+int proto_put_hello(struct proto_buf *b, const struct proto_hello *h);
+int proto_put_welcome(struct proto_buf *b, const struct proto_welcome *w);
+int proto_put_reserve_item(struct proto_buf *b, const struct proto_reserve_item *it);
+int proto_put_token_item(struct proto_buf *b, const struct proto_token_item *it);
+int proto_put_region_item(struct proto_buf *b, const struct proto_region_item *it);
+int proto_put_event_item(struct proto_buf *b, const struct proto_event_item *it);
+int proto_put_error(struct proto_buf *b, const struct proto_error *e);
+int proto_put_stats(struct proto_buf *b, const struct proto_stats *s);
+int proto_put_session_item(struct proto_buf *b, const struct proto_session_item *it);
+
+/* Whole small frames in one call. */
+int proto_put_empty(struct proto_buf *b, uint16_t type, uint64_t seq, uint32_t arg);
+int proto_put_error_frame(struct proto_buf *b, uint16_t type, uint64_t seq, int32_t status,
+                          const char *message);
+
+const char *proto_type_name(uint16_t type); /* "RESERVE", or "?" */
+
+/* ---- the socket ------------------------------------------------------------------- */
+
+/* The socket path of a server: <dir>/umbp-dp<dp_index>[-<instance>].sock.
+ * -ENAMETOOLONG if it does not fit sun_path (err says so, naming the
+ * options socket_dir and lookup_instance). */
+int proto_socket_path(const char *dir, unsigned dp_index, const char *instance, char *out,
+                      size_t outlen, char *err, size_t errlen);
+
+/* sendmsg of a whole buffer with one fd attached to its first byte
+ * (SCM_RIGHTS); blocking socket.  0 or -errno. */
+int proto_send_with_fd(int sock, const void *buf, size_t len, int fd);
+/* recvmsg of up to len bytes; an attached fd (if any) is stored in *fd
+ * (else -1; more than one fd: extras closed, -EPROTO).  Returns bytes
+ * read, 0 on EOF, or -errno (-EAGAIN on a non-blocking socket). */
+long proto_recv_with_fd(int sock, void *buf, size_t len, int *fd);
+
+#endif /* UMBP_SHM_PROTO_H */
