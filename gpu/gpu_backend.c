@@ -96,31 +96,15 @@ const char *umbp_gpu_backend_name(umbp_gpu_backend_t b)
     return "?";
 }
 
+/* The same words as umbp_strerror: both come from umbp.h's UMBP_ERRORS. */
 const char *umbp_gpu_strerror(int err)
 {
     switch (err) {
     case UMBP_OK:
         return "success";
-    case UMBP_E_INPROGRESS:
-        return "operation in progress";
-    case UMBP_E_NOT_ATTEMPTED:
-        return "operation not attempted";
-    case UMBP_E_TIMEOUT:
-        return "operation timed out";
-    case UMBP_E_KV_NDIM:
-        return "KV tensor: ndim out of range";
-    case UMBP_E_KV_ROLE:
-        return "KV tensor: bad block/kv/layer dim";
-    case UMBP_E_KV_SHAPE:
-        return "KV tensor: bad size";
-    case UMBP_E_KV_STRIDE:
-        return "KV tensor: chunk dims not dense or strides not positive";
-    case UMBP_E_KV_MISMATCH:
-        return "KV tensors disagree on blocks or K/V split";
-    case UMBP_E_KV_RANGE:
-        return "block index or layer range outside the KV layout";
-    case UMBP_E_GPU_UNREGISTERED:
-        return "host object outside registered host memory";
+#define X(name, value, text) case name: return text;
+    UMBP_ERRORS(X)
+#undef X
     default:
         break;
     }

@@ -7,9 +7,11 @@
  *
  * A put proceeds in rounds.  Each round asks the tier to reserve every key
  * still to do; keys that got a region are copied by the copy workers and then
- * published together; keys that met a full pool (-ENOSPC) wait, holding no
- * reservation, until the evictor frees space (space_freed -> store_retry) or
- * their deadline (put_wait_ms, then timeout_ms) passes.  A key is never
+ * published together; keys that met a full pool (-ENOSPC) first get an
+ * inline eviction of the LRU prefix that makes room for them (then another
+ * round), and otherwise wait, holding no reservation, until the evictor
+ * frees space (space_freed -> store_retry) or their deadline (put_wait_ms,
+ * then timeout_ms) passes.  A key is never
  * visible before its bytes are written, and a failed key never changes what
  * the tier held before.
  */
@@ -17,6 +19,10 @@
 
 #include "rt.h"
 #include "tier_call.h"
+
+/* Objects one inline eviction may free before the put waits for the
+ * evictor actor instead (which works in slices between other messages). */
+#define INLINE_EVICT_MAX 256
 
 static void put_reserve_round(struct umbp_runtime *rt, struct umbp_op *op);
 
@@ -110,13 +116,42 @@ static void put_finish(struct umbp_runtime *rt, struct umbp_op *op)
     flush_check(rt);
 }
 
-static uint64_t todo_bytes(const struct umbp_op *op)
+/* Bytes of the keys still to do, and the largest of them. */
+static uint64_t todo_bytes(const struct umbp_op *op, uint64_t *largest)
 {
-    uint64_t b = 0;
+    uint64_t b = 0, max = 0;
     for (size_t k = 0; k < op->n; k++)
-        if (op->state[k] == KEY_TODO)
+        if (op->state[k] == KEY_TODO) {
             b += op->reqs[k].size;
+            if (op->reqs[k].size > max)
+                max = op->reqs[k].size;
+        }
+    if (largest)
+        *largest = max;
     return b;
+}
+
+static void want_space(struct umbp_runtime *rt, const struct umbp_op *op)
+{
+    uint64_t largest;
+    rt->space_wanted += todo_bytes(op, &largest);
+    if (largest > rt->space_wanted_run)
+        rt->space_wanted_run = largest;
+}
+
+/* A round met a full pool: evict for this op's keys now, on the loop thread,
+ * instead of failing or waiting for the evictor's next turn (with
+ * put_wait_ms 0 there would be no next turn for this put).  True if space
+ * was freed, so another round may fit. */
+static bool make_room_now(struct umbp_runtime *rt, const struct umbp_op *op)
+{
+    uint64_t wanted = rt->space_wanted, run = rt->space_wanted_run;
+    want_space(rt, op);
+    bool more;
+    uint64_t freed = evictor_make_room(rt, INLINE_EVICT_MAX, &more);
+    rt->space_wanted = wanted;
+    rt->space_wanted_run = run;
+    return freed > 0;
 }
 
 static bool has_todo(const struct umbp_op *op)
@@ -135,6 +170,10 @@ static void put_after_round(struct umbp_runtime *rt, struct umbp_op *op)
         return;
     }
     uint64_t now = umbp_now_ns();
+    if (!rt->stopping && now < op->deadline_ns && make_room_now(rt, op)) {
+        put_reserve_round(rt, op);
+        return;
+    }
     if (rt->stopping) {
         fail_todo(op, UMBP_E_NOT_ATTEMPTED);
     } else if (now >= op->deadline_ns) {
@@ -144,7 +183,7 @@ static void put_after_round(struct umbp_runtime *rt, struct umbp_op *op)
         fail_todo(op, -ENOSPC);
     } else {
         CNT_ADD(rt, puts_waited_for_space, 1);
-        rt->space_wanted += todo_bytes(op);
+        want_space(rt, op);
         waiters_append(rt, op);
         if (!ev_is_active(&rt->store_timer))
             ev_timer_again(rt->loop, &rt->store_timer);
@@ -275,7 +314,7 @@ static void store_on_retry(struct ev_loop *loop, ev_async *w, int revents)
     struct umbp_runtime *rt = w->data;
     struct umbp_op *op = rt->space_waiters_head;
     rt->space_waiters_head = rt->space_waiters_tail = NULL;
-    rt->space_wanted = 0;
+    rt->space_wanted = rt->space_wanted_run = 0;
     while (op) {
         struct umbp_op *next = op->wnext;
         put_reserve_round(rt, op);
@@ -299,13 +338,13 @@ static void store_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
     struct umbp_op *op = rt->space_waiters_head;
     uint64_t now = umbp_now_ns();
     rt->space_waiters_head = rt->space_waiters_tail = NULL;
-    rt->space_wanted = 0;
+    rt->space_wanted = rt->space_wanted_run = 0;
     while (op) {
         struct umbp_op *next = op->wnext;
         if (rt->stopping || now >= op->space_deadline_ns || now >= op->deadline_ns) {
             put_after_round(rt, op); /* fails the keys and finishes */
         } else {
-            rt->space_wanted += todo_bytes(op);
+            want_space(rt, op);
             waiters_append(rt, op);
         }
         op = next;

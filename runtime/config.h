@@ -5,6 +5,7 @@
 #ifndef UMBP_CONFIG_H
 #define UMBP_CONFIG_H
 
+#include "options.h"
 #include "umbp/tier.h"
 
 struct rt_config {
@@ -12,6 +13,7 @@ struct rt_config {
     uint64_t rank_capacity;          /* resolved per-rank capacity */
     size_t num_tiers;                /* entries of umbp_tier_registry */
     void **tier_cfg;                 /* one parsed config per registered tier */
+    const struct umbp_tier_ops *primary; /* the tier the mode (or `tier`) names */
 };
 
 extern const struct umbp_option umbp_core_options[];
@@ -22,13 +24,9 @@ int config_parse(const char *json, struct rt_config **out);
 void config_free(struct rt_config *c);
 void *config_tier(struct rt_config *c, const struct umbp_tier_ops *ops);
 
-/* Parses one option value written as text (environment form). */
-int option_parse_text(const struct umbp_option *o, const char *text, void *base,
-                      char *err, size_t errlen);
-/* Parses a size: 4096, "64KiB", "2MiB", "1GiB", "4G", "512k". */
-int parse_size(const char *s, uint64_t *out);
-
-/* Names of the tiers a mode composes, NULL-terminated. */
-const char *const *mode_tiers(const char *mode);
+/* The primary tier of a config: the `tier` override, or the registered tier
+ * whose ops->modes declares core->mode.  Negative with err naming why. */
+int config_primary_tier(const struct umbp_core_config *core, const struct umbp_tier_ops **out,
+                        char *err, size_t errlen);
 
 #endif

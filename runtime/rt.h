@@ -27,6 +27,7 @@
 #include <stdbool.h>
 
 #include "msg.h"
+#include "util.h"
 #include "umbp/gpu.h"
 #include "umbp/tier.h"
 #include "umbp/umbp.h"
@@ -282,6 +283,7 @@ struct umbp_runtime {
     _Atomic bool evict_kick_queued;
     ev_idle evict_idle;
     uint64_t space_wanted;     /* bytes waiting puts need */
+    uint64_t space_wanted_run; /* the largest single key among them */
     /* lease actor */
     ev_timer lease_timer;
     struct msg_hdr lease_sweep;
@@ -302,6 +304,9 @@ bool store_actor_idle(struct umbp_runtime *rt);
 int lease_actor_init(struct umbp_runtime *rt);
 void lease_actor_stop(struct umbp_runtime *rt);
 void evictor_kick(struct umbp_runtime *rt);
+/* Loop thread: evicts (at most max_objects) toward the evictor's targets
+ * now; returns bytes freed, *more if it stopped on max_objects. */
+uint64_t evictor_make_room(struct umbp_runtime *rt, size_t max_objects, bool *more);
 void evictor_init(struct umbp_runtime *rt);
 void evictor_stop(struct umbp_runtime *rt);
 void tier_space_freed(void *ctx);
@@ -317,10 +322,6 @@ bool quarantine_has(struct quarantine *q, const umbp_key_t *k, uint64_t now_ns);
 /* Caller side: UMBP_E_DUPLICATE_KEY if two of op's keys are equal. */
 int umbp_check_duplicate_keys(struct umbp_op *op);
 
-/* Errors: remember a message for umbp_last_error() and log it once. */
-void umbp_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void umbp_log_set_level(enum umbp_log_level l);
-int umbp_log_level_parse(const char *s, enum umbp_log_level *out);
 
 static inline uint64_t ms_to_ns(int64_t ms) { return (uint64_t)ms * 1000000ull; }
 

@@ -67,27 +67,7 @@ static const mailbox_handler handlers[ACTOR_COUNT] = {
 
 static int create_tier(struct umbp_runtime *rt)
 {
-    const char *override[] = {rt->core->tier, NULL};
-    const char *const *names = rt->core->tier[0] ? override : mode_tiers(rt->core->mode);
-    for (size_t i = 0; names[i]; i++) {
-        if (!umbp_tier_find(names[i])) {
-            char have[128] = "";
-            for (size_t k = 0; umbp_tier_registry[k]; k++) {
-                if (k)
-                    strncat(have, ", ", sizeof(have) - strlen(have) - 1);
-                strncat(have, umbp_tier_registry[k]->name, sizeof(have) - strlen(have) - 1);
-            }
-            if (rt->core->tier[0])
-                umbp_set_error("tier: no tier named '%s' is built in (tiers built in: %s)",
-                               names[i], have);
-            else
-                umbp_set_error("mode: '%s' needs the '%s' tier, which this libumbp does not "
-                               "have (tiers built in: %s); use mode \"embedded\"",
-                               rt->core->mode, names[i], have);
-            return -ENOTSUP;
-        }
-    }
-    const struct umbp_tier_ops *ops = umbp_tier_find(names[0]);
+    const struct umbp_tier_ops *ops = rt->cfg->primary;
     struct umbp_tier_env env = {
         .loop = rt->loop,
         .core = rt->core,

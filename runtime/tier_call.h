@@ -58,14 +58,14 @@ static inline void tier_stop(struct umbp_tier *t)
         t->ops->stop(t);
 }
 
-static inline uint64_t tier_evict(struct umbp_tier *t, uint64_t target, size_t max_objects,
-                                  bool *more)
+static inline uint64_t tier_evict(struct umbp_tier *t, uint64_t target, uint64_t want_free_run,
+                                  size_t max_objects, bool *more)
 {
     if (!t->ops->evict) {
         *more = false;
         return 0;
     }
-    return t->ops->evict(t, target, max_objects, more);
+    return t->ops->evict(t, target, want_free_run, max_objects, more);
 }
 
 static inline void tier_usage(struct umbp_tier *t, struct umbp_tier_usage *out)

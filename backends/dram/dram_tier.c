@@ -1,18 +1,12 @@
 /*
  * dram_tier.c - the dram tier: objects in this process's host memory.
  *
- * Owns one pool (pool.c), the allocator over its bytes (alloc.c), the index
- * of objects with their LRU list (index.c) and the read leases (lease.c).
+ * The tier vtable over one object store (store.c: pool, allocator, index
+ * with LRU, leases and the object life cycle, shared with umbp-server).
+ * This file owns the dram_* options and turns store offsets into addresses.
  * Every member runs on the runtime's loop thread (create/destroy on the
  * creating thread while the loop is not running), so nothing is locked;
  * every member completes inline and never blocks.
- *
- * An object's life: reserve makes it PENDING (invisible, never evicted);
- * publish makes it PUBLISHED (visible, on the LRU list); eviction or clear
- * frees it, unless readers hold it: eviction then skips it and clear makes
- * it DOOMED (invisible, freed when its last lease ends or expires).
- * Invariants: readers == number of ACTIVE leases on the object; an object is
- * on the LRU list iff PUBLISHED; used bytes == the allocator's used bytes.
  *
  * A request's status is an input of publish and release: only requests
  * whose status is 0 (what reserve or acquire returned) are acted on, the
@@ -28,11 +22,8 @@
 #include <string.h>
 
 #include "umbp/tier.h"
-#include "alloc.h"
 #include "dram.h"
-#include "index.h"
-#include "lease.h"
-#include "pool.h"
+#include "store.h"
 
 #define HUGE_2M (2ull << 20)
 #define HUGE_1G (1ull << 30)
@@ -85,13 +76,8 @@ static const struct umbp_option dram_options[] = {
 struct dram_tier {
     struct umbp_tier base;
     struct dram_config cfg;
-    struct dram_pool *pool;
-    struct dram_alloc *alloc;
-    struct dram_index *index;
-    struct dram_leases *leases;
-    uint64_t next_oid;
-    uint64_t num_objects, num_pending, num_leased;
-    uint64_t evictions, evicted_bytes, leases_expired;
+    struct dram_store *store;
+    char *base_addr; /* the pool mapping */
 };
 
 static struct dram_tier *to_dram_tier(struct umbp_tier *t)
@@ -99,15 +85,16 @@ static struct dram_tier *to_dram_tier(struct umbp_tier *t)
     return umbp_container_of(t, struct dram_tier, base);
 }
 
-static void emit(struct dram_tier *dt, umbp_event_type_t type,
-                 const umbp_key_t *key)
+static void store_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key)
 {
+    struct dram_tier *dt = ctx;
     if (dt->base.env.emit_event)
         dt->base.env.emit_event(dt->base.env.ctx, type, key);
 }
 
-static void space_freed(struct dram_tier *dt)
+static void store_space_freed(void *ctx)
 {
+    struct dram_tier *dt = ctx;
     if (dt->base.env.space_freed)
         dt->base.env.space_freed(dt->base.env.ctx);
 }
@@ -115,11 +102,6 @@ static void space_freed(struct dram_tier *dt)
 static uint64_t mul_sat(uint64_t a, uint64_t b)
 {
     return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
-}
-
-static uint64_t add_sat(uint64_t a, uint64_t b)
-{
-    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
 /* ---- configuration and lifetime --------------------------------------- */
@@ -145,13 +127,10 @@ static int check_shm_name(const struct dram_config *c, char *err,
     return 0;
 }
 
-static int dram_validate_config(const void *cfg,
-                                const struct umbp_core_config *core,
-                                char *err, size_t errlen)
+int umbp_dram_validate_config(const void *cfg, char *err, size_t errlen)
 {
     const struct dram_config *c = cfg;
 
-    (void)core; /* every check here is the tier's own */
     if (c->hugepage_size != HUGE_2M && c->hugepage_size != HUGE_1G) {
         snprintf(err, errlen, "dram_hugepage_size=%llu: must be 2MiB "
                  "(2097152) or 1GiB (1073741824)",
@@ -172,44 +151,48 @@ static int dram_validate_config(const void *cfg,
     return check_shm_name(c, err, errlen);
 }
 
+static int dram_validate_config(const void *cfg,
+                                const struct umbp_core_config *core,
+                                char *err, size_t errlen)
+{
+    (void)core; /* every check here is the tier's own */
+    return umbp_dram_validate_config(cfg, err, errlen);
+}
+
 static void dram_destroy(struct umbp_tier *t)
 {
-    struct dram_tier *dt;
-
     if (!t)
         return;
-    dt = to_dram_tier(t);
-    dram_leases_destroy(dt->leases);
-    dram_index_destroy(dt->index);
-    dram_alloc_destroy(dt->alloc);
-    dram_pool_destroy(dt->pool);
+    struct dram_tier *dt = to_dram_tier(t);
+    dram_store_destroy(dt->store);
     free(dt);
 }
 
-static int dram_make_pool(struct dram_tier *dt, uint64_t capacity, char *err,
-                          size_t errlen)
+int umbp_dram_store_params(const void *cfg, uint64_t capacity,
+                           struct dram_store_params *p)
 {
-    const struct dram_config *c = &dt->cfg;
-    struct dram_pool_params p = {
+    const struct dram_config *c = cfg;
+    *p = (struct dram_store_params){
+        .pool = {
+            .capacity = capacity,
+            .shared = c->use_shared_memory,
+            .shm_name = c->shm_name,
+            .hugepages = c->use_hugepages,
+            .hugepage_size = c->hugepage_size,
+            .numa_node = (int)c->numa_node,
+            .prefault = c->prefault,
+        },
         .capacity = capacity,
-        .shared = c->use_shared_memory,
-        .shm_name = c->shm_name,
-        .hugepages = c->use_hugepages,
-        .hugepage_size = c->hugepage_size,
-        .numa_node = (int)c->numa_node,
-        .prefault = c->prefault,
+        .high_watermark = c->high_watermark,
+        .low_watermark = c->low_watermark,
     };
-
-    return dram_pool_create(&p, &dt->pool, err, errlen);
+    return 0;
 }
 
 static int dram_create(const struct umbp_tier_env *env, const void *cfg,
                        struct umbp_tier **out, char *err, size_t errlen)
 {
-    struct dram_tier *dt;
-    int rc;
-
-    rc = dram_validate_config(cfg, env->core, err, errlen);
+    int rc = dram_validate_config(cfg, env->core, err, errlen);
     if (rc < 0)
         return rc;
     if (env->capacity_bytes == 0) {
@@ -217,79 +200,36 @@ static int dram_create(const struct umbp_tier_env *env, const void *cfg,
                  "pool; set capacity_bytes or total_capacity_bytes");
         return -EINVAL;
     }
-    dt = calloc(1, sizeof(*dt));
-    if (!dt)
-        goto nomem;
+    struct dram_tier *dt = calloc(1, sizeof(*dt));
+    if (!dt) {
+        snprintf(err, errlen, "dram tier: out of memory for its metadata");
+        return -ENOMEM;
+    }
     dt->base.ops = &umbp_tier_dram_ops;
     dt->base.env = *env;
     dt->cfg = *(const struct dram_config *)cfg;
-    dt->next_oid = 1;
-    rc = dram_make_pool(dt, env->capacity_bytes, err, errlen);
+    struct dram_store_params p;
+    umbp_dram_store_params(cfg, env->capacity_bytes, &p);
+    p.emit_event = store_emit;
+    p.space_freed = store_space_freed;
+    p.ctx = dt;
+    rc = dram_store_create(&p, &dt->store, err, errlen);
     if (rc < 0) {
-        dram_destroy(&dt->base);
+        free(dt);
         return rc;
     }
-    /* The pool is mapped in whole pages; objects get capacity_bytes of it
-     * (in allocation units), so capacity stays an upper bound. */
-    uint64_t usable = env->capacity_bytes & ~(uint64_t)255;
-    if (usable > dt->pool->size)
-        usable = dt->pool->size;
-    if (dram_alloc_create(usable, &dt->alloc) < 0 ||
-        dram_index_create(&dt->index) < 0 ||
-        dram_leases_create(&dt->leases) < 0)
-        goto nomem;
+    dt->base_addr = dram_store_pool(dt->store)->base;
     *out = &dt->base;
     return 0;
-nomem:
-    snprintf(err, errlen, "dram tier: out of memory for its metadata");
-    if (dt)
-        dram_destroy(&dt->base);
-    return -ENOMEM;
 }
 
-/* ---- objects ---------------------------------------------------------- */
-
-/* Returns the pool bytes freed. */
-static uint64_t obj_free(struct dram_tier *dt, struct dram_obj *obj)
-{
-    uint64_t bytes = dram_alloc_round(obj->size);
-
-    dram_alloc_put(dt->alloc, obj->off);
-    dram_index_remove(dt->index, obj);
-    free(obj);
-    return bytes;
-}
-
-/* Takes a PUBLISHED object out of sight: freed now, or DOOMED while read. */
-static uint64_t obj_remove(struct dram_tier *dt, struct dram_obj *obj)
-{
-    dram_lru_unlink(dt->index, obj);
-    dt->num_objects--;
-    emit(dt, UMBP_EVENT_REMOVED, &obj->key);
-    if (obj->readers) {
-        obj->state = DRAM_OBJ_DOOMED;
-        return 0;
-    }
-    return obj_free(dt, obj);
-}
-
-/* Ends one reader; returns the bytes freed if it was a DOOMED object's last. */
-static uint64_t obj_drop_reader(struct dram_tier *dt, struct dram_obj *obj)
-{
-    if (--obj->readers > 0)
-        return 0;
-    dt->num_leased--;
-    return obj->state == DRAM_OBJ_DOOMED ? obj_free(dt, obj) : 0;
-}
-
-static struct umbp_region obj_region(const struct dram_tier *dt,
-                                     const struct dram_obj *obj,
-                                     uint64_t token)
+static struct umbp_region to_region(const struct dram_tier *dt,
+                                    const struct dram_store_region *r)
 {
     return (struct umbp_region){
-        .addr = (char *)dt->pool->base + obj->off,
-        .size = obj->size,
-        .token = token,
+        .addr = dt->base_addr + r->offset,
+        .size = r->size,
+        .token = r->token,
     };
 }
 
@@ -301,48 +241,9 @@ static void dram_lookup(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
 {
     struct dram_tier *dt = to_dram_tier(t);
 
-    for (size_t i = 0; i < n; i++) {
-        struct dram_obj *obj = dram_index_find(dt->index, &reqs[i]->key);
-        bool hit = obj && obj->state == DRAM_OBJ_PUBLISHED;
-
-        present[i] = hit;
-        if (hit && touch)
-            dram_lru_touch(dt->index, obj);
-    }
+    for (size_t i = 0; i < n; i++)
+        present[i] = dram_store_lookup(dt->store, &reqs[i]->key, touch);
     done(arg, 0);
-}
-
-static int reserve_one(struct dram_tier *dt, struct umbp_tier_req *req)
-{
-    struct dram_obj *obj;
-    int rc;
-
-    if (req->size == 0)
-        return -EINVAL;
-    if (dram_index_find(dt->index, &req->key))
-        return UMBP_TIER_EXISTS;
-    if (req->size > dram_alloc_capacity(dt->alloc))
-        return -EFBIG;
-    obj = calloc(1, sizeof(*obj));
-    if (!obj)
-        return -ENOMEM;
-    rc = dram_alloc_get(dt->alloc, req->size, &obj->off);
-    if (rc < 0) {
-        free(obj);
-        return rc;
-    }
-    obj->key = req->key;
-    obj->size = req->size;
-    obj->oid = dt->next_oid++;
-    obj->state = DRAM_OBJ_PENDING;
-    if (dram_index_insert(dt->index, obj) < 0) {
-        dram_alloc_put(dt->alloc, obj->off);
-        free(obj);
-        return -ENOMEM;
-    }
-    dt->num_pending++;
-    req->region = obj_region(dt, obj, obj->oid);
-    return 0;
 }
 
 static void dram_reserve(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
@@ -350,20 +251,14 @@ static void dram_reserve(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
 {
     struct dram_tier *dt = to_dram_tier(t);
 
-    for (size_t i = 0; i < n; i++)
-        reqs[i]->status = reserve_one(dt, reqs[i]);
+    for (size_t i = 0; i < n; i++) {
+        struct dram_store_region r;
+        reqs[i]->status = dram_store_reserve(dt->store, &reqs[i]->key,
+                                             reqs[i]->size, &r);
+        if (reqs[i]->status == 0)
+            reqs[i]->region = to_region(dt, &r);
+    }
     done(arg, 0);
-}
-
-/* The PENDING object a reservation token names, or NULL. */
-static struct dram_obj *find_pending(struct dram_tier *dt,
-                                     const struct umbp_tier_req *req)
-{
-    struct dram_obj *obj = dram_index_find(dt->index, &req->key);
-
-    if (!obj || obj->state != DRAM_OBJ_PENDING || obj->oid != req->region.token)
-        return NULL;
-    return obj;
 }
 
 static void dram_publish(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
@@ -371,23 +266,10 @@ static void dram_publish(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
 {
     struct dram_tier *dt = to_dram_tier(t);
 
-    for (size_t i = 0; i < n; i++) {
-        struct dram_obj *obj;
-
-        if (reqs[i]->status != 0)
-            continue;   /* not reserved, or failed: never made visible */
-        obj = find_pending(dt, reqs[i]);
-        if (!obj) {
-            reqs[i]->status = -ENOENT;
-            continue;
-        }
-        obj->state = DRAM_OBJ_PUBLISHED;
-        dt->num_pending--;
-        dt->num_objects++;
-        dram_lru_push_head(dt->index, obj);
-        emit(dt, UMBP_EVENT_STORED, &obj->key);
-        reqs[i]->status = 0;
-    }
+    for (size_t i = 0; i < n; i++)
+        if (reqs[i]->status == 0)   /* else not reserved: never made visible */
+            reqs[i]->status = dram_store_publish(dt->store, &reqs[i]->key,
+                                                 reqs[i]->region.token);
     done(arg, 0);
 }
 
@@ -395,41 +277,12 @@ static void dram_abort(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
                        size_t n)
 {
     struct dram_tier *dt = to_dram_tier(t);
-    uint64_t freed = 0;
 
-    for (size_t i = 0; i < n; i++) {
-        struct dram_obj *obj = find_pending(dt, reqs[i]);
-
-        if (obj) {
-            dt->num_pending--;
-            freed += obj_free(dt, obj);
-        }
-    }
-    if (freed)
-        space_freed(dt);
+    for (size_t i = 0; i < n; i++)
+        dram_store_abort(dt->store, &reqs[i]->key, reqs[i]->region.token);
 }
 
 /* ---- leases ----------------------------------------------------------- */
-
-static int acquire_one(struct dram_tier *dt, struct umbp_tier_req *req,
-                       uint64_t now_ns, uint64_t ttl_ns)
-{
-    struct dram_obj *obj = dram_index_find(dt->index, &req->key);
-    uint64_t token;
-    int rc;
-
-    if (!obj || obj->state != DRAM_OBJ_PUBLISHED)
-        return -ENOENT;
-    rc = dram_lease_open(dt->leases, obj, add_sat(now_ns, ttl_ns), ttl_ns,
-                         &token);
-    if (rc < 0)
-        return rc;
-    if (obj->readers++ == 0)
-        dt->num_leased++;
-    dram_lru_touch(dt->index, obj);
-    req->region = obj_region(dt, obj, token);
-    return 0;
-}
 
 static void dram_acquire(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
                          size_t n, uint64_t lease_ttl_ms,
@@ -438,27 +291,14 @@ static void dram_acquire(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
     struct dram_tier *dt = to_dram_tier(t);
     uint64_t now = umbp_now_ns(), ttl_ns = mul_sat(lease_ttl_ms, 1000000);
 
-    for (size_t i = 0; i < n; i++)
-        reqs[i]->status = acquire_one(dt, reqs[i], now, ttl_ns);
-    done(arg, 0);
-}
-
-/* 0 if the bytes read under the lease are still the object's. */
-static int release_one(struct dram_tier *dt, const struct umbp_tier_req *req,
-                       uint64_t *freed)
-{
-    struct dram_lease_info l = dram_lease_end(dt->leases, req->region.token);
-
-    switch (l.state) {
-    case DRAM_LEASE_ACTIVE:
-        *freed += obj_drop_reader(dt, l.obj);
-        return 0;
-    case DRAM_LEASE_EXPIRED:
-        /* The lease no longer pinned it: valid only if never freed. */
-        return dram_index_find_oid(dt->index, &l.key, l.oid) ? 0 : UMBP_E_STALE;
-    default:
-        return UMBP_E_STALE;
+    for (size_t i = 0; i < n; i++) {
+        struct dram_store_region r;
+        reqs[i]->status = dram_store_acquire(dt->store, &reqs[i]->key, now,
+                                             ttl_ns, &r);
+        if (reqs[i]->status == 0)
+            reqs[i]->region = to_region(dt, &r);
     }
+    done(arg, 0);
 }
 
 static void dram_release(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
@@ -469,106 +309,57 @@ static void dram_release(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
 
     for (size_t i = 0; i < n; i++)
         if (reqs[i]->status == 0)   /* else acquire failed: no lease */
-            reqs[i]->status = release_one(dt, reqs[i], &freed);
+            reqs[i]->status = dram_store_release(dt->store,
+                                                 reqs[i]->region.token, &freed);
     if (freed)
-        space_freed(dt);
+        store_space_freed(dt);
     done(arg, 0);
 }
 
 static void dram_expire_leases(struct umbp_tier *t, uint64_t now_ns)
 {
-    struct dram_tier *dt = to_dram_tier(t);
-    struct dram_obj *obj;
-    uint64_t freed = 0;
-
-    while ((obj = dram_lease_expire_next(dt->leases, now_ns))) {
-        dt->leases_expired++;
-        freed += obj_drop_reader(dt, obj);
-    }
-    dram_lease_forget(dt->leases, now_ns);
-    if (freed)
-        space_freed(dt);
+    dram_store_expire_leases(to_dram_tier(t)->store, now_ns);
 }
 
 /* ---- eviction, clear, usage ------------------------------------------- */
 
 static uint64_t dram_evict(struct umbp_tier *t, uint64_t target_bytes,
-                           size_t max_objects, bool *more)
+                           uint64_t want_free_run, size_t max_objects,
+                           bool *more)
 {
-    struct dram_tier *dt = to_dram_tier(t);
-    struct dram_obj *obj = dram_lru_tail(dt->index), *prev;
-    uint64_t freed = 0;
-    size_t count = 0;
-    bool hit_max = false;
-
-    for (; obj && dram_alloc_used(dt->alloc) > target_bytes; obj = prev) {
-        prev = obj->lru_prev;
-        if (obj->readers)
-            continue;   /* leased: never evicted */
-        if (count == max_objects) {
-            hit_max = true;
-            break;
-        }
-        freed += obj_remove(dt, obj);
-        count++;
-    }
-    dt->evictions += count;
-    dt->evicted_bytes += freed;
-    if (more)
-        *more = hit_max;
-    if (freed)
-        space_freed(dt);
-    return freed;
+    return dram_store_evict(to_dram_tier(t)->store, target_bytes,
+                            want_free_run, max_objects, more);
 }
 
 static void dram_clear(struct umbp_tier *t, umbp_tier_done_fn done, void *arg)
 {
-    struct dram_tier *dt = to_dram_tier(t);
-    struct dram_obj *obj = dram_lru_tail(dt->index), *prev;
-    uint64_t freed = 0;
-
-    for (; obj; obj = prev) {
-        prev = obj->lru_prev;
-        freed += obj_remove(dt, obj);
-    }
-    if (freed)
-        space_freed(dt);
+    dram_store_clear(to_dram_tier(t)->store);
     done(arg, 0);
 }
 
 static void dram_usage(struct umbp_tier *t, struct umbp_tier_usage *out)
 {
-    struct dram_tier *dt = to_dram_tier(t);
-    uint64_t cap = dram_alloc_capacity(dt->alloc);
-
-    *out = (struct umbp_tier_usage){
-        .capacity_bytes = cap,
-        .used_bytes = dram_alloc_used(dt->alloc),
-        /* the evictor works between these; nonzero: this tier needs it */
-        .high_watermark_bytes = (uint64_t)((double)cap * dt->cfg.high_watermark),
-        .low_watermark_bytes = (uint64_t)((double)cap * dt->cfg.low_watermark),
-        .num_objects = dt->num_objects,
-        .num_pending = dt->num_pending,
-        .num_leased = dt->num_leased,
-        .evictions = dt->evictions,
-        .evicted_bytes = dt->evicted_bytes,
-        .leases_expired = dt->leases_expired,
-    };
+    dram_store_usage(to_dram_tier(t)->store, out);
 }
 
-/* ---- the vtable and the evictor's accessors --------------------------- */
+/* ---- the vtable ------------------------------------------------------- */
 
 /* Caller's thread: the pool mapping never changes after create. */
 static int dram_mapped_memory(struct umbp_tier *t, void **addr, size_t *len)
 {
-    struct dram_tier *dt = to_dram_tier(t);
-    *addr = dt->pool->base;
-    *len = (size_t)dt->pool->size;
+    const struct dram_pool *pool = dram_store_pool(to_dram_tier(t)->store);
+    *addr = pool->base;
+    *len = (size_t)pool->size;
     return 0;
 }
 
+static const char *const dram_modes[] = {"embedded", NULL};
+
 const struct umbp_tier_ops umbp_tier_dram_ops = {
     .name = "dram",
+    .caps = UMBP_TIER_CAP_MAPPED | UMBP_TIER_CAP_EVICTS_LOCALLY |
+            UMBP_TIER_CAP_EXPIRES_LEASES,
+    .modes = dram_modes,
     .options = dram_options,
     .config_size = sizeof(struct dram_config),
     .validate_config = dram_validate_config,
@@ -585,20 +376,12 @@ const struct umbp_tier_ops umbp_tier_dram_ops = {
     .usage = dram_usage,
     .expire_leases = dram_expire_leases,
     .mapped_memory = dram_mapped_memory,
-    /* health, read, write: the runtime's defaults (always healthy; regions
-     * are always mapped, so no tier-side copies) */
+    /* stop, health, read, write: the runtime's defaults (nothing
+     * outstanding, always healthy, regions always mapped) */
 };
 
-double umbp_dram_high_watermark(struct umbp_tier *t)
+const struct umbp_option *umbp_dram_options(size_t *config_size)
 {
-    if (!t || t->ops != &umbp_tier_dram_ops)
-        return -1.0;
-    return to_dram_tier(t)->cfg.high_watermark;
-}
-
-double umbp_dram_low_watermark(struct umbp_tier *t)
-{
-    if (!t || t->ops != &umbp_tier_dram_ops)
-        return -1.0;
-    return to_dram_tier(t)->cfg.low_watermark;
+    *config_size = sizeof(struct dram_config);
+    return dram_options;
 }

@@ -48,35 +48,29 @@ extern "C" {
 
 /* ---- errors ----------------------------------------------------------- */
 
-/* Shape errors of layout registration and transfers.  They live in their own
- * range, below umbp.h's codes. */
-enum umbp_gpu_error {
-    UMBP_E_KV_NDIM = -4201,      /* ndim outside [2, UMBP_KV_MAX_DIMS] */
-    UMBP_E_KV_ROLE = -4202,      /* block_dim / kv_dim / layer_dim out of range
-                                    or equal; layer_dim set on one of several
-                                    per-layer tensors, or a cross-layer tensor
-                                    given with others */
-    UMBP_E_KV_SHAPE = -4203,     /* a size < 1, a kv dim whose size is not 2,
-                                    elem_size 0, a chunk of 0 bytes, or a
-                                    tensor past 2^63 bytes */
-    UMBP_E_KV_STRIDE = -4204,    /* the dims of a chunk are not dense
-                                    row-major, or a block/kv/layer stride is
-                                    not positive (chunks would alias) */
-    UMBP_E_KV_MISMATCH = -4205,  /* per-layer tensors disagree on the number
-                                    of blocks or on having a kv dim */
-    UMBP_E_KV_RANGE = -4206,     /* a block index or layer range outside the
-                                    layout */
-    UMBP_E_GPU_UNREGISTERED = -4207, /* a host object is not inside host memory
-                                        registered with the engine */
-};
+/* Shape errors of layout registration and transfers are the UMBP_E_KV_* and
+ * UMBP_E_GPU_UNREGISTERED codes of umbp.h's one error list:
+ *   UMBP_E_KV_NDIM      ndim outside [2, UMBP_KV_MAX_DIMS]
+ *   UMBP_E_KV_ROLE      block_dim / kv_dim / layer_dim out of range or equal;
+ *                       layer_dim set on one of several per-layer tensors, or
+ *                       a cross-layer tensor given with others
+ *   UMBP_E_KV_SHAPE     a size < 1, a kv dim whose size is not 2, elem_size 0,
+ *                       a chunk of 0 bytes, or a tensor past 2^63 bytes
+ *   UMBP_E_KV_STRIDE    the dims of a chunk are not dense row-major, or a
+ *                       block/kv/layer stride is not positive (chunks alias)
+ *   UMBP_E_KV_MISMATCH  per-layer tensors disagree on the number of blocks or
+ *                       on having a kv dim
+ *   UMBP_E_KV_RANGE     a block index or layer range outside the layout
+ *   UMBP_E_GPU_UNREGISTERED  a host object is not inside host memory
+ *                       registered with the engine */
 
 /* Names any return value of this API (errno values and umbp.h codes too).
  * Never NULL; the string is static. */
-const char *umbp_gpu_strerror(int err);
+UMBP_API const char *umbp_gpu_strerror(int err);
 
 /* The message of the last failure on this thread ("tensor 3: kv_dim 1 has
  * size 4; it must be 2"), or "" if none. */
-const char *umbp_gpu_last_error(void);
+UMBP_API const char *umbp_gpu_last_error(void);
 
 /* ---- backends --------------------------------------------------------- */
 
@@ -89,15 +83,15 @@ typedef enum umbp_gpu_backend {
 
 /* Bit (1u << backend) set for each backend compiled into this build; the
  * host backend is always there. */
-unsigned umbp_gpu_backends_built(void);
+UMBP_API unsigned umbp_gpu_backends_built(void);
 
 /* Whether a backend can run here: 0 and *num_devices (>= 1) if it can,
  * -ENOTSUP if it was not built, -ENODEV if no device or driver was found
  * (umbp_gpu_last_error() says why).  Cheap after the first call. */
-int umbp_gpu_backend_probe(umbp_gpu_backend_t b, int *num_devices);
+UMBP_API int umbp_gpu_backend_probe(umbp_gpu_backend_t b, int *num_devices);
 
 /* "host", "cuda", "hip", "auto"; "?" otherwise. */
-const char *umbp_gpu_backend_name(umbp_gpu_backend_t b);
+UMBP_API const char *umbp_gpu_backend_name(umbp_gpu_backend_t b);
 
 /* ---- engine ----------------------------------------------------------- */
 
@@ -153,7 +147,7 @@ typedef struct umbp_gpu_config {
 } umbp_gpu_config_t;
 
 /* Fills *cfg with the defaults above. */
-void umbp_gpu_config_default(umbp_gpu_config_t *cfg);
+UMBP_API void umbp_gpu_config_default(umbp_gpu_config_t *cfg);
 
 typedef struct umbp_gpu_engine umbp_gpu_engine_t;
 
@@ -164,25 +158,25 @@ typedef struct umbp_gpu_engine umbp_gpu_engine_t;
  * transfers allocate nothing in steady state.  -ENODEV when the backend named
  * finds no device, -EINVAL for a bad option (umbp_gpu_last_error() names it).
  */
-int umbp_gpu_engine_create(const umbp_gpu_config_t *cfg, umbp_gpu_engine_t **out);
+UMBP_API int umbp_gpu_engine_create(const umbp_gpu_config_t *cfg, umbp_gpu_engine_t **out);
 
 /* Waits for the engine's transfers to finish and frees everything; layouts
  * must be destroyed first.  NULL is a no-op. */
-void umbp_gpu_engine_destroy(umbp_gpu_engine_t *eng);
+UMBP_API void umbp_gpu_engine_destroy(umbp_gpu_engine_t *eng);
 
-umbp_gpu_backend_t umbp_gpu_engine_backend(const umbp_gpu_engine_t *eng);
-int umbp_gpu_engine_device(const umbp_gpu_engine_t *eng);
+UMBP_API umbp_gpu_backend_t umbp_gpu_engine_backend(const umbp_gpu_engine_t *eng);
+UMBP_API int umbp_gpu_engine_device(const umbp_gpu_engine_t *eng);
 /* Multiprocessors (CUDA SMs, HIP CUs) of the engine's device; 1 on host. */
-int umbp_gpu_engine_num_sms(const umbp_gpu_engine_t *eng);
+UMBP_API int umbp_gpu_engine_num_sms(const umbp_gpu_engine_t *eng);
 /* The method a transfer of this direction (0 store, 1 restore) would use
  * for objects of object_bytes (of the selected layers), none of them adjacent
  * in host memory, AUTO resolved. */
-umbp_gpu_method_t umbp_gpu_engine_method(const umbp_gpu_engine_t *eng, int restore,
+UMBP_API umbp_gpu_method_t umbp_gpu_engine_method(const umbp_gpu_engine_t *eng, int restore,
                                          uint64_t object_bytes);
 /* The device's name ("NVIDIA H200", "host"), NUL-terminated in buf. */
-void umbp_gpu_engine_device_name(const umbp_gpu_engine_t *eng, char *buf, size_t len);
+UMBP_API void umbp_gpu_engine_device_name(const umbp_gpu_engine_t *eng, char *buf, size_t len);
 /* The engine's configuration, defaults filled in and AUTO backend resolved. */
-void umbp_gpu_engine_get_config(const umbp_gpu_engine_t *eng, umbp_gpu_config_t *cfg);
+UMBP_API void umbp_gpu_engine_get_config(const umbp_gpu_engine_t *eng, umbp_gpu_config_t *cfg);
 /*
  * Changes the tunables for transfers submitted afterwards: store_method,
  * restore_method, max_ctas, threads_per_cta, vec_per_lane, copy_streams,
@@ -191,11 +185,11 @@ void umbp_gpu_engine_get_config(const umbp_gpu_engine_t *eng, umbp_gpu_config_t 
  * staging_bytes, max_inflight and UMBP_GPU_RECORD_SMS are fixed at creation:
  * -EINVAL if cfg asks to change them (start from umbp_gpu_engine_get_config).
  */
-int umbp_gpu_engine_set_tuning(umbp_gpu_engine_t *eng, const umbp_gpu_config_t *cfg);
+UMBP_API int umbp_gpu_engine_set_tuning(umbp_gpu_engine_t *eng, const umbp_gpu_config_t *cfg);
 /* With UMBP_GPU_RECORD_SMS: how many distinct SMs ran copy kernels since the
  * last call (which resets the record); waits for the engine to go idle.
  * -ENOTSUP without the flag. */
-int umbp_gpu_engine_sms_used(umbp_gpu_engine_t *eng);
+UMBP_API int umbp_gpu_engine_sms_used(umbp_gpu_engine_t *eng);
 
 /* ---- host memory -------------------------------------------------------- */
 
@@ -206,15 +200,15 @@ int umbp_gpu_engine_sms_used(umbp_gpu_engine_t *eng);
  * it overlaps a registered region, -EINVAL for len 0, -ENOMEM or -EIO when
  * the runtime refuses.
  */
-int umbp_gpu_host_register(umbp_gpu_engine_t *eng, void *addr, size_t len);
+UMBP_API int umbp_gpu_host_register(umbp_gpu_engine_t *eng, void *addr, size_t len);
 /* -ENOENT unless addr is the start of a registered region.  No transfer may
  * still use it. */
-int umbp_gpu_host_unregister(umbp_gpu_engine_t *eng, void *addr);
+UMBP_API int umbp_gpu_host_unregister(umbp_gpu_engine_t *eng, void *addr);
 
 /* Allocates len bytes of pinned, mapped host memory that is registered with
  * the engine already (cudaHostAlloc); for pools and tests.  -ENOMEM. */
-int umbp_gpu_host_alloc(umbp_gpu_engine_t *eng, size_t len, void **out);
-void umbp_gpu_host_free(umbp_gpu_engine_t *eng, void *p);
+UMBP_API int umbp_gpu_host_alloc(umbp_gpu_engine_t *eng, size_t len, void **out);
+UMBP_API void umbp_gpu_host_free(umbp_gpu_engine_t *eng, void *p);
 
 /* ---- KV layouts ------------------------------------------------------- */
 
@@ -247,7 +241,7 @@ typedef struct umbp_kv_tensor {
 } umbp_kv_tensor_t;
 
 /* Sets t->stride to the dense row-major strides of t->shape. */
-void umbp_kv_tensor_set_contiguous(umbp_kv_tensor_t *t);
+UMBP_API void umbp_kv_tensor_set_contiguous(umbp_kv_tensor_t *t);
 
 typedef struct umbp_kv_layout umbp_kv_layout_t;
 
@@ -257,19 +251,19 @@ typedef struct umbp_kv_layout umbp_kv_layout_t;
  * (UMBP_E_KV_* with umbp_gpu_last_error() naming the tensor and dim) and
  * copies a small table to the device.  The tensors must outlive the layout.
  */
-int umbp_kv_layout_create(umbp_gpu_engine_t *eng, const umbp_kv_tensor_t *tensors,
+UMBP_API int umbp_kv_layout_create(umbp_gpu_engine_t *eng, const umbp_kv_tensor_t *tensors,
                           uint32_t num_tensors, umbp_kv_layout_t **out);
 /* No transfer may still use it.  NULL is a no-op. */
-void umbp_kv_layout_destroy(umbp_kv_layout_t *layout);
+UMBP_API void umbp_kv_layout_destroy(umbp_kv_layout_t *layout);
 
-uint32_t umbp_kv_layout_num_layers(const umbp_kv_layout_t *layout);
-uint64_t umbp_kv_layout_num_blocks(const umbp_kv_layout_t *layout);
-uint32_t umbp_kv_layout_num_kv(const umbp_kv_layout_t *layout); /* 2 or 1 */
+UMBP_API uint32_t umbp_kv_layout_num_layers(const umbp_kv_layout_t *layout);
+UMBP_API uint64_t umbp_kv_layout_num_blocks(const umbp_kv_layout_t *layout);
+UMBP_API uint32_t umbp_kv_layout_num_kv(const umbp_kv_layout_t *layout); /* 2 or 1 */
 /* Bytes of one block's object (all layers). */
-uint64_t umbp_kv_layout_object_size(const umbp_kv_layout_t *layout);
+UMBP_API uint64_t umbp_kv_layout_object_size(const umbp_kv_layout_t *layout);
 /* Where layers [first, first + count) lie in an object (count 0 = to the
  * last layer); for ranged puts and gets.  UMBP_E_KV_RANGE if outside. */
-int umbp_kv_layout_layer_span(const umbp_kv_layout_t *layout, uint32_t first,
+UMBP_API int umbp_kv_layout_layer_span(const umbp_kv_layout_t *layout, uint32_t first,
                               uint32_t count, uint64_t *offset, uint64_t *len);
 
 /* ---- transfers -------------------------------------------------------- */
@@ -306,27 +300,27 @@ typedef struct umbp_gpu_xfer umbp_gpu_xfer_t;
  * (back-pressure: poll, release, retry), -EIO when the device runtime fails.
  * Transfers of one engine may overlap and complete out of submission order.
  */
-int umbp_gpu_store(umbp_gpu_engine_t *eng, const umbp_kv_xfer_desc_t *desc,
+UMBP_API int umbp_gpu_store(umbp_gpu_engine_t *eng, const umbp_kv_xfer_desc_t *desc,
                    umbp_gpu_xfer_t **out);
-int umbp_gpu_restore(umbp_gpu_engine_t *eng, const umbp_kv_xfer_desc_t *desc,
+UMBP_API int umbp_gpu_restore(umbp_gpu_engine_t *eng, const umbp_kv_xfer_desc_t *desc,
                      umbp_gpu_xfer_t **out);
 
 /* 0 when the transfer has completed (all bytes in place), UMBP_E_INPROGRESS
  * if not, -EIO if the device failed it.  Never blocks. */
-int umbp_gpu_xfer_test(umbp_gpu_xfer_t *x);
+UMBP_API int umbp_gpu_xfer_test(umbp_gpu_xfer_t *x);
 /* Waits up to timeout_ms (< 0: without bound) for completion.  Returns as
  * umbp_gpu_xfer_test, UMBP_E_TIMEOUT past the timeout. */
-int umbp_gpu_xfer_wait(umbp_gpu_xfer_t *x, int timeout_ms);
+UMBP_API int umbp_gpu_xfer_wait(umbp_gpu_xfer_t *x, int timeout_ms);
 /* The backend event recorded when the transfer completes (cudaEvent_t,
  * hipEvent_t; NULL on the host backend), so a compute stream can wait for a
  * restore on the device (cudaStreamWaitEvent).  Valid until release. */
-void *umbp_gpu_xfer_event(umbp_gpu_xfer_t *x);
+UMBP_API void *umbp_gpu_xfer_event(umbp_gpu_xfer_t *x);
 /* Bytes the transfer moves and the method it used. */
-uint64_t umbp_gpu_xfer_bytes(const umbp_gpu_xfer_t *x);
-umbp_gpu_method_t umbp_gpu_xfer_method(const umbp_gpu_xfer_t *x);
+UMBP_API uint64_t umbp_gpu_xfer_bytes(const umbp_gpu_xfer_t *x);
+UMBP_API umbp_gpu_method_t umbp_gpu_xfer_method(const umbp_gpu_xfer_t *x);
 /* Returns the handle to the engine; an unfinished transfer still runs to its
  * end and is recycled afterwards.  NULL is a no-op. */
-void umbp_gpu_xfer_release(umbp_gpu_xfer_t *x);
+UMBP_API void umbp_gpu_xfer_release(umbp_gpu_xfer_t *x);
 
 #ifdef __cplusplus
 }

@@ -244,13 +244,17 @@ struct umbp_tier_ops {
     /* required.  Removes every object; leased ones go when released. */
     void (*clear)(struct umbp_tier *t, umbp_tier_done_fn done, void *arg);
 
-    /* optional (default: no eviction, e.g. the server evicts).  Called by the
-     * evictor actor when usage is above the high watermark.  Evicts least
-     * recently used objects that are neither leased nor pending, at most
-     * max_objects of them, stopping once used_bytes <= target_bytes.  Returns
-     * bytes freed; *more is set when it stopped on max_objects. */
+    /* optional (default: no eviction, e.g. the server evicts); required with
+     * UMBP_TIER_CAP_EVICTS_LOCALLY.  Called by the evictor actor when usage
+     * is above the high watermark or puts wait for room, and by the store
+     * actor when a reservation met a full pool.  Evicts least recently used
+     * objects that are neither leased nor pending, at most max_objects of
+     * them, while used_bytes > target_bytes or (want_free_run != 0 and no
+     * free run of want_free_run bytes exists), so it never evicts more than
+     * the LRU prefix that makes room.  Returns bytes freed; *more is set when
+     * it stopped on max_objects. */
     uint64_t (*evict)(struct umbp_tier *t, uint64_t target_bytes,
-                      size_t max_objects, bool *more);
+                      uint64_t want_free_run, size_t max_objects, bool *more);
 
     /* optional (default: zeros).  Inline, no callback. */
     void (*usage)(struct umbp_tier *t, struct umbp_tier_usage *out);

@@ -29,6 +29,15 @@
 extern "C" {
 #endif
 
+/* The exported API: libumbp.so is built with hidden visibility (it is
+ * loaded into engine processes beside other libraries), so only functions
+ * marked UMBP_API are visible to its users. */
+#if defined(__GNUC__)
+#define UMBP_API __attribute__((visibility("default")))
+#else
+#define UMBP_API
+#endif
+
 #define UMBP_VERSION_MAJOR 0
 #define UMBP_VERSION_MINOR 1
 #define UMBP_VERSION_PATCH 0
@@ -45,29 +54,51 @@ typedef struct umbp_key {
 
 /* ---- errors ----------------------------------------------------------- */
 
-/* Our own codes live below -4096 so they never collide with errno values. */
+/* Our own codes live below -4096 so they never collide with errno values.
+ * UMBP_ERRORS(X) is the one list: (name, value, what umbp_strerror says). */
+#define UMBP_ERRORS(X)                                                                  \
+    X(UMBP_E_INPROGRESS, -4097, "operation in progress")                               \
+    X(UMBP_E_NOT_ATTEMPTED, -4098,                                                      \
+      "not attempted (backend stalled, unreachable or runtime closing); retry later")   \
+    X(UMBP_E_TIMEOUT, -4099, "operation timed out")                                     \
+    X(UMBP_E_STALE, -4100, "object reclaimed while being read; bytes invalid")          \
+    X(UMBP_E_SHAPE, -4101, "ranges do not match the object (tiling or bounds)")         \
+    X(UMBP_E_DUPLICATE_KEY, -4102, "key appears twice in one batch")                    \
+    X(UMBP_E_QUARANTINED, -4103, "key quarantined after a recent load failure")         \
+    /* shape errors of KV registration and transfers (umbp/gpu.h) */                   \
+    X(UMBP_E_KV_NDIM, -4201, "KV tensor: ndim out of range")                            \
+    X(UMBP_E_KV_ROLE, -4202, "KV tensor: bad block/kv/layer dim")                       \
+    X(UMBP_E_KV_SHAPE, -4203, "KV tensor: bad size")                                    \
+    X(UMBP_E_KV_STRIDE, -4204, "KV tensor: chunk dims not dense or strides not positive") \
+    X(UMBP_E_KV_MISMATCH, -4205, "KV tensors disagree on blocks or K/V split")          \
+    X(UMBP_E_KV_RANGE, -4206, "block index or layer range outside the KV layout")       \
+    X(UMBP_E_GPU_UNREGISTERED, -4207, "host object outside registered host memory")
+
 enum umbp_error {
     UMBP_OK = 0,
-    UMBP_E_INPROGRESS = -4097,    /* the operation has not completed yet */
-    UMBP_E_NOT_ATTEMPTED = -4098, /* refused before any work: backend stalled,
-                                     runtime shutting down; safe to retry */
-    UMBP_E_TIMEOUT = -4099,       /* the operation ran past timeout_ms */
-    UMBP_E_STALE = -4100,         /* the object was reclaimed while being read;
-                                     the destination bytes are not valid */
-    UMBP_E_SHAPE = -4101,         /* ranges do not describe the object:
-                                     they must tile [0, object_size) for a put,
-                                     be disjoint and in bounds for a get */
-    UMBP_E_DUPLICATE_KEY = -4102, /* the same key appears twice in one batch */
-    UMBP_E_QUARANTINED = -4103,   /* key failed recently; counted as a miss */
+#define UMBP_ERROR_ENUM_(name, value, text) name = value,
+    UMBP_ERRORS(UMBP_ERROR_ENUM_)
+#undef UMBP_ERROR_ENUM_
 };
+/* UMBP_E_INPROGRESS: the operation has not completed yet.
+ * UMBP_E_NOT_ATTEMPTED: refused before any work (backend stalled or
+ *   unreachable, runtime shutting down); safe to retry.
+ * UMBP_E_TIMEOUT: the operation ran past timeout_ms.
+ * UMBP_E_STALE: the object was reclaimed while being read; the destination
+ *   bytes are not valid.
+ * UMBP_E_SHAPE: ranges do not describe the object: they must tile
+ *   [0, object_size) for a put, be disjoint and in bounds for a get.
+ * UMBP_E_DUPLICATE_KEY: the same key appears twice in one batch.
+ * UMBP_E_QUARANTINED: the key failed recently; counted as a miss.
+ * UMBP_E_KV_*: umbp_kv_register shapes (umbp/gpu.h says which is which). */
 
 /* Names any return value of this API (negative errno values included).
  * Never returns NULL; the string is static. */
-const char *umbp_strerror(int err);
+UMBP_API const char *umbp_strerror(int err);
 
 /* The message of the last failed umbp_runtime_create() or option error on
  * this thread ("capacity_bytes: must be ..."), or "" if none. */
-const char *umbp_last_error(void);
+UMBP_API const char *umbp_last_error(void);
 
 /* ---- runtime ---------------------------------------------------------- */
 
@@ -82,13 +113,13 @@ typedef struct umbp_runtime umbp_runtime_t;
  * Returns 0 and sets *out, or a negative code with umbp_last_error() naming
  * the bad option and the accepted range.  Unknown options are refused.
  */
-int umbp_runtime_create(const char *json_config, umbp_runtime_t **out);
+UMBP_API int umbp_runtime_create(const char *json_config, umbp_runtime_t **out);
 
 /* Completes every in-flight operation (with an error where it cannot finish),
  * stops the threads and frees everything, outstanding op handles included.
  * Never hangs: copies already running are finished, nothing else is waited
  * for.  NULL is a no-op. */
-void umbp_runtime_destroy(umbp_runtime_t *rt);
+UMBP_API void umbp_runtime_destroy(umbp_runtime_t *rt);
 
 /* ---- memory registration ---------------------------------------------- */
 
@@ -115,11 +146,11 @@ typedef uint64_t umbp_mem_handle_t;
  * are kept for a future ranged device path).  Regions must not overlap
  * (-EEXIST).
  */
-int umbp_mem_register(umbp_runtime_t *rt, const umbp_mem_desc_t *desc,
+UMBP_API int umbp_mem_register(umbp_runtime_t *rt, const umbp_mem_desc_t *desc,
                       umbp_mem_handle_t *out);
 /* -ENOENT for an unknown handle.  The caller must not deregister a region that
  * an in-flight operation still uses. */
-int umbp_mem_deregister(umbp_runtime_t *rt, umbp_mem_handle_t handle);
+UMBP_API int umbp_mem_deregister(umbp_runtime_t *rt, umbp_mem_handle_t handle);
 
 /* ---- data operations -------------------------------------------------- */
 
@@ -170,7 +201,7 @@ typedef struct umbp_op umbp_op_t;
  * Item and range arrays are copied; the bytes the ranges point to must stay
  * valid and unchanged until the op completes.
  */
-int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n,
+UMBP_API int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n,
              umbp_op_t **op);
 
 /*
@@ -182,7 +213,7 @@ int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n,
  * UMBP_E_QUARANTINED (a miss) with load_failure_quarantine_ms.
  * The destination of a key whose status is not 0 holds undefined bytes.
  */
-int umbp_get(umbp_runtime_t *rt, const umbp_get_item_t *items, size_t n,
+UMBP_API int umbp_get(umbp_runtime_t *rt, const umbp_get_item_t *items, size_t n,
              umbp_op_t **op);
 
 /* Flags for umbp_lookup. */
@@ -199,18 +230,18 @@ enum umbp_lookup_flags {
  * absent) instead of queueing behind it.  No side effects unless
  * UMBP_LOOKUP_TOUCH is given.  One round trip per batch.
  */
-int umbp_lookup(umbp_runtime_t *rt, const umbp_key_t *keys, size_t n,
+UMBP_API int umbp_lookup(umbp_runtime_t *rt, const umbp_key_t *keys, size_t n,
                 uint8_t *present, size_t *prefix_len, unsigned flags);
 
 /* Removes every object that no reader holds; held objects are removed as
  * their readers finish.  Bounded by timeout_ms. */
-int umbp_clear(umbp_runtime_t *rt);
+UMBP_API int umbp_clear(umbp_runtime_t *rt);
 
 /* Waits until every put submitted before this call has completed (published
  * or failed).  Returns 0 or UMBP_E_TIMEOUT after timeout_ms (< 0: the
  * runtime's timeout_ms; 0 only polls, so it may time out even when nothing
  * is outstanding). */
-int umbp_flush(umbp_runtime_t *rt, int timeout_ms);
+UMBP_API int umbp_flush(umbp_runtime_t *rt, int timeout_ms);
 
 /* ---- GPU KV cache ------------------------------------------------------ */
 
@@ -231,12 +262,12 @@ struct umbp_kv_tensor; /* umbp/gpu.h */
  * Shape errors name the tensor and dimension in umbp_last_error().  -ENODEV
  * when no GPU backend finds a device.  The tensors must outlive the handle.
  */
-int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors,
+UMBP_API int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors,
                      uint32_t num_tensors, umbp_kv_handle_t *out);
 /* -ENOENT for an unknown handle.  No operation may still use it. */
-int umbp_kv_deregister(umbp_runtime_t *rt, umbp_kv_handle_t kv);
+UMBP_API int umbp_kv_deregister(umbp_runtime_t *rt, umbp_kv_handle_t kv);
 /* Bytes of one block's object (all layers end to end); 0 if unknown. */
-uint64_t umbp_kv_object_size(umbp_runtime_t *rt, umbp_kv_handle_t kv);
+UMBP_API uint64_t umbp_kv_object_size(umbp_runtime_t *rt, umbp_kv_handle_t kv);
 
 /* One block: the object's key and the block's index in the KV tensors. */
 typedef struct umbp_kv_block {
@@ -264,30 +295,30 @@ typedef struct umbp_kv_xfer_opts {
  * besides the put/get statuses: UMBP_E_SHAPE for an object stored under a
  * different layout, -EIO when the device failed the copy.
  */
-int umbp_kv_store(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
+UMBP_API int umbp_kv_store(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
                   size_t n, const umbp_kv_xfer_opts_t *opts, umbp_op_t **op);
-int umbp_kv_load(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
+UMBP_API int umbp_kv_load(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
                  size_t n, const umbp_kv_xfer_opts_t *opts, umbp_op_t **op);
 
 /* ---- completion ------------------------------------------------------- */
 
 /* 0 when complete (whatever the per-key results), UMBP_E_INPROGRESS if not. */
-int umbp_op_test(umbp_op_t *op);
+UMBP_API int umbp_op_test(umbp_op_t *op);
 
 /* Waits up to timeout_ms (< 0 means the runtime's timeout_ms) for the op to
  * complete.  0 when complete, UMBP_E_INPROGRESS if the wait timed out. */
-int umbp_op_wait(umbp_op_t *op, int timeout_ms);
+UMBP_API int umbp_op_wait(umbp_op_t *op, int timeout_ms);
 
 /* Number of keys in the op's batch and per-key status (valid once complete;
  * UMBP_E_INPROGRESS before).  -EINVAL for an index out of range. */
-size_t umbp_op_num_keys(const umbp_op_t *op);
-int umbp_op_key_status(const umbp_op_t *op, size_t i);
+UMBP_API size_t umbp_op_num_keys(const umbp_op_t *op);
+UMBP_API int umbp_op_key_status(const umbp_op_t *op, size_t i);
 /* Counts of keys whose status is 0 and is not 0, once complete. */
-size_t umbp_op_num_ok(const umbp_op_t *op);
+UMBP_API size_t umbp_op_num_ok(const umbp_op_t *op);
 
 /* Returns the handle to the runtime.  If the op is still in flight it is
  * released when it completes; the caller must not touch it again. */
-void umbp_op_release(umbp_op_t *op);
+UMBP_API void umbp_op_release(umbp_op_t *op);
 
 /* ---- statistics ------------------------------------------------------- */
 
@@ -310,7 +341,7 @@ typedef struct umbp_stats {
 } umbp_stats_t;
 
 /* Snapshot of the counters (bounded by lookup_timeout_ms). */
-int umbp_get_stats(umbp_runtime_t *rt, umbp_stats_t *out);
+UMBP_API int umbp_get_stats(umbp_runtime_t *rt, umbp_stats_t *out);
 
 /* ---- events ----------------------------------------------------------- */
 
@@ -330,7 +361,7 @@ typedef struct umbp_event {
  * *lost (if not NULL) is set to the number of events dropped, so the engine
  * knows to resynchronise its view; otherwise 0.
  */
-size_t umbp_events_drain(umbp_runtime_t *rt, umbp_event_t *out, size_t max,
+UMBP_API size_t umbp_events_drain(umbp_runtime_t *rt, umbp_event_t *out, size_t max,
                          uint64_t *lost);
 
 #ifdef __cplusplus

@@ -24,6 +24,7 @@
 #include "test_util.h"
 #include "umbp/tier.h"
 #include "umbp/umbp.h"
+#include "umbp/gpu.h"
 
 #define MiB (1024ull * 1024ull)
 #define GiB (1024ull * MiB)
@@ -697,14 +698,19 @@ Test(config, size_strings)
 Test(config, mode_and_tier_names)
 {
     expect_refused("{\"mode\": \"bogus\"}", "mode", "embedded", "standalone", "distributed");
-    if (!umbp_tier_find("shm"))
-        expect_refused("{\"mode\": \"standalone\"}", "mode", "standalone", "shm");
-    else
-        cr_log_info("shm tier built in: standalone refusal not checked");
-    if (!umbp_tier_find("rdma"))
-        expect_refused("{\"mode\": \"distributed\"}", "mode", "distributed", "rdma");
-    else
-        cr_log_info("rdma tier built in: distributed refusal not checked");
+    /* a mode no built-in tier declares (ops->modes) is refused, naming the
+     * mode and the tiers there are */
+    static const char *const modes[] = {"standalone", "distributed"};
+    for (size_t m = 0; m < 2; m++) {
+        bool declared = false;
+        for (size_t k = 0; umbp_tier_registry[k]; k++)
+            for (const char *const *d = umbp_tier_registry[k]->modes; d && *d; d++)
+                declared = declared || strcmp(*d, modes[m]) == 0;
+        char json[64];
+        snprintf(json, sizeof(json), "{\"mode\": \"%s\"}", modes[m]);
+        if (!declared)
+            expect_refused(json, "mode", modes[m], "tiers built in", "dram");
+    }
     expect_refused("{\"tier\": \"nosuch\"}", "tier", "nosuch");
     expect_refused("{\"tier\": \"DRAM\"}", "tier", "DRAM");
     /* the message lists the tiers that exist */
@@ -890,4 +896,39 @@ Test(config, last_error_of_another_thread_is_empty)
     pthread_join(t, NULL);
     cr_assert_not_null(msg);
     cr_assert_str_eq(msg, "", "another thread sees this thread's error");
+}
+
+/* Two tables declaring one name would make the second unreachable: refused. */
+Test(config, duplicate_option_names_refused)
+{
+    struct a { int64_t x; } va;
+    struct b { int64_t y; } vb;
+    static const struct umbp_option ta[] = {
+        {"same_name", UMBP_OPT_INT, offsetof(struct a, x), "1", 0, 10, 0, NULL, "a"}, {NULL}};
+    static const struct umbp_option tb[] = {
+        {"same_name", UMBP_OPT_INT, offsetof(struct b, y), "2", 0, 10, 0, NULL, "b"}, {NULL}};
+    struct umbp_opt_table t[] = {{ta, &va, "tier_a"}, {tb, &vb, "tier_b"}};
+    char err[256] = "";
+    cr_assert_eq(umbp_options_apply(t, 2, "{}", err, sizeof(err)), -EINVAL);
+    cr_assert(strstr(err, "same_name") && strstr(err, "tier_a") && strstr(err, "tier_b"), "%s",
+              err);
+    cr_assert_eq(umbp_options_apply(t, 1, "{\"same_name\": 3}", err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(va.x, 3);
+}
+
+/* umbp_strerror names every code of the one error list, the KV ones too. */
+Test(config, strerror_names_every_code)
+{
+    static const int codes[] = {
+#define X(name, value, text) name,
+        UMBP_ERRORS(X)
+#undef X
+    };
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+        const char *s = umbp_strerror(codes[i]);
+        cr_assert(s && *s && !strstr(s, "unknown"), "code %d: '%s'", codes[i], s);
+        cr_assert_str_eq(umbp_gpu_strerror(codes[i]), s, "code %d", codes[i]);
+    }
+    cr_assert(strstr(umbp_strerror(UMBP_E_KV_STRIDE), "stride"));
+    cr_assert(strstr(umbp_strerror(-4999), "unknown"));
 }

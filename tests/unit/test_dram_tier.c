@@ -345,8 +345,8 @@ Test(dram_tier, option_table_and_defaults)
     cr_assert_eq(opt_find("dram_numa_node")->max, 1023);
     cr_assert_eq(ops->validate_config(cfg, &core, err, sizeof(err)), 0, "%s", err);
     cr_assert_str_eq(ops->name, "dram");
-    cr_assert_float_eq(umbp_dram_high_watermark(T), 0.9, 1e-12);
-    cr_assert_float_eq(umbp_dram_low_watermark(T), 0.7, 1e-12);
+    cr_assert_eq(t_usage().high_watermark_bytes, (uint64_t)((double)t_usage().capacity_bytes * 0.9));
+    cr_assert_eq(t_usage().low_watermark_bytes, (uint64_t)((double)t_usage().capacity_bytes * 0.7));
 }
 
 static void expect_invalid(const char *name, const char *value,
@@ -408,18 +408,12 @@ Test(dram_tier, create_refuses_bad_config_and_zero_capacity)
 
 Test(dram_tier, watermarks_come_from_the_config)
 {
-    struct umbp_tier fake = { .ops = NULL };
-
     ops->destroy(T);
     opt_set(cfg, "dram_high_watermark", "0.8");
     opt_set(cfg, "dram_low_watermark", "0.25");
     create_tier(MiB);
-    cr_assert_float_eq(umbp_dram_high_watermark(T), 0.8, 1e-12);
-    cr_assert_float_eq(umbp_dram_low_watermark(T), 0.25, 1e-12);
     cr_assert_eq(t_usage().high_watermark_bytes, (uint64_t)(MiB * 0.8));
     cr_assert_eq(t_usage().low_watermark_bytes, MiB / 4);
-    cr_assert_lt(umbp_dram_high_watermark(&fake), 0);
-    cr_assert_lt(umbp_dram_low_watermark(NULL), 0);
 }
 
 Test(dram_tier, shared_named_pool_through_options)
@@ -487,7 +481,7 @@ Test(dram_tier, pending_is_invisible_until_published)
     cr_assert_not(t_present(7, true));
     t_acquire(&r, 1, 1000);
     cr_assert_eq(r.status, -ENOENT, "a pending object cannot be read");
-    cr_assert_eq(ops->evict(T, 0, 100, NULL), 0, "pending is never evicted");
+    cr_assert_eq(ops->evict(T, 0, 0, 100, NULL), 0, "pending is never evicted");
     t_clear();
     cr_assert_eq(t_usage().num_pending, 1, "clear leaves pending alone");
     EVENTS(L(), L());
@@ -645,7 +639,7 @@ Test(dram_tier, evict_from_lru_tail_with_touch)
     cr_assert(t_present(0, false));
     cr_assert(t_present(1, true)); /* 1 4 3 2 0 */
     nspace_freed = 0;
-    freed = ops->evict(T, 0, 2, &more);
+    freed = ops->evict(T, 0, 0, 2, &more);
     cr_assert_eq(freed, 2 * OBJ);
     cr_assert(more, "stopped on max_objects");
     EVENTS(L(REMOVED, REMOVED), L(0, 2));
@@ -653,7 +647,7 @@ Test(dram_tier, evict_from_lru_tail_with_touch)
     cr_assert_not(t_present(0, false));
     cr_assert(t_present(1, false));
 
-    freed = ops->evict(T, OBJ, 100, &more); /* down to one object */
+    freed = ops->evict(T, OBJ, 0, 100, &more); /* down to one object */
     cr_assert_eq(freed, 2 * OBJ);
     cr_assert_not(more);
     EVENTS(L(REMOVED, REMOVED), L(3, 4));
@@ -665,7 +659,7 @@ Test(dram_tier, evict_from_lru_tail_with_touch)
     cr_assert_eq(u.num_objects, 1);
 
     nspace_freed = 0;
-    cr_assert_eq(ops->evict(T, OBJ, 100, &more), 0, "already at target");
+    cr_assert_eq(ops->evict(T, OBJ, 0, 100, &more), 0, "already at target");
     cr_assert_eq(nspace_freed, 0, "nothing freed, no space_freed");
 }
 
@@ -676,7 +670,7 @@ Test(dram_tier, acquire_refreshes_lru)
     put_n(3);               /* 2 1 0 */
     t_acquire(&r, 1, 1000); /* 0 2 1 */
     t_release(&r, 1);
-    ops->evict(T, 2 * OBJ, 100, NULL);
+    ops->evict(T, 2 * OBJ, 0, 100, NULL);
     EVENTS(L(REMOVED), L(1));
 }
 
@@ -691,18 +685,18 @@ Test(dram_tier, leased_objects_are_never_evicted)
     cr_assert_eq(r[1].status, 0);
     cr_assert_neq(r[0].region.token, r[1].region.token);
     cr_assert_eq(t_usage().num_leased, 1, "objects, not leases");
-    cr_assert_eq(ops->evict(T, 0, 100, &more), 2 * OBJ);
+    cr_assert_eq(ops->evict(T, 0, 0, 100, &more), 2 * OBJ);
     cr_assert_not(more);
     EVENTS(L(REMOVED, REMOVED), L(1, 2)); /* acquire made 0 the newest */
     cr_assert(t_present(0, false));
     expect_bytes(&r[0].region, 0);
     t_release(&r[0], 1);
     cr_assert_eq(r[0].status, 0);
-    cr_assert_eq(ops->evict(T, 0, 100, &more), 0, "one lease still holds it");
+    cr_assert_eq(ops->evict(T, 0, 0, 100, &more), 0, "one lease still holds it");
     t_release(&r[1], 1);
     cr_assert_eq(r[1].status, 0);
     cr_assert_eq(t_usage().num_leased, 0);
-    cr_assert_eq(ops->evict(T, 0, 100, &more), OBJ);
+    cr_assert_eq(ops->evict(T, 0, 0, 100, &more), OBJ);
     EVENTS(L(REMOVED), L(0));
 }
 
@@ -717,11 +711,11 @@ Test(dram_tier, expired_lease_then_eviction_then_release_is_stale)
     now = umbp_now_ns();
     ops->expire_leases(T, now);
     cr_assert_eq(t_usage().leases_expired, 0, "not due yet");
-    cr_assert_eq(ops->evict(T, 0, 100, NULL), OBJ, "the leased one survives");
+    cr_assert_eq(ops->evict(T, 0, 0, 100, NULL), OBJ, "the leased one survives");
     ops->expire_leases(T, now + 100 * 1000000ull);
     cr_assert_eq(t_usage().leases_expired, 1);
     cr_assert_eq(t_usage().num_leased, 0);
-    cr_assert_eq(ops->evict(T, 0, 100, NULL), OBJ, "expired: evictable");
+    cr_assert_eq(ops->evict(T, 0, 0, 100, NULL), OBJ, "expired: evictable");
     put(0, OBJ);    /* same key again, quite possibly the same bytes */
     t_release(&r, 1);
     cr_assert_eq(r.status, UMBP_E_STALE);
@@ -801,11 +795,11 @@ Test(dram_tier, varying_ttls_expire_in_deadline_order)
     cr_assert_eq(t_usage().leases_expired, 1);
     cr_assert_eq(t_usage().num_leased, 2);
     nevents = 0;
-    ops->evict(T, 0, 100, NULL);
+    ops->evict(T, 0, 0, 100, NULL);
     EVENTS(L(REMOVED), L(2));
     ops->expire_leases(T, now + 10000 * 1000000ull);
     cr_assert_eq(t_usage().leases_expired, 2);
-    ops->evict(T, 0, 100, NULL);
+    ops->evict(T, 0, 0, 100, NULL);
     EVENTS(L(REMOVED), L(3));
     t_release(&a, 1);
     cr_assert_eq(a.status, 0);
@@ -906,7 +900,7 @@ Test(dram_tier, many_leases_grow_the_table)
         t_acquire(&r[i], 1, 1000);
         cr_assert_eq(r[i].status, 0);
     }
-    cr_assert_eq(ops->evict(T, 0, 10, NULL), 0);
+    cr_assert_eq(ops->evict(T, 0, 0, 10, NULL), 0);
     for (int i = 0; i < N; i += 2)
         t_release(&r[i], 1);
     ops->expire_leases(T, umbp_now_ns() + 2000 * 1000000ull);
@@ -961,7 +955,7 @@ static void model_put(struct model *m, int id, bool abort_it)
     t_reserve(&r, 1);
     if (r.status == -ENOSPC) {
         cr_assert_gt(m->used + r.size, MODEL_CAP / 2, "ENOSPC while half empty");
-        ops->evict(T, MODEL_CAP / 2, 1000, NULL);
+        ops->evict(T, MODEL_CAP / 2, 0, 1000, NULL);
         model_events(m, -1);
         return;
     }
@@ -1009,7 +1003,7 @@ Test(dram_tier, random_traffic_against_a_model, .timeout = 60)
         else if (op < 9)
             model_get(&m, id);
         else {
-            ops->evict(T, model_rand(&m) % MODEL_CAP, 1 + op, NULL);
+            ops->evict(T, model_rand(&m) % MODEL_CAP, 0, 1 + op, NULL);
             model_events(&m, -1);
         }
         cr_assert_eq(t_usage().used_bytes, m.used, "step %d", step);

@@ -1,16 +1,18 @@
 /*
- * util.c - logging, time, key hashing, error strings and message names.
+ * util.c - the services every part of umbp uses (the runtime, tiers,
+ * umbp-server, the umbp tool): logging, time, key hashing, error strings.
  * Stateless apart from the process-wide log level and the per-thread last
  * error message; safe on any thread.
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <xxhash.h>
 
-#include "rt.h"
+#include "util.h"
 
 static _Atomic int log_level = UMBP_LOG_WARN;
 static _Thread_local char last_error[512];
@@ -65,13 +67,9 @@ const char *umbp_strerror(int err)
 {
     switch (err) {
     case UMBP_OK: return "success";
-    case UMBP_E_INPROGRESS: return "operation in progress";
-    case UMBP_E_NOT_ATTEMPTED: return "not attempted (backend stalled or runtime closing); retry later";
-    case UMBP_E_TIMEOUT: return "operation timed out";
-    case UMBP_E_STALE: return "object reclaimed while being read; bytes invalid";
-    case UMBP_E_SHAPE: return "ranges do not match the object (tiling or bounds)";
-    case UMBP_E_DUPLICATE_KEY: return "key appears twice in one batch";
-    case UMBP_E_QUARANTINED: return "key quarantined after a recent load failure";
+#define X(name, value, text) case name: return text;
+    UMBP_ERRORS(X)
+#undef X
     case -ENOSPC: return "no space in the pool within put_wait_ms";
     case -ENOENT: return "no such object";
     case -EAGAIN: return "too many operations in flight; retry later";
@@ -87,23 +85,3 @@ const char *umbp_strerror(int err)
     return "unknown umbp error";
 }
 
-static const char *const msg_names[] = {
-#define X(name, actor) #name,
-    UMBP_MESSAGES(X)
-#undef X
-};
-static const enum actor_id msg_actors[] = {
-#define X(name, actor) ACTOR_##actor,
-    UMBP_MESSAGES(X)
-#undef X
-};
-_Static_assert(sizeof(msg_names) / sizeof(msg_names[0]) == MSG_COUNT, "message table");
-
-const char *msg_name(enum msg_type t) { return t < MSG_COUNT ? msg_names[t] : "?"; }
-enum actor_id msg_actor(enum msg_type t) { return msg_actors[t]; }
-
-const char *actor_name(enum actor_id a)
-{
-    static const char *const names[] = {"lookup", "store", "load", "evictor", "lease"};
-    return a < ACTOR_COUNT ? names[a] : "?";
-}

@@ -1,0 +1,310 @@
+/*
+ * store.c - the object life cycle over pool, allocator, index and leases.
+ *
+ * See store.h for the states and invariants.  Every function runs on the
+ * owner's thread and completes inline; nothing here blocks after create.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "index.h"
+#include "lease.h"
+#include "store.h"
+
+struct dram_store {
+    struct dram_store_params p;
+    struct dram_pool *pool;
+    struct dram_alloc *alloc;
+    struct dram_index *index;
+    struct dram_leases *leases;
+    uint64_t next_oid;
+    uint64_t num_objects, num_pending, num_leased;
+    uint64_t evictions, evicted_bytes, leases_expired;
+};
+
+static void emit(struct dram_store *s, umbp_event_type_t type, const umbp_key_t *key)
+{
+    if (s->p.emit_event)
+        s->p.emit_event(s->p.ctx, type, key);
+}
+
+static void space_freed(struct dram_store *s)
+{
+    if (s->p.space_freed)
+        s->p.space_freed(s->p.ctx);
+}
+
+/* ---- lifetime ----------------------------------------------------------- */
+
+int dram_store_create(const struct dram_store_params *p, struct dram_store **out, char *err,
+                      size_t errlen)
+{
+    struct dram_store *s = calloc(1, sizeof(*s));
+    if (!s)
+        goto nomem;
+    s->p = *p;
+    s->p.pool.shm_name = NULL; /* only valid during create */
+    s->next_oid = 1;
+    int rc = dram_pool_create(&p->pool, &s->pool, err, errlen);
+    if (rc < 0) {
+        dram_store_destroy(s);
+        return rc;
+    }
+    /* The pool is mapped in whole pages; objects get capacity bytes of it
+     * (in allocation units), so capacity stays an upper bound. */
+    uint64_t usable = p->capacity & ~(uint64_t)(DRAM_ALLOC_ALIGN - 1);
+    if (usable > s->pool->size)
+        usable = s->pool->size;
+    if (dram_alloc_create(usable, &s->alloc) < 0 || dram_index_create(&s->index) < 0 ||
+        dram_leases_create(&s->leases) < 0)
+        goto nomem;
+    *out = s;
+    return 0;
+nomem:
+    snprintf(err, errlen, "out of memory for the store's metadata");
+    dram_store_destroy(s);
+    return -ENOMEM;
+}
+
+void dram_store_destroy(struct dram_store *s)
+{
+    if (!s)
+        return;
+    dram_leases_destroy(s->leases);
+    dram_index_destroy(s->index);
+    dram_alloc_destroy(s->alloc);
+    dram_pool_destroy(s->pool);
+    free(s);
+}
+
+const struct dram_pool *dram_store_pool(const struct dram_store *s) { return s->pool; }
+
+/* ---- objects ------------------------------------------------------------ */
+
+/* Returns the pool bytes freed. */
+static uint64_t obj_free(struct dram_store *s, struct dram_obj *obj)
+{
+    uint64_t bytes = dram_alloc_round(obj->size);
+    dram_alloc_put(s->alloc, obj->off);
+    dram_index_remove(s->index, obj);
+    free(obj);
+    return bytes;
+}
+
+/* Takes a PUBLISHED object out of sight: freed now, or DOOMED while read. */
+static uint64_t obj_remove(struct dram_store *s, struct dram_obj *obj)
+{
+    dram_lru_unlink(s->index, obj);
+    s->num_objects--;
+    emit(s, UMBP_EVENT_REMOVED, &obj->key);
+    if (obj->readers) {
+        obj->state = DRAM_OBJ_DOOMED;
+        return 0;
+    }
+    return obj_free(s, obj);
+}
+
+/* Ends one reader; returns the bytes freed if it was a DOOMED object's last. */
+static uint64_t obj_drop_reader(struct dram_store *s, struct dram_obj *obj)
+{
+    if (--obj->readers > 0)
+        return 0;
+    s->num_leased--;
+    return obj->state == DRAM_OBJ_DOOMED ? obj_free(s, obj) : 0;
+}
+
+bool dram_store_lookup(struct dram_store *s, const umbp_key_t *key, bool touch)
+{
+    struct dram_obj *obj = dram_index_find(s->index, key);
+    bool hit = obj && obj->state == DRAM_OBJ_PUBLISHED;
+    if (hit && touch)
+        dram_lru_touch(s->index, obj);
+    return hit;
+}
+
+int dram_store_reserve(struct dram_store *s, const umbp_key_t *key, uint64_t size,
+                       struct dram_store_region *r)
+{
+    if (size == 0)
+        return -EINVAL;
+    if (dram_index_find(s->index, key))
+        return UMBP_TIER_EXISTS;
+    if (size > dram_alloc_capacity(s->alloc))
+        return -EFBIG;
+    struct dram_obj *obj = calloc(1, sizeof(*obj));
+    if (!obj)
+        return -ENOMEM;
+    int rc = dram_alloc_get(s->alloc, size, &obj->off);
+    if (rc < 0) {
+        free(obj);
+        return rc;
+    }
+    obj->key = *key;
+    obj->size = size;
+    obj->oid = s->next_oid++;
+    obj->state = DRAM_OBJ_PENDING;
+    if (dram_index_insert(s->index, obj) < 0) {
+        dram_alloc_put(s->alloc, obj->off);
+        free(obj);
+        return -ENOMEM;
+    }
+    s->num_pending++;
+    *r = (struct dram_store_region){.offset = obj->off, .size = size, .token = obj->oid};
+    return 0;
+}
+
+/* The PENDING object a reservation token names, or NULL. */
+static struct dram_obj *find_pending(struct dram_store *s, const umbp_key_t *key,
+                                     uint64_t token)
+{
+    struct dram_obj *obj = dram_index_find(s->index, key);
+    if (!obj || obj->state != DRAM_OBJ_PENDING || obj->oid != token)
+        return NULL;
+    return obj;
+}
+
+int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t token)
+{
+    struct dram_obj *obj = find_pending(s, key, token);
+    if (!obj)
+        return -ENOENT;
+    obj->state = DRAM_OBJ_PUBLISHED;
+    s->num_pending--;
+    s->num_objects++;
+    dram_lru_push_head(s->index, obj);
+    emit(s, UMBP_EVENT_STORED, &obj->key);
+    return 0;
+}
+
+uint64_t dram_store_abort(struct dram_store *s, const umbp_key_t *key, uint64_t token)
+{
+    struct dram_obj *obj = find_pending(s, key, token);
+    if (!obj)
+        return 0;
+    s->num_pending--;
+    uint64_t freed = obj_free(s, obj);
+    space_freed(s);
+    return freed;
+}
+
+/* ---- leases ------------------------------------------------------------- */
+
+static uint64_t add_sat(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+int dram_store_acquire(struct dram_store *s, const umbp_key_t *key, uint64_t now_ns,
+                       uint64_t ttl_ns, struct dram_store_region *r)
+{
+    struct dram_obj *obj = dram_index_find(s->index, key);
+    if (!obj || obj->state != DRAM_OBJ_PUBLISHED)
+        return -ENOENT;
+    uint64_t token;
+    int rc = dram_lease_open(s->leases, obj, add_sat(now_ns, ttl_ns), ttl_ns, &token);
+    if (rc < 0)
+        return rc;
+    if (obj->readers++ == 0)
+        s->num_leased++;
+    dram_lru_touch(s->index, obj);
+    *r = (struct dram_store_region){.offset = obj->off, .size = obj->size, .token = token};
+    return 0;
+}
+
+int dram_store_release(struct dram_store *s, uint64_t token, uint64_t *freed)
+{
+    struct dram_lease_info l = dram_lease_end(s->leases, token);
+    switch (l.state) {
+    case DRAM_LEASE_ACTIVE:
+        *freed += obj_drop_reader(s, l.obj);
+        return 0;
+    case DRAM_LEASE_EXPIRED:
+        /* The lease no longer pinned it: valid only if never freed. */
+        return dram_index_find_oid(s->index, &l.key, l.oid) ? 0 : UMBP_E_STALE;
+    default:
+        return UMBP_E_STALE;
+    }
+}
+
+uint64_t dram_store_expire_leases(struct dram_store *s, uint64_t now_ns)
+{
+    struct dram_obj *obj;
+    uint64_t freed = 0, n = 0;
+    while ((obj = dram_lease_expire_next(s->leases, now_ns))) {
+        n++;
+        freed += obj_drop_reader(s, obj);
+    }
+    s->leases_expired += n;
+    dram_lease_forget(s->leases, now_ns);
+    if (freed)
+        space_freed(s);
+    return n;
+}
+
+/* ---- eviction, clear, usage --------------------------------------------- */
+
+static bool want_more(const struct dram_store *s, uint64_t target, uint64_t run)
+{
+    return dram_alloc_used(s->alloc) > target || (run && dram_alloc_largest_free(s->alloc) < run);
+}
+
+uint64_t dram_store_evict(struct dram_store *s, uint64_t target_bytes, uint64_t want_free_run,
+                          size_t max_objects, bool *more)
+{
+    struct dram_obj *obj = dram_lru_tail(s->index), *prev;
+    uint64_t freed = 0;
+    size_t count = 0;
+    bool hit_max = false;
+    for (; obj && want_more(s, target_bytes, want_free_run); obj = prev) {
+        prev = obj->lru_prev;
+        if (obj->readers)
+            continue; /* leased: never evicted */
+        if (count == max_objects) {
+            hit_max = true;
+            break;
+        }
+        freed += obj_remove(s, obj);
+        count++;
+    }
+    s->evictions += count;
+    s->evicted_bytes += freed;
+    if (more)
+        *more = hit_max;
+    if (freed)
+        space_freed(s);
+    return freed;
+}
+
+void dram_store_clear(struct dram_store *s)
+{
+    struct dram_obj *obj = dram_lru_tail(s->index), *prev;
+    uint64_t freed = 0;
+    for (; obj; obj = prev) {
+        prev = obj->lru_prev;
+        freed += obj_remove(s, obj);
+    }
+    if (freed)
+        space_freed(s);
+}
+
+void dram_store_usage(const struct dram_store *s, struct umbp_tier_usage *out)
+{
+    uint64_t cap = dram_alloc_capacity(s->alloc);
+    *out = (struct umbp_tier_usage){
+        .capacity_bytes = cap,
+        .used_bytes = dram_alloc_used(s->alloc),
+        .high_watermark_bytes = (uint64_t)((double)cap * s->p.high_watermark),
+        .low_watermark_bytes = (uint64_t)((double)cap * s->p.low_watermark),
+        .num_objects = s->num_objects,
+        .num_pending = s->num_pending,
+        .num_leased = s->num_leased,
+        .evictions = s->evictions,
+        .evicted_bytes = s->evicted_bytes,
+        .leases_expired = s->leases_expired,
+    };
+}
+
+uint64_t dram_store_largest_free(const struct dram_store *s)
+{
+    return dram_alloc_largest_free(s->alloc);
+}

@@ -1,0 +1,83 @@
+/*
+ * store.h - the object store: one pool, its allocator, the index with its
+ * LRU list and the read leases, and the life cycle of objects over them.
+ *
+ * Shared by the dram tier (embedded mode, behind the tier vtable) and by
+ * umbp-server (standalone mode, behind the wire protocol), so both keep one
+ * implementation of the contracts of include/umbp/tier.h: reserve makes an
+ * object PENDING (invisible, never evicted); publish makes it PUBLISHED
+ * (visible, on the LRU list); evict or clear frees it unless readers hold
+ * it, in which case eviction skips it and clear makes it DOOMED (invisible,
+ * freed when its last lease ends or expires).  A region is named by its
+ * offset in the pool; the caller turns it into an address in its mapping.
+ *
+ * Invariants: readers == number of ACTIVE leases on the object; an object is
+ * on the LRU list iff PUBLISHED; used bytes == the allocator's used bytes.
+ *
+ * Single-threaded: whoever owns the store (the runtime's loop thread, the
+ * server's loop thread) calls every function; create and destroy may block.
+ */
+#ifndef UMBP_DRAM_STORE_H
+#define UMBP_DRAM_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pool.h"
+#include "umbp/tier.h"
+
+struct dram_store;
+
+struct dram_store_params {
+    struct dram_pool_params pool;
+    uint64_t capacity;          /* bytes objects may use (<= the pool) */
+    double high_watermark, low_watermark; /* fractions, reported by usage */
+    /* Called when a key becomes visible (STORED) or goes away (REMOVED). */
+    void (*emit_event)(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
+    /* Called when space was freed (eviction, abort, a lease ending, clear). */
+    void (*space_freed)(void *ctx);
+    void *ctx;
+};
+
+/* A reserved or leased region. */
+struct dram_store_region {
+    uint64_t offset, size, token;
+};
+
+int dram_store_create(const struct dram_store_params *p, struct dram_store **out, char *err,
+                      size_t errlen);
+void dram_store_destroy(struct dram_store *s);
+const struct dram_pool *dram_store_pool(const struct dram_store *s);
+
+/* true if key is PUBLISHED; touch refreshes its LRU position. */
+bool dram_store_lookup(struct dram_store *s, const umbp_key_t *key, bool touch);
+/* 0 and *r: a PENDING object of size bytes; UMBP_TIER_EXISTS; -EINVAL (size
+ * 0), -EFBIG (larger than the pool), -ENOSPC (no room now), -ENOMEM. */
+int dram_store_reserve(struct dram_store *s, const umbp_key_t *key, uint64_t size,
+                       struct dram_store_region *r);
+/* 0, or -ENOENT when token is not a pending reservation of key. */
+int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t token);
+/* Drops the pending reservation of key named by token, if it is one;
+ * returns the pool bytes freed. */
+uint64_t dram_store_abort(struct dram_store *s, const umbp_key_t *key, uint64_t token);
+/* 0 and *r under a lease ending at now + ttl; -ENOENT; -ENOMEM. */
+int dram_store_acquire(struct dram_store *s, const umbp_key_t *key, uint64_t now_ns,
+                       uint64_t ttl_ns, struct dram_store_region *r);
+/* Ends the lease of token: 0 if the bytes read under it are the object's
+ * (still resident), UMBP_E_STALE otherwise.  *freed += pool bytes freed. */
+int dram_store_release(struct dram_store *s, uint64_t token, uint64_t *freed);
+/* Expires leases past their deadline; returns how many. */
+uint64_t dram_store_expire_leases(struct dram_store *s, uint64_t now_ns);
+/* Evicts least recently used objects that are neither leased nor pending,
+ * at most max_objects, while used bytes > target_bytes or (want_free_run
+ * and no free run of want_free_run bytes exists).  Returns bytes freed;
+ * *more when it stopped on max_objects. */
+uint64_t dram_store_evict(struct dram_store *s, uint64_t target_bytes, uint64_t want_free_run,
+                          size_t max_objects, bool *more);
+/* Removes every published object (held ones become DOOMED). */
+void dram_store_clear(struct dram_store *s);
+void dram_store_usage(const struct dram_store *s, struct umbp_tier_usage *out);
+uint64_t dram_store_largest_free(const struct dram_store *s);
+
+#endif /* UMBP_DRAM_STORE_H */

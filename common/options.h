@@ -1,0 +1,34 @@
+/*
+ * options.h - option tables (struct umbp_option, umbp/tier.h) parsed from
+ * JSON and UMBP_* environment variables (common/options.c).  Used by the
+ * runtime, umbp-server and the umbp tool.  Stateless; any thread.
+ */
+#ifndef UMBP_COMMON_OPTIONS_H
+#define UMBP_COMMON_OPTIONS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "umbp/tier.h"
+
+/* One table and the struct its offsets point into. */
+struct umbp_opt_table {
+    const struct umbp_option *opts; /* terminated by a NULL name */
+    void *base;
+    const char *owner;              /* "core", a tier name, "server": messages */
+};
+
+/* Applies every table's defaults, then the JSON object (NULL or "" = {}),
+ * then UMBP_<NAME> environment variables.  Refuses unknown names, values of
+ * the wrong type or out of range, and a name declared by two tables; the
+ * message (naming the option and the accepted range) goes to err. */
+int umbp_options_apply(const struct umbp_opt_table *t, size_t nt, const char *json, char *err,
+                       size_t errlen);
+
+/* Parses one option value written as text (environment form). */
+int option_parse_text(const struct umbp_option *o, const char *text, void *base,
+                      char *err, size_t errlen);
+/* Parses a size: 4096, "64KiB", "2MiB", "1GiB", "4G", "512k". */
+int parse_size(const char *s, uint64_t *out);
+
+#endif

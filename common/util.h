@@ -1,0 +1,18 @@
+/*
+ * util.h - services shared by the runtime, the tiers, umbp-server and the
+ * umbp tool (common/util.c): logging with a process-wide level, the
+ * per-thread last error message, time, key hashing.  The tier-facing ones
+ * (umbp_log, umbp_now_ns, umbp_key_hash) are declared in umbp/tier.h; this
+ * header adds what umbp's own programs need.  Any thread.
+ */
+#ifndef UMBP_COMMON_UTIL_H
+#define UMBP_COMMON_UTIL_H
+
+#include "umbp/tier.h"
+
+/* Errors: remember a message for umbp_last_error() and log it once. */
+void umbp_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void umbp_log_set_level(enum umbp_log_level l);
+int umbp_log_level_parse(const char *s, enum umbp_log_level *out);
+
+#endif
