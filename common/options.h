@@ -31,4 +31,10 @@ int option_parse_text(const struct umbp_option *o, const char *text, void *base,
 /* Parses a size: 4096, "64KiB", "2MiB", "1GiB", "4G", "512k". */
 int parse_size(const char *s, uint64_t *out);
 
+/* The core table (common/core_options.c) and its cross-option checks; on
+ * success *rank_capacity is this rank's resolved capacity. */
+extern const struct umbp_option umbp_core_options[];
+int umbp_core_validate(const struct umbp_core_config *core, uint64_t *rank_capacity, char *err,
+                       size_t errlen);
+
 #endif

@@ -16,7 +16,6 @@ struct rt_config {
     const struct umbp_tier_ops *primary; /* the tier the mode (or `tier`) names */
 };
 
-extern const struct umbp_option umbp_core_options[];
 
 /* Parses json (NULL/"" = {}) and the environment.  0, or a negative code with
  * the message in umbp_last_error(). */
