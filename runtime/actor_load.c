@@ -32,7 +32,8 @@ static void get_finish(struct umbp_runtime *rt, struct umbp_op *op)
         CNT_ADD(rt, gets_failed, 1);
         /* A data failure is remembered so the engine stops counting the key
          * as a hit; "not attempted" says nothing about the key itself. */
-        if (q_ms && s != UMBP_E_NOT_ATTEMPTED && s != UMBP_E_SHAPE && s != -ENOTSUP)
+        if (q_ms && s != UMBP_E_NOT_ATTEMPTED && s != UMBP_E_TIMEOUT && s != UMBP_E_SHAPE &&
+            s != -ENOTSUP)
             quarantine_add(rt->quarantine, &op->reqs[k].key, now + ms_to_ns((int64_t)q_ms));
     }
     op_complete(op);
@@ -99,32 +100,30 @@ static void get_acquired(void *arg, int rc)
         } else if (!ranges_fit(op, k)) {
             op->state[k] = KEY_HELD;
             op->status[k] = UMBP_E_SHAPE;
-        } else if (!op->reqs[k].region.addr) {
-            op->state[k] = KEY_HELD; /* tier_read path not wired yet */
-            op->status[k] = -ENOTSUP;
         } else {
             op->state[k] = KEY_COPYING;
             ncopy++;
         }
     }
-    if (ncopy && op->kv_layout)
-        gpu_dispatch(op, MSG_GET_COPIED);
-    else if (ncopy)
-        copy_dispatch(op, MSG_GET_COPIED);
+    if (ncopy)
+        move_dispatch(op, MSG_GET_COPIED);
     else
         get_release(rt, op);
 }
 
+/* Keys whose move failed (deadline, GPU, tier) fail; every lease ends. */
 static void get_copied(struct umbp_runtime *rt, struct umbp_op *op)
 {
-    if (op->kv_layout)
-        kv_transfer_done(rt);
-    if (op->gpu_rc < 0) /* the GPU restore failed: keys fail, leases end */
-        for (size_t k = 0; k < op->n; k++)
-            if (op->state[k] == KEY_COPYING) {
-                op->state[k] = KEY_HELD;
-                op->status[k] = op->gpu_rc;
-            }
+    move_finished(op);
+    if (op->cancelled)
+        CNT_ADD(rt, ops_timed_out, 1);
+    for (size_t k = 0; k < op->n; k++) {
+        int rc = op->state[k] == KEY_COPYING ? move_key_rc(op, k) : 0;
+        if (rc < 0) {
+            op->state[k] = KEY_HELD;
+            op->status[k] = rc;
+        }
+    }
     get_release(rt, op);
 }
 
@@ -137,6 +136,7 @@ static void get_arrive(struct umbp_runtime *rt, struct umbp_op *op)
         h = UMBP_E_TIMEOUT;
     }
     bool quarantine = rt->core->load_failure_quarantine_ms > 0;
+    mover_choose(op);
     size_t m = 0;
     for (size_t k = 0; k < op->n; k++) {
         if (op->state[k] != KEY_TODO)

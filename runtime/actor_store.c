@@ -214,32 +214,33 @@ static void put_published(void *arg, int rc)
     put_after_round(rt, op);
 }
 
-/* The GPU transfer of this round failed: drop its reservations. */
-static void put_copy_failed(struct umbp_runtime *rt, struct umbp_op *op)
-{
-    size_t m = 0;
-    for (size_t k = 0; k < op->n; k++)
-        if (op->state[k] == KEY_COPYING) {
-            op->req_ptrs[m++] = &op->reqs[k];
-            op->state[k] = KEY_DONE;
-            op->status[k] = op->gpu_rc;
-        }
-    tier_abort(rt->tier, op->req_ptrs, m);
-    put_after_round(rt, op);
-}
-
+/* The round's bytes are in place, or not: keys whose move failed (the
+ * deadline cut it, the GPU or the tier failed) drop their reservations and
+ * fail; the others are published together. */
 static void put_copied(struct umbp_runtime *rt, struct umbp_op *op)
 {
-    if (op->kv_layout)
-        kv_transfer_done(rt);
-    if (op->gpu_rc < 0) {
-        put_copy_failed(rt, op);
-        return;
+    move_finished(op);
+    if (op->cancelled)
+        CNT_ADD(rt, ops_timed_out, 1);
+    size_t nfail = 0;
+    for (size_t k = 0; k < op->n; k++) {
+        int rc = op->state[k] == KEY_COPYING ? move_key_rc(op, k) : 0;
+        if (rc < 0) {
+            op->req_ptrs[nfail++] = &op->reqs[k];
+            op->state[k] = KEY_DONE;
+            op->status[k] = rc;
+        }
     }
+    if (nfail)
+        tier_abort(rt->tier, op->req_ptrs, nfail);
     size_t m = 0;
     for (size_t k = 0; k < op->n; k++)
         if (op->state[k] == KEY_COPYING)
             op->req_ptrs[m++] = &op->reqs[k];
+    if (m == 0) {
+        put_after_round(rt, op);
+        return;
+    }
     tier_publish(rt->tier, op->req_ptrs, m, put_published, op);
 }
 
@@ -248,18 +249,11 @@ static void put_reserved(void *arg, int rc)
     struct umbp_op *op = arg;
     struct umbp_runtime *rt = op->rt;
     size_t ncopy = 0;
-    struct umbp_tier_req *bad[1];
     for (size_t k = 0; k < op->n; k++) {
         if (op->state[k] != KEY_TODO)
             continue;
         struct umbp_tier_req *r = &op->reqs[k];
         int s = rc < 0 ? rc : r->status;
-        if (s == 0 && !r->region.addr) {
-            /* tiers without mapped regions need tier_write; not wired yet */
-            bad[0] = r;
-            tier_abort(rt->tier, bad, 1);
-            s = -ENOTSUP;
-        }
         if (s == 0) {
             op->state[k] = KEY_COPYING;
             ncopy++;
@@ -272,10 +266,8 @@ static void put_reserved(void *arg, int rc)
             op->status[k] = s;
         }
     }
-    if (ncopy && op->kv_layout)
-        gpu_dispatch(op, MSG_PUT_COPIED);
-    else if (ncopy)
-        copy_dispatch(op, MSG_PUT_COPIED);
+    if (ncopy)
+        move_dispatch(op, MSG_PUT_COPIED);
     else
         put_after_round(rt, op);
 }
@@ -301,6 +293,7 @@ static void put_arrive(struct umbp_runtime *rt, struct umbp_op *op)
         put_finish(rt, op);
         return;
     }
+    mover_choose(op);
     op->space_deadline_ns = op->submit_ns + ms_to_ns(rt->core->put_wait_ms);
     if (op->space_deadline_ns > op->deadline_ns)
         op->space_deadline_ns = op->deadline_ns;

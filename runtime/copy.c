@@ -1,17 +1,35 @@
 /*
- * copy.c - host copy workers.
+ * copy.c - moving an op's bytes: one mover per op, and the host copy workers.
  *
- * The loop thread never copies payload bytes: it splits an op's keys into a
- * few jobs (at most 2 per worker, at least ~1 MiB each) and queues them on an
- * MPMC ck ring; workers sleep on a futex event count when the ring is empty.
- * A job touches only its own keys' ranges and regions.  The worker that
- * finishes an op's last job posts the op back to its actor (op->hdr.type was
- * set by the dispatcher); the acq_rel decrement of jobs_left orders every
- * worker's copies before that post, and the mailbox ring orders the post
- * before the actor reads the op.
+ * The mover is chosen once, when the op is filled (mover_choose): the GPU
+ * copy engine for umbp_kv_* ops, memcpy by the copy workers for regions the
+ * tier maps, the tier's own read/write members for regions it does not.
+ * The store and load actors call move_dispatch() and get the op back with
+ * the message they named; nothing else in the runtime knows how bytes move.
  *
- * The ring is sized for max_inflight_ops * max jobs per op, so queueing a job
- * can never fail.
+ * Copy workers.  The loop thread never copies payload bytes: it splits an
+ * op's keys into a few jobs (at most 2 per worker, at least ~1 MiB each) and
+ * queues them on one of two MPMC ck rings: gets (the latency-critical
+ * restores) on the high ring, puts (bulk offload) on the low one.  Workers
+ * take high jobs first and copy in chunks of COPY_CHUNK bytes; between two
+ * chunks of a job they run any high job waiting (one level deep), so a small
+ * restore never waits behind a bulk store or a large restore for more than
+ * one chunk.  Workers sleep on a futex event count when both rings are empty.
+ *
+ * Deadlines.  A job is QUEUED, then TAKEN by a worker (CAS) or CANCELLED by
+ * the loop (CAS) when its op passes its deadline or its caller released it
+ * in flight; a cancelled op's running jobs stop at the next chunk.  The op
+ * goes back to its actor when every job is done or cancelled, with
+ * op->cancelled set, so it completes by its deadline unless one chunk is
+ * still being copied.  Every queued job holds a reference on its op, so an
+ * op whose jobs were cancelled is not recycled while a worker may still
+ * dequeue them.
+ *
+ * Ordering: the dispatcher's release store of job->op publishes everything
+ * the loop wrote into the op; the acq_rel decrement of jobs_left orders every
+ * worker's copies before the post back; the mailbox ring orders the post
+ * before the actor reads the op.  Both rings are sized for every job of every
+ * op, so queueing never fails.
  */
 #include <errno.h>
 #include <limits.h>
@@ -22,35 +40,96 @@
 #include <unistd.h>
 
 #include "rt.h"
+#include "tier_call.h"
 
 #define JOB_MIN_BYTES (1u << 20)
+#define COPY_CHUNK (2u << 20)
+
+enum { JOB_QUEUED, JOB_TAKEN, JOB_CANCELLED };
 
 static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
 {
     return syscall(SYS_futex, (uint32_t *)addr, op, val, NULL, NULL, 0);
 }
 
-static void run_job(struct copy_job *j)
+/* ---- workers -------------------------------------------------------------- */
+
+static bool dequeue_high(struct copy_pool *cp, struct copy_job **j)
 {
-    /* pairs with the dispatcher's release store of j->op: the job and
-     * everything the loop thread wrote into the op before queueing it are
-     * visible here */
-    struct umbp_op *op = atomic_load_explicit(&j->op, memory_order_acquire);
+    return ck_ring_dequeue_mpmc(&cp->ring_hi, cp->buf_hi, (void **)j);
+}
+
+static bool dequeue_any(struct copy_pool *cp, struct copy_job **j)
+{
+    return dequeue_high(cp, j) || ck_ring_dequeue_mpmc(&cp->ring_lo, cp->buf_lo, (void **)j);
+}
+
+static void run_entry(struct copy_pool *cp, struct copy_job *j, bool may_yield);
+
+/* Between chunks: restores waiting on the high ring go first. */
+static void yield_to_high(struct copy_pool *cp)
+{
+    struct copy_job *h;
+    while (dequeue_high(cp, &h))
+        run_entry(cp, h, false);
+}
+
+static bool op_cancelled(struct umbp_op *op)
+{
+    return atomic_load_explicit(&op->cancel, memory_order_relaxed);
+}
+
+/* Copies one range in chunks; false if the op was cancelled meanwhile. */
+static bool copy_range(struct copy_pool *cp, struct umbp_op *op, uint8_t *obj,
+                       const umbp_range_t *rg, bool to_object, bool may_yield)
+{
+    for (uint64_t done = 0; done < rg->len;) {
+        if (op_cancelled(op))
+            return false;
+        uint64_t n = rg->len - done < COPY_CHUNK ? rg->len - done : COPY_CHUNK;
+        if (to_object)
+            memcpy(obj + rg->offset + done, (const uint8_t *)rg->ptr + done, n);
+        else
+            memcpy((uint8_t *)rg->ptr + done, obj + rg->offset + done, n);
+        done += n;
+        if (may_yield && done < rg->len)
+            yield_to_high(cp);
+    }
+    return true;
+}
+
+static void run_job(struct copy_pool *cp, struct umbp_op *op, struct copy_job *j,
+                    bool may_yield)
+{
     bool to_object = op->kind == OP_PUT;
     for (uint32_t k = j->first; k < j->last; k++) {
         if (op->state[k] != KEY_COPYING)
             continue;
         uint8_t *obj = op->reqs[k].region.addr;
-        for (uint32_t r = op->range_first[k]; r < op->range_first[k + 1]; r++) {
-            const umbp_range_t *rg = &op->ranges[r];
-            if (to_object)
-                memcpy(obj + rg->offset, rg->ptr, rg->len);
-            else
-                memcpy(rg->ptr, obj + rg->offset, rg->len);
-        }
+        for (uint32_t r = op->range_first[k]; r < op->range_first[k + 1]; r++)
+            if (!copy_range(cp, op, obj, &op->ranges[r], to_object, may_yield))
+                return;
     }
+}
+
+static void job_finished(struct umbp_op *op)
+{
     if (atomic_fetch_sub_explicit(&op->jobs_left, 1, memory_order_acq_rel) == 1)
         rt_post(op->rt, &op->hdr); /* cannot fail: see rt.h */
+}
+
+static void run_entry(struct copy_pool *cp, struct copy_job *j, bool may_yield)
+{
+    /* pairs with the dispatcher's release store of j->op: the job and
+     * everything the loop thread wrote into the op before queueing it are
+     * visible here */
+    struct umbp_op *op = atomic_load_explicit(&j->op, memory_order_acquire);
+    uint32_t queued = JOB_QUEUED;
+    if (atomic_compare_exchange_strong(&j->state, &queued, JOB_TAKEN)) {
+        run_job(cp, op, j, may_yield);
+        job_finished(op);
+    }
+    op_put_ref(op); /* the queue's reference (see copy_dispatch) */
 }
 
 static void *copy_worker(void *arg)
@@ -58,18 +137,18 @@ static void *copy_worker(void *arg)
     struct umbp_runtime *rt = arg;
     struct copy_pool *cp = &rt->copy;
     for (;;) {
-        void *j;
-        if (ck_ring_dequeue_mpmc(&cp->ring, cp->buf, &j)) {
-            run_job(j);
+        struct copy_job *j;
+        if (dequeue_any(cp, &j)) {
+            run_entry(cp, j, true);
             continue;
         }
         uint32_t seq = atomic_load(&cp->seq);
         atomic_fetch_add(&cp->sleepers, 1);
         /* Re-check after announcing ourselves: a producer that enqueued
          * before reading `sleepers` bumped seq, so the futex wait returns. */
-        if (ck_ring_dequeue_mpmc(&cp->ring, cp->buf, &j)) {
+        if (dequeue_any(cp, &j)) {
             atomic_fetch_sub(&cp->sleepers, 1);
-            run_job(j);
+            run_entry(cp, j, true);
             continue;
         }
         if (atomic_load(&cp->quit)) {
@@ -94,11 +173,13 @@ int copy_pool_start(struct umbp_runtime *rt, int nthreads, unsigned ops)
     unsigned cap = 2;
     while (cap < ops * (unsigned)(2 * nthreads) + 1)
         cap <<= 1;
-    cp->buf = calloc(cap, sizeof(ck_ring_buffer_t));
+    cp->buf_hi = calloc(cap, sizeof(ck_ring_buffer_t));
+    cp->buf_lo = calloc(cap, sizeof(ck_ring_buffer_t));
     cp->threads = calloc((size_t)nthreads, sizeof(pthread_t));
-    if (!cp->buf || !cp->threads)
+    if (!cp->buf_hi || !cp->buf_lo || !cp->threads)
         return -ENOMEM;
-    ck_ring_init(&cp->ring, cap);
+    ck_ring_init(&cp->ring_hi, cap);
+    ck_ring_init(&cp->ring_lo, cap);
     cp->size = cap;
     for (int i = 0; i < nthreads; i++) {
         int rc = pthread_create(&cp->threads[i], NULL, copy_worker, rt);
@@ -120,12 +201,19 @@ void copy_pool_stop(struct umbp_runtime *rt)
      * (its futex wait returns at once) or sees quit on its re-check. */
     for (int i = 0; i < cp->nthreads; i++)
         pthread_join(cp->threads[i], NULL);
+    /* jobs still queued (their ops were cancelled) hold op references */
+    struct copy_job *j;
+    while (dequeue_any(cp, &j))
+        op_put_ref(atomic_load_explicit(&j->op, memory_order_acquire));
     free(cp->threads);
-    free(cp->buf);
+    free(cp->buf_hi);
+    free(cp->buf_lo);
     cp->threads = NULL;
-    cp->buf = NULL;
+    cp->buf_hi = cp->buf_lo = NULL;
     cp->nthreads = 0;
 }
+
+/* ---- dispatch (loop thread) -------------------------------------------------- */
 
 static uint64_t key_bytes(const struct umbp_op *op, size_t k)
 {
@@ -135,7 +223,33 @@ static uint64_t key_bytes(const struct umbp_op *op, size_t k)
     return b;
 }
 
-void copy_dispatch(struct umbp_op *op, enum msg_type then)
+static void copying_link(struct umbp_runtime *rt, struct umbp_op *op)
+{
+    op->cprev = NULL;
+    op->cnext = rt->copying_head;
+    if (rt->copying_head)
+        rt->copying_head->cprev = op;
+    rt->copying_head = op;
+    if (!ev_is_active(&rt->copy_timer))
+        ev_timer_again(rt->loop, &rt->copy_timer);
+}
+
+void copying_unlink(struct umbp_runtime *rt, struct umbp_op *op)
+{
+    if (op->cprev)
+        op->cprev->cnext = op->cnext;
+    else if (rt->copying_head == op)
+        rt->copying_head = op->cnext;
+    else
+        return; /* not linked */
+    if (op->cnext)
+        op->cnext->cprev = op->cprev;
+    op->cprev = op->cnext = NULL;
+    if (!rt->copying_head)
+        ev_timer_stop(rt->loop, &rt->copy_timer);
+}
+
+static void copy_dispatch(struct umbp_op *op, enum msg_type then)
 {
     struct umbp_runtime *rt = op->rt;
     struct copy_pool *cp = &rt->copy;
@@ -164,6 +278,7 @@ void copy_dispatch(struct umbp_op *op, enum msg_type then)
         if ((acc >= per_job && nj + 1 < njobs) || last_key) {
             op->jobs[nj].first = first;
             op->jobs[nj].last = (uint32_t)k + 1;
+            atomic_store_explicit(&op->jobs[nj].state, JOB_QUEUED, memory_order_relaxed);
             nj++;
             first = (uint32_t)k + 1;
             acc = 0;
@@ -171,9 +286,124 @@ void copy_dispatch(struct umbp_op *op, enum msg_type then)
     }
     op->num_jobs = nj;
     atomic_store_explicit(&op->jobs_left, nj, memory_order_release);
+    atomic_fetch_add_explicit(&op->refs, nj, memory_order_relaxed); /* one per queued job */
+    copying_link(rt, op);
+    bool high = op->kind == OP_GET;
     for (uint32_t j = 0; j < nj; j++) {
         atomic_store_explicit(&op->jobs[j].op, op, memory_order_release);
-        ck_ring_enqueue_mpmc(&cp->ring, cp->buf, &op->jobs[j]);
+        if (high)
+            ck_ring_enqueue_mpmc(&cp->ring_hi, cp->buf_hi, &op->jobs[j]);
+        else
+            ck_ring_enqueue_mpmc(&cp->ring_lo, cp->buf_lo, &op->jobs[j]);
     }
     wake_workers(cp, (int)nj);
+}
+
+/* Loop thread: stops an op's copy.  Running jobs stop at their next chunk;
+ * queued ones are cancelled here, and if that ends the op's copy the op is
+ * posted back now (a worker never will). */
+void copy_cancel(struct umbp_op *op)
+{
+    if (atomic_exchange(&op->cancel, true))
+        return;
+    op->cancelled = true;
+    for (uint32_t j = 0; j < op->num_jobs; j++) {
+        uint32_t queued = JOB_QUEUED;
+        if (atomic_compare_exchange_strong(&op->jobs[j].state, &queued, JOB_CANCELLED))
+            job_finished(op);
+    }
+}
+
+static void on_copy_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct umbp_runtime *rt = w->data;
+    uint64_t now = umbp_now_ns();
+    for (struct umbp_op *op = rt->copying_head; op; op = op->cnext)
+        if (!op->cancelled &&
+            (now >= op->deadline_ns ||
+             (op->kind == OP_GET && atomic_load_explicit(&op->released, memory_order_relaxed))))
+            copy_cancel(op);
+}
+
+void copy_timer_init(struct umbp_runtime *rt)
+{
+    ev_init(&rt->copy_timer, on_copy_timer);
+    rt->copy_timer.repeat = 0.002;
+    rt->copy_timer.data = rt;
+}
+
+/* ---- the tier's own read/write (regions it does not map) ---------------------- */
+
+static void tier_move_end(struct umbp_op *op)
+{
+    if (--op->tier_moves_left == 0)
+        rt_post(op->rt, &op->hdr); /* loop thread; cannot fail: see rt.h */
+}
+
+static void tier_moved(void *arg, int rc)
+{
+    struct key_move *m = arg;
+    m->rc = rc < 0 ? rc : 0;
+    tier_move_end(m->op);
+}
+
+static void tier_dispatch(struct umbp_op *op, enum msg_type then)
+{
+    struct umbp_runtime *rt = op->rt;
+    op->hdr.type = (uint16_t)then;
+    op->tier_moves_left = 1; /* held until every key is submitted */
+    for (size_t k = 0; k < op->n; k++) {
+        if (op->state[k] != KEY_COPYING)
+            continue;
+        struct key_move *m = &op->moves[k];
+        *m = (struct key_move){.op = op, .rc = 0};
+        op->tier_moves_left++;
+        const umbp_range_t *rg = &op->ranges[op->range_first[k]];
+        size_t nr = op->range_first[k + 1] - op->range_first[k];
+        if (op->kind == OP_PUT)
+            tier_write(rt->tier, &op->reqs[k].region, rg, nr, tier_moved, m);
+        else
+            tier_read(rt->tier, &op->reqs[k].region, rg, nr, tier_moved, m);
+    }
+    tier_move_end(op);
+}
+
+/* ---- the one entry point ----------------------------------------------------- */
+
+void mover_choose(struct umbp_op *op)
+{
+    if (op->kv_layout)
+        op->mover = MOVER_GPU;
+    else if (op->rt->tier->ops->caps & UMBP_TIER_CAP_MAPPED)
+        op->mover = MOVER_MEMCPY;
+    else
+        op->mover = MOVER_TIER;
+}
+
+void move_dispatch(struct umbp_op *op, enum msg_type then)
+{
+    switch (op->mover) {
+    case MOVER_GPU: gpu_dispatch(op, then); break;
+    case MOVER_MEMCPY: copy_dispatch(op, then); break;
+    case MOVER_TIER: tier_dispatch(op, then); break;
+    }
+}
+
+int move_key_rc(const struct umbp_op *op, size_t k)
+{
+    if (op->cancelled)
+        return UMBP_E_TIMEOUT;
+    if (op->mover == MOVER_GPU && op->gpu_rc < 0)
+        return op->gpu_rc;
+    if (op->mover == MOVER_TIER && op->moves[k].rc < 0)
+        return op->moves[k].rc;
+    return 0;
+}
+
+void move_finished(struct umbp_op *op)
+{
+    if (op->mover == MOVER_MEMCPY)
+        copying_unlink(op->rt, op);
+    else if (op->mover == MOVER_GPU)
+        kv_transfer_done(op->rt);
 }

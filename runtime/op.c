@@ -29,7 +29,9 @@ static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct tim
 struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
 {
     void *p;
-    if (!ck_ring_dequeue_mpmc(&rt->free_ring, rt->free_buf, &p)) {
+    bool control = kind != OP_PUT && kind != OP_GET;
+    if (!ck_ring_dequeue_mpmc(control ? &rt->ctl_ring : &rt->free_ring,
+                              control ? rt->ctl_buf : rt->free_buf, &p)) {
         CNT_ADD(rt, mailbox_full, 1);
         return NULL;
     }
@@ -48,6 +50,10 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     op->parent = NULL;
     op->xfer = NULL;
     op->gpu_rc = 0;
+    op->cancelled = false;
+    atomic_store_explicit(&op->cancel, false, memory_order_relaxed);
+    atomic_store_explicit(&op->released, false, memory_order_relaxed);
+    op->cprev = op->cnext = NULL;
     op->submit_ns = umbp_now_ns();
     op->deadline_ns = op->submit_ns + ms_to_ns(rt->core->timeout_ms);
     atomic_store_explicit(&op->done, 0, memory_order_relaxed);
@@ -77,7 +83,8 @@ int op_reserve_keys(struct umbp_op *op, size_t n, size_t nranges)
             grow((void **)&op->range_first, want + 1, sizeof(*op->range_first)) ||
             grow((void **)&op->jobs, want, sizeof(*op->jobs)) ||
             grow((void **)&op->kv_block, want, sizeof(*op->kv_block)) ||
-            grow((void **)&op->kv_io, want, sizeof(*op->kv_io)))
+            grow((void **)&op->kv_io, want, sizeof(*op->kv_io)) ||
+            grow((void **)&op->moves, want, sizeof(*op->moves)))
             return -ENOMEM;
         op->cap_keys = want;
         op->cap_jobs = (uint32_t)want;
@@ -92,13 +99,21 @@ int op_reserve_keys(struct umbp_op *op, size_t n, size_t nranges)
     return 0;
 }
 
+static void op_recycle(struct umbp_op *op)
+{
+    struct umbp_runtime *rt = op->rt;
+    /* Each free ring has room for every op of its pool: this cannot fail. */
+    if (op->control)
+        ck_ring_enqueue_mpmc(&rt->ctl_ring, rt->ctl_buf, op);
+    else
+        ck_ring_enqueue_mpmc(&rt->free_ring, rt->free_buf, op);
+}
+
 void op_put_ref(struct umbp_op *op)
 {
     if (atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel) != 1)
         return;
-    struct umbp_runtime *rt = op->rt;
-    /* The free ring has room for every op, so this cannot fail. */
-    ck_ring_enqueue_mpmc(&rt->free_ring, rt->free_buf, op);
+    op_recycle(op);
 }
 
 void op_abandon(struct umbp_op *op)
@@ -106,7 +121,7 @@ void op_abandon(struct umbp_op *op)
     struct umbp_runtime *rt = op->rt;
     atomic_fetch_sub(&rt->inflight, 1);
     atomic_store(&op->refs, 0);
-    ck_ring_enqueue_mpmc(&rt->free_ring, rt->free_buf, op);
+    op_recycle(op);
 }
 
 void op_complete(struct umbp_op *op)
@@ -226,6 +241,11 @@ size_t umbp_op_num_ok(const umbp_op_t *op)
 
 void umbp_op_release(umbp_op_t *op)
 {
-    if (op)
-        op_put_ref(op);
+    if (!op)
+        return;
+    /* a get released in flight stops copying at its next chunk (the loop
+     * notices within a couple of ms); its destination may be written until
+     * then, so a caller that reuses it waits for the op instead */
+    atomic_store_explicit(&op->released, true, memory_order_relaxed);
+    op_put_ref(op);
 }

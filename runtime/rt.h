@@ -59,6 +59,13 @@ int rt_post(struct umbp_runtime *rt, struct msg_hdr *m);
 
 enum op_kind { OP_PUT, OP_GET, OP_LOOKUP, OP_STATS, OP_CLEAR, OP_FLUSH };
 
+/* How an op's bytes move (copy.c), chosen once when it arrives. */
+enum mover {
+    MOVER_MEMCPY, /* copy workers, between caller memory and mapped regions */
+    MOVER_GPU,    /* the GPU copy engine (umbp_kv_store / umbp_kv_load) */
+    MOVER_TIER,   /* the tier's read/write, for regions it does not map */
+};
+
 /* Per-key state of a put or get, beside the tier request. */
 enum key_state {
     KEY_TODO,      /* not yet asked of the tier (or waiting for space) */
@@ -70,6 +77,7 @@ struct umbp_op {
     struct msg_hdr hdr; /* first: the op is its own message */
     struct umbp_runtime *rt;
     enum op_kind kind;
+    bool control;             /* from the control pool (fixed per op) */
     _Atomic uint32_t done;    /* futex word: 0 in flight, 1 complete */
     _Atomic uint32_t waiters; /* threads sleeping on done */
     _Atomic uint32_t refs;    /* caller handle + runtime */
@@ -88,12 +96,19 @@ struct umbp_op {
     uint8_t *present;         /* lookup */
     size_t num_ok;
 
-    /* copy bookkeeping (written by the loop before dispatch, by workers
-     * after) */
+    /* moving the bytes (copy.c): the mover chosen on arrival; copy jobs
+     * (written by the loop before dispatch, by workers after) */
+    enum mover mover;
     _Atomic uint32_t jobs_left;
     uint32_t num_jobs;
     struct copy_job *jobs;
     uint32_t cap_jobs;
+    _Atomic bool cancel;      /* loop -> workers: stop at the next chunk */
+    bool cancelled;           /* loop: the deadline or a release cut the move */
+    _Atomic bool released;    /* caller released the handle in flight */
+    struct umbp_op *cprev, *cnext; /* the loop's list of ops being copied */
+    struct key_move *moves;   /* MOVER_TIER: per-key result of read/write */
+    uint32_t tier_moves_left;
 
     /* GPU KV transfers (umbp_kv_store / umbp_kv_load): the layout, the GPU
      * block of each key, the layer subset and the caller's event */
@@ -126,9 +141,18 @@ struct umbp_op {
 
 struct copy_job {
     uint32_t first, last;        /* keys [first, last) */
+    _Atomic uint32_t state;      /* QUEUED, TAKEN by a worker, CANCELLED */
     _Atomic(struct umbp_op *) op; /* stored last, with release: the job's
                                      publication edge (see copy.c) */
 };
+
+/* MOVER_TIER: one key's tier_read / tier_write in flight. */
+struct key_move {
+    struct umbp_op *op;
+    int rc;
+};
+
+#define CONTROL_OPS 64
 
 /* Caller side. */
 struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind);
@@ -146,8 +170,8 @@ int op_wait_ns(struct umbp_op *op, uint64_t timeout_ns);
 struct copy_pool {
     pthread_t *threads;
     int nthreads;
-    ck_ring_t ring;
-    ck_ring_buffer_t *buf;
+    ck_ring_t ring_hi, ring_lo;  /* gets first, then puts */
+    ck_ring_buffer_t *buf_hi, *buf_lo;
     unsigned size;
     _Atomic uint32_t seq;     /* futex event count: bumped on every enqueue */
     _Atomic uint32_t sleepers;
@@ -156,10 +180,21 @@ struct copy_pool {
 
 int copy_pool_start(struct umbp_runtime *rt, int nthreads, unsigned size);
 void copy_pool_stop(struct umbp_runtime *rt);
-/* Loop thread: splits the op's COPYING keys into jobs and queues them (a
- * put copies into the regions, a get out of them); the last job to finish
- * posts the op with message type `then`. */
-void copy_dispatch(struct umbp_op *op, enum msg_type then);
+void copy_timer_init(struct umbp_runtime *rt);
+
+/* Loop thread.  mover_choose picks the op's mover (on arrival);
+ * move_dispatch moves the bytes of its COPYING keys (a put into the
+ * regions, a get out of them) and posts the op back with message `then`;
+ * move_finished, first thing when it is back, ends the bookkeeping.  After
+ * it, op->cancelled says the move was cut short (deadline or release),
+ * op->gpu_rc < 0 that the GPU failed, op->moves[k].rc < 0 that a tier
+ * read/write failed. */
+void mover_choose(struct umbp_op *op);
+void move_dispatch(struct umbp_op *op, enum msg_type then);
+void move_finished(struct umbp_op *op);
+/* After move_finished: 0 if key k's bytes moved, else the key's status. */
+int move_key_rc(const struct umbp_op *op, size_t k);
+void copy_cancel(struct umbp_op *op);
 
 /* ---- GPU KV path (kv.c) ------------------------------------------------ */
 
@@ -189,8 +224,9 @@ struct kv_state {
     bool quit;
 };
 
-/* Loop thread: submits the op's COPYING keys as one GPU transfer; the op is
- * posted back with `then` when it completes (op->gpu_rc says how). */
+/* Loop thread (through move_dispatch): submits the op's COPYING keys as one
+ * GPU transfer; the op is posted back with `then` when it completes
+ * (op->gpu_rc says how). */
 void gpu_dispatch(struct umbp_op *op, enum msg_type then);
 void kv_init(struct umbp_runtime *rt);
 /* Loop thread: a GPU transfer's op came back (PUT_COPIED / GET_COPIED). */
@@ -253,9 +289,12 @@ struct umbp_runtime {
 
     /* op pool */
     struct umbp_op *ops;
+    /* op pool: max_inflight_ops data ops (puts, gets, KV transfers) and
+     * CONTROL_OPS for lookups, stats, clear and flush, in separate free
+     * rings, so data ops in flight never starve the control calls */
     size_t num_ops;
-    ck_ring_t free_ring;
-    ck_ring_buffer_t *free_buf;
+    ck_ring_t free_ring, ctl_ring;
+    ck_ring_buffer_t *free_buf, *ctl_buf;
 
     struct copy_pool copy;
     struct kv_state kv;
@@ -288,6 +327,9 @@ struct umbp_runtime {
     ev_timer lease_timer;
     struct msg_hdr lease_sweep;
     _Atomic bool lease_sweep_queued;
+    /* ops whose bytes the copy workers move, for their deadlines */
+    struct umbp_op *copying_head;
+    ev_timer copy_timer;
     /* load actor: quarantine of keys whose load failed */
     struct quarantine *quarantine;
 };

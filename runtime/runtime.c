@@ -88,21 +88,32 @@ static int create_tier(struct umbp_runtime *rt)
     return 0;
 }
 
-static int create_ops(struct umbp_runtime *rt)
+static unsigned ring_cap(size_t n)
 {
-    size_t n = (size_t)rt->core->max_inflight_ops;
     unsigned cap = 2;
     while (cap < n + 1)
         cap <<= 1;
+    return cap;
+}
+
+static int create_ops(struct umbp_runtime *rt)
+{
+    size_t ndata = (size_t)rt->core->max_inflight_ops, n = ndata + CONTROL_OPS;
     rt->ops = calloc(n, sizeof(*rt->ops));
-    rt->free_buf = calloc(cap, sizeof(ck_ring_buffer_t));
-    if (!rt->ops || !rt->free_buf)
+    rt->free_buf = calloc(ring_cap(ndata), sizeof(ck_ring_buffer_t));
+    rt->ctl_buf = calloc(ring_cap(CONTROL_OPS), sizeof(ck_ring_buffer_t));
+    if (!rt->ops || !rt->free_buf || !rt->ctl_buf)
         return -ENOMEM;
     rt->num_ops = n;
-    ck_ring_init(&rt->free_ring, cap);
+    ck_ring_init(&rt->free_ring, ring_cap(ndata));
+    ck_ring_init(&rt->ctl_ring, ring_cap(CONTROL_OPS));
     for (size_t i = 0; i < n; i++) {
         rt->ops[i].rt = rt;
-        ck_ring_enqueue_mpmc(&rt->free_ring, rt->free_buf, &rt->ops[i]);
+        rt->ops[i].control = i >= ndata;
+        if (rt->ops[i].control)
+            ck_ring_enqueue_mpmc(&rt->ctl_ring, rt->ctl_buf, &rt->ops[i]);
+        else
+            ck_ring_enqueue_mpmc(&rt->free_ring, rt->free_buf, &rt->ops[i]);
     }
     return 0;
 }
@@ -129,6 +140,7 @@ static int create_actors(struct umbp_runtime *rt)
     rt->stop_async.data = rt;
     ev_async_start(rt->loop, &rt->stop_async);
     evictor_init(rt);
+    copy_timer_init(rt);
     if ((rc = store_actor_init(rt)) < 0 || (rc = lease_actor_init(rt)) < 0)
         return rc;
     rt->quarantine = quarantine_new();
@@ -156,9 +168,11 @@ static void free_runtime(struct umbp_runtime *rt)
         free(op->ranges);
         free(op->kv_block);
         free(op->kv_io);
+        free(op->moves);
     }
     free(rt->ops);
     free(rt->free_buf);
+    free(rt->ctl_buf);
     free(rt->events.v);
     free(rt->memreg.v);
     quarantine_free(rt->quarantine);

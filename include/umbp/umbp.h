@@ -190,14 +190,16 @@ typedef struct umbp_op umbp_op_t;
  *
  * On 0, *op completes later with one status per key (umbp_op_key_status):
  * 0 stored or already present (first writer wins), -ENOSPC no space within
- * put_wait_ms, -EFBIG larger than the whole pool, UMBP_E_TIMEOUT still
- * waiting for space past timeout_ms.  A failed key
+ * put_wait_ms (a full pool first evicts the least recently used objects that
+ * make room; -ENOSPC when leases or pending puts hold the space), -EFBIG
+ * larger than the whole pool, UMBP_E_TIMEOUT past timeout_ms.  A failed key
  * leaves the previous state untouched.  A put of a key whose first put is
  * still being written also completes with 0 without writing: 0 means "stored
  * or being stored by an earlier put", and if that earlier put fails the key
- * is absent (a later lookup tells).  timeout_ms bounds waiting (in the queue,
- * for space); a copy that has started is never abandoned, since the caller's
- * memory would be touched after completion.
+ * is absent (a later lookup tells).  timeout_ms bounds the whole op: queued,
+ * waiting for space or copying (a host copy is cut at its next 2 MiB chunk;
+ * a GPU transfer, once submitted, runs to its end); the caller's memory is
+ * never touched after the op completes.
  * Item and range arrays are copied; the bytes the ranges point to must stay
  * valid and unchanged until the op completes.
  */
@@ -209,9 +211,11 @@ UMBP_API int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n
  * for overlapping or empty ranges).  Per key: 0 restored, -ENOENT missing,
  * UMBP_E_SHAPE a range past the end of the object, UMBP_E_STALE object
  * reclaimed under the reader (destination undefined), UMBP_E_TIMEOUT when
- * the op waited in the queue past timeout_ms (nothing copied),
+ * the op ran past timeout_ms (queued or copying: the copy is cut),
  * UMBP_E_QUARANTINED (a miss) with load_failure_quarantine_ms.
  * The destination of a key whose status is not 0 holds undefined bytes.
+ * Gets are copied before puts: a restore never queues behind bulk offload
+ * for more than one 2 MiB chunk.
  */
 UMBP_API int umbp_get(umbp_runtime_t *rt, const umbp_get_item_t *items, size_t n,
              umbp_op_t **op);
@@ -225,7 +229,10 @@ enum umbp_lookup_flags {
  * Which keys exist, and how many leading keys are present consecutively
  * (the cached prefix).  present[i] is set to 1 or 0 (present may be NULL).
  * Synchronous but bounded: waits at most lookup_timeout_ms, then reports
- * UMBP_E_TIMEOUT with everything absent.  While that timed-out lookup is
+ * UMBP_E_TIMEOUT with everything absent.  Lookups, stats, clear and flush use
+ * their own small pool of ops, so data operations in flight (even
+ * max_inflight_ops of them) never make them fail; -EAGAIN only when more
+ * than 64 of these calls are in flight at once.  While that timed-out lookup is
  * still unanswered, later calls return UMBP_E_NOT_ATTEMPTED at once (all
  * absent) instead of queueing behind it.  No side effects unless
  * UMBP_LOOKUP_TOUCH is given.  One round trip per batch.
@@ -316,8 +323,13 @@ UMBP_API int umbp_op_key_status(const umbp_op_t *op, size_t i);
 /* Counts of keys whose status is 0 and is not 0, once complete. */
 UMBP_API size_t umbp_op_num_ok(const umbp_op_t *op);
 
-/* Returns the handle to the runtime.  If the op is still in flight it is
- * released when it completes; the caller must not touch it again. */
+/* Returns the handle to the runtime; the caller must not touch it again.
+ * An op still in flight is recycled when it completes.  A put released in
+ * flight still completes (fire and forget).  A host get released in flight
+ * is cut at its next chunk and its leases end (a KV load runs to its end),
+ * but until then the runtime may still write its destination: a caller that
+ * will reuse the destination memory waits for the op (umbp_op_wait) before
+ * releasing it. */
 UMBP_API void umbp_op_release(umbp_op_t *op);
 
 /* ---- statistics ------------------------------------------------------- */

@@ -879,14 +879,21 @@ static struct held lease_hold(umbp_runtime_t *rt, const struct tu_obj *objs, siz
     return h;
 }
 
-/* want0: the status expected of the trapped key (0, or UMBP_E_STALE). */
+/* want0: the status expected of the trapped key (0, or UMBP_E_STALE; or
+ * UMBP_E_TIMEOUT when the get was held past timeout_ms: its copy is then cut
+ * at the deadline and every key fails with UMBP_E_TIMEOUT). */
 static void lease_release_check(struct held *h, const struct tu_obj *objs, int want0)
 {
     tu_trap_release();
     tu_wait(h->op);
     for (size_t i = 0; i < h->n; i++) {
         int st = umbp_op_key_status(h->op, i);
-        if (i == 0) {
+        if (want0 == UMBP_E_TIMEOUT) {
+            cr_assert_eq(st, UMBP_E_TIMEOUT, "key %zu of a get past its deadline: %d (%s)", i,
+                         st, umbp_strerror(st));
+            if (i)
+                free(h->dst[i]);
+        } else if (i == 0) {
             cr_assert_eq(st, want0, "held key: status %d (%s), want %d (%s)", st,
                          umbp_strerror(st), want0, umbp_strerror(want0));
             if (st == 0)
@@ -1054,7 +1061,8 @@ static void put_blocked_by_leases(const struct tier_param *tp, const char *limit
     if (want == UMBP_E_TIMEOUT)
         cr_assert_geq(s.ops_timed_out, 1);
     cr_assert_eq(tu_present(rt, big.key), 0);
-    lease_release_check(&h, o, 0);
+    /* the held get is bound by the same timeout_ms as the put */
+    lease_release_check(&h, o, want == UMBP_E_TIMEOUT ? UMBP_E_TIMEOUT : 0);
     /* with the leases gone the same put succeeds (by evicting) */
     tu_put_ok(rt, &big, 1);
     tu_expect_obj(rt, &big);

@@ -365,12 +365,16 @@ Test(api, backpressure_with_unreleased_handles)
     umbp_range_t grg = {dst, 128, 0};
     umbp_get_item_t git = {it[0].key, &grg, 1};
     cr_assert_eq(umbp_get(rt, &git, 1, &op), -EAGAIN);
+    /* control calls have their own ops: data ops in flight never starve
+     * them (issue 6 defect c: they returned -EAGAIN here) */
     umbp_key_t k = it[0].key;
-    cr_assert_eq(umbp_lookup(rt, &k, 1, NULL, NULL, 0), -EAGAIN);
+    uint8_t present = 0;
+    cr_assert_eq(umbp_lookup(rt, &k, 1, &present, NULL, 0), 0);
+    cr_assert_eq(present, 1);
     umbp_stats_t s;
-    cr_assert_eq(umbp_get_stats(rt, &s), -EAGAIN);
-    cr_assert_eq(umbp_flush(rt, 10), -EAGAIN);
-    cr_assert_eq(umbp_clear(rt), -EAGAIN);
+    cr_assert_eq(umbp_get_stats(rt, &s), 0);
+    cr_assert_eq(s.num_objects, 4);
+    cr_assert_eq(umbp_flush(rt, 10000), 0);
     /* releasing one makes room for exactly one */
     umbp_op_release(held[0]);
     cr_assert_eq(umbp_put(rt, &it[4], 1, &op), 0);
@@ -382,7 +386,7 @@ Test(api, backpressure_with_unreleased_handles)
     for (int i = 1; i < 4; i++)
         umbp_op_release(held[i]);
     s = tu_stats(rt);
-    cr_assert_eq(s.mailbox_full, 7, "refused submissions counted %llu, want 7",
+    cr_assert_eq(s.mailbox_full, 3, "refused submissions counted %llu, want 3",
                  (unsigned long long)s.mailbox_full);
     cr_assert_eq(s.puts_ok, 5);
     cr_assert_eq(tu_present(rt, it[5].key), 0);
