@@ -302,11 +302,12 @@ static void copy_dispatch(struct umbp_op *op, enum msg_type then)
 /* Loop thread: stops an op's copy.  Running jobs stop at their next chunk;
  * queued ones are cancelled here, and if that ends the op's copy the op is
  * posted back now (a worker never will). */
-void copy_cancel(struct umbp_op *op)
+void copy_cancel(struct umbp_op *op, bool by_release)
 {
     if (atomic_exchange(&op->cancel, true))
         return;
     op->cancelled = true;
+    op->cut_by_release = by_release;
     for (uint32_t j = 0; j < op->num_jobs; j++) {
         uint32_t queued = JOB_QUEUED;
         if (atomic_compare_exchange_strong(&op->jobs[j].state, &queued, JOB_CANCELLED))
@@ -318,11 +319,14 @@ static void on_copy_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct umbp_runtime *rt = w->data;
     uint64_t now = umbp_now_ns();
-    for (struct umbp_op *op = rt->copying_head; op; op = op->cnext)
-        if (!op->cancelled &&
-            (now >= op->deadline_ns ||
-             (op->kind == OP_GET && atomic_load_explicit(&op->released, memory_order_relaxed))))
-            copy_cancel(op);
+    for (struct umbp_op *op = rt->copying_head; op; op = op->cnext) {
+        if (op->cancelled)
+            continue;
+        if (op->kind == OP_GET && atomic_load_explicit(&op->released, memory_order_relaxed))
+            copy_cancel(op, true); /* nobody waits for these bytes */
+        else if (now >= op->deadline_ns)
+            copy_cancel(op, false);
+    }
 }
 
 void copy_timer_init(struct umbp_runtime *rt)
@@ -392,7 +396,7 @@ void move_dispatch(struct umbp_op *op, enum msg_type then)
 int move_key_rc(const struct umbp_op *op, size_t k)
 {
     if (op->cancelled)
-        return UMBP_E_TIMEOUT;
+        return op->cut_by_release ? UMBP_E_NOT_ATTEMPTED : UMBP_E_TIMEOUT;
     if (op->mover == MOVER_GPU && op->gpu_rc < 0)
         return op->gpu_rc;
     if (op->mover == MOVER_TIER && op->moves[k].rc < 0)

@@ -50,7 +50,7 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     op->parent = NULL;
     op->xfer = NULL;
     op->gpu_rc = 0;
-    op->cancelled = false;
+    op->cancelled = op->cut_by_release = false;
     atomic_store_explicit(&op->cancel, false, memory_order_relaxed);
     atomic_store_explicit(&op->released, false, memory_order_relaxed);
     op->cprev = op->cnext = NULL;

@@ -105,6 +105,7 @@ struct umbp_op {
     uint32_t cap_jobs;
     _Atomic bool cancel;      /* loop -> workers: stop at the next chunk */
     bool cancelled;           /* loop: the deadline or a release cut the move */
+    bool cut_by_release;      /* ... a release (not counted as a time-out) */
     _Atomic bool released;    /* caller released the handle in flight */
     struct umbp_op *cprev, *cnext; /* the loop's list of ops being copied */
     struct key_move *moves;   /* MOVER_TIER: per-key result of read/write */
@@ -194,7 +195,7 @@ void move_dispatch(struct umbp_op *op, enum msg_type then);
 void move_finished(struct umbp_op *op);
 /* After move_finished: 0 if key k's bytes moved, else the key's status. */
 int move_key_rc(const struct umbp_op *op, size_t k);
-void copy_cancel(struct umbp_op *op);
+void copy_cancel(struct umbp_op *op, bool by_release);
 
 /* ---- GPU KV path (kv.c) ------------------------------------------------ */
 

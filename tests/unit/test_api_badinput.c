@@ -199,7 +199,8 @@ Test(api, op_in_progress, .timeout = 300)
     cr_assert_eq(memcmp(dst, o.data, 64 * KiB), 0);
     umbp_op_release(op);
 
-    /* released while in flight: the runtime recycles it when it completes */
+    /* released while in flight: the runtime cuts it (or it finishes first)
+     * and recycles it; its lease ends either way */
     umbp_op_t *op2;
     tu_trap_free();
     dst = tu_trap_arm(64 * KiB);
@@ -214,8 +215,7 @@ Test(api, op_in_progress, .timeout = 300)
     do {
         s = tu_stats(rt);
         cr_assert(tu_now_ms() < end, "the released get never finished");
-    } while (s.gets_ok < 3);
-    cr_assert_eq(memcmp(dst, o.data, 64 * KiB), 0);
+    } while (s.gets_ok + s.gets_failed < 3 || s.num_leased);
     tu_trap_free();
     tu_obj_free(&o);
     tu_destroy(rt);
