@@ -274,6 +274,14 @@ static void put_reserved(void *arg, int rc)
 
 static void put_reserve_round(struct umbp_runtime *rt, struct umbp_op *op)
 {
+    /* health again before every round, not only on arrival: a put that
+     * waited for space must not queue behind a backend that stalled since */
+    int h = rt->stopping ? UMBP_E_NOT_ATTEMPTED : tier_health(rt->tier);
+    if (h < 0) {
+        fail_todo(op, h);
+        put_finish(rt, op);
+        return;
+    }
     size_t m = 0;
     for (size_t k = 0; k < op->n; k++)
         if (op->state[k] == KEY_TODO) {
@@ -287,12 +295,6 @@ static void put_arrive(struct umbp_runtime *rt, struct umbp_op *op)
 {
     op->arrival = ++rt->arrivals;
     puts_append(rt, op);
-    int h = rt->stopping ? UMBP_E_NOT_ATTEMPTED : tier_health(rt->tier);
-    if (h < 0) {
-        fail_todo(op, h);
-        put_finish(rt, op);
-        return;
-    }
     mover_choose(op);
     op->space_deadline_ns = op->submit_ns + ms_to_ns(rt->core->put_wait_ms);
     if (op->space_deadline_ns > op->deadline_ns)

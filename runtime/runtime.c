@@ -19,6 +19,7 @@
 
 #include "config.h"
 #include "rt.h"
+#include "tier_call.h"
 
 static void *loop_main(void *arg)
 {
@@ -33,6 +34,10 @@ static void on_drain_timer(struct ev_loop *loop, ev_timer *w, int revents)
     size_t inflight = atomic_load(&rt->inflight);
     if (inflight && umbp_now_ns() < rt->drain_deadline_ns)
         return;
+    /* A remote tier completes what it still has outstanding now (its ops
+     * fail and finish inline); no tier call comes after this. */
+    tier_stop(rt->tier);
+    inflight = atomic_load(&rt->inflight);
     if (inflight)
         umbp_log(UMBP_LOG_WARN, "shutdown: %zu operations still in flight after timeout_ms; "
                  "abandoning them", inflight);
