@@ -245,6 +245,69 @@ int dram_alloc_create(uint64_t capacity, struct dram_alloc **out)
     return 0;
 }
 
+/* Appends a block [off, off + len) at the end of the address list. */
+static int append_block(struct dram_alloc *a, struct dram_block **last, uint64_t off,
+                        uint64_t len, bool is_free)
+{
+    struct dram_block *b = calloc(1, sizeof(*b));
+    if (!b)
+        return -ENOMEM;
+    b->off = off;
+    b->len = len;
+    b->prev = *last;
+    if (*last)
+        (*last)->next = b;
+    else
+        a->first = b;
+    *last = b;
+    if (is_free) {
+        free_insert(a, b);
+    } else {
+        b->free = false;
+        a->used_root = tree_insert(a->used_root, b, cmp_used);
+        a->used += len;
+    }
+    return 0;
+}
+
+int dram_alloc_create_used(uint64_t capacity, const struct dram_alloc_range *used, size_t n,
+                           struct dram_alloc **out)
+{
+    capacity &= ~(uint64_t)(DRAM_ALLOC_ALIGN - 1);
+    if (capacity == 0)
+        return -EINVAL;
+    uint64_t end = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t len = used[i].size ? dram_alloc_round(used[i].size) : 0;
+        if (!len || used[i].off % DRAM_ALLOC_ALIGN || used[i].off < end ||
+            used[i].off > capacity || len > capacity - used[i].off)
+            return -EINVAL; /* unsorted, overlapping, misaligned or outside */
+        end = used[i].off + len;
+    }
+    struct dram_alloc *a = calloc(1, sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    a->capacity = capacity;
+    struct dram_block *last = NULL;
+    uint64_t at = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        if (used[i].off > at)
+            rc = append_block(a, &last, at, used[i].off - at, true);
+        if (rc == 0)
+            rc = append_block(a, &last, used[i].off, dram_alloc_round(used[i].size), false);
+        at = used[i].off + dram_alloc_round(used[i].size);
+    }
+    if (rc == 0 && at < capacity)
+        rc = append_block(a, &last, at, capacity - at, true);
+    if (rc < 0) {
+        dram_alloc_destroy(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
 void dram_alloc_destroy(struct dram_alloc *a)
 {
     struct dram_block *b, *next;

@@ -26,6 +26,16 @@ static inline uint64_t dram_alloc_round(uint64_t size)
 /* Manages [0, capacity rounded down to DRAM_ALLOC_ALIGN).  -EINVAL if that
  * is 0, -ENOMEM. */
 int dram_alloc_create(uint64_t capacity, struct dram_alloc **out);
+/* One allocation, for dram_alloc_create_used. */
+struct dram_alloc_range {
+    uint64_t off, size;
+};
+
+/* Manages [0, capacity) with `used` already allocated (a pool adopted after
+ * a restart): sorted by offset, aligned, not overlapping, inside capacity,
+ * else -EINVAL.  -ENOMEM. */
+int dram_alloc_create_used(uint64_t capacity, const struct dram_alloc_range *used, size_t n,
+                           struct dram_alloc **out);
 /* Frees the metadata; outstanding allocations are simply forgotten. */
 void dram_alloc_destroy(struct dram_alloc *a);
 

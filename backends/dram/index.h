@@ -27,6 +27,7 @@ struct dram_obj {
     uint64_t oid;                 /* unique per reservation, never reused */
     uint64_t off, size;           /* pool offset and object size */
     uint32_t readers;             /* active leases */
+    uint32_t slot;                /* journal slot, or DRAM_JOURNAL_NONE */
     enum dram_obj_state state;
     struct dram_obj *lru_prev, *lru_next; /* PUBLISHED only; head = newest */
 };

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "umbp/tier.h"
@@ -57,12 +58,19 @@ static int open_memfd(uint64_t page_size, bool huge, struct map_failure *f)
     return fd;
 }
 
-static int open_shm(struct dram_pool *pool, const char *name,
+static int open_shm(struct dram_pool *pool, const char *name, bool persistent,
                     struct map_failure *f)
 {
     int fd;
 
     snprintf(pool->shm_path, sizeof(pool->shm_path), "/%s", name);
+    if (persistent) {
+        fd = shm_open(pool->shm_path, O_RDWR | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            pool->adopted = true;
+            return fd;
+        }
+    }
     fd = shm_open(pool->shm_path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) {
         *f = (struct map_failure){ "shm_open", errno };
@@ -84,11 +92,19 @@ static int map_once(struct dram_pool *pool, const struct dram_pool_params *p,
     if (p->shared) {
         bool named = p->shm_name && p->shm_name[0];
 
-        fd = named ? open_shm(pool, p->shm_name, f)
+        fd = named ? open_shm(pool, p->shm_name, p->persistent, f)
                    : open_memfd(page_size, huge, f);
         if (fd < 0)
             return -f->err;
-        if (ftruncate(fd, (off_t)size) < 0) {
+        struct stat st;
+        if (pool->adopted && (fstat(fd, &st) < 0 || (uint64_t)st.st_size != size)) {
+            *f = (struct map_failure){ "adopt", EMEDIUMTYPE };
+            pool->size = fstat(fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+            close(fd);
+            pool->shm_path[0] = '\0'; /* not ours to unlink */
+            return -EMEDIUMTYPE;
+        }
+        if (!pool->adopted && ftruncate(fd, (off_t)size) < 0) {
             *f = (struct map_failure){ "ftruncate", errno };
             close(fd);
             return -f->err;
@@ -171,7 +187,12 @@ static int map_pool(struct dram_pool *pool, const struct dram_pool_params *p,
         return -EINVAL;
     }
     rc = map_once(pool, p, size, small, false, &f);
-    if (rc == -EEXIST && named)
+    if (rc == -EMEDIUMTYPE)
+        snprintf(err, errlen, "dram_shm_name=%s: /dev/shm/%s holds a pool of %llu bytes "
+                 "but this config maps %llu; set capacity_bytes to match, or remove the "
+                 "file to start empty", p->shm_name, p->shm_name,
+                 (unsigned long long)pool->size, (unsigned long long)size);
+    else if (rc == -EEXIST && named)
         snprintf(err, errlen, "dram_shm_name=%s: /dev/shm/%s already exists "
                  "(another runtime uses it, or one that crashed left it); "
                  "choose another name or remove the file", p->shm_name,
@@ -260,10 +281,11 @@ int dram_pool_create(const struct dram_pool_params *p, struct dram_pool **out,
         return -ENOMEM;
     }
     pool->fd = -1;
+    pool->persistent = p->persistent && p->shared && p->shm_name && p->shm_name[0];
     rc = map_pool(pool, p, err, errlen);
     if (rc == 0)
         rc = bind_node(pool, p->numa_node, err, errlen);
-    if (rc == 0 && p->prefault)
+    if (rc == 0 && p->prefault && !pool->adopted) /* adopted pages hold objects */
         rc = prefault(pool, err, errlen);
     if (rc < 0) {
         dram_pool_destroy(pool);
@@ -281,7 +303,7 @@ void dram_pool_destroy(struct dram_pool *pool)
         munmap(pool->base, pool->size);
     if (pool->fd >= 0)
         close(pool->fd);
-    if (pool->shm_path[0])
+    if (pool->shm_path[0] && !pool->persistent)
         shm_unlink(pool->shm_path);
     free(pool);
 }

@@ -24,6 +24,9 @@ struct dram_pool_params {
     uint64_t hugepage_size; /* 2 MiB or 1 GiB */
     int numa_node;          /* -1: no binding */
     bool prefault;
+    bool persistent;        /* named only: open the pool if it exists (a
+                               restarted server adopts it) and leave it in
+                               /dev/shm at destroy */
 };
 
 struct dram_pool {
@@ -33,6 +36,8 @@ struct dram_pool {
     bool hugepages;     /* huge pages in use */
     int fd;             /* memfd or shm descriptor; -1 when anonymous */
     char shm_path[DRAM_SHM_NAME_MAX + 1]; /* "/name" unlinked at destroy */
+    bool adopted;       /* persistent: the named pool existed and was opened */
+    bool persistent;    /* leave it in /dev/shm at destroy */
     char warning[512];  /* the huge-page fallback warning, "" if none */
 };
 

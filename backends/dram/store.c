@@ -6,11 +6,13 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <sys/random.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "alloc.h"
 #include "index.h"
+#include "journal.h"
 #include "lease.h"
 #include "store.h"
 
@@ -23,6 +25,12 @@ struct dram_store {
     uint64_t next_oid;
     uint64_t num_objects, num_pending, num_leased;
     uint64_t evictions, evicted_bytes, leases_expired;
+    uint64_t pool_id;
+    struct dram_journal *journal;      /* persistent pools only */
+    struct dram_store_adoption adoption;
+    struct dram_alloc_range *held;     /* pending regions of a dead owner */
+    uint32_t *held_slots;
+    size_t nheld;
 };
 
 static void emit(struct dram_store *s, umbp_event_type_t type, const umbp_key_t *key)
@@ -36,6 +44,9 @@ static void space_freed(struct dram_store *s)
     if (s->p.space_freed)
         s->p.space_freed(s->p.ctx);
 }
+
+static int store_open_journal(struct dram_store *s, const struct dram_store_params *p,
+                              uint64_t usable, char *err, size_t errlen);
 
 /* ---- lifetime ----------------------------------------------------------- */
 
@@ -58,9 +69,19 @@ int dram_store_create(const struct dram_store_params *p, struct dram_store **out
     uint64_t usable = p->capacity & ~(uint64_t)(DRAM_ALLOC_ALIGN - 1);
     if (usable > s->pool->size)
         usable = s->pool->size;
-    if (dram_alloc_create(usable, &s->alloc) < 0 || dram_index_create(&s->index) < 0 ||
-        dram_leases_create(&s->leases) < 0)
+    if (dram_index_create(&s->index) < 0 || dram_leases_create(&s->leases) < 0)
         goto nomem;
+    if (s->pool->persistent) {
+        if ((rc = store_open_journal(s, p, usable, err, errlen)) < 0) {
+            dram_store_destroy(s);
+            return rc;
+        }
+    } else {
+        while (getrandom(&s->pool_id, sizeof(s->pool_id), 0) != (ssize_t)sizeof(s->pool_id))
+            ;
+        if (dram_alloc_create(usable, &s->alloc) < 0)
+            goto nomem;
+    }
     *out = s;
     return 0;
 nomem:
@@ -73,6 +94,9 @@ void dram_store_destroy(struct dram_store *s)
 {
     if (!s)
         return;
+    dram_journal_close(s->journal);
+    free(s->held);
+    free(s->held_slots);
     dram_leases_destroy(s->leases);
     dram_index_destroy(s->index);
     dram_alloc_destroy(s->alloc);
@@ -81,6 +105,164 @@ void dram_store_destroy(struct dram_store *s)
 }
 
 const struct dram_pool *dram_store_pool(const struct dram_store *s) { return s->pool; }
+uint64_t dram_store_pool_id(const struct dram_store *s) { return s->pool_id; }
+
+void dram_store_adoption(const struct dram_store *s, struct dram_store_adoption *out)
+{
+    *out = s->adoption;
+}
+
+/* ---- adopting a persistent pool ----------------------------------------- */
+
+static int cmp_rec_off(const void *a, const void *b)
+{
+    const struct dram_journal_rec *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static int cmp_obj_oid(const void *a, const void *b)
+{
+    const struct dram_obj *x = *(struct dram_obj *const *)a, *y = *(struct dram_obj *const *)b;
+    return x->oid < y->oid ? -1 : x->oid > y->oid;
+}
+
+/* Keeps the records that can be trusted: sorted by offset, inside the pool,
+ * aligned, not overlapping an earlier one; the others are dropped. */
+static size_t valid_records(struct dram_store *s, struct dram_journal_rec *r, size_t n,
+                            uint64_t usable)
+{
+    qsort(r, n, sizeof(*r), cmp_rec_off);
+    size_t k = 0;
+    uint64_t end = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t len = r[i].size ? dram_alloc_round(r[i].size) : 0;
+        if (!len || r[i].off % DRAM_ALLOC_ALIGN || r[i].off < end || r[i].off > usable ||
+            len > usable - r[i].off) {
+            dram_journal_drop(s->journal, r[i].slot);
+            s->adoption.dropped++;
+            continue;
+        }
+        end = r[i].off + len;
+        r[k++] = r[i];
+    }
+    return k;
+}
+
+static int adopt_one(struct dram_store *s, const struct dram_journal_rec *r,
+                     struct dram_obj **objs, size_t *nobjs)
+{
+    if (r->state == DRAM_JSLOT_PENDING) {
+        s->held[s->nheld] = (struct dram_alloc_range){r->off, r->size};
+        s->held_slots[s->nheld++] = r->slot;
+        return 0;
+    }
+    if (dram_index_find(s->index, &r->key)) { /* a key twice: keep the first */
+        dram_alloc_put(s->alloc, r->off);
+        dram_journal_drop(s->journal, r->slot);
+        s->adoption.dropped++;
+        return 0;
+    }
+    struct dram_obj *obj = calloc(1, sizeof(*obj));
+    if (!obj)
+        return -ENOMEM;
+    *obj = (struct dram_obj){.key = r->key, .oid = r->oid, .off = r->off, .size = r->size,
+                             .state = DRAM_OBJ_PUBLISHED, .slot = r->slot};
+    if (dram_index_insert(s->index, obj) < 0) {
+        free(obj);
+        return -ENOMEM;
+    }
+    if (r->oid >= s->next_oid)
+        s->next_oid = r->oid + 1;
+    objs[(*nobjs)++] = obj;
+    s->num_objects++;
+    s->adoption.objects++;
+    s->adoption.bytes += r->size;
+    return 0;
+}
+
+/* Rebuilds allocator, index and LRU order (oldest oid least recent) from
+ * the journal's records. */
+static int adopt_records(struct dram_store *s, struct dram_journal_rec *r, size_t n,
+                         uint64_t usable)
+{
+    n = valid_records(s, r, n, usable);
+    struct dram_alloc_range *used = calloc(n ? n : 1, sizeof(*used));
+    struct dram_obj **objs = calloc(n ? n : 1, sizeof(*objs));
+    s->held = calloc(n ? n : 1, sizeof(*s->held));
+    s->held_slots = calloc(n ? n : 1, sizeof(*s->held_slots));
+    int rc = -ENOMEM;
+    if (!used || !objs || !s->held || !s->held_slots)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        used[i] = (struct dram_alloc_range){r[i].off, r[i].size};
+    if ((rc = dram_alloc_create_used(usable, used, n, &s->alloc)) < 0)
+        goto out;
+    size_t nobjs = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = adopt_one(s, &r[i], objs, &nobjs);
+    qsort(objs, nobjs, sizeof(*objs), cmp_obj_oid);
+    for (size_t i = 0; i < nobjs; i++)
+        dram_lru_push_head(s->index, objs[i]);
+    s->adoption.held_pending = s->nheld;
+out:
+    free(used);
+    free(objs);
+    return rc;
+}
+
+static int store_open_journal(struct dram_store *s, const struct dram_store_params *p,
+                              uint64_t usable, char *err, size_t errlen)
+{
+    uint32_t slots = p->journal_slots;
+    if (!slots) {
+        uint64_t want = usable / (64u << 10);
+        slots = want < 4096 ? 4096 : want > (1u << 26) ? (1u << 26) : (uint32_t)want;
+    }
+    const char *name = s->pool->shm_path + 1; /* "/name" */
+    bool adopted;
+    int rc = dram_journal_open(name, s->pool->size, slots, true, &s->journal, &adopted,
+                               &s->pool_id, err, errlen);
+    if (rc < 0)
+        return rc;
+    struct dram_journal_rec *r = NULL;
+    size_t n = 0;
+    if ((rc = dram_journal_scan(s->journal, &r, &n)) < 0)
+        goto nomem;
+    if (!s->pool->adopted) {
+        /* a new (zeroed) pool under an old journal: nothing to adopt */
+        for (size_t i = 0; i < n; i++)
+            dram_journal_drop(s->journal, r[i].slot);
+        n = 0;
+    }
+    s->adoption.adopted = adopted && s->pool->adopted;
+    rc = adopt_records(s, r, n, usable);
+    free(r);
+    if (rc < 0)
+        goto nomem;
+    if (s->adoption.adopted)
+        umbp_log(UMBP_LOG_INFO, "adopted pool /dev/shm%s: %llu objects (%llu bytes), %llu "
+                 "pending regions held, %llu records dropped", s->pool->shm_path,
+                 (unsigned long long)s->adoption.objects,
+                 (unsigned long long)s->adoption.bytes,
+                 (unsigned long long)s->adoption.held_pending,
+                 (unsigned long long)s->adoption.dropped);
+    return 0;
+nomem:
+    snprintf(err, errlen, "out of memory adopting the pool's objects");
+    return -ENOMEM;
+}
+
+void dram_store_adopt_finish(struct dram_store *s)
+{
+    if (!s->nheld)
+        return;
+    for (size_t i = 0; i < s->nheld; i++) {
+        dram_alloc_put(s->alloc, s->held[i].off);
+        dram_journal_drop(s->journal, s->held_slots[i]);
+    }
+    s->nheld = 0;
+    space_freed(s);
+}
 
 /* ---- objects ------------------------------------------------------------ */
 
@@ -88,6 +270,8 @@ const struct dram_pool *dram_store_pool(const struct dram_store *s) { return s->
 static uint64_t obj_free(struct dram_store *s, struct dram_obj *obj)
 {
     uint64_t bytes = dram_alloc_round(obj->size);
+    if (obj->slot != DRAM_JOURNAL_NONE)
+        dram_journal_drop(s->journal, obj->slot);
     dram_alloc_put(s->alloc, obj->off);
     dram_index_remove(s->index, obj);
     free(obj);
@@ -146,11 +330,14 @@ int dram_store_reserve(struct dram_store *s, const umbp_key_t *key, uint64_t siz
     obj->size = size;
     obj->oid = s->next_oid++;
     obj->state = DRAM_OBJ_PENDING;
+    obj->slot = DRAM_JOURNAL_NONE;
     if (dram_index_insert(s->index, obj) < 0) {
         dram_alloc_put(s->alloc, obj->off);
         free(obj);
         return -ENOMEM;
     }
+    if (s->journal && (obj->slot = dram_journal_claim(s->journal)) != DRAM_JOURNAL_NONE)
+        dram_journal_set_pending(s->journal, obj->slot, key, obj->off, size, obj->oid);
     s->num_pending++;
     *r = (struct dram_store_region){.offset = obj->off, .size = size, .token = obj->oid};
     return 0;
@@ -172,6 +359,8 @@ int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t tok
     if (!obj)
         return -ENOENT;
     obj->state = DRAM_OBJ_PUBLISHED;
+    if (obj->slot != DRAM_JOURNAL_NONE)
+        dram_journal_set_published(s->journal, obj->slot);
     s->num_pending--;
     s->num_objects++;
     dram_lru_push_head(s->index, obj);

@@ -33,6 +33,12 @@ struct dram_store_params {
     struct dram_pool_params pool;
     uint64_t capacity;          /* bytes objects may use (<= the pool) */
     double high_watermark, low_watermark; /* fractions, reported by usage */
+    /* With pool.persistent (a named pool): keep object records in
+     * /dev/shm/<name>.meta and adopt the pool and its published objects if
+     * they exist (a restarted server).  journal_slots: records (0 = one per
+     * 64 KiB of capacity, at least 4096); objects past it are not kept
+     * across restarts. */
+    uint32_t journal_slots;
     /* Called when a key becomes visible (STORED) or goes away (REMOVED). */
     void (*emit_event)(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
     /* Called when space was freed (eviction, abort, a lease ending, clear). */
@@ -49,6 +55,23 @@ int dram_store_create(const struct dram_store_params *p, struct dram_store **out
                       size_t errlen);
 void dram_store_destroy(struct dram_store *s);
 const struct dram_pool *dram_store_pool(const struct dram_store *s);
+/* The pool's id: kept in the journal of a persistent pool (so a restarted
+ * server hands the same id to clients that still map it), else random. */
+uint64_t dram_store_pool_id(const struct dram_store *s);
+
+/* What adoption found at create (all 0 for a new pool). */
+struct dram_store_adoption {
+    bool adopted;             /* an existing pool and journal were opened */
+    uint64_t objects, bytes;  /* published objects adopted */
+    uint64_t held_pending;    /* regions of the dead server's reservations,
+                                 kept out of use until adopt_finish */
+    uint64_t dropped;         /* records that were invalid (logged) */
+};
+void dram_store_adoption(const struct dram_store *s, struct dram_store_adoption *out);
+/* Frees the regions of reservations the previous owner left pending: call
+ * it once their writers (clients of the dead server, whose copies end by
+ * their timeout_ms) cannot write any more. */
+void dram_store_adopt_finish(struct dram_store *s);
 
 /* true if key is PUBLISHED; touch refreshes its LRU position. */
 bool dram_store_lookup(struct dram_store *s, const umbp_key_t *key, bool touch);

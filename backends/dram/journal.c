@@ -1,0 +1,223 @@
+/*
+ * journal.c - object records of a named pool in /dev/shm/<name>.meta (see
+ * journal.h for the states and the commit rule).
+ *
+ * Layout: a 4 KiB header page, then nslots slots of 64 bytes.  Only the
+ * pages of slots in use are ever touched, so a large table costs memory in
+ * proportion to the objects stored.  The free list of slots lives in the
+ * owner's memory and is rebuilt by scan().
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "journal.h"
+
+#define JOURNAL_MAGIC 0x4c4e524a50424d55ull /* "UMBPJRNL" */
+#define JOURNAL_VERSION 1
+#define HDR_BYTES 4096
+
+struct jheader {
+    uint64_t magic;
+    uint32_t version, slot_size;
+    uint64_t nslots, pool_size, pool_id;
+};
+
+struct jslot {
+    _Atomic uint32_t state;
+    uint32_t pad;
+    uint64_t off, size, oid;
+    uint8_t key[UMBP_KEY_SIZE];
+};
+_Static_assert(sizeof(struct jslot) == 64, "journal slots are 64 bytes");
+
+struct dram_journal {
+    char path[300];
+    int fd;
+    void *map;
+    size_t map_len;
+    struct jheader *hdr;
+    struct jslot *slots;
+    uint32_t nslots;
+    uint32_t *free_list; /* stack of free slot numbers */
+    uint32_t nfree;
+    bool persistent;
+};
+
+static int map_file(struct dram_journal *j, bool create, char *err, size_t errlen)
+{
+    if (create && ftruncate(j->fd, (off_t)j->map_len) < 0) {
+        snprintf(err, errlen, "dram_shm_name: cannot size /dev/shm%s (%s); check /dev/shm's "
+                 "size", j->path, strerror(errno));
+        return -errno;
+    }
+    j->map = mmap(NULL, j->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, j->fd, 0);
+    if (j->map == MAP_FAILED) {
+        j->map = NULL;
+        snprintf(err, errlen, "dram_shm_name: cannot map /dev/shm%s (%s)", j->path,
+                 strerror(errno));
+        return -errno;
+    }
+    j->hdr = j->map;
+    j->slots = (struct jslot *)((char *)j->map + HDR_BYTES);
+    return 0;
+}
+
+/* An existing table this pool may adopt: same layout, same pool size. */
+static bool header_matches(const struct dram_journal *j, uint64_t pool_size)
+{
+    const struct jheader *h = j->hdr;
+    return h->magic == JOURNAL_MAGIC && h->version == JOURNAL_VERSION &&
+           h->slot_size == sizeof(struct jslot) && h->nslots == j->nslots &&
+           h->pool_size == pool_size;
+}
+
+static void reset_free_list(struct dram_journal *j)
+{
+    j->nfree = 0;
+    for (uint32_t s = j->nslots; s-- > 0;)
+        if (atomic_load_explicit(&j->slots[s].state, memory_order_acquire) == DRAM_JSLOT_FREE)
+            j->free_list[j->nfree++] = s;
+}
+
+int dram_journal_open(const char *name, uint64_t pool_size, uint32_t nslots, bool persistent,
+                      struct dram_journal **out, bool *adopted, uint64_t *pool_id, char *err,
+                      size_t errlen)
+{
+    struct dram_journal *j = calloc(1, sizeof(*j));
+    if (!j || !(j->free_list = calloc(nslots ? nslots : 1, sizeof(uint32_t)))) {
+        free(j);
+        snprintf(err, errlen, "out of memory for the pool's journal");
+        return -ENOMEM;
+    }
+    snprintf(j->path, sizeof(j->path), "/%s.meta", name);
+    j->nslots = nslots;
+    j->map_len = HDR_BYTES + (size_t)nslots * sizeof(struct jslot);
+    j->persistent = persistent;
+    j->fd = shm_open(j->path, O_RDWR | O_CLOEXEC, 0600);
+    bool existed = j->fd >= 0;
+    if (!existed)
+        j->fd = shm_open(j->path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    int rc;
+    if (j->fd < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "dram_shm_name: cannot open /dev/shm%s (%s)", j->path,
+                 strerror(errno));
+        goto fail;
+    }
+    struct stat st;
+    if (existed && (fstat(j->fd, &st) < 0 || (size_t)st.st_size != j->map_len)) {
+        snprintf(err, errlen, "dram_shm_name: /dev/shm%s is not the journal of a pool of "
+                 "this size; remove it (and /dev/shm/%s) to start empty", j->path, name);
+        rc = -EMEDIUMTYPE;
+        goto fail;
+    }
+    if ((rc = map_file(j, !existed, err, errlen)) < 0)
+        goto fail;
+    if (existed && !header_matches(j, pool_size)) {
+        snprintf(err, errlen, "dram_shm_name: /dev/shm%s belongs to another pool layout; "
+                 "remove it (and /dev/shm/%s) to start empty", j->path, name);
+        rc = -EMEDIUMTYPE;
+        goto fail;
+    }
+    if (!existed) {
+        uint64_t id = 0;
+        while (id == 0 && getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id))
+            ;
+        *j->hdr = (struct jheader){JOURNAL_MAGIC, JOURNAL_VERSION, sizeof(struct jslot),
+                                   nslots, pool_size, id};
+    }
+    reset_free_list(j);
+    *adopted = existed;
+    *pool_id = j->hdr->pool_id;
+    *out = j;
+    return 0;
+fail:
+    if (!existed && j->fd >= 0)
+        shm_unlink(j->path);
+    j->persistent = true; /* nothing of ours to unlink any more */
+    dram_journal_close(j);
+    return rc;
+}
+
+void dram_journal_close(struct dram_journal *j)
+{
+    if (!j)
+        return;
+    if (j->map)
+        munmap(j->map, j->map_len);
+    if (j->fd >= 0)
+        close(j->fd);
+    if (!j->persistent)
+        shm_unlink(j->path);
+    free(j->free_list);
+    free(j);
+}
+
+int dram_journal_scan(struct dram_journal *j, struct dram_journal_rec **recs, size_t *n)
+{
+    size_t cap = 64, k = 0;
+    struct dram_journal_rec *v = malloc(cap * sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    for (uint32_t s = 0; s < j->nslots; s++) {
+        struct jslot *sl = &j->slots[s];
+        uint32_t st = atomic_load_explicit(&sl->state, memory_order_acquire);
+        if (st != DRAM_JSLOT_PENDING && st != DRAM_JSLOT_PUBLISHED)
+            continue;
+        if (k == cap) {
+            struct dram_journal_rec *w = realloc(v, 2 * cap * sizeof(*v));
+            if (!w) {
+                free(v);
+                return -ENOMEM;
+            }
+            v = w;
+            cap *= 2;
+        }
+        v[k] = (struct dram_journal_rec){.slot = s, .state = st, .off = sl->off,
+                                         .size = sl->size, .oid = sl->oid};
+        memcpy(v[k].key.bytes, sl->key, UMBP_KEY_SIZE);
+        k++;
+    }
+    reset_free_list(j);
+    *recs = v;
+    *n = k;
+    return 0;
+}
+
+uint32_t dram_journal_claim(struct dram_journal *j)
+{
+    return j->nfree ? j->free_list[--j->nfree] : DRAM_JOURNAL_NONE;
+}
+
+void dram_journal_set_pending(struct dram_journal *j, uint32_t slot, const umbp_key_t *key,
+                              uint64_t off, uint64_t size, uint64_t oid)
+{
+    struct jslot *sl = &j->slots[slot];
+    sl->off = off;
+    sl->size = size;
+    sl->oid = oid;
+    memcpy(sl->key, key->bytes, UMBP_KEY_SIZE);
+    /* the record's fields are complete before it claims to be one */
+    atomic_store_explicit(&sl->state, DRAM_JSLOT_PENDING, memory_order_release);
+}
+
+void dram_journal_set_published(struct dram_journal *j, uint32_t slot)
+{
+    atomic_store_explicit(&j->slots[slot].state, DRAM_JSLOT_PUBLISHED, memory_order_release);
+}
+
+void dram_journal_drop(struct dram_journal *j, uint32_t slot)
+{
+    atomic_store_explicit(&j->slots[slot].state, DRAM_JSLOT_FREE, memory_order_release);
+    j->free_list[j->nfree++] = slot;
+}
+
+uint32_t dram_journal_slots(const struct dram_journal *j) { return j->nslots; }

@@ -1,0 +1,68 @@
+/*
+ * journal.h - the persistent half of a named pool: a table of object
+ * records in /dev/shm/<dram_shm_name>.meta, so that a server that restarts
+ * (crash, upgrade, SIGKILL) adopts the pool and rebuilds its index.
+ *
+ * One 64-byte slot per object.  A slot's `state` is its commit point: the
+ * owner writes key, offset, size and oid first, then stores the state with
+ * release order, so a crash between the two leaves the old state, never a
+ * half-written record that claims to be an object.  States:
+ *   FREE       nothing;
+ *   PENDING    reserved, being written by a client: its region may still be
+ *              written by a client of the dead server, so an adopter keeps
+ *              it out of use for a grace period, then frees it;
+ *   PUBLISHED  every byte written and published: adopted as an object.
+ * The store sets PENDING at reserve, PUBLISHED at publish (after the client
+ * copied every byte) and FREE when the object is freed.  The header carries
+ * the pool's size and id, so a pool of another size or a table of another
+ * layout is never adopted.
+ *
+ * Single-threaded: the store's owner (the server's loop thread).
+ */
+#ifndef UMBP_DRAM_JOURNAL_H
+#define UMBP_DRAM_JOURNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "umbp/umbp.h"
+
+enum dram_journal_state { DRAM_JSLOT_FREE = 0, DRAM_JSLOT_PENDING = 1, DRAM_JSLOT_PUBLISHED = 2 };
+
+#define DRAM_JOURNAL_NONE UINT32_MAX /* an object without a slot */
+
+struct dram_journal;
+
+/* One record found when adopting. */
+struct dram_journal_rec {
+    uint32_t slot;
+    enum dram_journal_state state;
+    umbp_key_t key;
+    uint64_t off, size, oid;
+};
+
+/* Opens (adopting when it exists with the same pool_size and nslots) or
+ * creates /dev/shm/<name>.meta.  *adopted says which; *pool_id is the id
+ * recorded (adopted) or a new random one (created).  Negative with err
+ * naming the file and the fix. */
+int dram_journal_open(const char *name, uint64_t pool_size, uint32_t nslots, bool persistent,
+                      struct dram_journal **out, bool *adopted, uint64_t *pool_id, char *err,
+                      size_t errlen);
+void dram_journal_close(struct dram_journal *j);
+
+/* Adopting: every PENDING and PUBLISHED record, in slot order; the caller
+ * frees *recs.  Also resets the free list to the FREE slots. */
+int dram_journal_scan(struct dram_journal *j, struct dram_journal_rec **recs, size_t *n);
+
+/* A free slot for a new reservation, or DRAM_JOURNAL_NONE when all are in
+ * use (the object is then not kept across restarts). */
+uint32_t dram_journal_claim(struct dram_journal *j);
+void dram_journal_set_pending(struct dram_journal *j, uint32_t slot, const umbp_key_t *key,
+                              uint64_t off, uint64_t size, uint64_t oid);
+void dram_journal_set_published(struct dram_journal *j, uint32_t slot);
+/* Marks the slot FREE and returns it to the free list. */
+void dram_journal_drop(struct dram_journal *j, uint32_t slot);
+uint32_t dram_journal_slots(const struct dram_journal *j);
+
+#endif

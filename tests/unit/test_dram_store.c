@@ -1,0 +1,195 @@
+/*
+ * test_dram_store.c - the object store's persistent pools: a store that
+ * ends without cleaning up (a crash, SIGKILL, an upgrade) leaves its named
+ * pool and journal in /dev/shm, and the next store on the same name adopts
+ * every published object byte-exact, never a pending one.
+ *
+ * Real processes where it matters: the writer is a child that is SIGKILLed
+ * in the middle of its work.  Names are unique per test run.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "journal.h"
+#include "store.h"
+#include "test_util.h"
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024ull)
+
+static char pool_name[64];
+
+static void name_init(void)
+{
+    snprintf(pool_name, sizeof(pool_name), "umbp-test-store-%d-%llu", (int)getpid(),
+             (unsigned long long)tu_time_seed() % 1000000);
+}
+
+static void name_cleanup(void)
+{
+    char p[96];
+    snprintf(p, sizeof(p), "/%s", pool_name);
+    shm_unlink(p);
+    snprintf(p, sizeof(p), "/%s.meta", pool_name);
+    shm_unlink(p);
+}
+
+TestSuite(dram_store, .init = name_init, .fini = name_cleanup);
+
+static struct dram_store *open_store(uint64_t cap, int *rc_out, char *err, size_t errlen)
+{
+    struct dram_store_params p = {
+        .pool = {.capacity = cap, .shared = true, .shm_name = pool_name,
+                 .hugepage_size = 2 * MiB, .numa_node = -1, .persistent = true},
+        .capacity = cap,
+        .high_watermark = 0.9,
+        .low_watermark = 0.7,
+        .journal_slots = 1024,
+    };
+    struct dram_store *s = NULL;
+    int rc = dram_store_create(&p, &s, err, errlen);
+    if (rc_out)
+        *rc_out = rc;
+    return rc == 0 ? s : NULL;
+}
+
+static struct dram_store *must_open(uint64_t cap)
+{
+    char err[512] = "";
+    int rc;
+    struct dram_store *s = open_store(cap, &rc, err, sizeof(err));
+    cr_assert_not_null(s, "store: %s (%d)", err, rc);
+    return s;
+}
+
+static uint8_t *base_of(struct dram_store *s) { return dram_store_pool(s)->base; }
+
+/* Object i: key from i, size from i, bytes from key (test_util). */
+static uint64_t obj_size(size_t i) { return 1 + (i * 7919) % (48 * KiB); }
+
+static void put_obj(struct dram_store *s, size_t i, bool publish)
+{
+    umbp_key_t k = tu_key_id(77, i);
+    struct dram_store_region r;
+    cr_assert_eq(dram_store_reserve(s, &k, obj_size(i), &r), 0, "reserve %zu", i);
+    tu_fill_from_key(&k, 0, base_of(s) + r.offset, obj_size(i));
+    if (publish)
+        cr_assert_eq(dram_store_publish(s, &k, r.token), 0);
+}
+
+static void expect_obj(struct dram_store *s, size_t i)
+{
+    umbp_key_t k = tu_key_id(77, i);
+    struct dram_store_region r;
+    cr_assert_eq(dram_store_acquire(s, &k, umbp_now_ns(), 1000000000ull, &r), 0,
+                 "object %zu was not adopted", i);
+    cr_assert_eq(r.size, obj_size(i));
+    cr_assert_eq(tu_check_from_key(&k, 0, base_of(s) + r.offset, r.size), SIZE_MAX,
+              "object %zu adopted with wrong bytes", i);
+    uint64_t freed = 0;
+    cr_assert_eq(dram_store_release(s, r.token, &freed), 0);
+}
+
+Test(dram_store, adopts_published_objects_after_a_kill)
+{
+    const size_t n = 200, pending = 5;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) { /* the server that dies */
+        struct dram_store *s = must_open(16 * MiB);
+        for (size_t i = 0; i < n; i++)
+            put_obj(s, i, true);
+        for (size_t i = n; i < n + pending; i++)
+            put_obj(s, i, false); /* being written when it dies */
+        kill(getpid(), SIGKILL);
+        _exit(1);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+
+    struct dram_store *s = must_open(16 * MiB);
+    struct dram_store_adoption a;
+    dram_store_adoption(s, &a);
+    cr_assert(a.adopted);
+    cr_assert_eq(a.objects, n);
+    cr_assert_eq(a.held_pending, pending);
+    cr_assert_eq(a.dropped, 0);
+    for (size_t i = 0; i < n; i++)
+        expect_obj(s, i);
+    for (size_t i = n; i < n + pending; i++) {
+        umbp_key_t k = tu_key_id(77, i);
+        cr_assert(!dram_store_lookup(s, &k, false), "a pending object %zu became visible", i);
+    }
+    struct umbp_tier_usage u, u2;
+    dram_store_usage(s, &u);
+    cr_assert_eq(u.num_objects, n);
+    dram_store_adopt_finish(s);
+    dram_store_usage(s, &u2);
+    cr_assert_lt(u2.used_bytes, u.used_bytes, "held pending regions were not freed");
+    /* the LRU order survived: the first stored is evicted first */
+    bool more;
+    dram_store_evict(s, u2.used_bytes - 1, 0, 1, &more);
+    umbp_key_t k0 = tu_key_id(77, 0), k1 = tu_key_id(77, 1);
+    cr_assert(!dram_store_lookup(s, &k0, false));
+    cr_assert(dram_store_lookup(s, &k1, false));
+    /* it keeps working, and the next incarnation sees the new objects too */
+    put_obj(s, 1000, true);
+    uint64_t id = dram_store_pool_id(s);
+    dram_store_destroy(s);
+    s = must_open(16 * MiB);
+    cr_assert_eq(dram_store_pool_id(s), id, "the pool id changed across a restart");
+    expect_obj(s, 1000);
+    expect_obj(s, 1);
+    dram_store_destroy(s);
+}
+
+Test(dram_store, another_capacity_is_refused_naming_the_pool)
+{
+    struct dram_store *s = must_open(8 * MiB);
+    put_obj(s, 1, true);
+    dram_store_destroy(s);
+    char err[512] = "";
+    int rc;
+    cr_assert_null(open_store(16 * MiB, &rc, err, sizeof(err)));
+    cr_assert_lt(rc, 0);
+    cr_assert(strstr(err, "dram_shm_name") && strstr(err, pool_name), "%s", err);
+    s = must_open(8 * MiB); /* the right size still adopts */
+    expect_obj(s, 1);
+    dram_store_destroy(s);
+}
+
+/* A journal whose records lie (overlap, out of the pool): those are
+ * dropped, the rest adopted. */
+Test(dram_store, untrustworthy_records_are_dropped)
+{
+    struct dram_store *s = must_open(8 * MiB);
+    for (size_t i = 0; i < 10; i++)
+        put_obj(s, i, true);
+    dram_store_destroy(s);
+    char path[128];
+    snprintf(path, sizeof(path), "/dev/shm/%s.meta", pool_name);
+    FILE *f = fopen(path, "r+b");
+    cr_assert_not_null(f);
+    /* slots start after a 4 KiB header; slot layout: state, pad, off, size */
+    uint64_t off = 4096 + 64 * 3 + 8, bad = 1ull << 40;
+    fseek(f, (long)off, SEEK_SET);
+    fwrite(&bad, 8, 1, f); /* record 3: offset outside the pool */
+    fclose(f);
+    s = must_open(8 * MiB);
+    struct dram_store_adoption a;
+    dram_store_adoption(s, &a);
+    cr_assert_eq(a.dropped, 1);
+    cr_assert_eq(a.objects, 9);
+    for (size_t i = 0; i < 10; i++)
+        if (i != 3)
+            expect_obj(s, i);
+    dram_store_destroy(s);
+}
