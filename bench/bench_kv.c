@@ -166,8 +166,11 @@ int main(int argc, char **argv)
         return 0;
     }
     const struct gpu_ops *o = gpu_backend_ops(b);
-    printf("bench_kv: 10,000-token prefix (625 blocks) through umbp_kv_store/load, backend %s, "
-           "best of %d (ratios vs contiguous pinned memcpy, same run)\n", backend, rounds);
+    /* UMBP_MODE=standalone UMBP_SOCKET_DIR=... runs the same through a server */
+    const char *mode = getenv("UMBP_MODE") ? getenv("UMBP_MODE") : "embedded";
+    printf("bench_kv: 10,000-token prefix (625 blocks) through umbp_kv_store/load, mode %s, "
+           "backend %s, best of %d (ratios vs contiguous pinned memcpy, same run)\n", mode,
+           backend, rounds);
     /* one op of 625 blocks, then the same blocks as 5 ops in flight at once,
      * which lets the store/load actors reserve and publish one op while the
      * GPU copies another */
