@@ -28,6 +28,8 @@ struct dram_obj {
     uint64_t off, size;           /* pool offset and object size */
     uint32_t readers;             /* active leases */
     uint32_t slot;                /* journal slot, or DRAM_JOURNAL_NONE */
+    uint16_t ns;                  /* tenant namespace (store.c), 0 = default */
+    struct dram_obj *ns_prev, *ns_next; /* the namespace's LRU list */
     enum dram_obj_state state;
     struct dram_obj *lru_prev, *lru_next; /* PUBLISHED only; head = newest */
 };

@@ -28,6 +28,10 @@ struct dram_store {
     uint64_t pool_id;
     struct dram_journal *journal;      /* persistent pools only */
     struct dram_store_adoption adoption;
+    struct ns_state {
+        uint64_t quota, used, objects, evictions;
+        struct dram_obj *lru_head, *lru_tail; /* PUBLISHED objects of it */
+    } ns[DRAM_STORE_MAX_NS];
     struct dram_alloc_range *held;     /* pending regions of a dead owner */
     uint32_t *held_slots;
     size_t nheld;
@@ -47,6 +51,51 @@ static void space_freed(struct dram_store *s)
 
 static int store_open_journal(struct dram_store *s, const struct dram_store_params *p,
                               uint64_t usable, char *err, size_t errlen);
+
+/* ---- LRU: the global list (index.c) and the object's namespace list ----- */
+
+static void ns_unlink(struct ns_state *n, struct dram_obj *obj)
+{
+    if (obj->ns_prev)
+        obj->ns_prev->ns_next = obj->ns_next;
+    else
+        n->lru_head = obj->ns_next;
+    if (obj->ns_next)
+        obj->ns_next->ns_prev = obj->ns_prev;
+    else
+        n->lru_tail = obj->ns_prev;
+    obj->ns_prev = obj->ns_next = NULL;
+}
+
+static void ns_push_head(struct ns_state *n, struct dram_obj *obj)
+{
+    obj->ns_prev = NULL;
+    obj->ns_next = n->lru_head;
+    if (n->lru_head)
+        n->lru_head->ns_prev = obj;
+    else
+        n->lru_tail = obj;
+    n->lru_head = obj;
+}
+
+static void lru_push(struct dram_store *s, struct dram_obj *obj)
+{
+    dram_lru_push_head(s->index, obj);
+    ns_push_head(&s->ns[obj->ns], obj);
+}
+
+static void lru_unlink(struct dram_store *s, struct dram_obj *obj)
+{
+    dram_lru_unlink(s->index, obj);
+    ns_unlink(&s->ns[obj->ns], obj);
+}
+
+static void lru_touch(struct dram_store *s, struct dram_obj *obj)
+{
+    dram_lru_touch(s->index, obj);
+    ns_unlink(&s->ns[obj->ns], obj);
+    ns_push_head(&s->ns[obj->ns], obj);
+}
 
 /* ---- lifetime ----------------------------------------------------------- */
 
@@ -174,6 +223,8 @@ static int adopt_one(struct dram_store *s, const struct dram_journal_rec *r,
     if (r->oid >= s->next_oid)
         s->next_oid = r->oid + 1;
     objs[(*nobjs)++] = obj;
+    s->ns[0].used += dram_alloc_round(r->size);
+    s->ns[0].objects++;
     s->num_objects++;
     s->adoption.objects++;
     s->adoption.bytes += r->size;
@@ -202,7 +253,7 @@ static int adopt_records(struct dram_store *s, struct dram_journal_rec *r, size_
         rc = adopt_one(s, &r[i], objs, &nobjs);
     qsort(objs, nobjs, sizeof(*objs), cmp_obj_oid);
     for (size_t i = 0; i < nobjs; i++)
-        dram_lru_push_head(s->index, objs[i]);
+        lru_push(s, objs[i]);
     s->adoption.held_pending = s->nheld;
 out:
     free(used);
@@ -270,6 +321,7 @@ void dram_store_adopt_finish(struct dram_store *s)
 static uint64_t obj_free(struct dram_store *s, struct dram_obj *obj)
 {
     uint64_t bytes = dram_alloc_round(obj->size);
+    s->ns[obj->ns].used -= bytes;
     if (obj->slot != DRAM_JOURNAL_NONE)
         dram_journal_drop(s->journal, obj->slot);
     dram_alloc_put(s->alloc, obj->off);
@@ -281,8 +333,9 @@ static uint64_t obj_free(struct dram_store *s, struct dram_obj *obj)
 /* Takes a PUBLISHED object out of sight: freed now, or DOOMED while read. */
 static uint64_t obj_remove(struct dram_store *s, struct dram_obj *obj)
 {
-    dram_lru_unlink(s->index, obj);
+    lru_unlink(s, obj);
     s->num_objects--;
+    s->ns[obj->ns].objects--;
     emit(s, UMBP_EVENT_REMOVED, &obj->key);
     if (obj->readers) {
         obj->state = DRAM_OBJ_DOOMED;
@@ -305,19 +358,51 @@ bool dram_store_lookup(struct dram_store *s, const umbp_key_t *key, bool touch)
     struct dram_obj *obj = dram_index_find(s->index, key);
     bool hit = obj && obj->state == DRAM_OBJ_PUBLISHED;
     if (hit && touch)
-        dram_lru_touch(s->index, obj);
+        lru_touch(s, obj);
     return hit;
 }
 
-int dram_store_reserve(struct dram_store *s, const umbp_key_t *key, uint64_t size,
-                       struct dram_store_region *r)
+/* Evicts namespace n's least recently used objects (neither leased nor
+ * pending) while its used bytes exceed `limit`; returns bytes freed. */
+static uint64_t ns_evict(struct dram_store *s, unsigned n, uint64_t limit)
 {
-    if (size == 0)
+    struct ns_state *ns = &s->ns[n];
+    struct dram_obj *obj = ns->lru_tail, *prev;
+    uint64_t freed = 0, count = 0;
+    for (; obj && ns->used > limit; obj = prev) {
+        prev = obj->ns_prev;
+        if (obj->readers)
+            continue;
+        freed += obj_remove(s, obj);
+        count++;
+    }
+    ns->evictions += count;
+    s->evictions += count;
+    s->evicted_bytes += freed;
+    if (freed)
+        space_freed(s);
+    return freed;
+}
+
+int dram_store_reserve_ns(struct dram_store *s, const umbp_key_t *key, uint64_t size,
+                          unsigned ns, struct dram_store_region *r)
+{
+    if (size == 0 || ns >= DRAM_STORE_MAX_NS)
         return -EINVAL;
     if (dram_index_find(s->index, key))
         return UMBP_TIER_EXISTS;
     if (size > dram_alloc_capacity(s->alloc))
         return -EFBIG;
+    uint64_t len = dram_alloc_round(size);
+    struct ns_state *n = &s->ns[ns];
+    if (n->quota) {
+        if (len > n->quota)
+            return -EDQUOT;
+        if (n->used + len > n->quota)
+            ns_evict(s, ns, n->quota - len);
+        if (n->used + len > n->quota)
+            return -EDQUOT; /* the rest is leased or pending */
+    }
     struct dram_obj *obj = calloc(1, sizeof(*obj));
     if (!obj)
         return -ENOMEM;
@@ -331,16 +416,42 @@ int dram_store_reserve(struct dram_store *s, const umbp_key_t *key, uint64_t siz
     obj->oid = s->next_oid++;
     obj->state = DRAM_OBJ_PENDING;
     obj->slot = DRAM_JOURNAL_NONE;
+    obj->ns = (uint16_t)ns;
     if (dram_index_insert(s->index, obj) < 0) {
         dram_alloc_put(s->alloc, obj->off);
         free(obj);
         return -ENOMEM;
     }
+    n->used += len;
     if (s->journal && (obj->slot = dram_journal_claim(s->journal)) != DRAM_JOURNAL_NONE)
         dram_journal_set_pending(s->journal, obj->slot, key, obj->off, size, obj->oid);
     s->num_pending++;
     *r = (struct dram_store_region){.offset = obj->off, .size = size, .token = obj->oid};
     return 0;
+}
+
+int dram_store_reserve(struct dram_store *s, const umbp_key_t *key, uint64_t size,
+                       struct dram_store_region *r)
+{
+    return dram_store_reserve_ns(s, key, size, 0, r);
+}
+
+int dram_store_set_quota(struct dram_store *s, unsigned ns, uint64_t bytes)
+{
+    if (ns >= DRAM_STORE_MAX_NS)
+        return -EINVAL;
+    s->ns[ns].quota = bytes;
+    return 0;
+}
+
+void dram_store_ns_usage(const struct dram_store *s, unsigned ns, struct dram_store_ns_usage *out)
+{
+    if (ns >= DRAM_STORE_MAX_NS) {
+        *out = (struct dram_store_ns_usage){0};
+        return;
+    }
+    const struct ns_state *n = &s->ns[ns];
+    *out = (struct dram_store_ns_usage){n->quota, n->used, n->objects, n->evictions};
 }
 
 /* The PENDING object a reservation token names, or NULL. */
@@ -363,7 +474,8 @@ int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t tok
         dram_journal_set_published(s->journal, obj->slot);
     s->num_pending--;
     s->num_objects++;
-    dram_lru_push_head(s->index, obj);
+    s->ns[obj->ns].objects++;
+    lru_push(s, obj);
     emit(s, UMBP_EVENT_STORED, &obj->key);
     return 0;
 }
@@ -395,7 +507,7 @@ int dram_store_acquire(struct dram_store *s, const umbp_key_t *key, uint64_t now
         return rc;
     if (obj->readers++ == 0)
         s->num_leased++;
-    dram_lru_touch(s->index, obj);
+    lru_touch(s, obj);
     *r = (struct dram_store_region){.offset = obj->off, .size = obj->size, .token = token};
     return 0;
 }
@@ -440,8 +552,12 @@ static bool want_more(const struct dram_store *s, uint64_t target, uint64_t run)
 uint64_t dram_store_evict(struct dram_store *s, uint64_t target_bytes, uint64_t want_free_run,
                           size_t max_objects, bool *more)
 {
-    struct dram_obj *obj = dram_lru_tail(s->index), *prev;
     uint64_t freed = 0;
+    /* tenants over their quota pay first */
+    for (unsigned n = 0; n < DRAM_STORE_MAX_NS && want_more(s, target_bytes, want_free_run); n++)
+        if (s->ns[n].quota && s->ns[n].used > s->ns[n].quota)
+            freed += ns_evict(s, n, s->ns[n].quota);
+    struct dram_obj *obj = dram_lru_tail(s->index), *prev;
     size_t count = 0;
     bool hit_max = false;
     for (; obj && want_more(s, target_bytes, want_free_run); obj = prev) {

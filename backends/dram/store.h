@@ -98,6 +98,22 @@ uint64_t dram_store_expire_leases(struct dram_store *s, uint64_t now_ns);
  * *more when it stopped on max_objects. */
 uint64_t dram_store_evict(struct dram_store *s, uint64_t target_bytes, uint64_t want_free_run,
                           size_t max_objects, bool *more);
+/* Namespaces (tenants): every object belongs to one, 0 being the default.
+ * A namespace with a quota never holds more than quota bytes: a reserve
+ * that would pass it first evicts that namespace's own least recently used
+ * objects, and fails with -EDQUOT when they are leased or pending.  When
+ * the pool itself is full, namespaces over their quota are evicted first, so
+ * one tenant's writes do not flush another's cache. */
+#define DRAM_STORE_MAX_NS 256
+/* 0 = no quota.  -EINVAL for ns out of range. */
+int dram_store_set_quota(struct dram_store *s, unsigned ns, uint64_t bytes);
+int dram_store_reserve_ns(struct dram_store *s, const umbp_key_t *key, uint64_t size,
+                          unsigned ns, struct dram_store_region *r);
+struct dram_store_ns_usage {
+    uint64_t quota, used_bytes, objects, evictions;
+};
+void dram_store_ns_usage(const struct dram_store *s, unsigned ns, struct dram_store_ns_usage *out);
+
 /* Removes every published object (held ones become DOOMED). */
 void dram_store_clear(struct dram_store *s);
 void dram_store_usage(const struct dram_store *s, struct umbp_tier_usage *out);

@@ -193,3 +193,86 @@ Test(dram_store, untrustworthy_records_are_dropped)
             expect_obj(s, i);
     dram_store_destroy(s);
 }
+
+/* ---- namespaces and quotas ------------------------------------------------ */
+
+static struct dram_store *plain_store(uint64_t cap)
+{
+    struct dram_store_params p = {
+        .pool = {.capacity = cap, .hugepage_size = 2 * MiB, .numa_node = -1},
+        .capacity = cap, .high_watermark = 0.9, .low_watermark = 0.7,
+    };
+    struct dram_store *s;
+    char err[256];
+    cr_assert_eq(dram_store_create(&p, &s, err, sizeof(err)), 0, "%s", err);
+    return s;
+}
+
+static void put_ns(struct dram_store *s, unsigned ns, uint64_t id, uint64_t size, int want)
+{
+    umbp_key_t k = tu_key_id(ns, id);
+    struct dram_store_region r;
+    int rc = dram_store_reserve_ns(s, &k, size, ns, &r);
+    cr_assert_eq(rc, want, "ns %u object %llu: %d", ns, (unsigned long long)id, rc);
+    if (rc == 0)
+        cr_assert_eq(dram_store_publish(s, &k, r.token), 0);
+}
+
+static bool has(struct dram_store *s, unsigned ns, uint64_t id)
+{
+    umbp_key_t k = tu_key_id(ns, id);
+    return dram_store_lookup(s, &k, false);
+}
+
+Test(dram_store, a_tenant_over_its_quota_evicts_only_its_own)
+{
+    struct dram_store *s = plain_store(8 * MiB);
+    cr_assert_eq(dram_store_set_quota(s, 1, 1 * MiB), 0);
+    cr_assert_eq(dram_store_set_quota(s, 2, 1 * MiB), 0);
+    cr_assert_eq(dram_store_set_quota(s, DRAM_STORE_MAX_NS, 1), -EINVAL);
+    for (uint64_t i = 0; i < 16; i++)
+        put_ns(s, 1, i, 64 * KiB, 0);
+    for (uint64_t i = 0; i < 8; i++)
+        put_ns(s, 2, i, 64 * KiB, 0);
+    for (uint64_t i = 0; i < 20; i++)
+        put_ns(s, 0, i, 64 * KiB, 0); /* the default namespace has no quota */
+    for (uint64_t i = 16; i < 20; i++) /* tenant 1 writes on past its quota */
+        put_ns(s, 1, i, 64 * KiB, 0);
+    struct dram_store_ns_usage u1, u2;
+    dram_store_ns_usage(s, 1, &u1);
+    dram_store_ns_usage(s, 2, &u2);
+    cr_assert_eq(u1.used_bytes, 1 * MiB);
+    cr_assert_eq(u1.objects, 16);
+    cr_assert_eq(u1.evictions, 4);
+    for (uint64_t i = 0; i < 4; i++)
+        cr_assert(!has(s, 1, i), "tenant 1's oldest object %llu survived", (unsigned long long)i);
+    for (uint64_t i = 4; i < 20; i++)
+        cr_assert(has(s, 1, i));
+    for (uint64_t i = 0; i < 8; i++)
+        cr_assert(has(s, 2, i), "tenant 2 lost object %llu to tenant 1", (unsigned long long)i);
+    for (uint64_t i = 0; i < 20; i++)
+        cr_assert(has(s, 0, i), "the default namespace lost object %llu", (unsigned long long)i);
+    cr_assert_eq(u2.evictions, 0);
+    put_ns(s, 2, 100, 2 * MiB, -EDQUOT); /* larger than the whole quota */
+    dram_store_destroy(s);
+}
+
+Test(dram_store, a_quota_held_by_leases_refuses_with_edquot)
+{
+    struct dram_store *s = plain_store(8 * MiB);
+    dram_store_set_quota(s, 3, 256 * KiB);
+    struct dram_store_region r[4];
+    for (uint64_t i = 0; i < 4; i++) {
+        put_ns(s, 3, i, 64 * KiB, 0);
+        umbp_key_t k = tu_key_id(3, i);
+        cr_assert_eq(dram_store_acquire(s, &k, umbp_now_ns(), 1000000000ull, &r[i]), 0);
+    }
+    put_ns(s, 3, 9, 64 * KiB, -EDQUOT);
+    uint64_t freed = 0;
+    cr_assert_eq(dram_store_release(s, r[0].token, &freed), 0);
+    put_ns(s, 3, 9, 64 * KiB, 0); /* object 0 is no longer leased: it goes */
+    cr_assert(!has(s, 3, 0));
+    for (uint64_t i = 1; i < 4; i++)
+        cr_assert_eq(dram_store_release(s, r[i].token, &freed), 0);
+    dram_store_destroy(s);
+}
