@@ -213,15 +213,22 @@ struct proto_frame {
  *       number of bytes it occupies (header + body).
  *    0: not enough bytes yet (also sets nothing).
  *  < 0: malformed (-EPROTO, or -EMSGSIZE for a len over PROTO_MAX_BODY);
- *       err names the field.
+ *       err names the field.  Known as soon as the 16-byte header or the
+ *       8-byte body header shows it, before the records arrive.
+ * Besides the equation above: flags 0, a type of the right direction, n = 1
+ * for the one-record types (max 1), arg as its type allows (0 where unused,
+ * known LOOKUP bits, ACQUIRE ttl > 0), seq 0 for EVENTS and ERROR.
  * `from_server` selects which direction's types are acceptable: a server
  * parses with false (only C types), a client with true (only S types). */
 long proto_frame_parse(const uint8_t *buf, size_t avail, bool from_server,
                        struct proto_frame *f, char *err, size_t errlen);
 
 /* Record accessors: i < f->n and f->type of the right kind, else -EINVAL.
- * Strings are checked to be NUL-terminated within their field; the pads to
- * be zero; hello.magic and roles to be known (err names the field). */
+ * Strings are checked to be NUL-terminated within their field and NUL-padded
+ * after it; the pads to be zero; hello.magic, hello.flags, roles and event
+ * types to be known; a LOOKUP_R u8 to be 0 or 1; a HELLO_ERR's status to
+ * equal its arg (err, where there is one, names the field).  *out is
+ * written only on success. */
 int proto_get_key(const struct proto_frame *f, uint32_t i, umbp_key_t *out);
 int proto_get_u8(const struct proto_frame *f, uint32_t i, uint8_t *out);
 int proto_get_status(const struct proto_frame *f, uint32_t i, int32_t *out);
@@ -252,22 +259,37 @@ int proto_region_check(const struct proto_region_item *it, uint64_t want_size,
 
 /* ---- encoding ----------------------------------------------------------------- */
 
-/* A growable output buffer.  Frames are appended whole. */
+/* A growable output buffer.  Frames are appended whole.  Zero-initialise
+ * it ({0}); data[0, len) is what to write to the socket, once no frame is
+ * open (between proto_begin and proto_end the tail is a partial frame). */
 struct proto_buf {
     uint8_t *data;
     size_t len, cap;
+    /* private to proto.c: the frame proto_begin opened */
+    bool open;
+    int error;                    /* first failure of a put since proto_begin */
+    size_t frame;                 /* offset of its header in data */
 };
 
 void proto_buf_free(struct proto_buf *b);
-/* Drops the first `bytes` (already written to the socket). */
+/* Drops the first `bytes` (already written to the socket); never drops
+ * into an open frame. */
 void proto_buf_consume(struct proto_buf *b, size_t bytes);
 
 /* Starts a frame of `type` with n records and arg; the caller then appends
  * exactly n records with the proto_put_* functions below, then calls
- * proto_end.  -ENOMEM, -EINVAL (n over the type's max). */
+ * proto_end.  -ENOMEM, -EINVAL (n over the type's max, n != 1 for a
+ * one-record type, an arg or seq the decoder would refuse, an unknown
+ * type, a frame already open).
+ * A put refuses (-EINVAL) a record of the wrong kind for the open frame, one
+ * record too many, or a value the decoder would refuse (an unterminated
+ * string, a bad magic or role); pads are written as 0 whatever the struct
+ * holds.  A put's failure sticks: later puts return it too. */
 int proto_begin(struct proto_buf *b, uint16_t type, uint64_t seq, uint32_t n, uint32_t arg);
-/* Checks that exactly n records of the type's size were appended
- * (-EPROTO otherwise, and the frame is dropped from b). */
+/* Checks that exactly n records of the type's size were appended and fills
+ * in len: 0; else the first failure of a put since proto_begin, or -EPROTO
+ * (too few records), and the frame is dropped from b.  -EINVAL if no frame
+ * is open. */
 int proto_end(struct proto_buf *b);
 
 int proto_put_key(struct proto_buf *b, const umbp_key_t *k);
@@ -283,7 +305,9 @@ int proto_put_error(struct proto_buf *b, const struct proto_error *e);
 int proto_put_stats(struct proto_buf *b, const struct proto_stats *s);
 int proto_put_session_item(struct proto_buf *b, const struct proto_session_item *it);
 
-/* Whole small frames in one call. */
+/* Whole small frames in one call.  proto_put_empty: n = 0 (any type that
+ * allows it).  proto_put_error_frame: HELLO_ERR (arg = status too) or ERROR
+ * (seq must be 0); a message longer than the field is cut to fit. */
 int proto_put_empty(struct proto_buf *b, uint16_t type, uint64_t seq, uint32_t arg);
 int proto_put_error_frame(struct proto_buf *b, uint16_t type, uint64_t seq, int32_t status,
                           const char *message);
@@ -299,11 +323,15 @@ int proto_socket_path(const char *dir, unsigned dp_index, const char *instance, 
                       size_t outlen, char *err, size_t errlen);
 
 /* sendmsg of a whole buffer with one fd attached to its first byte
- * (SCM_RIGHTS); blocking socket.  0 or -errno. */
+ * (SCM_RIGHTS; fd < 0: none); blocking socket; never raises SIGPIPE.  0 or
+ * -errno (-EPIPE: the peer is gone); after an error part of buf may have
+ * been sent, so the stream is unusable. */
 int proto_send_with_fd(int sock, const void *buf, size_t len, int fd);
-/* recvmsg of up to len bytes; an attached fd (if any) is stored in *fd
- * (else -1; more than one fd: extras closed, -EPROTO).  Returns bytes
- * read, 0 on EOF, or -errno (-EAGAIN on a non-blocking socket). */
+/* recvmsg of up to len bytes; an attached fd (if any) is stored in *fd,
+ * close-on-exec (else -1; more than one fd, or fds the kernel had to cut:
+ * every one closed, -EPROTO, and the bytes read are lost with them, so drop
+ * the connection).  Returns bytes read, 0 on EOF, or -errno (-EAGAIN on a
+ * non-blocking socket; -EINVAL for len 0). */
 long proto_recv_with_fd(int sock, void *buf, size_t len, int *fd);
 
 #endif /* UMBP_SHM_PROTO_H */

@@ -22,7 +22,8 @@ const struct umbp_option shm_options[] = {
     {"dp_rank", UMBP_OPT_INT, OFF(dp_rank), "0", 0, 65535, 0, NULL,
      "standalone: data-parallel index in the socket path"},
     {"auto_start", UMBP_OPT_BOOL, OFF(auto_start), "false", 0, 0, 0, NULL,
-     "standalone: start umbp-server (with this config's pool options) when none answers"},
+     "standalone: start umbp-server when none answers (it gets this config's capacity and "
+     "socket options; pool options come from its environment)"},
     {"server_path", UMBP_OPT_STRING, OFF(server_path), "umbp-server", 0, 0, 256, NULL,
      "standalone: the umbp-server binary auto_start runs (searched in PATH)"},
     {"startup_timeout_ms", UMBP_OPT_INT, OFF(startup_timeout_ms), "30000", 1, 600000, 0, NULL,

@@ -10,10 +10,16 @@
  * deterministically (a lease held across an eviction, an expired lease whose
  * region was reused).
  *
- * Watermark options are dram options: they are passed only when the tier is
- * "dram".  Other tiers are assumed to use the documented defaults (0.9/0.7).
- * Data is random (the seed is logged), destinations are poisoned, and every
- * restored byte is compared.
+ * Watermark options are dram options: they are passed only to a tier that
+ * declares them.  Other tiers are assumed to use the documented defaults
+ * (0.9/0.7).  Tests that need the runtime to drive eviction or lease expiry
+ * skip on tiers without UMBP_TIER_CAP_EVICTS_LOCALLY / EXPIRES_LEASES.
+ *
+ * A remote tier of standalone mode (shm) runs against a real umbp-server
+ * that each test process starts in a private socket_dir with the runtime's
+ * own config (tests/common/server_fixture.h) and kills when the runtime is
+ * destroyed.  Data is random (the seed is logged), destinations are
+ * poisoned, and every restored byte is compared.
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -24,6 +30,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "server_fixture.h"
 #include "test_util.h"
 #include "umbp/tier.h"
 #include "umbp/umbp.h"
@@ -59,12 +66,87 @@ static size_t tier_params_fill(void)
     }                                                                               \
     ParameterizedTest(struct tier_param *tp, conformance, test)
 
-static bool is_dram(const struct tier_param *tp) { return strcmp(tp->name, "dram") == 0; }
-
 static uint32_t tier_caps(const struct tier_param *tp)
 {
     const struct umbp_tier_ops *ops = umbp_tier_find(tp->name);
     return ops ? ops->caps : 0;
+}
+
+/* Skips a test that needs the runtime to drive the tier's eviction or lease
+ * expiry when the tier does that itself (a server). */
+static void need_caps(const struct tier_param *tp, uint32_t caps, const char *what)
+{
+    if ((tier_caps(tp) & caps) != caps)
+        cr_skip_test("tier %s: %s", tp->name, what);
+}
+
+/* The tier's own option table declares `name` (dram_high_watermark, ...). */
+static bool tier_has_option(const struct tier_param *tp, const char *name)
+{
+    const struct umbp_tier_ops *ops = umbp_tier_find(tp->name);
+    for (const struct umbp_option *o = ops ? ops->options : NULL; o && o->name; o++)
+        if (strcmp(o->name, name) == 0)
+            return true;
+    return false;
+}
+
+/* The tier's watermarks are the dram_* options (else: the defaults). */
+static bool tier_takes_watermarks(const struct tier_param *tp)
+{
+    return tier_has_option(tp, "dram_high_watermark");
+}
+
+/* ---- the server of a remote tier -------------------------------------------------- */
+
+static struct tu_server conf_server; /* one per test process */
+
+/* A remote tier that is the primary tier of standalone mode talks to an
+ * umbp-server: the test starts one. */
+static bool tier_needs_server(const struct tier_param *tp)
+{
+    const struct umbp_tier_ops *ops = umbp_tier_find(tp->name);
+    if (!ops || !(ops->caps & UMBP_TIER_CAP_REMOTE))
+        return false;
+    for (const char *const *m = ops->modes; m && *m; m++)
+        if (strcmp(*m, "standalone") == 0)
+            return true;
+    cr_skip_test("remote tier %s: this suite has no fixture for its peer", tp->name);
+    return false;
+}
+
+/* For a tier that needs one: a fresh server with `json` (its capacity) and
+ * json + its socket_dir in out; else json unchanged. */
+static void conf_server_for(const struct tier_param *tp, const char *json, char *out,
+                            size_t outlen)
+{
+    snprintf(out, outlen, "%s", json);
+    if (!tier_needs_server(tp))
+        return;
+    if (!tu_server_built())
+        cr_skip_test("tier %s needs umbp-server, which this build does not have", tp->name);
+    tu_server_cleanup(&conf_server);
+    tu_server_start(&conf_server, json);
+    tu_server_json(&conf_server, out, outlen, json);
+}
+
+static umbp_runtime_t *conf_create(const struct tier_param *tp, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static umbp_runtime_t *conf_create(const struct tier_param *tp, const char *fmt, ...)
+{
+    char json[4096], full[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(json, sizeof(json), fmt, ap);
+    va_end(ap);
+    conf_server_for(tp, json, full, sizeof(full));
+    return tu_create("%s", full);
+}
+
+/* tu_destroy, then the server (if any) goes too. */
+static void conf_destroy(umbp_runtime_t *rt)
+{
+    tu_destroy(rt);
+    tu_server_cleanup(&conf_server);
 }
 
 static uint64_t test_seed(const struct tier_param *tp, const char *test)
@@ -79,18 +161,19 @@ static umbp_runtime_t *conf_rt(const struct tier_param *tp, uint64_t cap, const 
 {
     /* lookups and stats are bounded by lookup_timeout_ms; a generous bound
      * keeps a loaded machine (sanitizers, parallel tests) from failing them */
-    return tu_create("{\"tier\": \"%s\", \"capacity_bytes\": %llu, \"log_level\": \"error\", "
-                     "\"lookup_timeout_ms\": 10000%s}",
-                     tp->name, (unsigned long long)cap, extra ? extra : "");
+    return conf_create(tp,
+                       "{\"tier\": \"%s\", \"capacity_bytes\": %llu, \"log_level\": \"error\", "
+                       "\"lookup_timeout_ms\": 10000%s}",
+                       tp->name, (unsigned long long)cap, extra ? extra : "");
 }
 
-/* A runtime with watermarks hi/lo when the tier is dram; other tiers keep
+/* A runtime with watermarks hi/lo when the tier takes them; other tiers keep
  * their defaults, and hi and lo are set to the documented 0.9/0.7. */
 static umbp_runtime_t *conf_rt_wm(const struct tier_param *tp, uint64_t cap, double *hi,
                                   double *lo, const char *extra)
 {
     char buf[1024];
-    if (is_dram(tp)) {
+    if (tier_takes_watermarks(tp)) {
         snprintf(buf, sizeof(buf),
                  ", \"dram_high_watermark\": %.17g, \"dram_low_watermark\": %.17g%s", *hi, *lo,
                  extra ? extra : "");
@@ -152,7 +235,7 @@ TIER_TEST(roundtrip_random_bytes)
     }
     umbp_op_release(op);
     objs_free(o, N);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- ranged gets ------------------------------------------------------------------ */
@@ -274,7 +357,7 @@ TIER_TEST(ranged_gets)
     }
     objs_free(ok, K);
     tu_obj_free(&o);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- first writer wins -------------------------------------------------------------- */
@@ -329,7 +412,7 @@ TIER_TEST(first_writer_wins)
     tu_obj_free(&bigger);
     tu_obj_free(&a);
     tu_obj_free(&b);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- whole-batch shape errors --------------------------------------------------------- */
@@ -394,7 +477,7 @@ TIER_TEST(put_tiling_errors_fail_whole_batch)
     tu_expect_obj(rt, &good);
     tu_obj_free(&good);
     free(src);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 TIER_TEST(duplicate_keys_in_batch)
@@ -422,7 +505,7 @@ TIER_TEST(duplicate_keys_in_batch)
     cr_assert_eq(umbp_get(rt, g, 3, &op), UMBP_E_DUPLICATE_KEY);
     cr_assert_null(op);
     objs_free(o, 4);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 TIER_TEST(get_shape_errors_fail_whole_batch)
@@ -475,7 +558,7 @@ TIER_TEST(get_shape_errors_fail_whole_batch)
     cr_assert_eq(s.num_leased, 0);
     tu_expect_obj(rt, &o);
     tu_obj_free(&o);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- per-key get outcomes --------------------------------------------------------------- */
@@ -533,7 +616,7 @@ TIER_TEST(get_past_end_fails_only_its_key)
         free(b[i]);
     objs_free(o, 4);
     tu_obj_free(&extra);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 TIER_TEST(get_missing_key_enoent)
@@ -576,7 +659,7 @@ TIER_TEST(get_missing_key_enoent)
     cr_assert_eq(s.gets_miss, 4);
     cr_assert_eq(s.gets_failed, 0);
     objs_free(o, 2);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- lookup -------------------------------------------------------------------------------- */
@@ -631,7 +714,7 @@ TIER_TEST(lookup_exists_and_prefix)
     cr_assert_eq(s.lookup_keys, N + N + (N - 3) + 3 + 5);
     cr_assert_eq(s.lookup_hits, 9 + 9 + 6 + 3 + 4);
     objs_free(o, no);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* Predicates for tu_wait_stats. */
@@ -703,7 +786,7 @@ TIER_TEST(lookup_touch_and_lru_eviction_order)
         tu_expect_obj(rt, &a[i]);
     objs_free(a, n_a);
     objs_free(b, n_b);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- eviction between the watermarks ----------------------------------------------------- */
@@ -756,7 +839,7 @@ TIER_TEST(eviction_between_watermarks)
         tu_expect_obj(rt, &o[i]);
     objs_free(o, n);
     free(o);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- full pools ----------------------------------------------------------------------------- */
@@ -785,7 +868,7 @@ TIER_TEST(put_larger_than_pool_efbig)
     cr_assert_eq(s.puts_ok, 2);
     cr_assert_eq(s.evictions, 0, "a put that can never fit evicted other objects");
     objs_free(o, 3);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* A pool filled to just under the high watermark, then a batch that does not
@@ -814,7 +897,7 @@ TIER_TEST(put_waits_for_eviction)
         tu_expect_obj(rt, &o[i]);
     objs_free(o, nfill + nmore);
     free(o);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* Same, with one object a quarter of the pool: eviction must free a
@@ -846,7 +929,7 @@ TIER_TEST(put_waits_for_eviction_large_object)
     tu_obj_free(&big);
     objs_free(o, nfill);
     free(o);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /*
@@ -921,8 +1004,9 @@ static void lease_release_check(struct held *h, const struct tu_obj *objs, int w
  * evict: -ENOSPC at once, nothing changed. */
 TIER_TEST(put_into_full_pool_evicts_lru_only)
 {
-    if (!(tier_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY) || !is_dram(tp))
-        cr_skip_test("needs a tier evicting locally with dram_high_watermark=1.0");
+    if (!(tier_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY) || !tier_takes_watermarks(tp))
+        cr_skip_test("tier %s: needs a tier evicting locally with dram_high_watermark=1.0",
+                     tp->name);
     struct tu_rng r;
     tu_rng_seed(&r, test_seed(tp, "put_into_full_pool_evicts_lru_only"));
     const uint64_t cap = 1 * MiB, osz = 16 * KiB;
@@ -949,13 +1033,14 @@ TIER_TEST(put_into_full_pool_evicts_lru_only)
     tu_expect_obj(rt, &o[n + 1]);
     objs_free(o, n + 2);
     free(o);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 TIER_TEST(put_into_full_leased_pool_enospc)
 {
-    if (!(tier_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY) || !is_dram(tp))
-        cr_skip_test("needs a tier evicting locally with dram_high_watermark=1.0");
+    if (!(tier_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY) || !tier_takes_watermarks(tp))
+        cr_skip_test("tier %s: needs a tier evicting locally with dram_high_watermark=1.0",
+                     tp->name);
     struct tu_rng r;
     tu_rng_seed(&r, test_seed(tp, "put_into_full_leased_pool_enospc"));
     const uint64_t cap = 1 * MiB, osz = 64 * KiB;
@@ -981,7 +1066,7 @@ TIER_TEST(put_into_full_leased_pool_enospc)
         tu_expect_obj(rt, &o[i]);
     objs_free(o, n + 1);
     free(o);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 TIER_TEST(leased_object_survives_eviction)
@@ -1017,7 +1102,7 @@ TIER_TEST(leased_object_survives_eviction)
     objs_free(o, n);
     free(o);
     tu_obj_free(&l);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* Every object leased, a put that needs eviction: it waits, then fails with
@@ -1069,7 +1154,7 @@ static void put_blocked_by_leases(const struct tier_param *tp, const char *limit
     tu_obj_free(&big);
     objs_free(o, n);
     free(o);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 TIER_TEST(put_blocked_by_leases_times_out)
@@ -1118,7 +1203,7 @@ TIER_TEST(expired_lease_reused_region_is_stale)
     objs_free(o, n);
     free(o);
     tu_obj_free(&a);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* clear while a reader holds an object: it disappears at once, the reader
@@ -1152,7 +1237,7 @@ TIER_TEST(clear_while_reading)
     cr_assert_eq(s.num_leased, 0);
     objs_free(a, 3);
     objs_free(b, 3);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* A load that failed (UMBP_E_STALE) quarantines its key for
@@ -1209,7 +1294,7 @@ TIER_TEST(failed_load_quarantines_key)
     free(o);
     tu_obj_free(&a);
     tu_obj_free(&a2);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* Batches of thousands of keys: one put, one lookup, one get. */
@@ -1262,7 +1347,7 @@ TIER_TEST(large_batches)
     free(k);
     objs_free(o, N);
     free(o);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- clear, flush ------------------------------------------------------------------------------ */
@@ -1302,7 +1387,7 @@ TIER_TEST(clear_removes_everything)
     for (int i = 0; i < N; i++)
         tu_expect_obj(rt, &o[i]);
     objs_free(o, N);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 TIER_TEST(flush_waits_for_earlier_puts)
@@ -1341,15 +1426,37 @@ TIER_TEST(flush_waits_for_earlier_puts)
     int rc0 = umbp_flush(rt, 0);
     cr_assert(rc0 == 0 || rc0 == UMBP_E_TIMEOUT, "flush(rt, 0) = %d", rc0);
     cr_assert_eq(umbp_flush(rt, -1), 0);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- events -------------------------------------------------------------------------------------- */
 
-static size_t drain_all(umbp_runtime_t *rt, umbp_event_t *ev, size_t max, uint64_t *lost)
+/* Drains up to max events.  A remote tier's events come from its peer
+ * asynchronously (a server sends them after the reply that completed the
+ * put), so for one the drain goes on (bounded) until `want` have come. */
+static size_t drain_all(const struct tier_param *tp, umbp_runtime_t *rt, umbp_event_t *ev,
+                        size_t max, size_t want, uint64_t *lost)
 {
     size_t n = umbp_events_drain(rt, ev, max, lost);
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while ((tier_caps(tp) & UMBP_TIER_CAP_REMOTE) && n < want && n < max && tu_now_ms() < end) {
+        tu_sleep_ms(1);
+        uint64_t more = 0;
+        n += umbp_events_drain(rt, ev + n, max - n, &more);
+        if (lost)
+            *lost += more;
+    }
     return n;
+}
+
+/* A remote tier: waits (bounded) until the runtime has dropped `want`
+ * events, i.e. the late ones have come in too. */
+static void wait_events_dropped(const struct tier_param *tp, umbp_runtime_t *rt, uint64_t want)
+{
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while ((tier_caps(tp) & UMBP_TIER_CAP_REMOTE) && tu_stats(rt).events_dropped < want &&
+           tu_now_ms() < end)
+        tu_sleep_ms(1);
 }
 
 TIER_TEST(events_stored_and_removed)
@@ -1361,7 +1468,7 @@ TIER_TEST(events_stored_and_removed)
     umbp_runtime_t *rt = conf_rt_wm(tp, cap, &hi, &lo, ", \"enable_events\": true");
     umbp_event_t ev[64];
     uint64_t lost = 99;
-    cr_assert_eq(drain_all(rt, ev, 64, &lost), 0);
+    cr_assert_eq(drain_all(tp, rt, ev, 64, 0, &lost), 0);
     cr_assert_eq(lost, 0);
 
     struct tu_obj o[3];
@@ -1370,14 +1477,14 @@ TIER_TEST(events_stored_and_removed)
     for (int i = 0; i < 3; i++)
         tu_put_ok(rt, &o[i], 1);
     tu_put_ok(rt, &o[1], 1); /* already present: no event */
-    size_t n = drain_all(rt, ev, 64, &lost);
+    size_t n = drain_all(tp, rt, ev, 64, 3, &lost);
     cr_assert_eq(n, 3, "%zu events after 3 new keys", n);
     cr_assert_eq(lost, 0);
     for (int i = 0; i < 3; i++) {
         cr_assert_eq(ev[i].type, UMBP_EVENT_STORED);
         cr_assert(tu_key_eq(&ev[i].key, &o[i].key), "event %d names the wrong key", i);
     }
-    cr_assert_eq(drain_all(rt, ev, 64, &lost), 0, "events drained twice");
+    cr_assert_eq(drain_all(tp, rt, ev, 64, 0, &lost), 0, "events drained twice");
 
     /* a failed put emits nothing */
     struct tu_obj big;
@@ -1385,14 +1492,14 @@ TIER_TEST(events_stored_and_removed)
     int st;
     cr_assert_eq(tu_put_objs(rt, &big, 1, &st), 0);
     cr_assert_neq(st, 0);
-    cr_assert_eq(drain_all(rt, ev, 64, &lost), 0);
+    cr_assert_eq(drain_all(tp, rt, ev, 64, 0, &lost), 0);
     tu_obj_free(&big);
 
     /* small max: oldest first, the rest stays */
     cr_assert_eq(umbp_clear(rt), 0);
-    cr_assert_eq(drain_all(rt, ev, 1, &lost), 1);
+    cr_assert_eq(drain_all(tp, rt, ev, 1, 1, &lost), 1);
     cr_assert_eq(ev[0].type, UMBP_EVENT_REMOVED);
-    n = drain_all(rt, ev + 1, 63, &lost);
+    n = drain_all(tp, rt, ev + 1, 63, 2, &lost);
     cr_assert_eq(n, 2);
     for (int i = 0; i < 3; i++) {
         int seen = 0;
@@ -1411,7 +1518,7 @@ TIER_TEST(events_stored_and_removed)
     umbp_stats_t s;
     cr_assert(tu_wait_stats(rt, used_at_most, &low, 10000, &s), "no eviction");
     umbp_event_t *all = calloc(nfill * 2 + 8, sizeof(*all));
-    n = drain_all(rt, all, nfill * 2 + 8, &lost);
+    n = drain_all(tp, rt, all, nfill * 2 + 8, nfill + (size_t)s.evictions, &lost);
     cr_assert_eq(lost, 0);
     size_t stored = 0, removed = 0;
     for (size_t e = 0; e < n; e++) {
@@ -1432,7 +1539,7 @@ TIER_TEST(events_stored_and_removed)
     objs_free(f, nfill);
     free(f);
     objs_free(o, 3);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 TIER_TEST(events_overflow_counts_lost)
@@ -1446,6 +1553,7 @@ TIER_TEST(events_overflow_counts_lost)
         tu_obj_init(&o[i], &r, tu_key_random(&r), 1000, 1, false);
         tu_put_ok(rt, &o[i], 1); /* in order */
     }
+    wait_events_dropped(tp, rt, N - 16);
     umbp_event_t ev[64];
     uint64_t lost = 0;
     size_t n = umbp_events_drain(rt, ev, 64, &lost);
@@ -1463,12 +1571,13 @@ TIER_TEST(events_overflow_counts_lost)
     cr_assert_eq(lost, 0);
     /* lost may be NULL */
     cr_assert_eq(umbp_clear(rt), 0);
+    wait_events_dropped(tp, rt, 2 * (N - 16)); /* 20 REMOVED into 16 slots */
     n = umbp_events_drain(rt, ev, 64, NULL);
     cr_assert_eq(n, 16);
     for (size_t i = 0; i < n; i++)
         cr_assert_eq(ev[i].type, UMBP_EVENT_REMOVED);
     objs_free(o, N);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 TIER_TEST(events_disabled_by_default)
@@ -1484,7 +1593,7 @@ TIER_TEST(events_disabled_by_default)
     cr_assert_eq(umbp_events_drain(rt, ev, 4, &lost), 0);
     cr_assert_eq(lost, 0);
     tu_obj_free(&o);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- statistics ---------------------------------------------------------------------------------- */
@@ -1576,7 +1685,7 @@ TIER_TEST(stats_counters_consistent)
     cr_assert_eq(s.evictions, 0, "clear counted as eviction");
     cr_assert_eq(s.puts_ok, N, "clear reset the counters");
     objs_free(o, N);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* capacity_bytes is a budget: the pool may hold a little less (alignment),
@@ -1598,16 +1707,17 @@ TIER_TEST(capacity_is_an_upper_bound)
                       (unsigned long long)caps[i], (unsigned long long)s.capacity_bytes);
         cr_assert_geq(s.capacity_bytes + 4096, caps[i], "capacity_bytes %llu gave only %llu",
                       (unsigned long long)caps[i], (unsigned long long)s.capacity_bytes);
-        tu_destroy(rt);
+        conf_destroy(rt);
     }
     /* split over ranks: the ranks together stay within the total */
-    umbp_runtime_t *rt = tu_create("{\"tier\": \"%s\", \"total_capacity_bytes\": \"10MiB\", "
-                                   "\"world_size\": 3, \"rank\": 2, \"log_level\": \"error\"}",
-                                   tp->name);
+    umbp_runtime_t *rt = conf_create(tp, "{\"tier\": \"%s\", \"total_capacity_bytes\": "
+                                     "\"10MiB\", \"world_size\": 3, \"rank\": 2, "
+                                     "\"log_level\": \"error\"}",
+                                     tp->name);
     umbp_stats_t s = tu_stats(rt);
     cr_assert_leq(3 * s.capacity_bytes, 10 * MiB, "3 ranks of %llu bytes exceed 10MiB",
                   (unsigned long long)s.capacity_bytes);
-    tu_destroy(rt);
+    conf_destroy(rt);
 }
 
 /* ---- the tier's vtable, driven directly ------------------------------------------------------------ */
@@ -1664,9 +1774,14 @@ static void th_wait(struct th *h, struct th_done *d)
 static void th_open(struct th *h, const struct tier_param *tp, uint64_t cap, const char *extra)
 {
     memset(h, 0, sizeof(*h));
-    char json[1024];
-    snprintf(json, sizeof(json), "{\"capacity_bytes\": %llu%s}", (unsigned long long)cap,
-             extra ? extra : "");
+    char cfg[1024], json[1024];
+    /* events on: a tier whose peer sends them only on request (shm) must
+     * report them here too; a remote tier's lookups are bounded by
+     * lookup_timeout_ms, generous here as in conf_rt */
+    snprintf(cfg, sizeof(cfg), "{\"capacity_bytes\": %llu, \"enable_events\": true, "
+             "\"lookup_timeout_ms\": 10000, \"log_level\": \"error\"%s}",
+             (unsigned long long)cap, extra ? extra : "");
+    conf_server_for(tp, cfg, json, sizeof(json));
     int rc = config_parse(json, &h->cfg);
     cr_assert_eq(rc, 0, "config_parse(%s): %s", json, umbp_last_error());
     h->ops = umbp_tier_find(tp->name);
@@ -1693,6 +1808,7 @@ static void th_close(struct th *h)
     h->ops->destroy(h->t);
     ev_loop_destroy(h->loop);
     config_free(h->cfg);
+    tu_server_cleanup(&conf_server);
     tu_check_leaks();
 }
 
@@ -1763,6 +1879,11 @@ static void th_clear(struct th *h)
     th_wait(h, &d);
 }
 
+static bool th_evicts_locally(const struct th *h)
+{
+    return h->ops->caps & UMBP_TIER_CAP_EVICTS_LOCALLY;
+}
+
 static uint64_t th_evict(struct th *h, uint64_t target, size_t max, bool *more)
 {
     cr_assert_not_null(h->ops->evict, "tier has no evict member");
@@ -1813,7 +1934,8 @@ TIER_TEST(tier_reserve_hidden_until_publish)
     struct umbp_tier_req q2 = {.key = k, .size = 5000};
     cr_assert_eq(th_reserve(&h, &q2), UMBP_TIER_EXISTS);
     /* pending objects are never evicted */
-    th_evict(&h, 0, 1000, NULL);
+    if (th_evicts_locally(&h))
+        th_evict(&h, 0, 1000, NULL);
     u = th_usage(&h);
     cr_assert_eq(u.num_pending, 1);
     uint8_t data[5000];
@@ -1870,6 +1992,7 @@ TIER_TEST(tier_abort_leaves_previous_state)
 TIER_TEST(tier_lookup_without_touch_keeps_lru)
 {
     struct tu_rng r;
+    need_caps(tp, UMBP_TIER_CAP_EVICTS_LOCALLY, "drives evict, and this tier evicts on its own");
     tu_rng_seed(&r, test_seed(tp, "tier_lookup_without_touch_keeps_lru"));
     struct th h;
     th_open(&h, tp, 1 * MiB, NULL);
@@ -1919,6 +2042,7 @@ TIER_TEST(tier_lookup_without_touch_keeps_lru)
 TIER_TEST(tier_leased_objects_never_evicted)
 {
     struct tu_rng r;
+    need_caps(tp, UMBP_TIER_CAP_EVICTS_LOCALLY, "drives evict, and this tier evicts on its own");
     tu_rng_seed(&r, test_seed(tp, "tier_leased_objects_never_evicted"));
     struct th h;
     th_open(&h, tp, 1 * MiB, NULL);
@@ -1994,8 +2118,15 @@ TIER_TEST(tier_clear_while_leased)
     struct umbp_tier_req q2;
     uint8_t fresh[4096];
     th_store(&h, &r, &q2, k[1], 4096, fresh);
-    /* fill every free byte: none of it may be the leased object's */
-    for (uint64_t i = 0;; i++) {
+    /* leased too, so that a tier evicting on its own (a server) keeps it */
+    struct umbp_tier_req g2 = {.key = k[1]};
+    cr_assert_eq(th_acquire(&h, &g2, 60000), 0);
+    /* fill every free byte: none of it may be the leased objects'.  A tier
+     * that evicts on its own (a server making room inside reserve) would
+     * never say -ENOSPC: fill only what is free. */
+    u = th_usage(&h);
+    uint64_t budget = th_evicts_locally(&h) ? UINT64_MAX : (u.capacity_bytes - u.used_bytes) / 4096;
+    for (uint64_t i = 0; i < budget; i++) {
         struct umbp_tier_req f = {.key = tu_key_id(77, i), .size = 4096};
         int st = th_reserve(&h, &f);
         if (st == -ENOSPC)
@@ -2007,8 +2138,6 @@ TIER_TEST(tier_clear_while_leased)
     }
     cr_assert_eq(memcmp(g.region.addr, data[1], 4096), 0, "a leased region was reused");
     cr_assert_eq(th_release(&h, &g), 0, "release of an intact lease after clear");
-    struct umbp_tier_req g2 = {.key = k[1]};
-    cr_assert_eq(th_acquire(&h, &g2, 60000), 0);
     cr_assert_eq(memcmp(g2.region.addr, fresh, 4096), 0);
     cr_assert_eq(th_release(&h, &g2), 0);
     th_clear(&h);
@@ -2025,8 +2154,8 @@ TIER_TEST(tier_clear_while_leased)
  */
 TIER_TEST(tier_expired_lease_reports_stale)
 {
-    if (!((const struct umbp_tier_ops *)umbp_tier_find(tp->name))->expire_leases)
-        cr_skip_test("tier %s expires no leases", tp->name);
+    need_caps(tp, UMBP_TIER_CAP_EXPIRES_LEASES | UMBP_TIER_CAP_EVICTS_LOCALLY,
+              "drives expire_leases and evict, and this tier does both on its own");
     struct tu_rng r;
     tu_rng_seed(&r, test_seed(tp, "tier_expired_lease_reports_stale"));
     struct th h;
@@ -2071,12 +2200,12 @@ TIER_TEST(tier_usage_and_watermarks)
 {
     struct th h;
     const uint64_t cap = 4 * MiB;
-    th_open(&h, tp, cap,
-            is_dram(tp) ? ", \"dram_high_watermark\": 0.75, \"dram_low_watermark\": 0.25" : NULL);
+    bool wm = tier_takes_watermarks(tp) && (tier_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY);
+    th_open(&h, tp, cap, wm ? ", \"dram_high_watermark\": 0.75, \"dram_low_watermark\": 0.25" : NULL);
     struct umbp_tier_usage u = th_usage(&h);
     cr_assert_eq(u.capacity_bytes, cap);
     cr_assert_eq(u.used_bytes, 0);
-    if (is_dram(tp)) {
+    if (wm) {
         /* the evictor acts only on these: without them nothing is ever evicted */
         cr_assert_eq(u.high_watermark_bytes, cap * 3 / 4,
                      "usage().high_watermark_bytes = %llu, want %llu",

@@ -176,6 +176,16 @@ static const struct {
     {"dram_prefault", "false"},
     {"dram_high_watermark", "0.9"},
     {"dram_low_watermark", "0.7"},
+    {"socket_dir", ""},
+    {"lookup_instance", ""},
+    {"dp_rank", "0"},
+    {"auto_start", "false"},
+    {"server_path", "umbp-server"},
+    {"startup_timeout_ms", "30000"},
+    {"reconnect_max_ms", "2000"},
+    {"engine_id", ""},
+    {"namespace", ""},
+    {"role", "worker"},
 };
 #define N_DOCUMENTED (sizeof(documented) / sizeof(documented[0]))
 

@@ -1,0 +1,357 @@
+/*
+ * shm_conn.c - the tier's socket on the runtime's loop: the read and write
+ * watchers, the input buffer, and losing and regaining the server.
+ *
+ * Loop thread only (shm_in_* also serve the blocking handshake at creation,
+ * before the loop thread exists).  The loop never blocks here: the socket
+ * is non-blocking, a reconnect is a non-blocking connect then HELLO sent and
+ * HELLO_OK read by the same watchers, bounded by startup_timeout_ms, retried
+ * with exponential backoff from 10 ms to reconnect_max_ms.
+ *
+ * States: CONNECTED -(EOF, reset, malformed frame, ERROR)-> DISCONNECTED
+ * -(backoff timer)-> CONNECTING (rarely: a Unix connect completes at once)
+ * -> HELLO -(HELLO_OK)-> CONNECTED; any failure on the way goes back to
+ * DISCONNECTED with a longer backoff.  Losing the connection completes
+ * every outstanding call with -ECONNRESET; the pool mapping stays.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "shm.h"
+
+#define IN_CHUNK (64u * 1024u)
+#define READS_PER_WAKEUP 16
+#define BACKOFF_MIN_MS 10
+#define STATS_PERIOD_S 0.2
+
+static double ms_to_s(uint64_t ms) { return (double)ms / 1000.0; }
+
+/* ---- the input buffer --------------------------------------------------- */
+
+static int in_room(struct shm_tier *st)
+{
+    if (st->in_off == st->in_len)
+        st->in_off = st->in_len = 0;
+    if (st->in_cap - st->in_len >= IN_CHUNK)
+        return 0;
+    if (st->in_off) {
+        memmove(st->in, st->in + st->in_off, st->in_len - st->in_off);
+        st->in_len -= st->in_off;
+        st->in_off = 0;
+    }
+    if (st->in_cap - st->in_len >= IN_CHUNK)
+        return 0;
+    size_t cap = st->in_cap ? st->in_cap * 2 : 2 * IN_CHUNK;
+    while (cap - st->in_len < IN_CHUNK)
+        cap *= 2;
+    uint8_t *p = realloc(st->in, cap);
+    if (!p)
+        return -ENOMEM;
+    st->in = p;
+    st->in_cap = cap;
+    return 0;
+}
+
+long shm_in_read(struct shm_tier *st)
+{
+    if (in_room(st) < 0)
+        return -ENOMEM;
+    int fd = -1;
+    long r = proto_recv_with_fd(st->fd, st->in + st->in_len, st->in_cap - st->in_len, &fd);
+    if (r > 0)
+        st->in_len += (size_t)r;
+    if (fd >= 0 && st->pending_fd >= 0) {
+        close(fd); /* only HELLO_OK carries an fd, once */
+        return -EPROTO;
+    }
+    if (fd >= 0)
+        st->pending_fd = fd;
+    return r;
+}
+
+long shm_in_next(struct shm_tier *st, struct proto_frame *f, char *err, size_t errlen)
+{
+    return proto_frame_parse(st->in + st->in_off, st->in_len - st->in_off, true, f, err, errlen);
+}
+
+void shm_in_consume(struct shm_tier *st, long bytes) { st->in_off += (size_t)bytes; }
+
+/* ---- closing and losing ---------------------------------------------------- */
+
+void shm_conn_close(struct shm_tier *st)
+{
+    struct ev_loop *loop = st->base.env.loop;
+    ev_io_stop(loop, &st->rio);
+    ev_io_stop(loop, &st->wio);
+    ev_timer_stop(loop, &st->fail_timer);
+    ev_timer_stop(loop, &st->stats_timer);
+    if (st->fd >= 0)
+        close(st->fd);
+    st->fd = -1;
+    if (st->pending_fd >= 0)
+        close(st->pending_fd);
+    st->pending_fd = -1;
+    st->out.len = 0; /* frames not yet written die with the connection */
+    st->in_off = st->in_len = 0;
+}
+
+void shm_conn_stop_watchers(struct shm_tier *st)
+{
+    struct ev_loop *loop = st->base.env.loop;
+    ev_io_stop(loop, &st->rio);
+    ev_io_stop(loop, &st->wio);
+    ev_timer_stop(loop, &st->fail_timer);
+    ev_timer_stop(loop, &st->stats_timer);
+    ev_timer_stop(loop, &st->deadline_timer);
+    ev_timer_stop(loop, &st->reconnect_timer);
+}
+
+static void arm_reconnect(struct shm_tier *st, uint64_t delay_ms)
+{
+    ev_timer_stop(st->base.env.loop, &st->reconnect_timer);
+    ev_timer_set(&st->reconnect_timer, ms_to_s(delay_ms), 0.0);
+    ev_timer_start(st->base.env.loop, &st->reconnect_timer);
+}
+
+void shm_conn_lost(struct shm_tier *st, const char *why)
+{
+    if (st->state == SHM_STOPPED || st->state == SHM_DISCONNECTED)
+        return;
+    bool was_connected = st->state == SHM_CONNECTED;
+    shm_conn_close(st);
+    st->state = SHM_DISCONNECTED;
+    if (was_connected) {
+        umbp_log(UMBP_LOG_WARN, "lost umbp-server at %s: %s; reconnecting", st->path, why);
+        st->lost_ns = umbp_now_ns();
+        st->backoff_ms = BACKOFF_MIN_MS;
+        st->last_why[0] = 0;
+    } else {
+        /* a new reason is news (a refusing server, say); the same one again,
+         * or no server there yet, is only the outage going on */
+        bool news = strncmp(why, st->last_why, sizeof(st->last_why) - 1) != 0 &&
+                    strcmp(why, strerror(ENOENT)) != 0 && strcmp(why, strerror(ECONNREFUSED)) != 0;
+        umbp_log(news ? UMBP_LOG_WARN : UMBP_LOG_DEBUG,
+                 "umbp-server at %s: reconnect failed: %s; retrying every %llu ms at most",
+                 st->path, why, (unsigned long long)st->cfg.reconnect_max_ms);
+        snprintf(st->last_why, sizeof(st->last_why), "%s", why);
+    }
+    arm_reconnect(st, st->backoff_ms);
+    st->backoff_ms *= 2;
+    if (st->backoff_ms > (uint64_t)st->cfg.reconnect_max_ms)
+        st->backoff_ms = (uint64_t)st->cfg.reconnect_max_ms;
+    shm_calls_fail_all(st, -ECONNRESET);
+}
+
+/* ---- writing ----------------------------------------------------------------- */
+
+static void fail_soon(struct shm_tier *st, int e)
+{
+    st->fail_errno = e;
+    ev_io_stop(st->base.env.loop, &st->wio);
+    if (!ev_is_active(&st->fail_timer)) {
+        ev_timer_set(&st->fail_timer, 0.0, 0.0);
+        ev_timer_start(st->base.env.loop, &st->fail_timer);
+    }
+}
+
+void shm_conn_flush(struct shm_tier *st)
+{
+    if (st->fd < 0 || (st->state != SHM_HELLO && st->state != SHM_CONNECTED))
+        return;
+    while (st->out.len) {
+        ssize_t n = send(st->fd, st->out.data, st->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            proto_buf_consume(&st->out, (size_t)n);
+        } else if (n < 0 && errno == EAGAIN) {
+            if (!ev_is_active(&st->wio)) {
+                ev_io_set(&st->wio, st->fd, EV_WRITE);
+                ev_io_start(st->base.env.loop, &st->wio);
+            }
+            return;
+        } else if (n < 0 && errno != EINTR) {
+            fail_soon(st, errno); /* never torn down inside a member */
+            return;
+        }
+    }
+    ev_io_stop(st->base.env.loop, &st->wio);
+}
+
+static void on_fail_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct shm_tier *st = w->data;
+    shm_conn_lost(st, strerror(st->fail_errno));
+}
+
+/* ---- reconnecting ------------------------------------------------------------ */
+
+static void begin_hello(struct shm_tier *st)
+{
+    char err[256] = "cannot build HELLO";
+    ev_io_stop(st->base.env.loop, &st->wio);
+    if (shm_check_peer(st->fd, st->path, err, sizeof(err)) < 0 || shm_send_hello(st) < 0) {
+        shm_conn_lost(st, err);
+        return;
+    }
+    st->state = SHM_HELLO;
+    ev_io_set(&st->rio, st->fd, EV_READ);
+    ev_io_start(st->base.env.loop, &st->rio);
+    arm_reconnect(st, (uint64_t)st->cfg.startup_timeout_ms); /* the handshake's bound */
+    shm_conn_flush(st);
+}
+
+static void attempt(struct shm_tier *st)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", st->path);
+    st->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    st->state = SHM_CONNECTING;
+    if (st->fd >= 0 && connect(st->fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+        begin_hello(st);
+    } else if (st->fd >= 0 && errno == EINPROGRESS) {
+        ev_io_set(&st->wio, st->fd, EV_WRITE);
+        ev_io_start(st->base.env.loop, &st->wio);
+        arm_reconnect(st, (uint64_t)st->cfg.startup_timeout_ms);
+    } else {
+        shm_conn_lost(st, strerror(errno));
+    }
+}
+
+static void on_reconnect_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct shm_tier *st = w->data;
+    if (st->state == SHM_DISCONNECTED)
+        attempt(st);
+    else if (st->state == SHM_CONNECTING || st->state == SHM_HELLO)
+        shm_conn_lost(st, "no HELLO_OK within startup_timeout_ms");
+}
+
+static void on_writable(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct shm_tier *st = w->data;
+    if (st->state != SHM_CONNECTING) {
+        shm_conn_flush(st);
+        return;
+    }
+    int e = 0;
+    socklen_t len = sizeof(e);
+    getsockopt(st->fd, SOL_SOCKET, SO_ERROR, &e, &len);
+    if (e)
+        shm_conn_lost(st, strerror(e));
+    else
+        begin_hello(st);
+}
+
+static void connected(struct shm_tier *st, bool same_pool)
+{
+    st->state = SHM_CONNECTED;
+    st->epoch++;
+    ev_timer_stop(st->base.env.loop, &st->reconnect_timer);
+    uint64_t ms = (umbp_now_ns() - st->lost_ns) / 1000000ull;
+    umbp_log(UMBP_LOG_WARN, "reconnected to umbp-server at %s after %llu ms (%s)", st->path,
+             (unsigned long long)ms, !st->worker ? "no pool" : same_pool ? "same pool" : "new pool");
+    st->backoff_ms = BACKOFF_MIN_MS;
+    st->stats_timer.repeat = STATS_PERIOD_S;
+    ev_timer_again(st->base.env.loop, &st->stats_timer);
+    shm_stats_request(st, true);
+}
+
+/* A frame while HELLO_OK is awaited. */
+static int hello_frame(struct shm_tier *st, const struct proto_frame *f, char *err,
+                       size_t errlen)
+{
+    if (f->type == PROTO_EVENTS)
+        return 0; /* from before this session counted; nothing to do */
+    if (f->type != PROTO_HELLO_OK && f->type != PROTO_HELLO_ERR) {
+        snprintf(err, errlen, "%s before HELLO_OK", proto_type_name(f->type));
+        return -EPROTO;
+    }
+    bool same;
+    int rc = shm_hello_reply(st, f, &same, err, errlen);
+    if (rc == 0)
+        connected(st, same);
+    return rc;
+}
+
+/* ---- reading ------------------------------------------------------------------ */
+
+/* Handles every whole frame in the buffer; -1 once the connection is gone. */
+static int process_input(struct shm_tier *st)
+{
+    char err[320];
+    for (;;) {
+        struct proto_frame f;
+        err[0] = 0;
+        long r = shm_in_next(st, &f, err, sizeof(err));
+        if (r == 0)
+            return 0;
+        char why[384];
+        snprintf(why, sizeof(why), "malformed frame from the server: %s", err);
+        int rc = r < 0 ? -EPROTO
+                 : st->state == SHM_HELLO ? hello_frame(st, &f, why, sizeof(why))
+                                          : shm_handle_frame(st, &f, why, sizeof(why));
+        if (rc < 0) {
+            shm_conn_lost(st, why);
+            return -1;
+        }
+        if (st->state != SHM_CONNECTED)
+            return -1; /* stopped from a done callback */
+        shm_in_consume(st, r);
+        if (st->pending_fd >= 0) {
+            shm_conn_lost(st, "the server passed an fd outside HELLO_OK");
+            return -1;
+        }
+    }
+}
+
+static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct shm_tier *st = w->data;
+    if (process_input(st) < 0) /* bytes left over from the handshake */
+        return;
+    for (int i = 0; i < READS_PER_WAKEUP; i++) {
+        long r = shm_in_read(st);
+        if (r == -EAGAIN || r == -EINTR)
+            return;
+        if (r <= 0) {
+            shm_conn_lost(st, r == 0 ? "the server closed the connection" : strerror((int)-r));
+            return;
+        }
+        if (process_input(st) < 0)
+            return;
+    }
+}
+
+/* ---- setup ---------------------------------------------------------------------- */
+
+void shm_conn_init(struct shm_tier *st)
+{
+    st->fd = -1;
+    st->pending_fd = -1;
+    st->backoff_ms = BACKOFF_MIN_MS;
+    ev_io_init(&st->rio, on_readable, -1, EV_READ);
+    ev_io_init(&st->wio, on_writable, -1, EV_WRITE);
+    ev_init(&st->deadline_timer, shm_on_deadline);
+    ev_init(&st->stats_timer, shm_on_stats_timer);
+    ev_init(&st->reconnect_timer, on_reconnect_timer);
+    ev_init(&st->fail_timer, on_fail_timer);
+    st->rio.data = st->wio.data = st;
+    st->deadline_timer.data = st->stats_timer.data = st;
+    st->reconnect_timer.data = st->fail_timer.data = st;
+}
+
+void shm_conn_start(struct shm_tier *st)
+{
+    struct ev_loop *loop = st->base.env.loop;
+    ev_io_set(&st->rio, st->fd, EV_READ);
+    ev_io_start(loop, &st->rio);
+    st->stats_timer.repeat = STATS_PERIOD_S;
+    ev_timer_again(loop, &st->stats_timer);
+    if (st->in_len > st->in_off)
+        ev_feed_event(loop, &st->rio, EV_READ);
+    shm_conn_flush(st);
+}

@@ -1,0 +1,337 @@
+/*
+ * shm_tier.c - the shm tier: objects in the shared-memory pool of the
+ * host's umbp-server (standalone mode).
+ *
+ * The server owns the index, allocation, eviction and leases; this tier
+ * forwards each batched call as request frames (proto.h) over a Unix socket
+ * and completes it on the loop thread when the replies arrive.  Bytes never
+ * cross the socket: the runtime copies them into and out of the pool, which
+ * the server handed over once (SCM_RIGHTS) and this process maps.
+ *
+ * Threads: every member runs on the runtime's loop thread and never blocks,
+ * except create and destroy (the creating thread, loop not running) and
+ * mapped_memory (a caller's thread; it reads the mapping under map_lock).
+ *
+ * Failure (tier.h "Remote tiers"): done fires exactly once per call, by its
+ * deadline at the latest; a lost server fails every outstanding call at once
+ * (-ECONNRESET) and the tier reconnects in the background; while the server
+ * is away or a reply is overdue, health() says UMBP_E_NOT_ATTEMPTED so new
+ * transfers fail fast.  A reservation or lease lives in one session: after a
+ * reconnect its token means nothing, so publish fails it (-ECONNRESET) and
+ * release reports UMBP_E_STALE without asking (region.aux[0] holds the
+ * session epoch that granted it).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "shm.h"
+
+/* ---- refusing calls ----------------------------------------------------- */
+
+static bool needs_pool(enum shm_kind k) { return k != SHM_LOOKUP; }
+
+/* 0, or the status a call of kind k completes with without asking. */
+static int refusal(const struct shm_tier *st, enum shm_kind k)
+{
+    if (!st->worker && needs_pool(k))
+        return -ENOTSUP; /* role lookup: an engine's scheduler owns no pool */
+    if (st->state == SHM_STOPPED)
+        return UMBP_E_NOT_ATTEMPTED;
+    if (st->state != SHM_CONNECTED)
+        /* a reservation or lease died with the session it was made in */
+        return k == SHM_PUBLISH || k == SHM_RELEASE ? -ECONNRESET : UMBP_E_NOT_ATTEMPTED;
+    return 0;
+}
+
+/* Queues a call over reqs[0..n); done(arg, 0) at once for an empty batch. */
+static void submit(struct shm_tier *st, enum shm_kind k, struct umbp_tier_req *const *reqs,
+                   size_t n, uint8_t *present, uint32_t arg, umbp_tier_done_fn done, void *a)
+{
+    if (n == 0 && k != SHM_CLEAR) {
+        done(a, 0);
+        return;
+    }
+    struct shm_call *c = shm_call_new(st, k, reqs, n, done, a);
+    if (!c) {
+        done(a, -ENOMEM);
+        return;
+    }
+    c->present = present;
+    /* lookups leave usage alone; everything else refreshes it */
+    shm_call_send(st, c, arg, k != SHM_LOOKUP);
+}
+
+/* ---- the members ---------------------------------------------------------- */
+
+static void shm_lookup(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
+                       uint8_t *present, bool touch, umbp_tier_done_fn done, void *arg)
+{
+    struct shm_tier *st = to_shm_tier(t);
+    int rc = refusal(st, SHM_LOOKUP);
+    if (rc) {
+        memset(present, 0, n);
+        done(arg, rc);
+        return;
+    }
+    submit(st, SHM_LOOKUP, reqs, n, present, touch ? PROTO_LOOKUP_TOUCH : 0, done, arg);
+}
+
+static void shm_reserve(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
+                        umbp_tier_done_fn done, void *arg)
+{
+    struct shm_tier *st = to_shm_tier(t);
+    int rc = refusal(st, SHM_RESERVE);
+    if (rc)
+        done(arg, rc);
+    else
+        submit(st, SHM_RESERVE, reqs, n, NULL, 0, done, arg);
+}
+
+static void shm_acquire(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
+                        uint64_t lease_ttl_ms, umbp_tier_done_fn done, void *arg)
+{
+    struct shm_tier *st = to_shm_tier(t);
+    int rc = refusal(st, SHM_ACQUIRE);
+    uint32_t ttl = lease_ttl_ms == 0 ? 1 : lease_ttl_ms > UINT32_MAX ? UINT32_MAX
+                                                                       : (uint32_t)lease_ttl_ms;
+    if (rc)
+        done(arg, rc);
+    else
+        submit(st, SHM_ACQUIRE, reqs, n, NULL, ttl, done, arg);
+}
+
+/* The requests publish or release acts on: status 0 and granted in this
+ * session; the others of status 0 get `stale` (their grant is gone). */
+static struct umbp_tier_req **granted(struct shm_tier *st, struct umbp_tier_req *const *reqs,
+                                      size_t n, int stale, size_t *m)
+{
+    struct umbp_tier_req **sel = malloc((n ? n : 1) * sizeof(*sel));
+    *m = 0;
+    for (size_t i = 0; sel && i < n; i++) {
+        if (reqs[i]->status != 0)
+            continue;
+        if (reqs[i]->region.aux[0] != st->epoch)
+            reqs[i]->status = stale;
+        else
+            sel[(*m)++] = reqs[i];
+    }
+    return sel;
+}
+
+static void finish_granted(struct shm_tier *st, enum shm_kind k, int stale,
+                           struct umbp_tier_req *const *reqs, size_t n, umbp_tier_done_fn done,
+                           void *arg)
+{
+    int rc = refusal(st, k);
+    if (rc) {
+        done(arg, rc);
+        return;
+    }
+    size_t m;
+    struct umbp_tier_req **sel = granted(st, reqs, n, stale, &m);
+    if (!sel)
+        done(arg, -ENOMEM);
+    else
+        submit(st, k, sel, m, NULL, 0, done, arg);
+    free(sel);
+}
+
+static void shm_publish(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
+                        umbp_tier_done_fn done, void *arg)
+{
+    finish_granted(to_shm_tier(t), SHM_PUBLISH, -ECONNRESET, reqs, n, done, arg);
+}
+
+static void shm_release(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
+                        umbp_tier_done_fn done, void *arg)
+{
+    finish_granted(to_shm_tier(t), SHM_RELEASE, UMBP_E_STALE, reqs, n, done, arg);
+}
+
+/* Inline, no callback: ABORT has no reply.  A disconnected session's
+ * reservations are already gone. */
+static void shm_abort(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n)
+{
+    struct shm_tier *st = to_shm_tier(t);
+    if (refusal(st, SHM_RESERVE) || n == 0)
+        return;
+    umbp_key_t *keys = malloc(n * sizeof(*keys));
+    uint64_t *tokens = malloc(n * sizeof(*tokens));
+    size_t m = 0;
+    for (size_t i = 0; keys && tokens && i < n; i++)
+        if (reqs[i]->region.aux[0] == st->epoch) {
+            keys[m] = reqs[i]->key;
+            tokens[m++] = reqs[i]->region.token;
+        }
+    if (!keys || !tokens)
+        umbp_log(UMBP_LOG_WARN, "shm tier: out of memory aborting %zu reservations; the "
+                 "server drops them when this session ends", n);
+    if (m) {
+        shm_send_abort(st, keys, tokens, m);
+        shm_stats_request(st, true); /* usage after the abort */
+    }
+    free(keys);
+    free(tokens);
+}
+
+static void shm_clear(struct umbp_tier *t, umbp_tier_done_fn done, void *arg)
+{
+    struct shm_tier *st = to_shm_tier(t);
+    int rc = refusal(st, SHM_CLEAR);
+    if (rc)
+        done(arg, rc);
+    else
+        submit(st, SHM_CLEAR, NULL, 0, NULL, 0, done, arg);
+}
+
+/* The last STATS_R: no round trip.  Watermarks 0: the server evicts. */
+static void shm_usage(struct umbp_tier *t, struct umbp_tier_usage *out)
+{
+    const struct proto_stats *s = &to_shm_tier(t)->stats;
+    *out = (struct umbp_tier_usage){
+        .capacity_bytes = s->capacity_bytes,
+        .used_bytes = s->used_bytes,
+        .num_objects = s->num_objects,
+        .num_pending = s->num_pending,
+        .num_leased = s->num_leased,
+        .evictions = s->evictions,
+        .evicted_bytes = s->evicted_bytes,
+        .leases_expired = s->leases_expired,
+    };
+}
+
+static int shm_health(struct umbp_tier *t)
+{
+    struct shm_tier *st = to_shm_tier(t);
+    if (st->state != SHM_CONNECTED)
+        return UMBP_E_NOT_ATTEMPTED;
+    /* the oldest unanswered frame (orphans too) says whether the server
+     * keeps up: past lookup_timeout_ms it is stalled */
+    uint64_t bound = (uint64_t)st->base.env.core->lookup_timeout_ms * 1000000ull;
+    if (st->head && umbp_now_ns() - st->head->sent_ns > bound)
+        return UMBP_E_NOT_ATTEMPTED;
+    return 0;
+}
+
+/* Caller's thread; the loop may be swapping in a new pool meanwhile. */
+static int shm_mapped_memory(struct umbp_tier *t, void **addr, size_t *len)
+{
+    struct shm_tier *st = to_shm_tier(t);
+    int rc = -ENOTSUP;
+    pthread_mutex_lock(&st->map_lock);
+    if (st->nmaps) {
+        *addr = st->maps[st->nmaps - 1].addr;
+        *len = (size_t)st->maps[st->nmaps - 1].size;
+        st->mapped_out = true;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&st->map_lock);
+    return rc;
+}
+
+/* Runtime shutdown, loop thread: nothing stays outstanding. */
+static void shm_stop(struct umbp_tier *t)
+{
+    struct shm_tier *st = to_shm_tier(t);
+    if (st->state == SHM_STOPPED)
+        return;
+    shm_conn_stop_watchers(st);
+    shm_conn_close(st);
+    st->state = SHM_STOPPED;
+    shm_calls_fail_all(st, UMBP_E_NOT_ATTEMPTED);
+}
+
+/* ---- lifetime ---------------------------------------------------------------- */
+
+static int shm_validate_config(const void *cfg, const struct umbp_core_config *core, char *err,
+                               size_t errlen)
+{
+    (void)core;
+    return shm_config_validate(cfg, err, errlen);
+}
+
+static void shm_destroy(struct umbp_tier *t)
+{
+    if (!t)
+        return;
+    struct shm_tier *st = to_shm_tier(t);
+    shm_conn_stop_watchers(st);
+    shm_conn_close(st);
+    /* calls still queued (the runtime abandoned them): freed, never completed */
+    for (struct shm_call *c = st->head, *next; c; c = next) {
+        next = c->next;
+        shm_call_free(c);
+    }
+    for (size_t i = 0; i < st->nmaps; i++)
+        munmap(st->maps[i].addr, st->maps[i].size);
+    free(st->maps);
+    proto_buf_free(&st->out);
+    free(st->in);
+    pthread_mutex_destroy(&st->map_lock);
+    free(st);
+}
+
+static int shm_create(const struct umbp_tier_env *env, const void *cfg, struct umbp_tier **out,
+                      char *err, size_t errlen)
+{
+    int rc = shm_config_validate(cfg, err, errlen);
+    if (rc < 0)
+        return rc;
+    struct shm_tier *st = calloc(1, sizeof(*st));
+    if (!st) {
+        snprintf(err, errlen, "shm tier: out of memory");
+        return -ENOMEM;
+    }
+    st->base.ops = &umbp_tier_shm_ops;
+    st->base.env = *env;
+    st->cfg = *(const struct shm_config *)cfg;
+    st->worker = strcmp(st->cfg.role, "lookup") != 0;
+    st->next_seq = 1;
+    st->state = SHM_DISCONNECTED;
+    pthread_mutex_init(&st->map_lock, NULL);
+    shm_conn_init(st);
+    char dir[SHM_PATH_MAX];
+    shm_config_socket_dir(&st->cfg, dir, sizeof(dir));
+    if ((rc = proto_socket_path(dir, (unsigned)st->cfg.dp_rank, st->cfg.lookup_instance,
+                                st->path, sizeof(st->path), err, errlen)) < 0 ||
+        (rc = shm_attach(st, err, errlen)) < 0) {
+        shm_destroy(&st->base);
+        return rc;
+    }
+    st->state = SHM_CONNECTED;
+    shm_conn_start(st); /* watchers on env->loop: it runs once the runtime starts it */
+    *out = &st->base;
+    return 0;
+}
+
+/* ---- the vtable --------------------------------------------------------------- */
+
+static const char *const shm_modes[] = {"standalone", NULL};
+
+const struct umbp_tier_ops umbp_tier_shm_ops = {
+    .name = "shm",
+    .caps = UMBP_TIER_CAP_MAPPED | UMBP_TIER_CAP_REMOTE | UMBP_TIER_CAP_SHARED,
+    .modes = shm_modes,
+    .options = shm_options,
+    .config_size = sizeof(struct shm_config),
+    .validate_config = shm_validate_config,
+    .create = shm_create,
+    .destroy = shm_destroy,
+    .stop = shm_stop,
+    .lookup = shm_lookup,
+    .reserve = shm_reserve,
+    .publish = shm_publish,
+    .abort = shm_abort,
+    .acquire = shm_acquire,
+    .release = shm_release,
+    .clear = shm_clear,
+    .usage = shm_usage,
+    .health = shm_health,
+    .mapped_memory = shm_mapped_memory,
+    /* evict, expire_leases: the server does both; read, write: regions are
+     * always mapped */
+};

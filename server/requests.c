@@ -1,0 +1,388 @@
+/*
+ * requests.c - what the server does with each request frame: the tier
+ * contract (include/umbp/tier.h) over the shared store, one reply frame per
+ * request frame (ABORT has none), records in request order.
+ *
+ * A session may publish, abort and release only the tokens the server gave
+ * it (track.c): a token of another session, or one already used, is
+ * -ENOENT for publish, UMBP_E_STALE for release and nothing for abort, so
+ * one client can never end another's reservation or lease.  Everything it
+ * still holds is ended when it disconnects (session.c).
+ *
+ * The first frame must be HELLO; after it, each role may send only its own
+ * types (role_allows); anything else is malformed.  Loop thread only.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "srv.h"
+#include "util.h"
+
+#define T(x) (1u << PROTO_##x)
+
+static const uint32_t role_allows[] = {
+    [PROTO_ROLE_WORKER] = T(LOOKUP) | T(RESERVE) | T(PUBLISH) | T(ABORT) | T(ACQUIRE) |
+                          T(RELEASE) | T(CLEAR) | T(STATS) | T(PING),
+    [PROTO_ROLE_LOOKUP] = T(LOOKUP) | T(STATS) | T(PING),
+    [PROTO_ROLE_ADMIN] = T(STATS) | T(SESSIONS) | T(CLEAR) | T(PING),
+};
+
+static const char *const role_names[] = {"worker", "lookup", "admin"};
+
+/* A reply appended whole (proto_put_empty), or rc of its failure: out of
+ * memory ends the session. */
+static int reply_done(struct srv_session *ss, int rc)
+{
+    if (rc == 0)
+        return 0;
+    umbp_log(UMBP_LOG_WARN, SESSION_FMT ": cannot build a reply (%s); disconnected",
+             SESSION_ARGS(ss), strerror(-rc));
+    snprintf(ss->why, sizeof(ss->why), "no memory for a reply");
+    return SRV_CLOSE;
+}
+
+/* Ends a reply frame; rc is the first failure of its proto_begin or puts.
+ * proto_end completes the frame, or drops a partial one (and says -EINVAL
+ * when proto_begin failed, so nothing is open). */
+static int reply_end(struct srv_session *ss, int rc)
+{
+    int erc = proto_end(&ss->out);
+    return reply_done(ss, rc ? rc : erc);
+}
+
+/* ---- lookup, reserve, publish, abort ------------------------------------------- */
+
+static int handle_lookup(struct srv_session *ss, const struct proto_frame *f)
+{
+    struct umbp_server *s = ss->srv;
+    bool touch = f->arg & PROTO_LOOKUP_TOUCH;
+    int rc = proto_begin(&ss->out, PROTO_LOOKUP_R, f->seq, f->n, 0);
+
+    for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+        umbp_key_t key;
+        proto_get_key(f, i, &key);
+        bool hit = dram_store_lookup(s->store, &key, touch);
+        s->c.lookup_hits += hit;
+        rc = proto_put_u8(&ss->out, hit);
+    }
+    s->c.lookups++;
+    s->c.lookup_keys += f->n;
+    return reply_end(ss, rc);
+}
+
+/* dram_store_reserve, evicting for this key once when the pool is full.
+ * An eviction that freed nothing (everything leased or pending) clears
+ * *may_evict, so the rest of the batch does not scan the LRU list again. */
+static int reserve_one(struct umbp_server *s, const umbp_key_t *key, uint64_t size,
+                       struct dram_store_region *r, bool *may_evict)
+{
+    int rc = dram_store_reserve(s->store, key, size, r);
+    if (rc != -ENOSPC || !*may_evict)
+        return rc;
+    struct umbp_tier_usage u;
+    dram_store_usage(s->store, &u);
+    uint64_t target = u.capacity_bytes > size ? u.capacity_bytes - size : 0;
+    if (dram_store_evict(s->store, target, size, SRV_EVICT_INLINE_MAX, NULL) == 0)
+        *may_evict = false;
+    return dram_store_reserve(s->store, key, size, r);
+}
+
+static int handle_reserve(struct srv_session *ss, const struct proto_frame *f)
+{
+    struct umbp_server *s = ss->srv;
+    bool may_evict = true;
+    int rc = proto_begin(&ss->out, PROTO_RESERVE_R, f->seq, f->n, 0);
+
+    for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+        struct proto_reserve_item it;
+        struct dram_store_region r;
+        struct proto_region_item out = {0};
+        proto_get_reserve_item(f, i, &it);
+        out.status = reserve_one(s, &it.key, it.size, &r, &may_evict);
+        if (out.status == 0 && track_add(&ss->reservations, r.token, &it.key) < 0) {
+            dram_store_abort(s->store, &it.key, r.token);
+            out.status = -ENOMEM;
+        }
+        if (out.status == 0) {
+            out.offset = r.offset;
+            out.size = r.size;
+            out.token = r.token;
+        }
+        rc = proto_put_region_item(&ss->out, &out);
+    }
+    s->c.reserves += f->n;
+    srv_evict_check(s);
+    return reply_end(ss, rc);
+}
+
+static int handle_publish(struct srv_session *ss, const struct proto_frame *f)
+{
+    struct umbp_server *s = ss->srv;
+    int rc = proto_begin(&ss->out, PROTO_PUBLISH_R, f->seq, f->n, 0);
+
+    for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+        struct proto_token_item it;
+        proto_get_token_item(f, i, &it);
+        int st = -ENOENT;
+        if (track_take(&ss->reservations, it.token, &it.key))
+            st = dram_store_publish(s->store, &it.key, it.token);
+        s->c.publishes += st == 0;
+        rc = proto_put_status(&ss->out, st);
+    }
+    return reply_end(ss, rc);
+}
+
+static int handle_abort(struct srv_session *ss, const struct proto_frame *f)
+{
+    for (uint32_t i = 0; i < f->n; i++) {
+        struct proto_token_item it;
+        proto_get_token_item(f, i, &it);
+        if (track_take(&ss->reservations, it.token, &it.key))
+            dram_store_abort(ss->srv->store, &it.key, it.token);
+    }
+    return 0; /* ABORT has no reply */
+}
+
+/* ---- leases -------------------------------------------------------------------------- */
+
+static int handle_acquire(struct srv_session *ss, const struct proto_frame *f)
+{
+    struct umbp_server *s = ss->srv;
+    uint64_t ttl_ms = f->arg < s->lease_ttl_ms ? f->arg : s->lease_ttl_ms;
+    uint64_t now = umbp_now_ns(), ttl_ns = ttl_ms * 1000000ull;
+    int rc = proto_begin(&ss->out, PROTO_ACQUIRE_R, f->seq, f->n, 0);
+
+    for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+        umbp_key_t key;
+        struct dram_store_region r;
+        struct proto_region_item out = {0};
+        proto_get_key(f, i, &key);
+        out.status = dram_store_acquire(s->store, &key, now, ttl_ns, &r);
+        if (out.status == 0 && track_add(&ss->leases, r.token, NULL) < 0) {
+            uint64_t freed = 0;
+            dram_store_release(s->store, r.token, &freed);
+            out.status = -ENOMEM;
+        }
+        if (out.status == 0) {
+            out.offset = r.offset;
+            out.size = r.size;
+            out.token = r.token;
+        }
+        s->c.acquire_hits += out.status == 0;
+        rc = proto_put_region_item(&ss->out, &out);
+    }
+    s->c.acquires += f->n;
+    return reply_end(ss, rc);
+}
+
+static int handle_release(struct srv_session *ss, const struct proto_frame *f)
+{
+    struct umbp_server *s = ss->srv;
+    uint64_t freed = 0;
+    int rc = proto_begin(&ss->out, PROTO_RELEASE_R, f->seq, f->n, 0);
+
+    for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+        struct proto_token_item it;
+        proto_get_token_item(f, i, &it);
+        int st = UMBP_E_STALE; /* not a lease of this session (any more) */
+        if (track_take(&ss->leases, it.token, NULL))
+            st = dram_store_release(s->store, it.token, &freed);
+        rc = proto_put_status(&ss->out, st);
+    }
+    return reply_end(ss, rc);
+}
+
+/* ---- clear, stats, sessions, ping ----------------------------------------------------- */
+
+static int handle_clear(struct srv_session *ss, const struct proto_frame *f)
+{
+    dram_store_clear(ss->srv->store);
+    umbp_log(UMBP_LOG_INFO, SESSION_FMT ": cleared the pool (for every engine)",
+             SESSION_ARGS(ss));
+    return reply_done(ss, proto_put_empty(&ss->out, PROTO_CLEAR_R, f->seq, 0));
+}
+
+static int handle_stats(struct srv_session *ss, const struct proto_frame *f)
+{
+    struct umbp_server *s = ss->srv;
+    struct umbp_tier_usage u;
+    dram_store_usage(s->store, &u);
+    struct proto_stats st = {
+        .capacity_bytes = u.capacity_bytes, .used_bytes = u.used_bytes,
+        .num_objects = u.num_objects, .num_pending = u.num_pending,
+        .num_leased = u.num_leased, .evictions = u.evictions,
+        .evicted_bytes = u.evicted_bytes, .leases_expired = u.leases_expired,
+        .sessions = s->nsessions,
+        .lookups = s->c.lookups, .lookup_keys = s->c.lookup_keys,
+        .lookup_hits = s->c.lookup_hits, .reserves = s->c.reserves,
+        .publishes = s->c.publishes, .acquires = s->c.acquires,
+        .acquire_hits = s->c.acquire_hits, .protocol_errors = s->c.protocol_errors,
+        .refused_connections = s->c.refused_connections,
+    };
+    int rc = proto_begin(&ss->out, PROTO_STATS_R, f->seq, 1, 0);
+    if (rc == 0)
+        rc = proto_put_stats(&ss->out, &st);
+    return reply_end(ss, rc);
+}
+
+static struct proto_session_item session_item(const struct srv_session *o)
+{
+    struct proto_session_item it = {
+        .session_id = o->id, .pid = (uint32_t)o->pid, .uid = o->uid,
+        .role = o->hello.role, .dp_rank = o->hello.dp_rank, .tp_rank = o->hello.tp_rank,
+        .leases = o->leases.n, .reservations = o->reservations.n, .requests = o->requests,
+    };
+    memcpy(it.engine_id, o->hello.engine_id, PROTO_NAME_MAX);
+    memcpy(it.name_space, o->hello.name_space, PROTO_NAME_MAX);
+    return it;
+}
+
+static int handle_sessions(struct srv_session *ss, const struct proto_frame *f)
+{
+    struct umbp_server *s = ss->srv;
+    uint32_t n = 0;
+    for (struct srv_session *o = s->sessions; o; o = o->next)
+        n += o->greeted;
+    /* max_sessions <= SRV_MAX_SESSIONS, SESSIONS_R's record limit */
+    int rc = proto_begin(&ss->out, PROTO_SESSIONS_R, f->seq, n, 0);
+    for (struct srv_session *o = s->sessions; rc == 0 && o; o = o->next)
+        if (o->greeted) {
+            struct proto_session_item it = session_item(o);
+            rc = proto_put_session_item(&ss->out, &it);
+        }
+    return reply_end(ss, rc);
+}
+
+static int handle_ping(struct srv_session *ss, const struct proto_frame *f)
+{
+    return reply_done(ss, proto_put_empty(&ss->out, PROTO_PONG, f->seq, 0));
+}
+
+/* ---- the handshake ------------------------------------------------------------------ */
+
+/* The version a HELLO announces, read before the rest of the record is
+ * checked: a client of another release may set flags or roles this one
+ * does not know, and deserves HELLO_ERR rather than "malformed".  The
+ * record starts u32 magic, u16 version in every version. */
+static bool hello_version(const struct proto_frame *f, uint16_t *version)
+{
+    const uint8_t *p = f->records;
+    if (f->n != 1 || f->record_size < 6)
+        return false;
+    uint32_t magic = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                     (uint32_t)p[3] << 24;
+    *version = (uint16_t)(p[4] | p[5] << 8);
+    return magic == PROTO_MAGIC;
+}
+
+static int refuse_version(struct srv_session *ss, const struct proto_frame *f,
+                          uint16_t version)
+{
+    char msg[PROTO_ERRMSG_MAX];
+    snprintf(msg, sizeof(msg), "HELLO.version: this umbp-server speaks protocol version %d, "
+             "not %u; use a client and a server of the same release", PROTO_VERSION,
+             version);
+    proto_put_error_frame(&ss->out, PROTO_HELLO_ERR, f->seq, -EPROTO, msg);
+    umbp_log(UMBP_LOG_WARN, SESSION_FMT ": refused: %s", SESSION_ARGS(ss), msg);
+    snprintf(ss->why, sizeof(ss->why), "refused protocol version %u", version);
+    return SRV_CLOSE;
+}
+
+/* HELLO_OK; a worker's carries the pool descriptor.  The welcome is the
+ * session's first output and a few dozen bytes, so one sendmsg on the
+ * empty socket takes it whole. */
+static int welcome(struct srv_session *ss, const struct proto_frame *f)
+{
+    struct umbp_server *s = ss->srv;
+    struct umbp_tier_usage u;
+    dram_store_usage(s->store, &u);
+    struct proto_welcome w = {
+        .version = PROTO_VERSION, .lease_ttl_ms = (uint32_t)s->lease_ttl_ms,
+        .session_id = ss->id, .pool_id = s->pool_id, .pool_size = s->pool->size,
+        .capacity_bytes = u.capacity_bytes,
+    };
+    int rc = proto_begin(&ss->out, PROTO_HELLO_OK, f->seq, 1, 0);
+    if (rc == 0)
+        rc = proto_put_welcome(&ss->out, &w);
+    if ((rc = reply_end(ss, rc)) != 0 || ss->hello.role != PROTO_ROLE_WORKER)
+        return rc;
+    rc = proto_send_with_fd(ss->fd, ss->out.data + ss->out_off, session_backlog(ss),
+                            s->pool->fd);
+    if (rc < 0) {
+        snprintf(ss->why, sizeof(ss->why), "sending the pool descriptor: %s", strerror(-rc));
+        return SRV_CLOSE;
+    }
+    ss->out_off = ss->out.len;
+    return 0;
+}
+
+static int handle_hello(struct srv_session *ss, const struct proto_frame *f, char *what,
+                        size_t whatlen)
+{
+    struct proto_hello h;
+    if (f->type != PROTO_HELLO) {
+        snprintf(what, whatlen, "frame.type: %s before HELLO; a session's first frame must "
+                 "be HELLO", proto_type_name(f->type));
+        return -EPROTO;
+    }
+    uint16_t version;
+    if (hello_version(f, &version) && version != PROTO_VERSION)
+        return refuse_version(ss, f, version);
+    if (proto_get_hello(f, &h, what, whatlen) < 0)
+        return -EPROTO;
+    ss->hello = h;
+    ss->greeted = true;
+    int rc = welcome(ss, f);
+    if (rc)
+        return rc;
+    if (h.flags & PROTO_HELLO_EVENTS)
+        srv_events_subscribe(ss);
+    umbp_log(UMBP_LOG_INFO, SESSION_FMT ": %s, dp %u tp %u, engine '%s', namespace '%s'%s",
+             SESSION_ARGS(ss), role_names[h.role], h.dp_rank, h.tp_rank, h.engine_id,
+             h.name_space, ss->events ? ", events" : "");
+    return 0;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------ */
+
+typedef int (*handler_fn)(struct srv_session *ss, const struct proto_frame *f);
+
+static const handler_fn handlers[] = {
+    [PROTO_LOOKUP] = handle_lookup,   [PROTO_RESERVE] = handle_reserve,
+    [PROTO_PUBLISH] = handle_publish, [PROTO_ABORT] = handle_abort,
+    [PROTO_ACQUIRE] = handle_acquire, [PROTO_RELEASE] = handle_release,
+    [PROTO_CLEAR] = handle_clear,     [PROTO_STATS] = handle_stats,
+    [PROTO_SESSIONS] = handle_sessions, [PROTO_PING] = handle_ping,
+};
+
+static void not_allowed(const struct srv_session *ss, uint16_t type, char *what,
+                        size_t whatlen)
+{
+    uint32_t allow = role_allows[ss->hello.role];
+    char list[160] = "";
+    for (uint16_t t = 0; t < 32; t++)
+        if (allow & (1u << t)) {
+            if (list[0])
+                strncat(list, ", ", sizeof(list) - strlen(list) - 1);
+            strncat(list, proto_type_name(t), sizeof(list) - strlen(list) - 1);
+        }
+    if (type == PROTO_HELLO)
+        snprintf(what, whatlen, "frame.type: HELLO after the handshake (once per session)");
+    else
+        snprintf(what, whatlen, "frame.type: %s is not allowed for role %s (it may send %s)",
+                 proto_type_name(type), role_names[ss->hello.role], list);
+}
+
+int srv_handle_frame(struct srv_session *ss, const struct proto_frame *f, char *what,
+                     size_t whatlen)
+{
+    if (!ss->greeted)
+        return handle_hello(ss, f, what, whatlen);
+    if (f->type >= 32 || !(role_allows[ss->hello.role] & (1u << f->type)) ||
+        f->type >= sizeof(handlers) / sizeof(handlers[0]) || !handlers[f->type]) {
+        not_allowed(ss, f->type, what, whatlen);
+        return -EPROTO;
+    }
+    return handlers[f->type](ss, f);
+}

@@ -1,0 +1,230 @@
+/*
+ * server.c - umbp-server's life cycle and housekeeping.
+ *
+ * create: parse the config (server_config.c), take the socket path (the
+ * directory and the lock, listen.c) before mapping anything, so a second
+ * server fails fast; map the pool as a shared object store (the dram tier's
+ * store and options, always on shared memory: memfd, or /dev/shm/<name>
+ * with dram_shm_name) and give it 64 random bits of identity; then listen.
+ *
+ * run: one libev loop on the calling thread owns the store and every
+ * session, so nothing is locked.  Besides the sessions' watchers it runs a
+ * timer every lease_ttl_ms / 10 (5 ms .. 1 s) that expires leases and
+ * starts eviction above the high watermark, an idle watcher that keeps
+ * evicting in slices down to the low one, an ev_prepare that sends the
+ * iteration's events, and the ev_async that umbp_server_stop pokes.
+ *
+ * destroy: every session ends (its reservations aborted, its leases
+ * released), the socket and its lock file go, the pool is unmapped (a
+ * named pool is unlinked too: a restarted server starts empty).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "dram.h"
+#include "server.h"
+#include "srv.h"
+#include "util.h"
+
+/* ---- housekeeping ---------------------------------------------------------------- */
+
+/* One slice of background eviction; keeps the idle watcher running while
+ * there is more to do. */
+static void evict_slice(struct umbp_server *s)
+{
+    struct umbp_tier_usage u;
+    bool more = false;
+    dram_store_usage(s->store, &u);
+    if (u.used_bytes > u.low_watermark_bytes)
+        dram_store_evict(s->store, u.low_watermark_bytes, 0, SRV_EVICT_SLICE, &more);
+    dram_store_usage(s->store, &u);
+    /* !more below low: done; !more above it: the rest is leased or pending,
+     * so wait for the next tick instead of spinning */
+    s->evicting = more && u.used_bytes > u.low_watermark_bytes;
+    if (s->evicting)
+        ev_idle_start(s->loop, &s->evict_w);
+    else
+        ev_idle_stop(s->loop, &s->evict_w);
+}
+
+void srv_evict_check(struct umbp_server *s)
+{
+    struct umbp_tier_usage u;
+    if (s->evicting)
+        return;
+    dram_store_usage(s->store, &u);
+    if (u.used_bytes > u.high_watermark_bytes)
+        evict_slice(s);
+}
+
+static void evict_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    evict_slice(umbp_container_of(w, struct umbp_server, evict_w));
+}
+
+static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct umbp_server *s = umbp_container_of(w, struct umbp_server, tick_w);
+    (void)loop;
+    (void)revents;
+    dram_store_expire_leases(s->store, umbp_now_ns());
+    if (s->evicting)
+        evict_slice(s); /* progress even when the loop is never idle */
+    else
+        srv_evict_check(s);
+}
+
+static void flush_cb(struct ev_loop *loop, ev_prepare *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    srv_events_flush(umbp_container_of(w, struct umbp_server, flush_w));
+}
+
+static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
+{
+    struct umbp_server *s = umbp_container_of(w, struct umbp_server, stop_w);
+    (void)revents;
+    srv_listen_close(s, false); /* new clients are refused from now on */
+    ev_break(loop, EVBREAK_ALL);
+}
+
+static double tick_period_s(int64_t lease_ttl_ms)
+{
+    double ms = (double)lease_ttl_ms / 10.0;
+    return (ms < 5.0 ? 5.0 : ms > 1000.0 ? 1000.0 : ms) / 1000.0;
+}
+
+static void watchers_start(struct umbp_server *s)
+{
+    double period = tick_period_s(s->cfg->core.lease_ttl_ms);
+    ev_async_init(&s->stop_w, stop_cb);
+    ev_async_start(s->loop, &s->stop_w);
+    ev_timer_init(&s->tick_w, tick_cb, period, period);
+    ev_timer_start(s->loop, &s->tick_w);
+    ev_idle_init(&s->evict_w, evict_cb);
+    ev_prepare_init(&s->flush_w, flush_cb);
+    ev_prepare_start(s->loop, &s->flush_w);
+}
+
+/* ---- the pool ---------------------------------------------------------------------- */
+
+static int pool_create(struct umbp_server *s, char *err, size_t errlen)
+{
+    struct dram_store_params p;
+    umbp_dram_store_params(s->cfg->dram, s->cfg->capacity, &p);
+    p.emit_event = srv_events_emit;
+    p.ctx = s;
+    int rc = dram_store_create(&p, &s->store, err, errlen);
+    if (rc < 0)
+        return rc;
+    s->pool = dram_store_pool(s->store);
+    if (s->pool->fd < 0) {
+        snprintf(err, errlen, "the pool has no descriptor to share (internal error)");
+        return -EINVAL;
+    }
+    if (getrandom(&s->pool_id, sizeof(s->pool_id), 0) != (ssize_t)sizeof(s->pool_id)) {
+        snprintf(err, errlen, "getrandom: %s", strerror(errno));
+        return -EIO;
+    }
+    return 0;
+}
+
+static void log_quotas(const struct srv_config *c)
+{
+    for (size_t i = 0; i < c->nquotas; i++)
+        umbp_log(UMBP_LOG_WARN, "namespace_quotas: %s=%llu bytes is accepted but not "
+                 "enforced yet by this umbp-server", c->quotas[i].name_space,
+                 (unsigned long long)c->quotas[i].bytes);
+}
+
+/* ---- the API ------------------------------------------------------------------------- */
+
+static void apply_log_level(const struct srv_config *c)
+{
+    enum umbp_log_level lvl;
+    if (umbp_log_level_parse(c->core.log_level, &lvl) == 0) /* the table's choices */
+        umbp_log_set_level(lvl);
+}
+
+int umbp_server_create(const char *json, struct umbp_server **out, char *err, size_t errlen)
+{
+    struct umbp_server *s = calloc(1, sizeof(*s));
+    int rc;
+    if (!s) {
+        snprintf(err, errlen, "out of memory for the server");
+        return -ENOMEM;
+    }
+    s->listen_fd = s->lock_fd = -1;
+    if ((rc = srv_config_parse(json, &s->cfg, err, errlen)) < 0)
+        goto fail;
+    apply_log_level(s->cfg);
+    s->lease_ttl_ms = (uint64_t)s->cfg->core.lease_ttl_ms;
+    shm_config_socket_dir(&s->cfg->shm, s->dir, sizeof(s->dir));
+    if ((rc = srv_config_socket_path(s->cfg, s->sock_path, sizeof(s->sock_path), err,
+                                     errlen)) < 0)
+        goto fail;
+    if (!(s->loop = ev_loop_new(EVFLAG_AUTO))) {
+        snprintf(err, errlen, "cannot create the event loop (libev)");
+        rc = -ENOMEM;
+        goto fail;
+    }
+    if ((rc = srv_listen_open(s, err, errlen)) < 0 || (rc = pool_create(s, err, errlen)) < 0 ||
+        (rc = srv_listen_bind(s, err, errlen)) < 0)
+        goto fail;
+    watchers_start(s);
+    log_quotas(s->cfg);
+    *out = s;
+    return 0;
+fail:
+    umbp_server_destroy(s);
+    return rc;
+}
+
+int umbp_server_run(struct umbp_server *s)
+{
+    ev_run(s->loop, 0);
+    return 0;
+}
+
+void umbp_server_stop(struct umbp_server *s)
+{
+    if (s)
+        ev_async_send(s->loop, &s->stop_w);
+}
+
+void umbp_server_destroy(struct umbp_server *s)
+{
+    if (!s)
+        return;
+    while (s->sessions) {
+        snprintf(s->sessions->why, sizeof(s->sessions->why), "server shutting down");
+        session_close(s->sessions);
+    }
+    if (s->loop) {
+        srv_listen_close(s, true);
+        ev_async_stop(s->loop, &s->stop_w);
+        ev_timer_stop(s->loop, &s->tick_w);
+        ev_idle_stop(s->loop, &s->evict_w);
+        ev_prepare_stop(s->loop, &s->flush_w);
+    }
+    dram_store_destroy(s->store);
+    free(s->events);
+    if (s->loop)
+        ev_loop_destroy(s->loop);
+    srv_config_free(s->cfg);
+    free(s);
+}
+
+const char *umbp_server_socket_path(const struct umbp_server *s) { return s->sock_path; }
+
+unsigned long long umbp_server_pool_bytes(const struct umbp_server *s)
+{
+    return (unsigned long long)s->pool->size;
+}

@@ -1,0 +1,164 @@
+/*
+ * srv.h - umbp-server's private structures, shared by its files:
+ *
+ *   server.c    create / run / stop / destroy; the housekeeping timer
+ *               (lease expiry, watermark eviction)
+ *   listen.c    the socket directory, the lock that keeps one server per
+ *               socket path, the listening socket, accept and its checks
+ *   session.c   one client: non-blocking reads, the frame loop, output,
+ *               malformed input, disconnect (its leases and reservations end)
+ *   requests.c  one handler per request type, and which role may send what
+ *   events.c    STORED / REMOVED fan-out to the sessions that asked for it
+ *   track.c     a session's reservations and leases, keyed by token
+ *   server_config.c  the options (also used by the umbp tool)
+ *   sync_client.c    a blocking client for the umbp tool and the tests
+ *
+ * Threads: the loop thread that runs umbp_server_run owns every field of
+ * every struct here; only the ev_async `stop_w` is poked from outside.
+ * Functions that can end a session return a negative code instead of
+ * freeing it; only the libev callbacks (the tops of the call chains) call
+ * session_close, so no caller ever touches a freed session.
+ */
+#ifndef UMBP_SERVER_SRV_H
+#define UMBP_SERVER_SRV_H
+
+#include <ck_ht.h>
+#include <ev.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "proto.h"
+#include "server_config.h"
+#include "store.h"
+
+/* A session's unsent output is bounded: above SRV_OUT_PAUSE the session's
+ * requests wait (its socket is not read) until the output drains below
+ * SRV_OUT_RESUME, so replies alone stay near PAUSE; a backlog above
+ * SRV_OUT_MAX (events pile up, the client is not reading) disconnects it. */
+#define SRV_OUT_PAUSE (4u << 20)
+#define SRV_OUT_RESUME (1u << 20)
+#define SRV_OUT_MAX (64u << 20)
+#define SRV_IN_INITIAL (64u << 10)
+#define SRV_EVICT_INLINE_MAX 4096 /* objects one reserve may evict for its key */
+#define SRV_EVICT_SLICE 1024      /* objects one background slice evicts */
+
+/* Tokens a session holds, keyed by token (track.c).  Reservations keep
+ * their key (abort needs it); leases keep nothing. */
+struct srv_track {
+    ck_ht_t ht;
+    bool keep_keys;
+    uint64_t n;
+};
+
+struct umbp_server;
+
+struct srv_session {
+    struct umbp_server *srv;
+    struct srv_session *prev, *next;
+    int fd;
+    ev_io rio, wio;
+    uint64_t id;
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    bool greeted;                  /* HELLO accepted */
+    bool paused;                   /* not reading: output above SRV_OUT_PAUSE */
+    bool was_paused;               /* ever (logged once) */
+    bool events;                   /* asked for EVENTS frames */
+    struct proto_hello hello;
+    uint8_t *in;                   /* unparsed input [0, in_len) */
+    size_t in_len, in_cap;
+    struct proto_buf out;          /* unsent output [out_off, out.len) */
+    size_t out_off;
+    uint64_t events_lost;          /* dropped since the last EVENTS frame */
+    uint64_t requests;
+    char why[160];                 /* why it is ending, for the close line */
+    struct srv_track reservations, leases;
+};
+
+struct srv_counters {
+    uint64_t lookups, lookup_keys, lookup_hits;
+    uint64_t reserves, publishes, acquires, acquire_hits;
+    uint64_t protocol_errors, refused_connections;
+};
+
+struct umbp_server {
+    struct srv_config *cfg;
+    struct ev_loop *loop;
+    struct dram_store *store;
+    const struct dram_pool *pool;
+    uint64_t pool_id;
+    uint64_t lease_ttl_ms;           /* the cap on a client's lease ttl */
+    char dir[SHM_PATH_MAX];
+    char sock_path[SHM_PATH_MAX];
+    char lock_path[SHM_PATH_MAX + 8];
+    int listen_fd, lock_fd;
+    bool socket_created;             /* ours to unlink */
+    ev_io accept_w;
+    ev_timer accept_retry_w;         /* out of descriptors: accept later */
+    ev_async stop_w;
+    ev_timer tick_w;                 /* lease expiry, eviction check */
+    ev_idle evict_w;                 /* more eviction slices while idle */
+    ev_prepare flush_w;              /* events out, once per loop iteration */
+    bool evicting;                   /* above high: evicting down to low */
+    struct srv_session *sessions;
+    uint64_t nsessions, next_session_id;
+    uint64_t subscribers;            /* sessions with events */
+    struct proto_event_item *events; /* this iteration's events */
+    size_t nevents, events_cap;
+    uint64_t events_unqueued;        /* events no memory could queue */
+    bool any_lost;                   /* a subscriber has events_lost > 0 */
+    struct srv_counters c;
+};
+
+/* listen.c */
+int srv_listen_open(struct umbp_server *s, char *err, size_t errlen);
+int srv_listen_bind(struct umbp_server *s, char *err, size_t errlen);
+/* Stops listening and removes the socket; with release_lock also the
+ * lock file.  Idempotent. */
+void srv_listen_close(struct umbp_server *s, bool release_lock);
+
+/* session.c */
+struct srv_session *session_open(struct umbp_server *s, int fd, pid_t pid, uid_t uid,
+                                 gid_t gid);
+/* Ends the session: every reservation it holds is aborted and every lease
+ * released now; one log line with ss->why. */
+void session_close(struct srv_session *ss);
+/* Sends what it can now; arms or disarms the write watcher.  < 0: the
+ * session must be closed (ss->why says why). */
+int session_flush(struct srv_session *ss);
+size_t session_backlog(const struct srv_session *ss);
+/* "session 7 (pid 123)" for log lines. */
+#define SESSION_FMT "session %llu (pid %d)"
+#define SESSION_ARGS(ss) (unsigned long long)(ss)->id, (int)(ss)->pid
+
+/* requests.c: one whole frame.  0; SRV_CLOSE when the session must end
+ * after its output is flushed (HELLO_ERR sent, out of memory; ss->why says
+ * why); or < 0 with `what` naming the field when the frame is malformed. */
+#define SRV_CLOSE 1
+int srv_handle_frame(struct srv_session *ss, const struct proto_frame *f, char *what,
+                     size_t whatlen);
+
+/* server.c: starts background eviction if usage is above the high
+ * watermark. */
+void srv_evict_check(struct umbp_server *s);
+
+/* events.c */
+void srv_events_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
+void srv_events_flush(struct umbp_server *s);
+void srv_events_subscribe(struct srv_session *ss);
+void srv_events_unsubscribe(struct srv_session *ss);
+
+/* track.c */
+int track_init(struct srv_track *t, bool keep_keys);
+void track_fini(struct srv_track *t);
+/* 0, -ENOMEM; token 0 and ~0 are never handed out by the store. */
+int track_add(struct srv_track *t, uint64_t token, const umbp_key_t *key);
+/* true if token was tracked (with key, when keys are kept): it is no more. */
+bool track_take(struct srv_track *t, uint64_t token, const umbp_key_t *key);
+/* Calls fn for every token and forgets them all. */
+void track_drain(struct srv_track *t, void (*fn)(void *arg, uint64_t token,
+                                                 const umbp_key_t *key), void *arg);
+
+#endif /* UMBP_SERVER_SRV_H */

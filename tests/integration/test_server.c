@@ -1,0 +1,1237 @@
+/*
+ * test_server.c - umbp-server as its clients see it: every test starts the
+ * real binary (UMBP_SERVER_BIN) in a private socket directory and talks the
+ * wire protocol through the small blocking client (server/sync_client.c),
+ * mapping the pool a worker is handed.  What is checked is what users rely
+ * on: bytes written through one client's mapping are read back exactly
+ * through another's; a client that sends garbage, or dies holding
+ * reservations and leases, costs nothing and disturbs no one; a live socket
+ * is never taken over, a stale one is replaced; strangers are refused.
+ *
+ * The server logs to <dir>/server.log; a test that stops a server expects
+ * exit status 0 (in the sanitizer build that includes LeakSanitizer's
+ * verdict on the server).  Waits are bounded only to turn hangs into
+ * failures (TU_WAIT_MS); nothing asserts how long anything takes.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "server_config.h"
+#include "sync_client.h"
+#include "test_util.h"
+#include "umbp/tier.h"
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024ull)
+#define CLIENT_TIMEOUT_MS 30000
+#define NOBODY 65534
+
+/* ---- a server process ---------------------------------------------------------- */
+
+struct srv {
+    pid_t pid;
+    char dir[64];
+    char path[128];
+    char log[128];
+};
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return strdup("");
+    static const size_t cap = 1 << 20;
+    char *buf = malloc(cap + 1);
+    size_t n = fread(buf, 1, cap, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static bool log_has(const struct srv *s, const char *needle)
+{
+    char *text = slurp(s->log);
+    bool found = strstr(text, needle) != NULL;
+    free(text);
+    return found;
+}
+
+static pid_t spawn(const char *json, const char *log)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test leaves no server behind */
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(UMBP_SERVER_BIN, "umbp-server", "--json", json, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* The config every test uses, plus `extra` (JSON members, or ""). */
+static void config(const struct srv *s, const char *extra, char *json, size_t len)
+{
+    snprintf(json, len, "{\"socket_dir\": \"%s\", \"capacity_bytes\": \"16MiB\", "
+             "\"log_level\": \"info\"%s%s}", s->dir, extra[0] ? ", " : "", extra);
+}
+
+static void srv_paths(struct srv *s, const char *instance)
+{
+    snprintf(s->path, sizeof(s->path), "%s/umbp-dp0%s%s.sock", s->dir,
+             instance[0] ? "-" : "", instance);
+    snprintf(s->log, sizeof(s->log), "%s/server.log", s->dir);
+}
+
+static void make_dir(struct srv *s)
+{
+    snprintf(s->dir, sizeof(s->dir), "/tmp/umbp-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(s->dir));
+    srv_paths(s, "");
+}
+
+/* Polls the socket with PING until it answers (or the server exits). */
+static void wait_ready(const struct srv *s)
+{
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION,
+                            .role = PROTO_ROLE_ADMIN};
+    for (;;) {
+        int status;
+        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+            char *text = slurp(s->log);
+            cr_assert_fail("umbp-server exited (status 0x%x) before serving:\n%s", status,
+                           text);
+        }
+        struct sync_client c;
+        char err[512];
+        if (sync_client_connect(&c, s->path, &h, CLIENT_TIMEOUT_MS, err, sizeof(err)) == 0) {
+            sync_client_close(&c);
+            return;
+        }
+        cr_assert(tu_now_ms() < end, "umbp-server never answered at %s", s->path);
+        tu_sleep_ms(5);
+    }
+}
+
+static void srv_start_in(struct srv *s, const char *extra)
+{
+    char json[2048];
+    config(s, extra, json, sizeof(json));
+    s->pid = spawn(json, s->log);
+    wait_ready(s);
+}
+
+static void srv_start(struct srv *s, const char *extra)
+{
+    make_dir(s);
+    srv_start_in(s, extra);
+}
+
+/* SIGTERM; expects a clean exit that removed the socket. */
+static void srv_stop(struct srv *s)
+{
+    int status;
+    cr_assert_eq(kill(s->pid, SIGTERM), 0);
+    cr_assert_eq(waitpid(s->pid, &status, 0), s->pid);
+    char *text = slurp(s->log);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "umbp-server did not exit cleanly (status 0x%x):\n%s", status, text);
+    free(text);
+    struct stat st;
+    cr_assert(lstat(s->path, &st) < 0, "the socket %s outlived its server", s->path);
+}
+
+static void rm_dir(const struct srv *s)
+{
+    char cmd[160];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", s->dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* Runs a server that must fail; returns its exit status, log in s->log. */
+static int srv_run_failing(struct srv *s, const char *extra)
+{
+    char json[2048];
+    int status;
+    config(s, extra, json, sizeof(json));
+    pid_t pid = spawn(json, s->log);
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+/* ---- clients ---------------------------------------------------------------------- */
+
+struct client {
+    struct sync_client c;
+    uint8_t *pool;
+    size_t pool_size;
+};
+
+static int client_try(struct client *cl, const char *path, uint8_t role, uint32_t flags,
+                      uint16_t version, const char *engine, char *err, size_t errlen)
+{
+    struct proto_hello h = {.magic = PROTO_MAGIC, .version = version, .role = role,
+                            .flags = flags, .pid = (uint32_t)getpid(), .dp_rank = 0,
+                            .tp_rank = 1};
+    snprintf(h.engine_id, sizeof(h.engine_id), "%s", engine);
+    snprintf(h.name_space, sizeof(h.name_space), "ns-test");
+    memset(cl, 0, sizeof(*cl));
+    int rc = sync_client_connect(&cl->c, path, &h, CLIENT_TIMEOUT_MS, err, errlen);
+    if (rc < 0 || role != PROTO_ROLE_WORKER)
+        return rc;
+    cl->pool_size = cl->c.welcome.pool_size;
+    cl->pool = mmap(NULL, cl->pool_size, PROT_READ | PROT_WRITE, MAP_SHARED, cl->c.pool_fd, 0);
+    cr_assert(cl->pool != MAP_FAILED, "mmap of the pool: %s", strerror(errno));
+    return 0;
+}
+
+static void client_open(struct client *cl, const char *path, uint8_t role, uint32_t flags,
+                        const char *engine)
+{
+    char err[512] = "";
+    int rc = client_try(cl, path, role, flags, PROTO_VERSION, engine, err, sizeof(err));
+    cr_assert_eq(rc, 0, "connect to %s: %d: %s", path, rc, err);
+}
+
+static void client_close(struct client *cl)
+{
+    if (cl->pool)
+        munmap(cl->pool, cl->pool_size);
+    sync_client_close(&cl->c);
+}
+
+static void send_buf(struct client *cl, struct proto_buf *b)
+{
+    cr_assert_eq(sync_client_send(&cl->c, b->data, b->len), 0);
+    proto_buf_free(b);
+}
+
+/* Reads the reply of seq (skipping EVENTS), of the expected type. */
+static void reply(struct client *cl, uint64_t seq, uint16_t type, struct proto_frame *f)
+{
+    char err[256] = "";
+    int rc;
+    do
+        rc = sync_client_recv(&cl->c, f, err, sizeof(err));
+    while (rc == 0 && f->type == PROTO_EVENTS);
+    cr_assert_eq(rc, 0, "waiting for %s: %d: %s", proto_type_name(type), rc, err);
+    cr_assert_eq(f->type, type, "got %s, expected %s", proto_type_name(f->type),
+                 proto_type_name(type));
+    cr_assert_eq(f->seq, seq);
+}
+
+static uint64_t send_keys(struct client *cl, uint16_t type, uint32_t arg, const umbp_key_t *k,
+                          uint32_t n)
+{
+    struct proto_buf b = {0};
+    uint64_t seq = cl->c.next_seq++;
+    cr_assert_eq(proto_begin(&b, type, seq, n, arg), 0);
+    for (uint32_t i = 0; i < n; i++)
+        proto_put_key(&b, &k[i]);
+    cr_assert_eq(proto_end(&b), 0);
+    send_buf(cl, &b);
+    return seq;
+}
+
+static void lookup(struct client *cl, const umbp_key_t *k, uint32_t n, uint8_t *present)
+{
+    struct proto_frame f;
+    uint64_t seq = send_keys(cl, PROTO_LOOKUP, 0, k, n);
+    reply(cl, seq, PROTO_LOOKUP_R, &f);
+    cr_assert_eq(f.n, n);
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert_eq(proto_get_u8(&f, i, &present[i]), 0);
+}
+
+static void reserve(struct client *cl, const umbp_key_t *k, const uint64_t *size, uint32_t n,
+                    struct proto_region_item *out)
+{
+    struct proto_buf b = {0};
+    struct proto_frame f;
+    uint64_t seq = cl->c.next_seq++;
+    cr_assert_eq(proto_begin(&b, PROTO_RESERVE, seq, n, 0), 0);
+    for (uint32_t i = 0; i < n; i++) {
+        struct proto_reserve_item it = {.key = k[i], .size = size[i]};
+        proto_put_reserve_item(&b, &it);
+    }
+    cr_assert_eq(proto_end(&b), 0);
+    send_buf(cl, &b);
+    reply(cl, seq, PROTO_RESERVE_R, &f);
+    cr_assert_eq(f.n, n);
+    for (uint32_t i = 0; i < n; i++) {
+        char err[256] = "";
+        cr_assert_eq(proto_get_region_item(&f, i, &out[i]), 0);
+        cr_assert_eq(proto_region_check(&out[i], size[i], cl->c.welcome.pool_size, true, err,
+                                        sizeof(err)), 0, "%s", err);
+    }
+}
+
+static void acquire(struct client *cl, const umbp_key_t *k, uint32_t n,
+                    struct proto_region_item *out)
+{
+    struct proto_frame f;
+    uint64_t seq = send_keys(cl, PROTO_ACQUIRE, 5000, k, n);
+    reply(cl, seq, PROTO_ACQUIRE_R, &f);
+    cr_assert_eq(f.n, n);
+    for (uint32_t i = 0; i < n; i++) {
+        char err[256] = "";
+        cr_assert_eq(proto_get_region_item(&f, i, &out[i]), 0);
+        cr_assert_eq(proto_region_check(&out[i], 0, cl->c.welcome.pool_size, false, err,
+                                        sizeof(err)), 0, "%s", err);
+    }
+}
+
+/* PUBLISH or RELEASE (replies with statuses) or ABORT (none). */
+static void tokens(struct client *cl, uint16_t type, const umbp_key_t *k,
+                   const struct proto_region_item *r, uint32_t n, int32_t *status)
+{
+    struct proto_buf b = {0};
+    uint64_t seq = cl->c.next_seq++;
+    cr_assert_eq(proto_begin(&b, type, seq, n, 0), 0);
+    for (uint32_t i = 0; i < n; i++) {
+        struct proto_token_item it = {.key = k[i], .token = r[i].token};
+        proto_put_token_item(&b, &it);
+    }
+    cr_assert_eq(proto_end(&b), 0);
+    send_buf(cl, &b);
+    if (type == PROTO_ABORT)
+        return;
+    struct proto_frame f;
+    reply(cl, seq, type == PROTO_PUBLISH ? PROTO_PUBLISH_R : PROTO_RELEASE_R, &f);
+    cr_assert_eq(f.n, n);
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert_eq(proto_get_status(&f, i, &status[i]), 0);
+}
+
+static struct proto_stats stats(struct client *cl)
+{
+    struct proto_frame f;
+    struct proto_stats st;
+    char err[256] = "";
+    cr_assert_eq(sync_client_call(&cl->c, PROTO_STATS, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(proto_get_stats(&f, &st), 0);
+    return st;
+}
+
+static void ping(struct client *cl)
+{
+    struct proto_frame f;
+    char err[256] = "";
+    cr_assert_eq(sync_client_call(&cl->c, PROTO_PING, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(f.type, PROTO_PONG);
+}
+
+/* Expects an ERROR frame (status -EPROTO, a message), then the end. */
+static void expect_error_then_eof(struct client *cl, const char *needle)
+{
+    struct proto_frame f;
+    struct proto_error e;
+    char err[256] = "";
+    cr_assert_eq(sync_client_recv(&cl->c, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(f.type, PROTO_ERROR, "got %s", proto_type_name(f.type));
+    cr_assert_eq(proto_get_error(&f, &e), 0);
+    cr_assert_eq(e.status, -EPROTO);
+    cr_assert(strstr(e.message, needle), "ERROR message '%s' does not name '%s'", e.message,
+              needle);
+    int rc = sync_client_recv(&cl->c, &f, err, sizeof(err));
+    cr_assert_eq(rc, -ECONNRESET, "after ERROR the server kept the session (%d)", rc);
+}
+
+/* ---- the round trip ----------------------------------------------------------------- */
+
+#define NOBJ 8
+
+Test(server, round_trip_between_two_clients)
+{
+    struct tu_rng rng;
+    uint64_t seed = tu_time_seed();
+    tu_rng_seed(&rng, seed);
+    cr_log_info("seed %llu", (unsigned long long)seed);
+    struct srv s;
+    srv_start(&s, "");
+    struct client a, b, lk;
+    client_open(&a, s.path, PROTO_ROLE_WORKER, 0, "eng-a");
+    client_open(&b, s.path, PROTO_ROLE_WORKER, 0, "eng-b");
+    client_open(&lk, s.path, PROTO_ROLE_LOOKUP, 0, "eng-b-sched");
+    cr_assert_eq(lk.c.pool_fd, -1, "a lookup session must not get the pool");
+
+    umbp_key_t k[NOBJ];
+    uint64_t size[NOBJ];
+    uint8_t *data[NOBJ], present[NOBJ];
+    struct proto_region_item wr[NOBJ], rd[NOBJ];
+    int32_t st[NOBJ];
+    for (int i = 0; i < NOBJ; i++) {
+        k[i] = tu_key_random(&rng);
+        size[i] = tu_rng_between(&rng, 1, 300 * KiB);
+        data[i] = malloc(size[i]);
+        tu_fill_random(&rng, data[i], size[i]);
+    }
+    reserve(&a, k, size, NOBJ, wr);
+    for (int i = 0; i < NOBJ; i++) {
+        cr_assert_eq(wr[i].status, 0, "reserve %d: %d", i, wr[i].status);
+        memcpy(a.pool + wr[i].offset, data[i], size[i]);
+    }
+    lookup(&b, k, NOBJ, present);
+    for (int i = 0; i < NOBJ; i++)
+        cr_assert_eq(present[i], 0, "key %d visible before publish", i);
+    /* another session cannot publish a's reservation */
+    tokens(&b, PROTO_PUBLISH, k, wr, 1, st);
+    cr_assert_eq(st[0], -ENOENT);
+    tokens(&a, PROTO_PUBLISH, k, wr, NOBJ, st);
+    for (int i = 0; i < NOBJ; i++)
+        cr_assert_eq(st[i], 0, "publish %d: %d", i, st[i]);
+    lookup(&lk, k, NOBJ, present);
+    for (int i = 0; i < NOBJ; i++)
+        cr_assert_eq(present[i], 1, "key %d missing after publish", i);
+    /* first writer wins */
+    struct proto_region_item again;
+    reserve(&b, k, size, 1, &again);
+    cr_assert_eq(again.status, UMBP_TIER_EXISTS);
+
+    acquire(&b, k, NOBJ, rd);
+    for (int i = 0; i < NOBJ; i++) {
+        cr_assert_eq(rd[i].status, 0, "acquire %d: %d", i, rd[i].status);
+        cr_assert_eq(rd[i].size, size[i]);
+        size_t d = tu_first_diff(b.pool + rd[i].offset, data[i], size[i]);
+        cr_assert_eq(d, SIZE_MAX, "object %d differs at byte %zu of %llu", i, d,
+                     (unsigned long long)size[i]);
+    }
+    struct proto_stats during = stats(&b);
+    cr_assert_eq(during.num_leased, NOBJ);
+    tokens(&b, PROTO_RELEASE, k, rd, NOBJ, st);
+    for (int i = 0; i < NOBJ; i++)
+        cr_assert_eq(st[i], 0, "release %d: %d", i, st[i]);
+    tokens(&b, PROTO_RELEASE, k, rd, 1, st);
+    cr_assert_eq(st[0], UMBP_E_STALE, "a second release of one lease");
+
+    struct proto_stats after = stats(&lk);
+    cr_assert_eq(after.num_objects, NOBJ);
+    cr_assert_eq(after.num_pending, 0);
+    cr_assert_eq(after.num_leased, 0);
+    cr_assert_eq(after.sessions, 3);
+    cr_assert_eq(after.publishes, NOBJ);
+    cr_assert_eq(after.acquire_hits, NOBJ);
+
+    for (int i = 0; i < NOBJ; i++)
+        free(data[i]);
+    client_close(&lk);
+    client_close(&b);
+    client_close(&a);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+Test(server, abort_drops_a_reservation)
+{
+    struct srv s;
+    srv_start(&s, "");
+    struct client a;
+    client_open(&a, s.path, PROTO_ROLE_WORKER, 0, "eng-a");
+    umbp_key_t k = tu_key_id(1, 1);
+    uint64_t size = 4096;
+    struct proto_region_item r;
+    uint8_t present;
+    reserve(&a, &k, &size, 1, &r);
+    cr_assert_eq(r.status, 0);
+    cr_assert_eq(stats(&a).num_pending, 1);
+    tokens(&a, PROTO_ABORT, &k, &r, 1, NULL);
+    struct proto_stats st = stats(&a);
+    cr_assert_eq(st.num_pending, 0);
+    cr_assert_eq(st.used_bytes, 0);
+    lookup(&a, &k, 1, &present);
+    cr_assert_eq(present, 0);
+    reserve(&a, &k, &size, 1, &r);
+    cr_assert_eq(r.status, 0, "the key stays reservable after an abort");
+    client_close(&a);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+Test(server, full_pool_evicts_for_a_reservation)
+{
+    struct srv s;
+    srv_start(&s, "");
+    struct client a;
+    client_open(&a, s.path, PROTO_ROLE_WORKER, 0, "eng-a");
+    /* 16 MiB pool: 20 objects of 1 MiB do not fit without evicting */
+    for (uint64_t i = 0; i < 20; i++) {
+        umbp_key_t k = tu_key_id(2, i);
+        uint64_t size = MiB;
+        struct proto_region_item r;
+        int32_t st;
+        reserve(&a, &k, &size, 1, &r);
+        cr_assert_eq(r.status, 0, "reserve %llu: %d", (unsigned long long)i, r.status);
+        tokens(&a, PROTO_PUBLISH, &k, &r, 1, &st);
+        cr_assert_eq(st, 0);
+    }
+    struct proto_stats st = stats(&a);
+    cr_assert(st.evictions >= 4, "evictions %llu", (unsigned long long)st.evictions);
+    cr_assert(st.used_bytes <= st.capacity_bytes);
+    client_close(&a);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* ---- bad clients ------------------------------------------------------------------- */
+
+Test(server, garbage_disconnects_only_its_sender)
+{
+    struct tu_rng rng;
+    tu_rng_seed(&rng, tu_time_seed());
+    struct srv s;
+    srv_start(&s, "");
+    struct client good, bad;
+    char err[256];
+    client_open(&good, s.path, PROTO_ROLE_WORKER, 0, "eng-good");
+
+    /* garbage instead of a HELLO: a header with nonzero flags */
+    cr_assert_eq(sync_client_dial(&bad.c, s.path, CLIENT_TIMEOUT_MS, err, sizeof(err)), 0);
+    uint8_t junk[64];
+    tu_fill_random(&rng, junk, sizeof(junk));
+    junk[6] = 0xff;
+    cr_assert_eq(sync_client_send(&bad.c, junk, sizeof(junk)), 0);
+    expect_error_then_eof(&bad, "frame.flags");
+    sync_client_close(&bad.c);
+
+    /* a frame whose len does not match its records, after a good HELLO */
+    client_open(&bad, s.path, PROTO_ROLE_WORKER, 0, "eng-bad");
+    uint8_t frame[16 + 8 + 10] = {0};
+    uint32_t len = 8 + 10, n = 1;
+    memcpy(frame, &len, 4);
+    frame[4] = PROTO_LOOKUP;
+    frame[8] = 7; /* seq */
+    memcpy(frame + 16, &n, 4);
+    cr_assert_eq(sync_client_send(&bad.c, frame, sizeof(frame)), 0);
+    expect_error_then_eof(&bad, "LOOKUP.len");
+    client_close(&bad);
+
+    /* the well-behaved client never noticed */
+    ping(&good);
+    umbp_key_t k = tu_key_id(3, 1);
+    uint64_t size = 1000;
+    struct proto_region_item r;
+    int32_t st;
+    reserve(&good, &k, &size, 1, &r);
+    cr_assert_eq(r.status, 0);
+    tokens(&good, PROTO_PUBLISH, &k, &r, 1, &st);
+    cr_assert_eq(st, 0);
+    cr_assert_eq(stats(&good).protocol_errors, 2);
+    client_close(&good);
+    srv_stop(&s);
+    cr_assert(log_has(&s, "malformed frame: frame.flags"), "no log line for the garbage");
+    rm_dir(&s);
+}
+
+Test(server, roles_are_enforced)
+{
+    struct srv s;
+    srv_start(&s, "");
+    struct client lk, adm;
+    client_open(&lk, s.path, PROTO_ROLE_LOOKUP, 0, "sched");
+    umbp_key_t k = tu_key_id(4, 1);
+    uint64_t size = 64;
+    struct proto_buf b = {0};
+    struct proto_reserve_item it = {.key = k, .size = size};
+    cr_assert_eq(proto_begin(&b, PROTO_RESERVE, 1, 1, 0), 0);
+    proto_put_reserve_item(&b, &it);
+    cr_assert_eq(proto_end(&b), 0);
+    send_buf(&lk, &b);
+    expect_error_then_eof(&lk, "RESERVE is not allowed for role lookup");
+    client_close(&lk);
+
+    client_open(&adm, s.path, PROTO_ROLE_ADMIN, 0, "admin");
+    send_keys(&adm, PROTO_LOOKUP, 0, &k, 1);
+    expect_error_then_eof(&adm, "LOOKUP is not allowed for role admin");
+    client_close(&adm);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+Test(server, wrong_protocol_version_gets_hello_err)
+{
+    struct srv s;
+    srv_start(&s, "");
+    struct client cl;
+    char err[512] = "";
+    int rc = client_try(&cl, s.path, PROTO_ROLE_WORKER, 0, PROTO_VERSION + 1, "future", err,
+                        sizeof(err));
+    cr_assert_eq(rc, -EPROTO, "rc %d: %s", rc, err);
+    cr_assert(strstr(err, "protocol version"), "message: %s", err);
+    /* a newer client may also set flags this server does not know */
+    struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION + 1,
+                            .role = PROTO_ROLE_WORKER};
+    struct proto_buf b = {0};
+    cr_assert_eq(sync_client_dial(&cl.c, s.path, CLIENT_TIMEOUT_MS, err, sizeof(err)), 0);
+    cr_assert_eq(proto_begin(&b, PROTO_HELLO, 1, 1, 0), 0);
+    cr_assert_eq(proto_put_hello(&b, &h), 0);
+    cr_assert_eq(proto_end(&b), 0);
+    b.data[16 + 8 + 8] = 0x80; /* HELLO.flags: a bit unknown to version 1 */
+    send_buf(&cl, &b);
+    struct proto_frame f;
+    struct proto_error e;
+    cr_assert_eq(sync_client_recv(&cl.c, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(f.type, PROTO_HELLO_ERR, "got %s", proto_type_name(f.type));
+    cr_assert_eq(proto_get_error(&f, &e), 0);
+    cr_assert_eq(e.status, -EPROTO);
+    cr_assert_eq(sync_client_recv(&cl.c, &f, err, sizeof(err)), -ECONNRESET);
+    sync_client_close(&cl.c);
+    /* the server is still fine */
+    client_open(&cl, s.path, PROTO_ROLE_ADMIN, 0, "admin");
+    ping(&cl);
+    client_close(&cl);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* ---- a client killed with -9 ---------------------------------------------------------- */
+
+#define HELD 16
+
+/* The child: reserve HELD new keys, lease the parent's, say so, wait. */
+static void holder_child(const char *path, const umbp_key_t *leased, int fd_ready)
+{
+    struct client cl;
+    char err[512];
+    if (client_try(&cl, path, PROTO_ROLE_WORKER, 0, PROTO_VERSION, "victim", err,
+                   sizeof(err)) < 0)
+        _exit(1);
+    umbp_key_t k[HELD];
+    uint64_t size[HELD];
+    struct proto_region_item r[HELD];
+    for (int i = 0; i < HELD; i++) {
+        k[i] = tu_key_id(6, (uint64_t)i);
+        size[i] = 8 * KiB;
+    }
+    reserve(&cl, k, size, HELD, r);
+    acquire(&cl, leased, HELD, r);
+    if (write(fd_ready, "r", 1) != 1)
+        _exit(1);
+    for (;;)
+        pause();
+}
+
+static bool back_to(const struct proto_stats *now, const struct proto_stats *before)
+{
+    return now->used_bytes == before->used_bytes && now->num_pending == before->num_pending &&
+           now->num_leased == before->num_leased;
+}
+
+Test(server, killed_client_leaks_nothing)
+{
+    struct srv s;
+    srv_start(&s, "");
+    struct client a;
+    client_open(&a, s.path, PROTO_ROLE_WORKER, 0, "eng-a");
+    umbp_key_t pub[HELD];
+    uint64_t size[HELD];
+    struct proto_region_item r[HELD];
+    int32_t st[HELD];
+    for (int i = 0; i < HELD; i++) {
+        pub[i] = tu_key_id(5, (uint64_t)i);
+        size[i] = 16 * KiB;
+    }
+    reserve(&a, pub, size, HELD, r);
+    tokens(&a, PROTO_PUBLISH, pub, r, HELD, st);
+    struct proto_stats before = stats(&a);
+
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t child = fork();
+    cr_assert(child >= 0);
+    if (child == 0) {
+        close(p[0]);
+        holder_child(s.path, pub, p[1]);
+    }
+    close(p[1]);
+    char c;
+    cr_assert_eq(read(p[0], &c, 1), 1, "the child never got its reservations and leases");
+    struct proto_stats held = stats(&a);
+    cr_assert_eq(held.num_pending, before.num_pending + HELD);
+    cr_assert_eq(held.num_leased, before.num_leased + HELD);
+    cr_assert_eq(kill(child, SIGKILL), 0);
+    cr_assert_eq(waitpid(child, NULL, 0), child);
+
+    struct proto_stats now;
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    do {
+        now = stats(&a);
+        if (!back_to(&now, &before))
+            tu_sleep_ms(2);
+    } while (!back_to(&now, &before) && tu_now_ms() < end);
+    cr_assert(back_to(&now, &before), "after the kill: used %llu (was %llu), pending %llu, "
+              "leased %llu", (unsigned long long)now.used_bytes,
+              (unsigned long long)before.used_bytes, (unsigned long long)now.num_pending,
+              (unsigned long long)now.num_leased);
+    /* the dead client's keys are free to store again */
+    umbp_key_t k = tu_key_id(6, 0);
+    uint64_t sz = 8 * KiB;
+    reserve(&a, &k, &sz, 1, r);
+    cr_assert_eq(r[0].status, 0);
+    client_close(&a);
+    close(p[0]);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* ---- the socket path ------------------------------------------------------------------ */
+
+Test(server, second_server_on_one_socket_fails)
+{
+    struct srv s, t;
+    srv_start(&s, "");
+    t = s;
+    snprintf(t.log, sizeof(t.log), "%s/second.log", s.dir);
+    cr_assert_eq(srv_run_failing(&t, ""), 1);
+    char pidtext[64];
+    snprintf(pidtext, sizeof(pidtext), "live umbp-server (pid %d)", (int)s.pid);
+    cr_assert(log_has(&t, "lookup_instance"), "the refusal does not name lookup_instance");
+    cr_assert(log_has(&t, pidtext), "the refusal does not name the live server's pid");
+    /* the first one is untouched; another lookup_instance is another socket */
+    struct client cl;
+    client_open(&cl, s.path, PROTO_ROLE_ADMIN, 0, "admin");
+    ping(&cl);
+    client_close(&cl);
+    srv_paths(&t, "second");
+    snprintf(t.log, sizeof(t.log), "%s/second.log", s.dir);
+    srv_start_in(&t, "\"lookup_instance\": \"second\"");
+    srv_stop(&t);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+Test(server, stale_socket_is_replaced)
+{
+    struct srv s;
+    make_dir(&s);
+    /* what a server killed with -9 leaves: a socket file nobody listens on
+     * and an unlocked lock file */
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    cr_assert(strlen(s.path) < sizeof(addr.sun_path));
+    memcpy(addr.sun_path, s.path, strlen(s.path) + 1);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    close(fd);
+    char lock[160];
+    snprintf(lock, sizeof(lock), "%s.lock", s.path);
+    FILE *f = fopen(lock, "w");
+    fprintf(f, "999999\n");
+    fclose(f);
+    srv_start_in(&s, "");
+    struct client cl;
+    client_open(&cl, s.path, PROTO_ROLE_ADMIN, 0, "admin");
+    ping(&cl);
+    client_close(&cl);
+    srv_stop(&s);
+    cr_assert(log_has(&s, "replaced the stale socket"));
+    rm_dir(&s);
+}
+
+Test(server, unsafe_socket_dir_is_refused)
+{
+    struct srv s;
+    make_dir(&s);
+    cr_assert_eq(chmod(s.dir, 0777), 0);
+    cr_assert_eq(srv_run_failing(&s, ""), 1);
+    cr_assert(log_has(&s, "socket_dir="), "the refusal does not name socket_dir");
+    rm_dir(&s);
+}
+
+Test(server, bad_options_are_refused_by_name)
+{
+    static const struct { const char *json, *name; } bad[] = {
+        {"\"allowed_uids\": \"no-such-user-xyz\"", "allowed_uids"},
+        {"\"allowed_gids\": \"1,,2\"", "allowed_gids"},
+        {"\"socket_group\": \"no-such-group-xyz\"", "socket_group"},
+        {"\"namespace_quotas\": \"a=4GiB\"", "namespace_quotas"},
+        {"\"namespace_quotas\": \"a=1MiB,a=2MiB\"", "namespace_quotas"},
+        {"\"namespace_quotas\": \"justaname\"", "namespace_quotas"},
+        {"\"metrics_port\": 9100", "metrics_port"},
+        {"\"max_sessions\": 0", "max_sessions"},
+        {"\"lookup_instance\": \"a/b\"", "lookup_instance"},
+        {"\"no_such_option\": 1", "no_such_option"},
+    };
+    struct srv s;
+    make_dir(&s);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(s.log, sizeof(s.log), "%s/bad%zu.log", s.dir, i);
+        cr_assert_eq(srv_run_failing(&s, bad[i].json), 1, "%s was accepted", bad[i].json);
+        cr_assert(log_has(&s, bad[i].name), "the refusal of %s does not name %s", bad[i].json,
+                  bad[i].name);
+    }
+    rm_dir(&s);
+}
+
+/* ---- who may connect -------------------------------------------------------------------- */
+
+/* In a child as uid/gid nobody: 0 refused after connecting, 1 could not
+ * connect at all, 2 served. */
+static int connect_as_nobody(const char *path)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        if (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0)
+            _exit(3);
+        struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION,
+                                .role = PROTO_ROLE_ADMIN};
+        struct sync_client c;
+        char err[512];
+        int rc = sync_client_connect(&c, path, &h, CLIENT_TIMEOUT_MS, err, sizeof(err));
+        _exit(rc == 0 ? 2 : rc == -ECONNRESET || rc == -EPIPE ? 0 : 1);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+Test(server, other_users_are_refused)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root to connect as another user (uid %d)", NOBODY);
+    struct srv s;
+    /* the group may reach the socket; SO_PEERCRED still says no */
+    srv_start(&s, "\"socket_group\": \"65534\"");
+    cr_assert_eq(connect_as_nobody(s.path), 0, "uid %d was not refused at the handshake",
+                 NOBODY);
+    struct client cl;
+    client_open(&cl, s.path, PROTO_ROLE_ADMIN, 0, "admin");
+    cr_assert_eq(stats(&cl).refused_connections, 1);
+    client_close(&cl);
+    srv_stop(&s);
+    cr_assert(log_has(&s, "refused a connection from uid 65534 gid 65534"));
+    rm_dir(&s);
+
+    /* without socket_group the filesystem already keeps it out */
+    srv_start(&s, "");
+    cr_assert_eq(connect_as_nobody(s.path), 1);
+    srv_stop(&s);
+    rm_dir(&s);
+
+    /* allowed_gids lets the group in */
+    srv_start(&s, "\"socket_group\": \"65534\", \"allowed_gids\": \"65534\"");
+    cr_assert_eq(connect_as_nobody(s.path), 2, "an allowed group was refused");
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+Test(server, max_sessions_is_enforced)
+{
+    struct srv s;
+    srv_start(&s, "\"max_sessions\": 2");
+    struct client a, b, c;
+    char err[512];
+    client_open(&a, s.path, PROTO_ROLE_ADMIN, 0, "one");
+    client_open(&b, s.path, PROTO_ROLE_ADMIN, 0, "two");
+    int rc = client_try(&c, s.path, PROTO_ROLE_ADMIN, 0, PROTO_VERSION, "three", err,
+                        sizeof(err));
+    cr_assert(rc == -ECONNRESET || rc == -EPIPE, "a third session: %d (%s)", rc, err);
+    cr_assert_eq(stats(&a).refused_connections, 1);
+    client_close(&b);
+    client_close(&a);
+    srv_stop(&s);
+    cr_assert(log_has(&s, "max_sessions (2) reached"));
+    rm_dir(&s);
+}
+
+/* ---- events ------------------------------------------------------------------------------ */
+
+/* Reads EVENTS frames until `want` events (records plus lost) are
+ * accounted for; returns the lost part. */
+static uint64_t drain_events(struct client *cl, uint64_t want, umbp_key_t *keys,
+                             uint32_t *types, uint64_t cap)
+{
+    uint64_t seen = 0, lost = 0;
+    while (seen + lost < want) {
+        struct proto_frame f;
+        char err[256] = "";
+        int rc = sync_client_recv(&cl->c, &f, err, sizeof(err));
+        cr_assert_eq(rc, 0, "after %llu of %llu events: %s", (unsigned long long)(seen + lost),
+                     (unsigned long long)want, err);
+        cr_assert_eq(f.type, PROTO_EVENTS);
+        lost += f.arg;
+        for (uint32_t i = 0; i < f.n; i++, seen++) {
+            struct proto_event_item it;
+            cr_assert_eq(proto_get_event_item(&f, i, &it), 0);
+            if (seen < cap) {
+                keys[seen] = it.key;
+                types[seen] = it.type;
+            }
+        }
+    }
+    cr_assert_eq(seen + lost, want, "more events than happened");
+    return lost;
+}
+
+Test(server, events_reach_subscribers)
+{
+    struct srv s;
+    srv_start(&s, "");
+    struct client sub, w, adm;
+    client_open(&sub, s.path, PROTO_ROLE_LOOKUP, PROTO_HELLO_EVENTS, "watcher");
+    client_open(&w, s.path, PROTO_ROLE_WORKER, 0, "writer");
+    client_open(&adm, s.path, PROTO_ROLE_ADMIN, 0, "admin");
+    umbp_key_t k[3], got[6];
+    uint64_t size[3] = {100, 200, 300};
+    uint32_t types[6];
+    struct proto_region_item r[3];
+    int32_t st[3];
+    for (int i = 0; i < 3; i++)
+        k[i] = tu_key_id(7, (uint64_t)i);
+    reserve(&w, k, size, 3, r);
+    tokens(&w, PROTO_PUBLISH, k, r, 3, st);
+    struct proto_frame f;
+    char err[256];
+    cr_assert_eq(sync_client_call(&adm.c, PROTO_CLEAR, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(f.type, PROTO_CLEAR_R);
+    cr_assert_eq(drain_events(&sub, 6, got, types, 6), 0);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(types[i], UMBP_EVENT_STORED);
+        cr_assert(tu_key_eq(&got[i], &k[i]));
+        cr_assert_eq(types[3 + i], UMBP_EVENT_REMOVED);
+    }
+    uint8_t present[3];
+    lookup(&w, k, 3, present);
+    cr_assert(!present[0] && !present[1] && !present[2], "clear left objects");
+    client_close(&adm);
+    client_close(&w);
+    client_close(&sub);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* A subscriber that stops reading loses events (counted), never stalls
+ * the server, and learns exactly how many it lost. */
+Test(server, slow_subscriber_loses_counted_events)
+{
+    struct srv s;
+    srv_start(&s, "\"event_backlog_bytes\": \"64KiB\"");
+    struct client sub, w;
+    client_open(&sub, s.path, PROTO_ROLE_LOOKUP, PROTO_HELLO_EVENTS, "sleeper");
+    client_open(&w, s.path, PROTO_ROLE_WORKER, 0, "writer");
+    enum { BATCH = 4096, ROUNDS = 12 };
+    umbp_key_t *k = malloc(BATCH * sizeof(*k));
+    uint64_t *size = malloc(BATCH * sizeof(*size));
+    struct proto_region_item *r = malloc(BATCH * sizeof(*r));
+    int32_t *st = malloc(BATCH * sizeof(*st));
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int i = 0; i < BATCH; i++) {
+            k[i] = tu_key_id(8 + (uint64_t)round, (uint64_t)i);
+            size[i] = 256;
+        }
+        reserve(&w, k, size, BATCH, r);
+        tokens(&w, PROTO_PUBLISH, k, r, BATCH, st);
+        struct proto_frame f;
+        char err[256];
+        cr_assert_eq(sync_client_call(&w.c, PROTO_CLEAR, &f, err, sizeof(err)), 0, "%s", err);
+    }
+    ping(&w);
+    uint64_t lost = drain_events(&sub, 2ull * BATCH * ROUNDS, NULL, NULL, 0);
+    cr_assert(lost > 0, "nothing was dropped: the test did not fill the backlog");
+    free(k);
+    free(size);
+    free(r);
+    free(st);
+    client_close(&w);
+    client_close(&sub);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* ---- the umbp tool ---------------------------------------------------------------------- */
+
+static int run_cli(const char *args, char *out, size_t len)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", UMBP_CLI_BIN, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, len - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+Test(server, umbp_tool_stat_reset_ping)
+{
+    struct srv s;
+    srv_start(&s, "");
+    struct client w;
+    client_open(&w, s.path, PROTO_ROLE_WORKER, 0, "engine-seven");
+    umbp_key_t k = tu_key_id(9, 1);
+    uint64_t size = 5000;
+    struct proto_region_item r;
+    int32_t st;
+    uint8_t present;
+    reserve(&w, &k, &size, 1, &r);
+    tokens(&w, PROTO_PUBLISH, &k, &r, 1, &st);
+    lookup(&w, &k, 1, &present);
+
+    char out[8192], args[256];
+    snprintf(args, sizeof(args), "--socket-dir %s stat", s.dir);
+    cr_assert_eq(run_cli(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "1 objects"), "%s", out);
+    cr_assert(strstr(out, "hit rate 100.0%"), "%s", out);
+    cr_assert(strstr(out, "engine-seven"), "%s", out);
+    cr_assert(strstr(out, "worker"), "%s", out);
+    snprintf(args, sizeof(args), "--socket-dir %s reset", s.dir);
+    cr_assert_eq(run_cli(args, out, sizeof(out)), 0, "%s", out);
+    lookup(&w, &k, 1, &present);
+    cr_assert_eq(present, 0, "reset left the object");
+    snprintf(args, sizeof(args), "--socket-dir %s ping", s.dir);
+    cr_assert_eq(run_cli(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "pong"), "%s", out);
+    snprintf(args, sizeof(args), "--socket-dir %s --instance nobody-here ping", s.dir);
+    cr_assert_eq(run_cli(args, out, sizeof(out)), 1, "%s", out);
+    cr_assert(strstr(out, "umbp-dp0-nobody-here.sock"), "the error does not name the path: %s",
+              out);
+    client_close(&w);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* ---- leases end by themselves ---------------------------------------------------------- */
+
+Test(server, leases_expire_at_the_servers_cap)
+{
+    struct srv s;
+    srv_start(&s, "\"lease_ttl_ms\": 20");
+    struct client w;
+    client_open(&w, s.path, PROTO_ROLE_WORKER, 0, "eng");
+    cr_assert_eq(w.c.welcome.lease_ttl_ms, 20);
+    umbp_key_t k = tu_key_id(10, 1);
+    uint64_t size = 4096;
+    struct proto_region_item r;
+    int32_t st;
+    reserve(&w, &k, &size, 1, &r);
+    tokens(&w, PROTO_PUBLISH, &k, &r, 1, &st);
+    acquire(&w, &k, 1, &r); /* asks for 5000 ms; the server caps it at 20 */
+    cr_assert_eq(r.status, 0);
+    struct proto_stats now;
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while ((now = stats(&w)).leases_expired == 0 && tu_now_ms() < end)
+        tu_sleep_ms(5);
+    cr_assert_eq(now.leases_expired, 1, "the lease never expired");
+    cr_assert_eq(now.num_leased, 0);
+    /* the object was not reused, so the bytes read under it are valid */
+    tokens(&w, PROTO_RELEASE, &k, &r, 1, &st);
+    cr_assert_eq(st, 0);
+    client_close(&w);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* ---- pipelining ---------------------------------------------------------------------------- */
+
+#define PIPELINED 100000
+
+struct pipeliner {
+    struct client *cl;
+    int rc;
+};
+
+static void *send_many(void *arg)
+{
+    struct pipeliner *p = arg;
+    struct proto_buf b = {0};
+    for (uint64_t i = 0; i < PIPELINED && p->rc == 0; i++) {
+        p->rc = proto_put_empty(&b, PROTO_STATS, i + 1, 0);
+        if (b.len >= 64 * KiB || i + 1 == PIPELINED) {
+            p->rc = p->rc ? p->rc : sync_client_send(&p->cl->c, b.data, b.len);
+            proto_buf_consume(&b, b.len);
+        }
+    }
+    proto_buf_free(&b);
+    return NULL;
+}
+
+/* Far more replies than the server buffers for one client: it stops
+ * reading that client instead of growing, and every reply comes in order. */
+Test(server, pipelined_requests_are_answered_in_order)
+{
+    struct srv s;
+    srv_start(&s, "");
+    struct client cl;
+    client_open(&cl, s.path, PROTO_ROLE_ADMIN, 0, "pipeliner");
+    struct pipeliner p = {.cl = &cl};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, send_many, &p), 0);
+    /* read nothing until the server has stopped reading this client */
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while (!log_has(&s, "sends faster than it reads")) {
+        cr_assert(tu_now_ms() < end, "the server never paused a client that does not read");
+        tu_sleep_ms(5);
+    }
+    for (uint64_t i = 0; i < PIPELINED; i++) {
+        struct proto_frame f;
+        reply(&cl, i + 1, PROTO_STATS_R, &f);
+    }
+    pthread_join(t, NULL);
+    cr_assert_eq(p.rc, 0);
+    client_close(&cl);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* ---- hostile clients ----------------------------------------------------------------------- */
+
+/* A random, well-formed request of the worker's repertoire, with keys from
+ * a small set and tokens that are real, stale or invented. */
+static void random_request(struct tu_rng *r, struct proto_buf *b, uint64_t seq,
+                           const uint64_t *seen_tokens, size_t nseen)
+{
+    static const uint16_t types[] = {PROTO_LOOKUP, PROTO_RESERVE, PROTO_PUBLISH, PROTO_ABORT,
+                                     PROTO_ACQUIRE, PROTO_RELEASE, PROTO_STATS, PROTO_PING,
+                                     PROTO_CLEAR};
+    uint16_t type = types[tu_rng_below(r, sizeof(types) / sizeof(types[0]))];
+    uint32_t n = (uint32_t)tu_rng_between(r, 1, 40), arg = 0;
+    if (type == PROTO_STATS || type == PROTO_PING || type == PROTO_CLEAR) {
+        cr_assert_eq(proto_put_empty(b, type, seq, 0), 0);
+        return;
+    }
+    if (type == PROTO_ACQUIRE)
+        arg = (uint32_t)tu_rng_between(r, 1, 100000);
+    if (type == PROTO_LOOKUP)
+        arg = (uint32_t)tu_rng_below(r, 2);
+    cr_assert_eq(proto_begin(b, type, seq, n, arg), 0);
+    for (uint32_t i = 0; i < n; i++) {
+        umbp_key_t k = tu_key_id(11, tu_rng_below(r, 64));
+        if (type == PROTO_LOOKUP || type == PROTO_ACQUIRE) {
+            proto_put_key(b, &k);
+        } else if (type == PROTO_RESERVE) {
+            uint64_t sizes[] = {0, 1, 4096, 100000, 1ull << 40};
+            struct proto_reserve_item it = {k, sizes[tu_rng_below(r, 5)]};
+            proto_put_reserve_item(b, &it);
+        } else {
+            uint64_t tok = nseen && tu_rng_below(r, 2) ? seen_tokens[tu_rng_below(r, nseen)]
+                                                       : tu_rng_next(r);
+            struct proto_token_item it = {k, tok};
+            proto_put_token_item(b, &it);
+        }
+    }
+    cr_assert_eq(proto_end(b), 0);
+}
+
+/* Collects the tokens of region replies so later requests can reuse them. */
+static void note_tokens(const struct proto_frame *f, uint64_t *seen, size_t *nseen, size_t cap)
+{
+    if (f->type != PROTO_RESERVE_R && f->type != PROTO_ACQUIRE_R)
+        return;
+    for (uint32_t i = 0; i < f->n; i++) {
+        struct proto_region_item it;
+        cr_assert_eq(proto_get_region_item(f, i, &it), 0);
+        if (it.status == 0)
+            seen[*nseen < cap ? (*nseen)++ : tu_splitmix64(it.token) % cap] = it.token;
+    }
+}
+
+/* Sessions that send random requests (some of them corrupted by a flipped
+ * byte) and vanish at random points: the server keeps serving, and once
+ * they are all gone nothing is pending or leased. */
+Test(server, hostile_clients_leave_nothing_behind)
+{
+    struct tu_rng rng;
+    uint64_t seed = tu_time_seed();
+    tu_rng_seed(&rng, seed);
+    cr_log_info("seed %llu", (unsigned long long)seed);
+    struct srv s;
+    srv_start(&s, "\"lease_ttl_ms\": 600000");
+    struct client ctl;
+    client_open(&ctl, s.path, PROTO_ROLE_ADMIN, 0, "control");
+    uint64_t seen[256];
+    size_t nseen = 0;
+    for (int round = 0; round < 60; round++) {
+        struct client cl;
+        client_open(&cl, s.path, PROTO_ROLE_WORKER, tu_rng_below(&rng, 2), "hostile");
+        int requests = (int)tu_rng_between(&rng, 1, 30);
+        bool corrupt = tu_rng_below(&rng, 4) == 0;
+        for (int q = 0; q < requests; q++) {
+            struct proto_buf b = {0};
+            uint64_t seq = cl.c.next_seq++;
+            random_request(&rng, &b, seq, seen, nseen);
+            uint16_t type;
+            memcpy(&type, b.data + 4, 2);
+            if (corrupt && q == requests - 1)
+                b.data[tu_rng_below(&rng, b.len)] ^= (uint8_t)tu_rng_between(&rng, 1, 255);
+            send_buf(&cl, &b);
+            if (corrupt && q == requests - 1)
+                break; /* whatever the server makes of it, this client is done */
+            if (type == PROTO_ABORT)
+                continue;
+            struct proto_frame f;
+            char err[256];
+            int rc;
+            do
+                rc = sync_client_recv(&cl.c, &f, err, sizeof(err));
+            while (rc == 0 && f.type == PROTO_EVENTS);
+            cr_assert_eq(rc, 0, "round %d request %d (%s): %s", round, q,
+                         proto_type_name(type), err);
+            cr_assert_eq(f.seq, seq);
+            note_tokens(&f, seen, &nseen, sizeof(seen) / sizeof(seen[0]));
+        }
+        client_close(&cl);
+        ping(&ctl);
+    }
+    struct proto_stats now;
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while (((now = stats(&ctl)).num_pending || now.num_leased) && tu_now_ms() < end)
+        tu_sleep_ms(2);
+    cr_assert_eq(now.num_pending, 0, "reservations outlived their sessions");
+    cr_assert_eq(now.num_leased, 0, "leases outlived their sessions");
+    cr_assert_eq(now.sessions, 1);
+    struct proto_frame f;
+    char err[256];
+    cr_assert_eq(sync_client_call(&ctl.c, PROTO_CLEAR, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(stats(&ctl).used_bytes, 0, "space leaked");
+    client_close(&ctl);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* ---- the documentation ---------------------------------------------------------------------- */
+
+/* Every server option has a row, with its default, in the operations docs
+ * (docs/standalone-ops.md, or docs/operations.md once merged there). */
+Test(server, docs_list_every_server_option)
+{
+    char *doc = slurp(UMBP_SOURCE_DIR "/docs/standalone-ops.md");
+    char *ops = slurp(UMBP_SOURCE_DIR "/docs/operations.md");
+    for (const struct umbp_option *o = srv_options; o->name; o++) {
+        char row[96], def[96];
+        snprintf(row, sizeof(row), "| `%s` | ", o->name);
+        snprintf(def, sizeof(def), "`%s`", o->def[0] ? o->def : "\"\"");
+        const char *at = strstr(doc, row);
+        if (!at)
+            at = strstr(ops, row);
+        cr_expect_not_null(at, "the docs have no row for server option %s", o->name);
+        if (!at)
+            continue;
+        const char *eol = strchr(at, '\n'), *d = strstr(at, def);
+        cr_expect(d && (!eol || d < eol), "the docs' row of %s should show default %s",
+                  o->name, def);
+    }
+    free(doc);
+    free(ops);
+}

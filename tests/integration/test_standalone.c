@@ -1,0 +1,727 @@
+/*
+ * test_standalone.c - standalone mode with real processes: an umbp-server
+ * (tests/common/server_fixture.h) and engine processes attached to it.
+ *
+ *  - objects stored by one process are restored byte-exact by another,
+ *    through umbp_put/umbp_get and through the KV path (host GPU backend);
+ *  - the server killed (SIGKILL) under four busy client threads: every op
+ *    completes, every get that says 0 has the exact bytes, lookups miss
+ *    while it is down, and a new server is picked up by reconnecting;
+ *  - the server stopped (SIGSTOP): lookups come back bounded, and while one
+ *    is stuck the next is refused at once (UMBP_E_NOT_ATTEMPTED);
+ *  - creation without a server fails naming the socket; auto_start from
+ *    eight processes at once starts exactly one server.
+ *
+ * Object bytes are derived from the key (test_util.h), so any process can
+ * check any object without shared state.  Forked children and worker
+ * threads never call Criterion assertions: they report through exit codes
+ * and counters.  Waits are bounded only to turn a hang into a failure; the
+ * times measured are logged, never asserted.
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpu.h" /* gpu/ private layer: the host backend's "device" memory */
+#include "server_fixture.h"
+#include "test_util.h"
+#include "umbp/gpu.h"
+#include "umbp/umbp.h"
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024ull)
+
+static struct tu_server srv;
+
+static void need_server(void)
+{
+    if (!tu_server_built())
+        cr_skip_test("umbp-server was not built (no server/ target)");
+}
+
+static void start_server(const char *json)
+{
+    need_server();
+    tu_server_start(&srv, json ? json : "{\"capacity_bytes\": \"64MiB\", \"log_level\": \"error\"}");
+}
+
+/* A standalone runtime on srv; extra is "" or ", members". */
+static int sa_try_create(umbp_runtime_t **rt, const char *extra)
+{
+    return tu_try_create(rt, "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+                         "\"log_level\": \"error\"%s}", tu_server_dir(&srv), extra ? extra : "");
+}
+
+static umbp_runtime_t *sa_create(const char *extra)
+{
+    umbp_runtime_t *rt = NULL;
+    int rc = sa_try_create(&rt, extra);
+    cr_assert_eq(rc, 0, "standalone runtime: %d (%s): %s", rc, umbp_strerror(rc),
+                 umbp_last_error());
+    return rt;
+}
+
+static uint64_t size_of_id(uint64_t id) { return 1 + (tu_splitmix64(id) % (200 * KiB)); }
+
+/* Puts key (space, id) with bytes from the key; the key's status, or the
+ * submit error, or UMBP_E_INPROGRESS if it never completed. */
+static int put_key(umbp_runtime_t *rt, umbp_key_t k, uint64_t size)
+{
+    uint8_t *buf = malloc(size);
+    tu_fill_from_key(&k, 0, buf, size);
+    umbp_range_t r = {buf, size, 0};
+    umbp_put_item_t it = {k, size, &r, 1};
+    umbp_op_t *op = NULL;
+    int rc = umbp_put(rt, &it, 1, &op);
+    if (rc == 0) {
+        rc = umbp_op_wait(op, TU_WAIT_MS) == 0 ? umbp_op_key_status(op, 0) : UMBP_E_INPROGRESS;
+        umbp_op_release(op);
+    }
+    free(buf);
+    return rc;
+}
+
+/* Gets key into a poisoned buffer; *bad is set if status 0 came with wrong
+ * bytes.  Returns as put_key. */
+static int get_key(umbp_runtime_t *rt, umbp_key_t k, uint64_t size, bool *bad)
+{
+    uint8_t *buf = malloc(size);
+    tu_poison(buf, size);
+    umbp_range_t r = {buf, size, 0};
+    umbp_get_item_t it = {k, &r, 1};
+    umbp_op_t *op = NULL;
+    int rc = umbp_get(rt, &it, 1, &op);
+    if (rc == 0) {
+        rc = umbp_op_wait(op, TU_WAIT_MS) == 0 ? umbp_op_key_status(op, 0) : UMBP_E_INPROGRESS;
+        umbp_op_release(op);
+    }
+    *bad = rc == 0 && tu_check_from_key(&k, 0, buf, size) != SIZE_MAX;
+    free(buf);
+    return rc;
+}
+
+/* Runs fn(arg) in a child process; returns its exit status (0 = success). */
+static int in_child(int (*fn)(void *), void *arg)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0)
+        _exit(fn(arg));
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---- one process stores, another restores ----------------------------------- */
+
+#define NOBJ 64
+#define SPACE_A 0xa11ceull
+
+static int child_store(void *arg)
+{
+    umbp_runtime_t *rt;
+    if (sa_try_create(&rt, NULL) != 0)
+        return 2;
+    int bad = 0;
+    for (uint64_t i = 0; i < NOBJ; i++)
+        bad += put_key(rt, tu_key_id(SPACE_A, i), size_of_id(i)) != 0;
+    umbp_runtime_destroy(rt);
+    return bad ? 3 : 0;
+}
+
+Test(standalone, put_in_one_process_restore_in_another)
+{
+    start_server(NULL);
+    cr_assert_eq(in_child(child_store, NULL), 0, "the storing process failed");
+    umbp_runtime_t *rt = sa_create(NULL);
+    umbp_key_t keys[NOBJ];
+    for (uint64_t i = 0; i < NOBJ; i++)
+        keys[i] = tu_key_id(SPACE_A, i);
+    size_t prefix = 0;
+    cr_assert_eq(umbp_lookup(rt, keys, NOBJ, NULL, &prefix, 0), 0);
+    cr_assert_eq(prefix, NOBJ, "only %zu of %d objects visible to a second process", prefix, NOBJ);
+    for (uint64_t i = 0; i < NOBJ; i++) {
+        bool bad;
+        int rc = get_key(rt, keys[i], size_of_id(i), &bad);
+        cr_assert_eq(rc, 0, "object %llu: %d (%s)", (unsigned long long)i, rc, umbp_strerror(rc));
+        cr_assert(!bad, "object %llu restored with wrong bytes", (unsigned long long)i);
+    }
+    umbp_stats_t s;
+    cr_assert_eq(umbp_get_stats(rt, &s), 0);
+    cr_assert_eq(s.num_objects, NOBJ);
+    tu_destroy(rt);
+    tu_server_cleanup(&srv);
+}
+
+/* Batches above PROTO_MAX_RECORDS (65536) travel as several frames of one
+ * call; a lookup of 150000 keys is also larger than the socket buffers, so
+ * it is written in pieces from the write watcher. */
+Test(standalone, batches_larger_than_one_frame)
+{
+    start_server(NULL);
+    umbp_runtime_t *rt = sa_create(", \"timeout_ms\": 60000, \"lookup_timeout_ms\": 60000");
+    enum { NPUT = 70000, NLOOK = 150000 };
+    umbp_key_t *k = malloc(NLOOK * sizeof(*k));
+    uint8_t *data = malloc(NPUT), *back = malloc(NPUT);
+    umbp_range_t *r = malloc(NPUT * sizeof(*r));
+    umbp_put_item_t *pi = malloc(NPUT * sizeof(*pi));
+    umbp_get_item_t *gi = malloc(NPUT * sizeof(*gi));
+    for (size_t i = 0; i < NLOOK; i++)
+        k[i] = tu_key_id(0xb16, i);
+    for (size_t i = 0; i < NPUT; i++) {
+        data[i] = (uint8_t)tu_splitmix64(i);
+        r[i] = (umbp_range_t){&data[i], 1, 0};
+        pi[i] = (umbp_put_item_t){k[i], 1, &r[i], 1};
+    }
+    umbp_op_t *op;
+    cr_assert_eq(umbp_put(rt, pi, NPUT, &op), 0);
+    cr_assert_eq(umbp_op_wait(op, TU_WAIT_MS), 0);
+    cr_assert_eq(umbp_op_num_ok(op), NPUT, "%zu of %d keys stored", umbp_op_num_ok(op), NPUT);
+    umbp_op_release(op);
+    uint8_t *present = malloc(NLOOK);
+    size_t prefix;
+    cr_assert_eq(umbp_lookup(rt, k, NLOOK, present, &prefix, 0), 0);
+    cr_assert_eq(prefix, NPUT);
+    for (size_t i = 0; i < NLOOK; i++)
+        cr_assert_eq(present[i], i < NPUT, "present[%zu] = %u", i, present[i]);
+    tu_poison(back, NPUT);
+    for (size_t i = 0; i < NPUT; i++) {
+        r[i] = (umbp_range_t){&back[i], 1, 0};
+        gi[i] = (umbp_get_item_t){k[i], &r[i], 1};
+    }
+    cr_assert_eq(umbp_get(rt, gi, NPUT, &op), 0);
+    cr_assert_eq(umbp_op_wait(op, TU_WAIT_MS), 0);
+    cr_assert_eq(umbp_op_num_ok(op), NPUT);
+    umbp_op_release(op);
+    cr_assert_eq(tu_first_diff(back, data, NPUT), SIZE_MAX);
+    free(present);
+    free(gi);
+    free(pi);
+    free(r);
+    free(back);
+    free(data);
+    free(k);
+    tu_destroy(rt);
+    tu_server_cleanup(&srv);
+}
+
+/* ---- the same through the KV path (host backend) ----------------------------- */
+
+#define L 4
+#define NB 32
+#define BS 16
+#define HD 128 /* heads * head dim */
+#define ESZ 2
+#define CHUNK ((size_t)BS * HD * ESZ)
+#define LAYER_BYTES (2 * (size_t)NB * CHUNK)
+#define KV_BLOCKS 16
+
+struct kv_side {
+    const struct gpu_ops *ops;
+    umbp_runtime_t *rt;
+    void *dev[L];
+    umbp_kv_handle_t kv;
+};
+
+static uint8_t expected_byte(int layer, size_t off) { return (uint8_t)(tu_splitmix64((uint64_t)layer << 40 | off) >> 17); }
+
+static umbp_key_t kv_key(int i) { return tu_key_id(0x4b56, (uint64_t)i); }
+
+/* A host "GPU" KV cache: layers filled from the pattern, or poisoned. */
+static int kv_open(struct kv_side *k, bool fill)
+{
+    memset(k, 0, sizeof(*k));
+    k->ops = gpu_backend_ops(UMBP_GPU_BACKEND_HOST);
+    if (!k->ops || sa_try_create(&k->rt, ", \"gpu_backend\": \"host\"") != 0)
+        return -1;
+    umbp_kv_tensor_t t[L];
+    for (int l = 0; l < L; l++) {
+        if (gpu_dev_alloc(k->ops, LAYER_BYTES, &k->dev[l]) != 0)
+            return -1;
+        uint8_t *p = k->dev[l]; /* host backend: device memory is host memory */
+        for (size_t o = 0; o < LAYER_BYTES; o++)
+            p[o] = fill ? expected_byte(l, o) : TU_POISON;
+        memset(&t[l], 0, sizeof(t[l]));
+        t[l].base = k->dev[l];
+        t[l].ndim = 5;
+        int64_t shape[5] = {2, NB, BS, HD / 64, 64};
+        memcpy(t[l].shape, shape, sizeof(shape));
+        umbp_kv_tensor_set_contiguous(&t[l]);
+        t[l].elem_size = ESZ;
+        t[l].block_dim = 1;
+        t[l].kv_dim = 0;
+        t[l].layer_dim = -1;
+    }
+    return umbp_kv_register(k->rt, t, L, &k->kv);
+}
+
+static void kv_close(struct kv_side *k)
+{
+    umbp_runtime_destroy(k->rt);
+    for (int l = 0; l < L; l++)
+        if (k->dev[l])
+            gpu_dev_free(k->ops, k->dev[l]);
+}
+
+static int kv_wait(umbp_op_t *op)
+{
+    int rc = umbp_op_wait(op, TU_WAIT_MS) == 0 ? 0 : UMBP_E_INPROGRESS;
+    for (size_t i = 0; rc == 0 && i < umbp_op_num_keys(op); i++)
+        rc = umbp_op_key_status(op, i);
+    umbp_op_release(op);
+    return rc;
+}
+
+static int child_kv_store(void *arg)
+{
+    struct kv_side k;
+    if (kv_open(&k, true) != 0)
+        return 2;
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
+    umbp_op_t *op;
+    int rc = umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op);
+    if (rc == 0)
+        rc = kv_wait(op);
+    kv_close(&k);
+    return rc == 0 ? 0 : 3;
+}
+
+Test(standalone, kv_store_in_one_process_load_in_another)
+{
+    start_server(NULL);
+    cr_assert_eq(in_child(child_kv_store, NULL), 0, "the storing process failed");
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, false), 0, "KV setup: %s", umbp_last_error());
+    /* block i's object into block NB - 1 - i of a poisoned cache */
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)(NB - 1 - i)};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    int rc = kv_wait(op);
+    cr_assert_eq(rc, 0, "kv load: %d (%s)", rc, umbp_strerror(rc));
+    for (int l = 0; l < L; l++) {
+        const uint8_t *p = k.dev[l];
+        for (int kvh = 0; kvh < 2; kvh++)
+            for (int blk = 0; blk < NB; blk++) {
+                size_t at = ((size_t)kvh * NB + (size_t)blk) * CHUNK;
+                bool loaded = blk >= NB - KV_BLOCKS;
+                size_t src = ((size_t)kvh * NB + (size_t)(NB - 1 - blk)) * CHUNK;
+                for (size_t o = 0; o < CHUNK; o++) {
+                    uint8_t want = loaded ? expected_byte(l, src + o) : TU_POISON;
+                    cr_assert_eq(p[at + o], want, "layer %d %s block %d byte %zu", l,
+                                 kvh ? "V" : "K", blk, o);
+                }
+            }
+    }
+    kv_close(&k);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* ---- the server killed under load ----------------------------------------------- */
+
+struct load {
+    umbp_runtime_t *rt;
+    atomic_bool stop, restarted;
+    _Atomic uint64_t ops, hung, torn, gets_ok, puts_ok, puts_ok_after;
+    _Atomic uint64_t failed_statuses;
+};
+
+struct worker {
+    struct load *ld;
+    int id;
+};
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    struct load *ld = w->ld;
+    for (uint64_t i = 0; !atomic_load(&ld->stop); i++) {
+        umbp_key_t k = tu_key_id(0x77000 + (uint64_t)w->id, i);
+        uint64_t size = size_of_id(i) / 4 + 1;
+        int rc = put_key(ld->rt, k, size);
+        bool after = atomic_load(&ld->restarted), bad = false;
+        if (rc == 0) {
+            atomic_fetch_add(&ld->puts_ok, 1);
+            if (after)
+                atomic_fetch_add(&ld->puts_ok_after, 1);
+        }
+        int g = get_key(ld->rt, k, size, &bad);
+        uint8_t present;
+        size_t prefix;
+        umbp_lookup(ld->rt, &k, 1, &present, &prefix, 0); /* bounded by the API */
+        atomic_fetch_add(&ld->ops, 3);
+        if (rc == UMBP_E_INPROGRESS || g == UMBP_E_INPROGRESS)
+            atomic_fetch_add(&ld->hung, 1);
+        if (bad)
+            atomic_fetch_add(&ld->torn, 1);
+        if (g == 0)
+            atomic_fetch_add(&ld->gets_ok, 1);
+        if (rc != 0 || g != 0)
+            atomic_fetch_add(&ld->failed_statuses, 1);
+    }
+    return NULL;
+}
+
+/* Puts until one succeeds; ms it took, or -1 after TU_WAIT_MS. */
+static int64_t ms_until_put_works(umbp_runtime_t *rt)
+{
+    uint64_t t0 = tu_now_ms();
+    for (uint64_t i = 0; tu_now_ms() - t0 < TU_WAIT_MS; i++) {
+        if (put_key(rt, tu_key_id(0x88, i), 1000) == 0)
+            return (int64_t)(tu_now_ms() - t0);
+        tu_sleep_ms(1);
+    }
+    return -1;
+}
+
+Test(standalone, server_killed_under_load_then_restarted)
+{
+    start_server(NULL);
+    struct load ld = {0};
+    ld.rt = sa_create(", \"timeout_ms\": 3000, \"lookup_timeout_ms\": 500, "
+                      "\"reconnect_max_ms\": 50, \"log_level\": \"warn\"");
+    umbp_key_t before = tu_key_id(0x99, 1);
+    cr_assert_eq(put_key(ld.rt, before, 5000), 0);
+    enum { W = 4 };
+    pthread_t th[W];
+    struct worker w[W];
+    for (int i = 0; i < W; i++) {
+        w[i] = (struct worker){&ld, i};
+        pthread_create(&th[i], NULL, worker_main, &w[i]);
+    }
+    tu_sleep_ms(300);
+    uint64_t ops_before_kill = atomic_load(&ld.ops);
+    tu_server_stop(&srv); /* SIGKILL */
+    tu_sleep_ms(100);
+    /* down: lookups miss (an error or no hit, never a stale hit) */
+    for (int i = 0; i < 5; i++) {
+        uint8_t present = 7;
+        size_t prefix = 7;
+        int rc = umbp_lookup(ld.rt, &before, 1, &present, &prefix, 0);
+        cr_assert(rc == 0 || rc == UMBP_E_NOT_ATTEMPTED || rc == UMBP_E_TIMEOUT ||
+                  rc == -ECONNRESET, "lookup while down: %d (%s)", rc, umbp_strerror(rc));
+        cr_assert_eq(prefix, 0, "a lookup hit while the server is down");
+        cr_assert_eq(present, 0);
+    }
+    bool bad;
+    int g = get_key(ld.rt, before, 5000, &bad);
+    cr_assert_neq(g, 0, "a get succeeded while the server is down");
+    tu_sleep_ms(200);
+    /* a new server (a new, empty pool): the clients carry on */
+    tu_server_start(&srv, "{\"capacity_bytes\": \"64MiB\", \"log_level\": \"error\"}");
+    atomic_store(&ld.restarted, true);
+    int64_t ms = ms_until_put_works(ld.rt);
+    cr_assert_geq(ms, 0, "no put succeeded within %d ms of the new server", TU_WAIT_MS);
+    cr_log_info("reconnected: first put succeeded %lld ms after the new server answered",
+                (long long)ms);
+    tu_sleep_ms(300);
+    atomic_store(&ld.stop, true);
+    for (int i = 0; i < W; i++)
+        pthread_join(th[i], NULL);
+    cr_log_info("%llu ops (%llu before the kill), %llu puts ok (%llu after the restart), "
+                "%llu gets ok, %llu rounds with a failed status",
+                (unsigned long long)atomic_load(&ld.ops), (unsigned long long)ops_before_kill,
+                (unsigned long long)atomic_load(&ld.puts_ok),
+                (unsigned long long)atomic_load(&ld.puts_ok_after),
+                (unsigned long long)atomic_load(&ld.gets_ok),
+                (unsigned long long)atomic_load(&ld.failed_statuses));
+    cr_assert_eq(atomic_load(&ld.hung), 0, "operations that never completed");
+    cr_assert_eq(atomic_load(&ld.torn), 0, "gets that said 0 with wrong bytes");
+    cr_assert_gt(ops_before_kill, 0, "the workers did nothing before the kill");
+    cr_assert_gt(atomic_load(&ld.puts_ok_after), 0, "no worker put succeeded after the restart");
+    bool badb;
+    umbp_key_t k2 = tu_key_id(0x99, 2);
+    cr_assert_eq(put_key(ld.rt, k2, 70000), 0);
+    cr_assert_eq(get_key(ld.rt, k2, 70000, &badb), 0);
+    cr_assert(!badb);
+    tu_destroy(ld.rt);
+    tu_server_cleanup(&srv);
+}
+
+/* ---- the server stopped ----------------------------------------------------------- */
+
+Test(standalone, server_stopped_lookups_bounded)
+{
+    start_server(NULL);
+    umbp_runtime_t *rt = sa_create(", \"lookup_timeout_ms\": 100, \"timeout_ms\": 3000");
+    enum { N = 8 };
+    umbp_key_t k[N];
+    for (int i = 0; i < N; i++) {
+        k[i] = tu_key_id(0x5709, (uint64_t)i);
+        cr_assert_eq(put_key(rt, k[i], 4096), 0);
+    }
+    size_t prefix;
+    cr_assert_eq(umbp_lookup(rt, k, N, NULL, &prefix, 0), 0);
+    cr_assert_eq(prefix, N);
+
+    tu_server_signal(&srv, SIGSTOP);
+    uint64_t t0 = tu_now_ms();
+    int rc1 = umbp_lookup(rt, k, N, NULL, &prefix, 0);
+    uint64_t first = tu_now_ms() - t0;
+    cr_assert(rc1 == UMBP_E_TIMEOUT || rc1 == UMBP_E_NOT_ATTEMPTED,
+              "lookup of a stopped server: %d (%s)", rc1, umbp_strerror(rc1));
+    uint64_t worst = 0;
+    for (int i = 0; i < 5; i++) {
+        t0 = tu_now_ms();
+        int rc = umbp_lookup(rt, k, N, NULL, &prefix, 0);
+        uint64_t dt = tu_now_ms() - t0;
+        worst = dt > worst ? dt : worst;
+        cr_assert_eq(rc, UMBP_E_NOT_ATTEMPTED, "lookup %d while one is stuck: %d (%s)", i, rc,
+                     umbp_strerror(rc));
+        cr_assert_eq(prefix, 0);
+    }
+    cr_log_info("stopped server: first lookup returned after %llu ms (lookup_timeout_ms 100), "
+                "the next ones after at most %llu ms", (unsigned long long)first,
+                (unsigned long long)worst);
+    tu_server_signal(&srv, SIGCONT);
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    int rc;
+    while ((rc = umbp_lookup(rt, k, N, NULL, &prefix, 0)) != 0 || prefix != N) {
+        cr_assert(tu_now_ms() < end, "lookups never recovered after SIGCONT: %d", rc);
+        tu_sleep_ms(5);
+    }
+    bool bad;
+    cr_assert_eq(get_key(rt, k[3], 4096, &bad), 0);
+    cr_assert(!bad);
+    tu_destroy(rt);
+    tu_server_cleanup(&srv);
+}
+
+/* Calls that time out while the server is stopped: their late replies are
+ * undone, so no reservation or lease stays behind once it runs again. */
+static bool server_idle(const umbp_stats_t *s, void *arg)
+{
+    (void)arg;
+    return s->num_pending == 0 && s->num_leased == 0;
+}
+
+Test(standalone, late_replies_are_undone)
+{
+    start_server(NULL);
+    /* a generous lookup_timeout_ms keeps health() from refusing the calls
+     * before they are sent; timeout_ms is their deadline */
+    umbp_runtime_t *rt = sa_create(", \"lookup_timeout_ms\": 10000, \"timeout_ms\": 300");
+    umbp_key_t have = tu_key_id(0x1a7e, 1), fresh = tu_key_id(0x1a7e, 2);
+    cr_assert_eq(put_key(rt, have, 8192), 0);
+    tu_server_signal(&srv, SIGSTOP);
+    int rc = put_key(rt, fresh, 8192);
+    cr_assert_eq(rc, UMBP_E_TIMEOUT, "put to a stopped server: %d (%s)", rc, umbp_strerror(rc));
+    bool bad;
+    rc = get_key(rt, have, 8192, &bad);
+    cr_assert_eq(rc, UMBP_E_TIMEOUT, "get from a stopped server: %d (%s)", rc, umbp_strerror(rc));
+    tu_server_signal(&srv, SIGCONT);
+    umbp_stats_t s;
+    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &s),
+              "late grants were not undone: %llu pending, %llu leased",
+              (unsigned long long)s.num_pending, (unsigned long long)s.num_leased);
+    cr_assert_eq(s.num_objects, 1, "the timed-out put was published anyway");
+    size_t prefix;
+    cr_assert_eq(umbp_lookup(rt, &fresh, 1, NULL, &prefix, 0), 0);
+    cr_assert_eq(prefix, 0);
+    /* and the key can be stored now */
+    cr_assert_eq(put_key(rt, fresh, 8192), 0);
+    cr_assert_eq(get_key(rt, fresh, 8192, &bad), 0);
+    cr_assert(!bad);
+    tu_destroy(rt);
+    tu_server_cleanup(&srv);
+}
+
+/* Shutdown never hangs: destroy with calls outstanding at a stopped server. */
+Test(standalone, destroy_while_server_stopped)
+{
+    start_server(NULL);
+    umbp_runtime_t *rt = sa_create(", \"lookup_timeout_ms\": 10000, \"timeout_ms\": 500");
+    umbp_key_t k = tu_key_id(0xde57, 1);
+    cr_assert_eq(put_key(rt, k, 4096), 0);
+    tu_server_signal(&srv, SIGSTOP);
+    enum { N = 8 };
+    umbp_op_t *op[N];
+    uint8_t buf[N][4096];
+    umbp_range_t r[N];
+    for (int i = 0; i < N; i++) {
+        r[i] = (umbp_range_t){buf[i], 4096, 0};
+        if (i % 2) {
+            umbp_get_item_t g = {k, &r[i], 1};
+            cr_assert_eq(umbp_get(rt, &g, 1, &op[i]), 0);
+        } else {
+            umbp_put_item_t p = {tu_key_id(0xde57, 10 + (uint64_t)i), 4096, &r[i], 1};
+            cr_assert_eq(umbp_put(rt, &p, 1, &op[i]), 0);
+        }
+    }
+    uint64_t t0 = tu_now_ms();
+    tu_destroy(rt); /* the ops' handles go with it */
+    cr_log_info("destroy with %d ops at a stopped server took %llu ms (timeout_ms 500)", N,
+                (unsigned long long)(tu_now_ms() - t0));
+    tu_server_signal(&srv, SIGCONT);
+    tu_server_cleanup(&srv);
+}
+
+/* role lookup: an engine's scheduler asks without a pool. */
+Test(standalone, lookup_role_has_no_pool)
+{
+    start_server(NULL);
+    umbp_runtime_t *w = sa_create(NULL);
+    umbp_key_t k = tu_key_id(0x100c, 1);
+    cr_assert_eq(put_key(w, k, 1000), 0);
+    umbp_runtime_t *l = sa_create(", \"role\": \"lookup\"");
+    size_t prefix;
+    cr_assert_eq(umbp_lookup(l, &k, 1, NULL, &prefix, 0), 0);
+    cr_assert_eq(prefix, 1, "the scheduler does not see the worker's object");
+    cr_assert_eq(put_key(l, tu_key_id(0x100c, 2), 1000), -ENOTSUP);
+    bool bad;
+    cr_assert_eq(get_key(l, k, 1000, &bad), -ENOTSUP);
+    tu_destroy(l);
+    tu_destroy(w);
+    tu_server_cleanup(&srv);
+}
+
+/* ---- creation ------------------------------------------------------------------------- */
+
+Test(standalone, no_server_fails_naming_the_socket)
+{
+    const char *dir = tu_server_dir(&srv); /* nothing started there */
+    umbp_runtime_t *rt = NULL;
+    int rc = sa_try_create(&rt, NULL);
+    cr_assert_lt(rc, 0);
+    cr_assert_null(rt);
+    cr_log_info("no server: %s", umbp_last_error());
+    cr_assert_not_null(strstr(umbp_last_error(), srv.sock), "message does not name %s: %s",
+                       srv.sock, umbp_last_error());
+    cr_assert_not_null(strstr(umbp_last_error(), "auto_start"), "message: %s", umbp_last_error());
+    /* auto_start with a binary that does not exist names server_path */
+    char extra[256];
+    snprintf(extra, sizeof(extra), ", \"auto_start\": true, \"server_path\": \"%s/none\", "
+             "\"startup_timeout_ms\": 3000", dir);
+    rc = sa_try_create(&rt, extra);
+    cr_assert_lt(rc, 0);
+    cr_log_info("bad server_path: %s", umbp_last_error());
+    cr_assert_not_null(strstr(umbp_last_error(), "server_path"), "message: %s", umbp_last_error());
+    tu_server_cleanup(&srv);
+}
+
+/* pids of running umbp-server processes whose command line names dir. */
+static size_t servers_in(const char *dir, pid_t *pids, size_t max)
+{
+    size_t n = 0;
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char path[300], cmd[4096], state = 0;
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        int ok = fscanf(f, "%*d %*s %c", &state);
+        fclose(f);
+        if (ok != 1 || state == 'Z')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%s/cmdline", e->d_name);
+        f = fopen(path, "r");
+        size_t len = f ? fread(cmd, 1, sizeof(cmd) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        cmd[len] = 0;
+        const char *argv0 = strrchr(cmd, '/') ? strrchr(cmd, '/') + 1 : cmd;
+        bool is_server = len && strcmp(argv0, "umbp-server") == 0;
+        for (size_t i = 0; i + 1 < len; i++)
+            if (!cmd[i])
+                cmd[i] = ' ';
+        if (is_server && strstr(cmd, dir) && n < max)
+            pids[n++] = (pid_t)atoi(e->d_name);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+struct starter {
+    int gate; /* read end: closed by the parent to start everyone at once */
+    int index;
+};
+
+static int child_auto_start(void *arg)
+{
+    struct starter *s = arg;
+    char c;
+    if (read(s->gate, &c, 1) < 0)
+        return 4;
+    char extra[512];
+    snprintf(extra, sizeof(extra), ", \"auto_start\": true, \"server_path\": \"%s\", "
+             "\"capacity_bytes\": \"16MiB\", \"startup_timeout_ms\": 30000",
+#ifdef UMBP_SERVER_BIN
+             UMBP_SERVER_BIN
+#else
+             "umbp-server"
+#endif
+    );
+    umbp_runtime_t *rt;
+    if (sa_try_create(&rt, extra) != 0) {
+        fprintf(stderr, "creator %d: %s\n", s->index, umbp_last_error());
+        return 2;
+    }
+    int rc = put_key(rt, tu_key_id(0xa5a5, (uint64_t)s->index), 3000);
+    umbp_runtime_destroy(rt);
+    return rc == 0 ? 0 : 3;
+}
+
+Test(standalone, auto_start_from_eight_processes_starts_one_server)
+{
+    need_server();
+    const char *dir = tu_server_dir(&srv);
+    enum { P = 8 };
+    int gate[2];
+    cr_assert_eq(pipe(gate), 0);
+    pid_t kids[P];
+    for (int i = 0; i < P; i++) {
+        kids[i] = fork();
+        cr_assert_geq(kids[i], 0);
+        if (kids[i] == 0) {
+            close(gate[1]);
+            struct starter s = {gate[0], i};
+            _exit(child_auto_start(&s));
+        }
+    }
+    close(gate[0]);
+    close(gate[1]); /* everyone's read returns now */
+    int failed = 0;
+    for (int i = 0; i < P; i++) {
+        int st;
+        while (waitpid(kids[i], &st, 0) < 0 && errno == EINTR)
+            ;
+        failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    pid_t pids[16];
+    size_t n = servers_in(dir, pids, 16);
+    /* the server outlives its starters; check the objects and stop it */
+    umbp_runtime_t *rt = NULL;
+    int rc = n ? sa_try_create(&rt, NULL) : -1;
+    size_t prefix = 0;
+    if (rc == 0) {
+        umbp_key_t k[P];
+        for (int i = 0; i < P; i++)
+            k[i] = tu_key_id(0xa5a5, (uint64_t)i);
+        umbp_lookup(rt, k, P, NULL, &prefix, 0);
+        umbp_runtime_destroy(rt);
+    }
+    for (size_t i = 0; i < n; i++)
+        kill(pids[i], SIGKILL);
+    cr_assert_eq(failed, 0, "%d of %d creators with auto_start failed", failed, P);
+    cr_assert_eq(n, 1, "%zu umbp-server processes serve %s, want exactly 1", n, dir);
+    cr_assert_eq(prefix, P, "the one server holds %zu of the %d objects", prefix, P);
+    tu_server_cleanup(&srv);
+}
