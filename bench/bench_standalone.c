@@ -286,7 +286,7 @@ static void bench_metadata(double scale)
 
 int main(int argc, char **argv)
 {
-    const char *bin = argc > 1 ? argv[1] : UMBP_SERVER_BIN;
+    const char *bin = argc > 1 && argv[1][0] ? argv[1] : UMBP_SERVER_BIN;
     double scale = argc > 2 ? atof(argv[2]) : 1.0;
     if (scale <= 0)
         scale = 1.0;
