@@ -74,10 +74,12 @@ static int handle_lookup(struct srv_session *ss, const struct proto_frame *f)
 /* dram_store_reserve, evicting for this key once when the pool is full.
  * An eviction that freed nothing (everything leased or pending) clears
  * *may_evict, so the rest of the batch does not scan the LRU list again. */
-static int reserve_one(struct umbp_server *s, const umbp_key_t *key, uint64_t size,
-                       struct dram_store_region *r, bool *may_evict)
+static int reserve_one(struct umbp_server *s, unsigned ns, const umbp_key_t *key,
+                       uint64_t size, struct dram_store_region *r, bool *may_evict)
 {
-    int rc = dram_store_reserve(s->store, key, size, r);
+    /* a namespace over its quota evicts its own objects inside the store
+     * (-EDQUOT when they are held); -ENOSPC is the whole pool's */
+    int rc = dram_store_reserve_ns(s->store, key, size, ns, r);
     if (rc != -ENOSPC || !*may_evict)
         return rc;
     struct umbp_tier_usage u;
@@ -85,7 +87,7 @@ static int reserve_one(struct umbp_server *s, const umbp_key_t *key, uint64_t si
     uint64_t target = u.capacity_bytes > size ? u.capacity_bytes - size : 0;
     if (dram_store_evict(s->store, target, size, SRV_EVICT_INLINE_MAX, NULL) == 0)
         *may_evict = false;
-    return dram_store_reserve(s->store, key, size, r);
+    return dram_store_reserve_ns(s->store, key, size, ns, r);
 }
 
 static int handle_reserve(struct srv_session *ss, const struct proto_frame *f)
@@ -99,7 +101,7 @@ static int handle_reserve(struct srv_session *ss, const struct proto_frame *f)
         struct dram_store_region r;
         struct proto_region_item out = {0};
         proto_get_reserve_item(f, i, &it);
-        out.status = reserve_one(s, &it.key, it.size, &r, &may_evict);
+        out.status = reserve_one(s, ss->ns, &it.key, it.size, &r, &may_evict);
         if (out.status == 0 && track_add(&ss->reservations, r.token, &it.key) < 0) {
             dram_store_abort(s->store, &it.key, r.token);
             out.status = -ENOMEM;
@@ -332,6 +334,7 @@ static int handle_hello(struct srv_session *ss, const struct proto_frame *f, cha
     if (proto_get_hello(f, &h, what, whatlen) < 0)
         return -EPROTO;
     ss->hello = h;
+    ss->ns = srv_namespace_id(ss->srv, h.name_space);
     ss->greeted = true;
     int rc = welcome(ss, f);
     if (rc)

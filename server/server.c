@@ -5,7 +5,8 @@
  * directory and the lock, listen.c) before mapping anything, so a second
  * server fails fast; map the pool as a shared object store (the dram tier's
  * store and options, always on shared memory: memfd, or /dev/shm/<name>
- * with dram_shm_name) and give it 64 random bits of identity; then listen.
+ * with dram_shm_name, adopted if it exists), whose id is 64 random bits
+ * kept across restarts of a named pool; then listen.
  *
  * run: one libev loop on the calling thread owns the store and every
  * session, so nothing is locked.  Besides the sessions' watchers it runs a
@@ -15,8 +16,11 @@
  * iteration's events, and the ev_async that umbp_server_stop pokes.
  *
  * destroy: every session ends (its reservations aborted, its leases
- * released), the socket and its lock file go, the pool is unmapped (a
- * named pool is unlinked too: a restarted server starts empty).
+ * released), the socket and its lock file go, the pool is unmapped.  A
+ * named pool (dram_shm_name) stays in /dev/shm with its journal, and the
+ * next server on it adopts every published object (backends/dram/journal.h);
+ * the regions of puts left unfinished are held for adopt_grace_ms, since
+ * their clients may still be copying into them.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -95,6 +99,8 @@ static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
     ev_break(loop, EVBREAK_ALL);
 }
 
+static void adopt_cb(struct ev_loop *loop, ev_timer *w, int revents);
+
 static double tick_period_s(int64_t lease_ttl_ms)
 {
     double ms = (double)lease_ttl_ms / 10.0;
@@ -111,16 +117,48 @@ static void watchers_start(struct umbp_server *s)
     ev_idle_init(&s->evict_w, evict_cb);
     ev_prepare_init(&s->flush_w, flush_cb);
     ev_prepare_start(s->loop, &s->flush_w);
+    struct dram_store_adoption a;
+    dram_store_adoption(s->store, &a);
+    ev_timer_init(&s->adopt_w, adopt_cb, (double)s->cfg->opt.adopt_grace_ms / 1000.0, 0.0);
+    if (a.held_pending)
+        ev_timer_start(s->loop, &s->adopt_w);
 }
 
 /* ---- the pool ---------------------------------------------------------------------- */
 
+static void adopt_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct umbp_server *s = umbp_container_of(w, struct umbp_server, adopt_w);
+    (void)loop;
+    (void)revents;
+    dram_store_adopt_finish(s->store);
+    umbp_log(UMBP_LOG_INFO, "adopted pool: the previous server's unfinished puts are freed");
+}
+
+static void log_adoption(struct umbp_server *s)
+{
+    struct dram_store_adoption a;
+    dram_store_adoption(s->store, &a);
+    if (!a.adopted)
+        return;
+    umbp_log(UMBP_LOG_WARN, "adopted the pool /dev/shm%s of a previous server: %llu objects "
+             "(%llu bytes) restorable, %llu unfinished puts held for adopt_grace_ms, %llu "
+             "records dropped", s->pool->shm_path, (unsigned long long)a.objects,
+             (unsigned long long)a.bytes, (unsigned long long)a.held_pending,
+             (unsigned long long)a.dropped);
+}
+
+/* A named pool (dram_shm_name) is persistent: it and its journal stay in
+ * /dev/shm when the server ends, and a server that starts on them adopts
+ * every published object and keeps the pool's id, so clients that still
+ * map it keep their mapping and their GPU registration. */
 static int pool_create(struct umbp_server *s, char *err, size_t errlen)
 {
     struct dram_store_params p;
     umbp_dram_store_params(s->cfg->dram, s->cfg->capacity, &p);
     p.emit_event = srv_events_emit;
     p.ctx = s;
+    p.pool.persistent = p.pool.shm_name && p.pool.shm_name[0];
     int rc = dram_store_create(&p, &s->store, err, errlen);
     if (rc < 0)
         return rc;
@@ -129,19 +167,32 @@ static int pool_create(struct umbp_server *s, char *err, size_t errlen)
         snprintf(err, errlen, "the pool has no descriptor to share (internal error)");
         return -EINVAL;
     }
-    if (getrandom(&s->pool_id, sizeof(s->pool_id), 0) != (ssize_t)sizeof(s->pool_id)) {
-        snprintf(err, errlen, "getrandom: %s", strerror(errno));
-        return -EIO;
+    s->pool_id = dram_store_pool_id(s->store);
+    log_adoption(s);
+    s->nns = 1; /* "" */
+    for (size_t i = 0; i < s->cfg->nquotas && s->nns < DRAM_STORE_MAX_NS; i++) {
+        unsigned id = srv_namespace_id(s, s->cfg->quotas[i].name_space);
+        dram_store_set_quota(s->store, id, s->cfg->quotas[i].bytes);
     }
     return 0;
 }
 
-static void log_quotas(const struct srv_config *c)
+unsigned srv_namespace_id(struct umbp_server *s, const char *name)
 {
-    for (size_t i = 0; i < c->nquotas; i++)
-        umbp_log(UMBP_LOG_WARN, "namespace_quotas: %s=%llu bytes is accepted but not "
-                 "enforced yet by this umbp-server", c->quotas[i].name_space,
-                 (unsigned long long)c->quotas[i].bytes);
+    if (!name[0])
+        return 0;
+    for (unsigned i = 1; i < s->nns; i++)
+        if (strcmp(s->ns_names[i], name) == 0)
+            return i;
+    if (s->nns == DRAM_STORE_MAX_NS) {
+        if (!s->ns_full_warned)
+            umbp_log(UMBP_LOG_WARN, "namespace '%s': more than %d namespaces; it shares the "
+                     "default one", name, DRAM_STORE_MAX_NS - 1);
+        s->ns_full_warned = true;
+        return 0;
+    }
+    snprintf(s->ns_names[s->nns], sizeof(s->ns_names[0]), "%s", name);
+    return s->nns++;
 }
 
 /* ---- the API ------------------------------------------------------------------------- */
@@ -179,7 +230,6 @@ int umbp_server_create(const char *json, struct umbp_server **out, char *err, si
         (rc = srv_listen_bind(s, err, errlen)) < 0)
         goto fail;
     watchers_start(s);
-    log_quotas(s->cfg);
     *out = s;
     return 0;
 fail:
@@ -213,6 +263,7 @@ void umbp_server_destroy(struct umbp_server *s)
         ev_timer_stop(s->loop, &s->tick_w);
         ev_idle_stop(s->loop, &s->evict_w);
         ev_prepare_stop(s->loop, &s->flush_w);
+        ev_timer_stop(s->loop, &s->adopt_w);
     }
     dram_store_destroy(s->store);
     free(s->events);

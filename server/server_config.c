@@ -35,8 +35,13 @@ const struct umbp_option srv_options[] = {
     {"max_sessions", UMBP_OPT_INT, OFF(max_sessions), "1024", 1, SRV_MAX_SESSIONS, 0, NULL,
      "server: connected clients at most; more are refused (and counted)"},
     {"namespace_quotas", UMBP_OPT_STRING, OFF(namespace_quotas), "", 0, 0, 2048, NULL,
-     "server: per-namespace byte limits, e.g. \"ns=4GiB,ns2=512MiB\" (parsed and checked; "
-     "not enforced yet)"},
+     "server: per-namespace byte limits, e.g. \"ns=4GiB,ns2=512MiB\": a namespace past its "
+     "quota evicts its own least recently used objects (clients declare theirs with "
+     "the namespace option)"},
+    {"adopt_grace_ms", UMBP_OPT_INT, OFF(adopt_grace_ms), "30000", 0, 3600000, 0, NULL,
+     "server: with a named pool (dram_shm_name) adopted after a restart, how long the "
+     "regions of the dead server's unfinished puts stay out of use (their clients may "
+     "still be copying; keep it above the clients' timeout_ms)"},
     {"event_backlog_bytes", UMBP_OPT_SIZE, OFF(event_backlog_bytes), "16MiB", 64 << 10,
      1 << 30, 0, NULL,
      "server: unsent bytes above which a subscriber's events are dropped (and counted as "

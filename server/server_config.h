@@ -33,6 +33,7 @@ struct srv_options {
     int64_t max_sessions;
     char namespace_quotas[2048];
     uint64_t event_backlog_bytes;
+    int64_t adopt_grace_ms;
     int64_t metrics_port;
     char metrics_address[64];
 };
@@ -56,7 +57,7 @@ struct srv_config {
     size_t ngids;
     bool has_group;                 /* socket_group given */
     gid_t sock_gid;
-    struct srv_quota quotas[SRV_MAX_QUOTAS]; /* parsed, not enforced yet */
+    struct srv_quota quotas[SRV_MAX_QUOTAS]; /* parsed; namespaces 1..nquotas */
     size_t nquotas;
 };
 

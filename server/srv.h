@@ -67,6 +67,7 @@ struct srv_session {
     bool was_paused;               /* ever (logged once) */
     bool events;                   /* asked for EVENTS frames */
     struct proto_hello hello;
+    unsigned ns;                   /* the store namespace of hello.name_space */
     uint8_t *in;                   /* unparsed input [0, in_len) */
     size_t in_len, in_cap;
     struct proto_buf out;          /* unsent output [out_off, out.len) */
@@ -85,6 +86,12 @@ struct srv_counters {
 
 struct umbp_server {
     struct srv_config *cfg;
+    /* namespaces: id -> name ("" is 0, the default); ids 1.. are the
+     * namespace_quotas entries, then names as sessions declare them */
+    char ns_names[DRAM_STORE_MAX_NS][PROTO_NAME_MAX];
+    unsigned nns;
+    bool ns_full_warned;
+    ev_timer adopt_w;              /* frees an adopted pool's pending regions */
     struct ev_loop *loop;
     struct dram_store *store;
     const struct dram_pool *pool;
@@ -111,6 +118,10 @@ struct umbp_server {
     bool any_lost;                   /* a subscriber has events_lost > 0 */
     struct srv_counters c;
 };
+
+/* server.c: the namespace id of a name (new names get the next id; when
+ * all are taken, 0 and one warning). */
+unsigned srv_namespace_id(struct umbp_server *s, const char *name);
 
 /* listen.c */
 int srv_listen_open(struct umbp_server *s, char *err, size_t errlen);
