@@ -174,8 +174,10 @@ static void bench_putget(double scale)
     umbp_runtime_t *rt = standalone_rt(", \"copy_threads\": 2, \"timeout_ms\": 60000");
     static const size_t sizes[] = {256u << 10, 2u << 20};
     for (int si = 0; si < 2; si++) {
-        size_t obj = sizes[si], total = (size_t)(scale * (256u << 20));
-        size_t nobj = total / obj;
+        size_t obj = sizes[si], nobj = (size_t)(scale * (256u << 20)) / obj;
+        if (nobj < 4)
+            nobj = 4;
+        size_t total = nobj * obj;
         uint8_t *src = malloc(total), *dst = malloc(total);
         bench_fill(src, total, 3);
         memset(dst, 0, total);

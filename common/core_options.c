@@ -66,7 +66,7 @@ const struct umbp_option umbp_core_options[] = {
     {"gpu_store_slice_blocks", UMBP_OPT_INT, OFF(gpu_store_slice_blocks), "128", 0, 1 << 24, 0, NULL,
      "umbp_kv_store batches larger than this run as slices that overlap reservation "
      "and publish with copying (0: never split; loads stay one transfer)"},
-    {NULL},
+    {.name = NULL},
 };
 
 int umbp_core_validate(const struct umbp_core_config *k, uint64_t *rank_capacity, char *err,

@@ -9,6 +9,7 @@ packages=(
   libev-dev libck-dev libnuma-dev libjson-c-dev libxxhash-dev
   libibverbs-dev librdmacm-dev
   libcriterion-dev
+  clang libclang-rt-14-dev
   python3
 )
 if [[ "${UMBP_WITH_HIP:-0}" == 1 ]]; then

@@ -53,7 +53,29 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   build-tsan/bench/bench_alloc 20000 | tail -1
   build-tsan/bench/bench_lookup 200 | tail -1
   build-tsan/bench/bench_putget 64 1 | tail -1
+  # standalone: the server and its clients (lookups, put/get, 8 clients'
+  # metadata traffic), both built with TSan
+  build-tsan/bench/bench_standalone "" 0.05 2>/dev/null | tail -1
   unset TSAN_OPTIONS UMBP_LOOKUP_TIMEOUT_MS
   echo "scripts/test.sh: ThreadSanitizer pass clean"
+fi
+if [[ "${1:-}" != "--no-sanitize" ]]; then
+  # Every decoder of bytes from outside the process, fuzzed for a bounded
+  # time (UMBP_FUZZ_SECONDS each, default 60) from the committed seeds; any
+  # crash, leak or UB report fails the run.
+  cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DUMBP_BUILD_FUZZ=ON \
+    -DUMBP_BUILD_TESTS=OFF -DUMBP_BUILD_BENCH=OFF
+  cmake --build build-fuzz -j "$jobs" --target fuzz_proto_server fuzz_proto_client fuzz_server_session
+  secs=${UMBP_FUZZ_SECONDS:-60}
+  for f in tests/fuzz/corpus/server:build-fuzz/tests/fuzz/fuzz_proto_server \
+           tests/fuzz/corpus/client:build-fuzz/tests/fuzz/fuzz_proto_client \
+           server/fuzz/corpus:build-fuzz/server/fuzz_server_session; do
+    seeds=${f%%:*} bin=${f#*:}
+    scratch=$(mktemp -d)
+    "$bin" -max_total_time="$secs" -print_final_stats=1 "$scratch" "$seeds" 2>&1 |
+      grep -E "stat::number_of_executed_units|Done|ERROR|SUMMARY" | tail -2
+    rm -rf "$scratch"
+  done
+  echo "scripts/test.sh: fuzzing clean (${secs} s per target)"
 fi
 echo "scripts/test.sh: all tests passed"

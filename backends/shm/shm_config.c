@@ -37,7 +37,7 @@ const struct umbp_option shm_options[] = {
     {"role", UMBP_OPT_STRING, OFF(role), "worker", 0, 0, 16, roles,
      "standalone: worker (maps the pool, every call) or lookup (an engine's scheduler: "
      "lookups only, no pool)"},
-    {NULL},
+    {.name = NULL},
 };
 
 int shm_config_validate(const struct shm_config *c, char *err, size_t errlen)
