@@ -168,10 +168,20 @@ static double pass(umbp_runtime_t *rt, uint8_t *buf, size_t obj, size_t nobj, ui
     return bench_now() - t0;
 }
 
+static void bench_putget_threads(double scale, int threads);
+
 static void bench_putget(double scale)
 {
     printf("2. host put/get through the shm tier vs memcpy (best of 5; target >= 0.8x)\n");
-    umbp_runtime_t *rt = standalone_rt(", \"copy_threads\": 2, \"timeout_ms\": 60000");
+    for (int threads = 1; threads <= 2; threads++)
+        bench_putget_threads(scale, threads);
+}
+
+static void bench_putget_threads(double scale, int threads)
+{
+    char extra[96];
+    snprintf(extra, sizeof(extra), ", \"copy_threads\": %d, \"timeout_ms\": 60000", threads);
+    umbp_runtime_t *rt = standalone_rt(extra);
     static const size_t sizes[] = {256u << 10, 2u << 20};
     for (int si = 0; si < 2; si++) {
         size_t obj = sizes[si], nobj = (size_t)(scale * (256u << 20)) / obj;
@@ -201,8 +211,9 @@ static void bench_putget(double scale)
             }
             umbp_clear(rt);
         }
-        printf("   %4zu KiB objects: memcpy %6.2f GB/s; put %6.2f GB/s (%.2fx)  get %6.2f GB/s "
-               "(%.2fx)\n", obj >> 10, total / bm / 1e9, total / bp / 1e9, bm / bp,
+        printf("   %4zu KiB objects, %d copy thread%s: memcpy %6.2f GB/s; put %6.2f GB/s (%.2fx)  "
+               "get %6.2f GB/s (%.2fx)\n", obj >> 10, threads, threads > 1 ? "s" : " ",
+               total / bm / 1e9, total / bp / 1e9, bm / bp,
                total / bg / 1e9, bm / bg);
         free(src), free(dst), free(rg), free(pi), free(gi);
     }
