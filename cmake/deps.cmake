@@ -6,6 +6,8 @@ pkg_check_modules(CK REQUIRED IMPORTED_TARGET ck)
 pkg_check_modules(NUMA REQUIRED IMPORTED_TARGET numa)
 pkg_check_modules(JSONC REQUIRED IMPORTED_TARGET json-c)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# umbp-server's /metrics endpoint only (server/metrics.c); not in libumbp
+pkg_check_modules(MHD REQUIRED IMPORTED_TARGET libmicrohttpd)
 
 find_path(LIBEV_INCLUDE_DIR ev.h PATH_SUFFIXES libev)
 find_library(LIBEV_LIBRARY NAMES ev)

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "metrics.h"
 #include "srv.h"
 #include "util.h"
 
@@ -387,5 +388,8 @@ int srv_handle_frame(struct srv_session *ss, const struct proto_frame *f, char *
         not_allowed(ss, f->type, what, whatlen);
         return -EPROTO;
     }
-    return handlers[f->type](ss, f);
+    uint64_t t0 = umbp_now_ns();
+    int rc = handlers[f->type](ss, f);
+    srv_metrics_observe(ss->srv, f->type, umbp_now_ns() - t0);
+    return rc;
 }

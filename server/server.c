@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "dram.h"
+#include "metrics.h"
 #include "server.h"
 #include "srv.h"
 #include "util.h"
@@ -226,8 +227,9 @@ int umbp_server_create(const char *json, struct umbp_server **out, char *err, si
         rc = -ENOMEM;
         goto fail;
     }
-    if ((rc = srv_listen_open(s, err, errlen)) < 0 || (rc = pool_create(s, err, errlen)) < 0 ||
-        (rc = srv_listen_bind(s, err, errlen)) < 0)
+    if ((rc = srv_listen_open(s, err, errlen)) < 0 ||
+        (rc = srv_metrics_start(s, err, errlen)) < 0 || /* a taken port fails before the pool */
+        (rc = pool_create(s, err, errlen)) < 0 || (rc = srv_listen_bind(s, err, errlen)) < 0)
         goto fail;
     watchers_start(s);
     *out = s;
@@ -253,6 +255,7 @@ void umbp_server_destroy(struct umbp_server *s)
 {
     if (!s)
         return;
+    srv_metrics_stop(s); /* first: its HTTP thread pokes the loop */
     while (s->sessions) {
         snprintf(s->sessions->why, sizeof(s->sessions->why), "server shutting down");
         session_close(s->sessions);

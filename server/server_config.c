@@ -47,9 +47,9 @@ const struct umbp_option srv_options[] = {
      "server: unsent bytes above which a subscriber's events are dropped (and counted as "
      "lost)"},
     {"metrics_port", UMBP_OPT_INT, OFF(metrics_port), "0", 0, 65535, 0, NULL,
-     "server: TCP port of a /metrics endpoint; reserved: only 0 (off) for now"},
+     "server: TCP port of the Prometheus /metrics endpoint; 0 = off"},
     {"metrics_address", UMBP_OPT_STRING, OFF(metrics_address), "127.0.0.1", 0, 0, 64, NULL,
-     "server: address the /metrics endpoint would listen on (reserved)"},
+     "server: address (IPv4 or IPv6) the /metrics endpoint listens on"},
     {.name = NULL},
 };
 
@@ -230,12 +230,6 @@ static int check_server_options(struct srv_config *c, char *err, size_t errlen)
         inet_pton(AF_INET6, o->metrics_address, addr) != 1) {
         snprintf(err, errlen, "metrics_address: '%s' is not an IPv4 or IPv6 address; write "
                  "e.g. 127.0.0.1", o->metrics_address);
-        return -EINVAL;
-    }
-    if (o->metrics_port) {
-        snprintf(err, errlen, "metrics_port=%lld: this umbp-server has no /metrics endpoint "
-                 "yet; leave metrics_port at 0 and read the counters with `umbp stat`",
-                 (long long)o->metrics_port);
         return -EINVAL;
     }
     return 0;

@@ -10,11 +10,13 @@
  *   requests.c  one handler per request type, and which role may send what
  *   events.c    STORED / REMOVED fan-out to the sessions that asked for it
  *   track.c     a session's reservations and leases, keyed by token
+ *   metrics.c   the /metrics endpoint (metrics_port), its HTTP thread
  *   server_config.c  the options (also used by the umbp tool)
  *   sync_client.c    a blocking client for the umbp tool and the tests
  *
  * Threads: the loop thread that runs umbp_server_run owns every field of
- * every struct here; only the ev_async `stop_w` is poked from outside.
+ * every struct here; only the ev_async `stop_w` is poked from outside
+ * (and metrics.c's own ev_async, from its HTTP thread: see metrics.c).
  * Functions that can end a session return a negative code instead of
  * freeing it; only the libev callbacks (the tops of the call chains) call
  * session_close, so no caller ever touches a freed session.
@@ -52,6 +54,7 @@ struct srv_track {
 };
 
 struct umbp_server;
+struct srv_metrics;
 
 struct srv_session {
     struct umbp_server *srv;
@@ -117,6 +120,7 @@ struct umbp_server {
     uint64_t events_unqueued;        /* events no memory could queue */
     bool any_lost;                   /* a subscriber has events_lost > 0 */
     struct srv_counters c;
+    struct srv_metrics *metrics;     /* NULL: metrics_port 0 */
 };
 
 /* server.c: the namespace id of a name (new names get the next id; when

@@ -767,7 +767,7 @@ Test(server, bad_options_are_refused_by_name)
         {"\"namespace_quotas\": \"a=4GiB\"", "namespace_quotas"},
         {"\"namespace_quotas\": \"a=1MiB,a=2MiB\"", "namespace_quotas"},
         {"\"namespace_quotas\": \"justaname\"", "namespace_quotas"},
-        {"\"metrics_port\": 9100", "metrics_port"},
+        {"\"metrics_port\": 65536", "metrics_port"},
         {"\"max_sessions\": 0", "max_sessions"},
         {"\"lookup_instance\": \"a/b\"", "lookup_instance"},
         {"\"no_such_option\": 1", "no_such_option"},
