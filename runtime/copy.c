@@ -43,7 +43,7 @@
 #include "tier_call.h"
 
 #define JOB_MIN_BYTES (1u << 20)
-#define COPY_CHUNK (2u << 20)
+#define COPY_CHUNK (512u << 10)
 
 enum { JOB_QUEUED, JOB_TAKEN, JOB_CANCELLED };
 
@@ -79,7 +79,8 @@ static bool op_cancelled(struct umbp_op *op)
     return atomic_load_explicit(&op->cancel, memory_order_relaxed);
 }
 
-/* Copies one range in chunks; false if the op was cancelled meanwhile. */
+/* Copies one range in chunks, letting waiting restores go first after each
+ * chunk; false if the op was cancelled meanwhile. */
 static bool copy_range(struct copy_pool *cp, struct umbp_op *op, uint8_t *obj,
                        const umbp_range_t *rg, bool to_object, bool may_yield)
 {
@@ -92,7 +93,7 @@ static bool copy_range(struct copy_pool *cp, struct umbp_op *op, uint8_t *obj,
         else
             memcpy((uint8_t *)rg->ptr + done, obj + rg->offset + done, n);
         done += n;
-        if (may_yield && done < rg->len)
+        if (may_yield)
             yield_to_high(cp);
     }
     return true;

@@ -102,6 +102,25 @@ static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
 
 static void adopt_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
+#define SRV_POLL_NS 200000ull
+
+static void poll_cb(struct ev_loop *loop, ev_idle *w, int revents)
+{
+    struct umbp_server *s = umbp_container_of(w, struct umbp_server, poll_w);
+    (void)revents;
+    if (umbp_now_ns() - s->last_request_ns > SRV_POLL_NS)
+        ev_idle_stop(loop, w);
+}
+
+void srv_note_request(struct umbp_server *s)
+{
+    if (!s->may_spin)
+        return;
+    s->last_request_ns = umbp_now_ns();
+    if (!ev_is_active(&s->poll_w))
+        ev_idle_start(s->loop, &s->poll_w);
+}
+
 static double tick_period_s(int64_t lease_ttl_ms)
 {
     double ms = (double)lease_ttl_ms / 10.0;
@@ -116,6 +135,10 @@ static void watchers_start(struct umbp_server *s)
     ev_timer_init(&s->tick_w, tick_cb, period, period);
     ev_timer_start(s->loop, &s->tick_w);
     ev_idle_init(&s->evict_w, evict_cb);
+    ev_idle_init(&s->poll_w, poll_cb);
+    const char *pw = s->cfg->core.poll_wait;
+    s->may_spin = strcmp(pw, "on") == 0 ||
+                  (strcmp(pw, "auto") == 0 && sysconf(_SC_NPROCESSORS_ONLN) >= 8);
     ev_prepare_init(&s->flush_w, flush_cb);
     ev_prepare_start(s->loop, &s->flush_w);
     struct dram_store_adoption a;
@@ -265,6 +288,7 @@ void umbp_server_destroy(struct umbp_server *s)
         ev_async_stop(s->loop, &s->stop_w);
         ev_timer_stop(s->loop, &s->tick_w);
         ev_idle_stop(s->loop, &s->evict_w);
+        ev_idle_stop(s->loop, &s->poll_w);
         ev_prepare_stop(s->loop, &s->flush_w);
         ev_timer_stop(s->loop, &s->adopt_w);
     }

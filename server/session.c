@@ -223,6 +223,8 @@ static int session_process(struct srv_session *ss)
     }
     memmove(ss->in, ss->in + pos, ss->in_len - pos);
     ss->in_len -= pos;
+    if (pos)
+        srv_note_request(ss->srv);
     int frc = session_flush(ss);
     if (rc)
         return rc < 0 ? rc : -ECONNRESET; /* SRV_CLOSE: why is set */

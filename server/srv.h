@@ -110,6 +110,13 @@ struct umbp_server {
     ev_async stop_w;
     ev_timer tick_w;                 /* lease expiry, eviction check */
     ev_idle evict_w;                 /* more eviction slices while idle */
+    /* poll_wait (core option): for SRV_POLL_NS after a request the loop
+     * polls instead of sleeping, so a client's next request (the publish
+     * after a reserve, the release after an acquire) is taken without a
+     * wake-up; only where cores are to spare */
+    ev_idle poll_w;
+    bool may_spin;
+    uint64_t last_request_ns;
     ev_prepare flush_w;              /* events out, once per loop iteration */
     bool evicting;                   /* above high: evicting down to low */
     struct srv_session *sessions;
@@ -126,6 +133,9 @@ struct umbp_server {
 /* server.c: the namespace id of a name (new names get the next id; when
  * all are taken, 0 and one warning). */
 unsigned srv_namespace_id(struct umbp_server *s, const char *name);
+
+/* server.c: a request was handled (keeps the loop polling a while). */
+void srv_note_request(struct umbp_server *s);
 
 /* listen.c */
 int srv_listen_open(struct umbp_server *s, char *err, size_t errlen);

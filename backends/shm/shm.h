@@ -117,6 +117,10 @@ struct shm_tier {
     ev_timer stats_timer;     /* periodic STATS */
     ev_timer reconnect_timer; /* backoff; handshake bound while connecting */
     ev_timer fail_timer;      /* a member met a dead socket */
+    ev_idle poll_w;           /* with may_spin: the loop polls while calls are
+                                 outstanding, so a reply is taken without a
+                                 wake-up (poll_wait, as the runtime's own) */
+    bool may_spin;
     int fail_errno;
     uint64_t backoff_ms;
     uint64_t lost_ns;         /* when the server was lost; 0 when never */

@@ -62,6 +62,8 @@ void shm_call_free(struct shm_call *c)
 
 static void fifo_push(struct shm_tier *st, struct shm_call *c)
 {
+    if (st->may_spin && !ev_is_active(&st->poll_w))
+        ev_idle_start(st->base.env.loop, &st->poll_w);
     c->next = NULL;
     if (st->tail)
         st->tail->next = c;

@@ -109,6 +109,7 @@ void shm_conn_stop_watchers(struct shm_tier *st)
     ev_timer_stop(loop, &st->stats_timer);
     ev_timer_stop(loop, &st->deadline_timer);
     ev_timer_stop(loop, &st->reconnect_timer);
+    ev_idle_stop(loop, &st->poll_w);
 }
 
 static void arm_reconnect(struct shm_tier *st, uint64_t delay_ms)
@@ -328,8 +329,26 @@ static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
 
 /* ---- setup ---------------------------------------------------------------------- */
 
+static void on_poll(struct ev_loop *loop, ev_idle *w, int revents)
+{
+    struct shm_tier *st = w->data;
+    (void)revents;
+    if (!st->head)
+        ev_idle_stop(loop, w);
+}
+
+/* poll_wait: on, or auto with at least 8 cores (runtime/runtime.c's rule) */
+static bool spin_allowed(const struct shm_tier *st)
+{
+    const char *pw = st->base.env.core->poll_wait;
+    return strcmp(pw, "on") == 0 || (strcmp(pw, "auto") == 0 && sysconf(_SC_NPROCESSORS_ONLN) >= 8);
+}
+
 void shm_conn_init(struct shm_tier *st)
 {
+    ev_idle_init(&st->poll_w, on_poll);
+    st->poll_w.data = st;
+    st->may_spin = spin_allowed(st);
     st->fd = -1;
     st->pending_fd = -1;
     st->backoff_ms = BACKOFF_MIN_MS;

@@ -197,7 +197,7 @@ typedef struct umbp_op umbp_op_t;
  * still being written also completes with 0 without writing: 0 means "stored
  * or being stored by an earlier put", and if that earlier put fails the key
  * is absent (a later lookup tells).  timeout_ms bounds the whole op: queued,
- * waiting for space or copying (a host copy is cut at its next 2 MiB chunk;
+ * waiting for space or copying (a host copy is cut at its next 512 KiB chunk;
  * a GPU transfer, once submitted, runs to its end); the caller's memory is
  * never touched after the op completes.
  * Item and range arrays are copied; the bytes the ranges point to must stay
@@ -215,7 +215,7 @@ UMBP_API int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n
  * UMBP_E_QUARANTINED (a miss) with load_failure_quarantine_ms.
  * The destination of a key whose status is not 0 holds undefined bytes.
  * Gets are copied before puts: a restore never queues behind bulk offload
- * for more than one 2 MiB chunk.
+ * for more than one 512 KiB chunk.
  */
 UMBP_API int umbp_get(umbp_runtime_t *rt, const umbp_get_item_t *items, size_t n,
              umbp_op_t **op);
