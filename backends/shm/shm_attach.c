@@ -501,6 +501,9 @@ static int map_pool(struct shm_tier *st, const struct proto_welcome *w, int fd, 
                  (unsigned long long)w->pool_size, strerror(e));
         return -e;
     }
+    /* shared memory gets transparent huge pages only when asked (and when
+     * shmem_enabled is advise or within_size): fewer TLB misses in copies */
+    madvise(a, w->pool_size, MADV_HUGEPAGE);
     struct shm_map *m = realloc(st->maps, (st->nmaps + 1) * sizeof(*m));
     if (!m) {
         munmap(a, w->pool_size);
