@@ -87,6 +87,14 @@ static void stats_fill(struct umbp_runtime *rt, struct umbp_op *op)
     op_complete(op);
 }
 
+/* usage() is fresh now (a remote tier asked its server) */
+static void stats_refreshed(void *arg, int rc)
+{
+    struct umbp_op *op = arg;
+    (void)rc; /* a failed refresh leaves the last known usage: still a snapshot */
+    stats_fill(op->rt, op);
+}
+
 static void clear_done(void *arg, int rc)
 {
     struct umbp_op *op = arg;
@@ -99,7 +107,12 @@ void lookup_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m)
     struct umbp_op *op = (struct umbp_op *)m;
     switch ((enum msg_type)m->type) {
     case MSG_LOOKUP: lookup_arrive(rt, op); break;
-    case MSG_STATS: stats_fill(rt, op); break;
+    case MSG_STATS:
+        if (rt->stopping)
+            stats_fill(rt, op);
+        else
+            tier_refresh_usage(rt->tier, stats_refreshed, op);
+        break;
     case MSG_CLEAR:
         if (rt->stopping)
             clear_done(op, UMBP_E_NOT_ATTEMPTED);

@@ -75,6 +75,14 @@ static inline void tier_usage(struct umbp_tier *t, struct umbp_tier_usage *out)
         t->ops->usage(t, out);
 }
 
+static inline void tier_refresh_usage(struct umbp_tier *t, umbp_tier_done_fn done, void *arg)
+{
+    if (t->ops->refresh_usage)
+        t->ops->refresh_usage(t, done, arg);
+    else
+        done(arg, 0);
+}
+
 static inline void tier_expire_leases(struct umbp_tier *t, uint64_t now_ns)
 {
     if (t->ops->expire_leases)

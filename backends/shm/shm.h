@@ -70,6 +70,7 @@ struct shm_call {
     void *arg;
     int status;               /* clear: CLEAR_R's status */
     uint64_t sent_ns, deadline_ns; /* deadline 0: none (internal) */
+    uint64_t lease_ns;        /* acquire: the lease asked for */
     bool orphan;
 };
 
@@ -95,6 +96,7 @@ struct shm_tier {
     enum shm_state state;
     int fd;
     uint64_t epoch;           /* bumped per HELLO_OK; region.aux[0] */
+    uint64_t server_lease_ms; /* HELLO_OK: the server's cap on a lease */
     uint64_t next_seq;
     struct proto_buf out;
     uint8_t *in;
@@ -171,6 +173,9 @@ int shm_handle_frame(struct shm_tier *st, const struct proto_frame *f, char *err
 void shm_calls_fail_all(struct shm_tier *st, int rc);
 void shm_deadline_arm(struct shm_tier *st, uint64_t deadline_ns);
 void shm_on_deadline(struct ev_loop *loop, ev_timer *w, int revents);
+/* RELEASE of leases whose reply is not waited for. */
+void shm_send_release(struct shm_tier *st, const umbp_key_t *keys, const uint64_t *tokens,
+                      size_t n);
 /* Sends STATS (unless one is outstanding and !force). */
 void shm_stats_request(struct shm_tier *st, bool force);
 void shm_on_stats_timer(struct ev_loop *loop, ev_timer *w, int revents);

@@ -530,6 +530,7 @@ int shm_welcome(struct shm_tier *st, const struct proto_frame *f, int fd, bool *
     *same_pool = false;
     if (proto_get_welcome(f, &w, err, errlen) < 0)
         goto refuse;
+    st->server_lease_ms = w.lease_ttl_ms;
     if (w.version != PROTO_VERSION) {
         snprintf(err, errlen, "the server speaks protocol version %u, this client %u",
                  w.version, PROTO_VERSION);

@@ -198,8 +198,9 @@ void shm_call_send(struct shm_tier *st, struct shm_call *c, uint32_t arg, bool t
     const struct umbp_core_config *core = st->base.env.core;
     c->sent_ns = now;
     if (c->done)
-        c->deadline_ns = now + ms_ns(c->kind == SHM_LOOKUP ? core->lookup_timeout_ms
-                                                           : core->timeout_ms);
+        c->deadline_ns = now + ms_ns(c->kind == SHM_LOOKUP || c->kind == SHM_STATS
+                                         ? core->lookup_timeout_ms
+                                         : core->timeout_ms);
     if (trailing_stats)
         st->stats_inflight++;
     fifo_push(st, c);
@@ -281,8 +282,22 @@ static int apply_stats(struct shm_tier *st, const struct proto_frame *f, char *e
 
 /* ---- replies in ---------------------------------------------------------------- */
 
+/* region.aux[1] of a lease: a time before which the server's lease is
+ * certainly still active (it began after the request was sent and lasts
+ * the ttl asked for, capped by the server's), less a tenth as a margin. */
+static uint64_t lease_valid_until(const struct shm_tier *st, const struct shm_call *c)
+{
+    if (c->kind != SHM_ACQUIRE)
+        return 0;
+    uint64_t ms = c->lease_ns / 1000000ull;
+    if (st->server_lease_ms && st->server_lease_ms < ms)
+        ms = st->server_lease_ms;
+    uint64_t ns = ms * 1000000ull;
+    return c->sent_ns + ns - ns / 10;
+}
+
 static void set_region(struct shm_tier *st, struct umbp_tier_req *r,
-                       const struct proto_region_item *it)
+                       const struct proto_region_item *it, uint64_t valid_until)
 {
     r->status = it->status;
     if (it->status != 0)
@@ -292,8 +307,30 @@ static void set_region(struct shm_tier *st, struct umbp_tier_req *r,
         .addr = (uint8_t *)m->addr + it->offset,
         .size = it->size,
         .token = it->token,
-        .aux = {st->epoch, 0},
+        .aux = {st->epoch, valid_until},
     };
+}
+
+/* Ends leases without waiting for the reply: an internal call whose
+ * RELEASE_R is consumed and ignored, then a STATS so usage catches up. */
+void shm_send_release(struct shm_tier *st, const umbp_key_t *keys, const uint64_t *tokens,
+                      size_t n)
+{
+    struct shm_call *u = shm_call_new(st, SHM_UNDO, NULL, 0, NULL, NULL);
+    if (u && (!(u->keys = malloc(n * sizeof(*keys))) ||
+              !(u->tokens = malloc(n * sizeof(*tokens))))) {
+        shm_call_free(u);
+        u = NULL;
+    }
+    if (!u) {
+        umbp_log(UMBP_LOG_WARN, "shm tier: cannot release %zu leases (out of memory); "
+                 "they expire on the server", n);
+        return;
+    }
+    u->n = n;
+    memcpy(u->keys, keys, n * sizeof(*keys));
+    memcpy(u->tokens, tokens, n * sizeof(*tokens));
+    shm_call_send(st, u, 0, true);
 }
 
 /* A late grant of an orphaned call: give it back. */
@@ -306,21 +343,7 @@ static void undo_grants(struct shm_tier *st, const struct shm_call *c, umbp_key_
         shm_send_abort(st, keys, tokens, n);
         return;
     }
-    struct shm_call *u = shm_call_new(st, SHM_UNDO, NULL, 0, NULL, NULL);
-    if (u && (!(u->keys = malloc(n * sizeof(*keys))) ||
-              !(u->tokens = malloc(n * sizeof(*tokens))))) {
-        shm_call_free(u);
-        u = NULL;
-    }
-    if (!u) {
-        umbp_log(UMBP_LOG_WARN, "shm tier: cannot release %zu late leases (out of memory); "
-                 "they expire on the server", n);
-        return;
-    }
-    u->n = n;
-    memcpy(u->keys, keys, n * sizeof(*keys));
-    memcpy(u->tokens, tokens, n * sizeof(*tokens));
-    shm_call_send(st, u, 0, false);
+    shm_send_release(st, keys, tokens, n);
 }
 
 static int apply_regions(struct shm_tier *st, struct shm_call *c, const struct proto_frame *f,
@@ -346,7 +369,7 @@ static int apply_regions(struct shm_tier *st, struct shm_call *c, const struct p
                                             errlen)) == 0) {
             full |= it.status == -ENOSPC;
             if (!c->orphan) {
-                set_region(st, c->reqs[base + j], &it);
+                set_region(st, c->reqs[base + j], &it, lease_valid_until(st, c));
             } else if (it.status == 0 && keys && tokens) {
                 keys[nundo] = c->keys[base + j];
                 tokens[nundo++] = it.token;

@@ -22,6 +22,7 @@
  * session epoch that granted it).
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,10 +99,21 @@ static void shm_acquire(struct umbp_tier *t, struct umbp_tier_req *const *reqs, 
     int rc = refusal(st, SHM_ACQUIRE);
     uint32_t ttl = lease_ttl_ms == 0 ? 1 : lease_ttl_ms > UINT32_MAX ? UINT32_MAX
                                                                        : (uint32_t)lease_ttl_ms;
-    if (rc)
+    if (rc) {
         done(arg, rc);
-    else
-        submit(st, SHM_ACQUIRE, reqs, n, NULL, ttl, done, arg);
+        return;
+    }
+    if (n == 0) {
+        done(arg, 0);
+        return;
+    }
+    struct shm_call *c = shm_call_new(st, SHM_ACQUIRE, reqs, n, done, arg);
+    if (!c) {
+        done(arg, -ENOMEM);
+        return;
+    }
+    c->lease_ns = (uint64_t)ttl * 1000000ull;
+    shm_call_send(st, c, ttl, true);
 }
 
 /* The requests publish or release acts on: status 0 and granted in this
@@ -146,11 +158,63 @@ static void shm_publish(struct umbp_tier *t, struct umbp_tier_req *const *reqs, 
     finish_granted(to_shm_tier(t), SHM_PUBLISH, -ECONNRESET, reqs, n, done, arg);
 }
 
+/* The session is alive now: no error and no hang-up from the server (a
+ * server that died, even since our last read, has closed its end). */
+static bool session_alive(const struct shm_tier *st)
+{
+    if (st->state != SHM_CONNECTED || st->fd < 0)
+        return false;
+    struct pollfd p = {.fd = st->fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) == 0;
+}
+
+/* Whether every lease of the batch is certainly still active: granted in
+ * this session, before its lease_valid_until (shm_calls.c), and the
+ * session alive now.  The server ends a lease early only when the session
+ * ends, and never evicts or reuses a leased object, so the bytes copied
+ * under such leases are the objects': the release needs no answer. */
+static bool leases_certain(const struct shm_tier *st, struct umbp_tier_req *const *reqs,
+                           size_t n)
+{
+    uint64_t now = umbp_now_ns();
+    for (size_t i = 0; i < n; i++)
+        if (reqs[i]->status == 0 &&
+            (reqs[i]->region.aux[0] != st->epoch || now >= reqs[i]->region.aux[1]))
+            return false;
+    return session_alive(st);
+}
+
+/* With certain leases the release completes at once and its frame goes out
+ * without a wait: one round trip and the server's work per key less on
+ * every load's critical path.  Otherwise the server says, per key, whether
+ * the lease held.  (usage() catches up one round trip later; refresh_usage
+ * waits for it.) */
 static void shm_release(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
                         umbp_tier_done_fn done, void *arg)
 {
-    finish_granted(to_shm_tier(t), SHM_RELEASE, UMBP_E_STALE, reqs, n, done, arg);
+    struct shm_tier *st = to_shm_tier(t);
+    umbp_key_t *keys = NULL;
+    uint64_t *tokens = NULL;
+    if (refusal(st, SHM_RELEASE) || !leases_certain(st, reqs, n) ||
+        !(keys = malloc((n ? n : 1) * sizeof(*keys))) ||
+        !(tokens = malloc((n ? n : 1) * sizeof(*tokens)))) {
+        free(keys);
+        finish_granted(st, SHM_RELEASE, UMBP_E_STALE, reqs, n, done, arg);
+        return;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (reqs[i]->status == 0) {
+            keys[m] = reqs[i]->key;
+            tokens[m++] = reqs[i]->region.token;
+        }
+    if (m)
+        shm_send_release(st, keys, tokens, m);
+    free(keys);
+    free(tokens);
+    done(arg, 0); /* statuses stay 0: every lease held */
 }
+
 
 /* Inline, no callback: ABORT has no reply.  A disconnected session's
  * reservations are already gone. */
@@ -176,6 +240,23 @@ static void shm_abort(struct umbp_tier *t, struct umbp_tier_req *const *reqs, si
     }
     free(keys);
     free(tokens);
+}
+
+/* STATS in order behind every call already sent: when it is answered,
+ * usage() reflects them.  Without a server, usage stays as last known. */
+static void shm_refresh_usage(struct umbp_tier *t, umbp_tier_done_fn done, void *arg)
+{
+    struct shm_tier *st = to_shm_tier(t);
+    if (st->state != SHM_CONNECTED || t->ops->health(t) < 0) { /* stalled: don't queue */
+        done(arg, 0);
+        return;
+    }
+    struct shm_call *c = shm_call_new(st, SHM_STATS, NULL, 0, done, arg);
+    if (!c) {
+        done(arg, -ENOMEM);
+        return;
+    }
+    shm_call_send(st, c, 0, true);
 }
 
 static void shm_clear(struct umbp_tier *t, umbp_tier_done_fn done, void *arg)
@@ -330,6 +411,7 @@ const struct umbp_tier_ops umbp_tier_shm_ops = {
     .release = shm_release,
     .clear = shm_clear,
     .usage = shm_usage,
+    .refresh_usage = shm_refresh_usage,
     .health = shm_health,
     .mapped_memory = shm_mapped_memory,
     /* evict, expire_leases: the server does both; read, write: regions are

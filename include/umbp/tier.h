@@ -256,8 +256,14 @@ struct umbp_tier_ops {
     uint64_t (*evict)(struct umbp_tier *t, uint64_t target_bytes,
                       uint64_t want_free_run, size_t max_objects, bool *more);
 
-    /* optional (default: zeros).  Inline, no callback. */
+    /* optional (default: zeros).  Inline, no callback.  A remote tier
+     * answers from what it last heard from its server. */
     void (*usage)(struct umbp_tier *t, struct umbp_tier_usage *out);
+
+    /* optional (default: completes at once).  Completes when usage()
+     * reflects every call made before this one (a remote tier asks its
+     * server, in order behind those calls); umbp_get_stats waits for it. */
+    void (*refresh_usage)(struct umbp_tier *t, umbp_tier_done_fn done, void *arg);
 
     /* optional (default: nothing).  The lease actor calls this periodically:
      * leases older than their TTL end now (their readers' release then

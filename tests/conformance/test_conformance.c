@@ -1816,6 +1816,11 @@ static struct umbp_tier_usage th_usage(struct th *h)
 {
     struct umbp_tier_usage u;
     memset(&u, 0, sizeof(u));
+    if (h->ops->refresh_usage) { /* a remote tier: in order behind every call */
+        struct th_done d = {0};
+        h->ops->refresh_usage(h->t, th_done_cb, &d);
+        th_wait(h, &d);
+    }
     if (h->ops->usage)
         h->ops->usage(h->t, &u);
     return u;
