@@ -24,7 +24,6 @@
 #ifndef UMBP_SERVER_SRV_H
 #define UMBP_SERVER_SRV_H
 
-#include <ck_ht.h>
 #include <ev.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -47,8 +46,14 @@
 
 /* Tokens a session holds, keyed by token (track.c).  Reservations keep
  * their key (abort needs it); leases keep nothing. */
+struct srv_track_slot {
+    uint64_t token;                /* 0: empty */
+    umbp_key_t key;                /* reservations only */
+};
+
 struct srv_track {
-    ck_ht_t ht;
+    struct srv_track_slot *slots;  /* open addressing, linear probing */
+    size_t cap;                    /* a power of two */
     bool keep_keys;
     uint64_t n;
 };

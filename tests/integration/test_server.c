@@ -33,6 +33,7 @@
 
 #include "proto.h"
 #include "server_config.h"
+#include "srv.h" /* track.c, tested directly below */
 #include "sync_client.h"
 #include "test_util.h"
 #include "umbp/tier.h"
@@ -1234,4 +1235,46 @@ Test(server, docs_list_every_server_option)
     }
     free(doc);
     free(ops);
+}
+
+/* ---- a session's token table (server/track.c) ------------------------------------ */
+
+/* Random adds and takes against a plain array: every token held is found
+ * with its key, none that is not, through millions of cycles (the churn a
+ * long-lived engine session makes) and growth. */
+Test(server, token_table_matches_a_model)
+{
+    enum { N = 4096 };
+    struct srv_track t;
+    cr_assert_eq(track_init(&t, true), 0);
+    static uint64_t tok[N];
+    static bool held[N];
+    uint64_t next = 1, x = 0x1234567;
+    for (int round = 0; round < 400000; round++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        size_t i = x % N;
+        umbp_key_t k = tu_key_id(5, i);
+        if (!held[i]) {
+            tok[i] = next++ * 0x100000001ull; /* oids and (generation << 32 | slot) */
+            cr_assert_eq(track_add(&t, tok[i], &k), 0);
+            held[i] = true;
+        } else {
+            umbp_key_t other = tu_key_id(6, i);
+            cr_assert(!track_take(&t, tok[i], &other), "taken with another key");
+            cr_assert(track_take(&t, tok[i], &k), "token %zu lost", i);
+            cr_assert(!track_take(&t, tok[i], &k), "token %zu taken twice", i);
+            held[i] = false;
+        }
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < N; i++)
+        n += held[i];
+    cr_assert_eq(t.n, n);
+    for (size_t i = 0; i < N; i++) {
+        umbp_key_t k = tu_key_id(5, i);
+        cr_assert_eq(track_take(&t, tok[i], &k), held[i], "token %zu", i);
+    }
+    cr_assert_eq(t.n, 0);
+    cr_assert(!track_take(&t, 0, NULL));
+    track_fini(&t);
 }
