@@ -1,7 +1,7 @@
 /*
  * metrics.c - umbp-server's Prometheus endpoint: GET /metrics on
  * metrics_address:metrics_port (metrics_port 0, the default, = off), text
- * format 0.0.4.  The series are listed in docs/standalone-ops.md, Metrics.
+ * format 0.0.4.  The series are listed in docs/operations.md, Standalone mode, Metrics.
  *
  * Threads.  The loop thread owns the store, the sessions and the counters
  * (srv.h), so libmicrohttpd's one thread (MHD_USE_INTERNAL_POLLING_THREAD)

@@ -45,7 +45,7 @@ static void usage(FILE *f)
                "total_capacity_bytes), lease_ttl_ms, log_level, dram_* and standalone\n"
                "options, plus the server options below.  UMBP_<OPTION> environment\n"
                "variables override the file.  Every option: docs/configuration.md and\n"
-               "docs/standalone-ops.md.\n");
+               "docs/operations.md (Standalone mode).\n");
 }
 
 static void help(void)
