@@ -96,6 +96,8 @@ void kv_fini(struct umbp_runtime *rt)
     if (kv->engine) {
         if (kv->pool_addr)
             umbp_gpu_host_unregister(kv->engine, kv->pool_addr);
+        for (size_t i = 0; i < kv->nmore; i++)
+            umbp_gpu_host_unregister(kv->engine, kv->more_pools[i]);
         umbp_gpu_engine_destroy(kv->engine);
     }
     pthread_mutex_destroy(&kv->lock);
@@ -250,6 +252,47 @@ uint64_t umbp_kv_object_size(umbp_runtime_t *rt, umbp_kv_handle_t h)
     return l ? umbp_kv_layout_object_size(l) : 0;
 }
 
+/* ---- a new pool ------------------------------------------------------------ */
+
+void tier_mapping_changed(void *ctx)
+{
+    struct umbp_runtime *rt = ctx;
+    atomic_store(&rt->kv.remap, true);
+}
+
+/* Caller's thread, before a KV transfer: the tier now hands out regions of
+ * another mapping (a restarted server's new pool).  Registers it with the
+ * GPU runtime (slow: it pins every page, once per new pool); the old one
+ * stays registered, since transfers may still be using it. */
+static void kv_remap(struct umbp_runtime *rt)
+{
+    struct kv_state *kv = &rt->kv;
+    if (!atomic_load(&kv->remap) || !atomic_exchange(&kv->remap, false))
+        return;
+    pthread_mutex_lock(&kv->lock);
+    void *addr;
+    size_t len;
+    bool known = false;
+    if (kv->engine && tier_mapped_memory(rt->tier, &addr, &len) == 0) {
+        known = addr == kv->pool_addr;
+        for (size_t i = 0; i < kv->nmore; i++)
+            known = known || addr == kv->more_pools[i];
+        if (!known && kv->nmore == sizeof(kv->more_pools) / sizeof(kv->more_pools[0]))
+            umbp_log(UMBP_LOG_WARN, "the pool changed more than %zu times; its newest mapping "
+                     "is not registered with the GPU (KV transfers fail until restart)",
+                     kv->nmore);
+        else if (!known && umbp_gpu_host_register(kv->engine, addr, len) < 0)
+            umbp_log(UMBP_LOG_WARN, "cannot register the new %zu-byte pool with the GPU "
+                     "runtime: %s; KV transfers fail until it can be", len,
+                     umbp_gpu_last_error());
+        else if (!known) {
+            kv->more_pools[kv->nmore++] = addr;
+            umbp_log(UMBP_LOG_INFO, "registered the new %zu-byte pool with the GPU", len);
+        }
+    }
+    pthread_mutex_unlock(&kv->lock);
+}
+
 /* ---- transfers ------------------------------------------------------------ */
 
 /* Fills op (already sized for n keys) with blocks[0, n). */
@@ -303,6 +346,7 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
         return rc;
     if (atomic_load(&rt->closing))
         return UMBP_E_NOT_ATTEMPTED;
+    kv_remap(rt);
     enum op_kind kind = store ? OP_PUT : OP_GET;
     /* Stores are sliced: reserving and publishing one slice overlaps the
      * copy of another.  Loads stay one transfer: the staged restore pipeline

@@ -213,6 +213,11 @@ struct kv_state {
     ev_idle poll;
     umbp_gpu_engine_t *engine;
     void *pool_addr;               /* registered with the engine */
+    /* pools the tier mapped later (a new server pool), registered too;
+     * the tier never unmaps a mapping while it lives */
+    void *more_pools[8];
+    size_t nmore;
+    _Atomic bool remap;            /* loop -> callers: mapped_memory changed */
     struct kv_entry *v;
     size_t n, cap;
     uint64_t next_handle;
@@ -233,6 +238,8 @@ void kv_init(struct umbp_runtime *rt);
 /* Loop thread: a GPU transfer's op came back (PUT_COPIED / GET_COPIED). */
 void kv_transfer_done(struct umbp_runtime *rt);
 void kv_fini(struct umbp_runtime *rt);
+/* The tier's env->mapping_changed (loop thread). */
+void tier_mapping_changed(void *ctx);
 
 /* ---- memory registry --------------------------------------------------- */
 

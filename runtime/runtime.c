@@ -79,6 +79,7 @@ static int create_tier(struct umbp_runtime *rt)
         .capacity_bytes = rt->cfg->rank_capacity,
         .emit_event = tier_emit_event,
         .space_freed = tier_space_freed,
+        .mapping_changed = tier_mapping_changed,
         .ctx = rt,
     };
     char err[512] = "";

@@ -516,10 +516,13 @@ static int map_pool(struct shm_tier *st, const struct proto_welcome *w, int fd, 
     bool was_out = st->mapped_out;
     st->mapped_out = false;
     pthread_mutex_unlock(&st->map_lock);
-    if (was_out)
-        umbp_log(UMBP_LOG_WARN, "umbp-server at %s serves a new pool: GPU copies now use a pool "
-                 "the GPU runtime has not registered (slower, or refused); restart the engine "
-                 "to register it", st->path);
+    if (was_out && st->base.env.mapping_changed) {
+        /* the GPU registered the old pool: the runtime registers this one
+         * before its next KV transfer */
+        umbp_log(UMBP_LOG_INFO, "umbp-server at %s serves a new pool; the runtime registers "
+                 "it with the GPU before the next KV transfer", st->path);
+        st->base.env.mapping_changed(st->base.env.ctx);
+    }
     return 0;
 }
 

@@ -118,6 +118,10 @@ struct umbp_tier_env {
     /* Report that space was freed, so puts waiting for room retry.
      * Loop thread only. */
     void (*space_freed)(void *ctx);
+    /* Report that mapped_memory() changed (a new pool, e.g. a restarted
+     * server's), so the runtime registers it with the GPU before the next
+     * KV transfer.  The old mapping must stay valid.  Loop thread only. */
+    void (*mapping_changed)(void *ctx);
     void *ctx;
 };
 

@@ -331,6 +331,51 @@ Test(standalone, kv_store_in_one_process_load_in_another)
     tu_server_cleanup(&srv);
 }
 
+/* A server restarted without a named pool hands out a new pool: the KV
+ * path registers it with the GPU and carries on (before, every transfer
+ * failed with UMBP_E_GPU_UNREGISTERED until the engine restarted). */
+static int64_t ms_until_put_works(umbp_runtime_t *rt);
+
+Test(standalone, kv_survives_a_new_pool)
+{
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0);
+    cr_assert_eq(kv_wait(op), 0);
+    tu_server_stop(&srv); /* SIGKILL: the pool goes with it */
+    start_server(NULL);
+    int64_t ms = ms_until_put_works(k.rt);
+    cr_assert_geq(ms, 0, "no put succeeded after the restart");
+    for (int i = 0; i < KV_BLOCKS; i++) /* the old objects are gone: store them anew */
+        b[i] = (umbp_kv_block_t){kv_key(100 + i), (uint64_t)i};
+    cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0);
+    int rc = kv_wait(op);
+    cr_assert_eq(rc, 0, "KV store into the new pool: %d (%s)", rc, umbp_strerror(rc));
+    /* poison the cache, load the blocks back, compare every byte */
+    for (int l = 0; l < L; l++)
+        memset(k.dev[l], TU_POISON, LAYER_BYTES);
+    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0);
+    rc = kv_wait(op);
+    cr_assert_eq(rc, 0, "KV load from the new pool: %d (%s)", rc, umbp_strerror(rc));
+    for (int l = 0; l < L; l++) {
+        const uint8_t *p = k.dev[l];
+        for (int kvh = 0; kvh < 2; kvh++)
+            for (int blk = 0; blk < KV_BLOCKS; blk++) {
+                size_t at = ((size_t)kvh * NB + (size_t)blk) * CHUNK;
+                for (size_t o = 0; o < CHUNK; o++)
+                    cr_assert_eq(p[at + o], expected_byte(l, at + o), "layer %d block %d byte %zu",
+                                 l, blk, o);
+            }
+    }
+    kv_close(&k);
+    tu_server_cleanup(&srv);
+}
+
 /* ---- the server killed under load ----------------------------------------------- */
 
 struct load {
