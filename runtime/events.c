@@ -29,6 +29,18 @@ void tier_emit_event(void *ctx, umbp_event_type_t type, const umbp_key_t *key)
     pthread_mutex_unlock(&q->lock);
 }
 
+void tier_events_lost(void *ctx, uint64_t n)
+{
+    struct umbp_runtime *rt = ctx;
+    struct event_queue *q = &rt->events;
+    if (!q->v || !n)
+        return;
+    pthread_mutex_lock(&q->lock);
+    q->lost += n;
+    pthread_mutex_unlock(&q->lock);
+    CNT_ADD(rt, events_dropped, n);
+}
+
 size_t umbp_events_drain(umbp_runtime_t *rt, umbp_event_t *out, size_t max, uint64_t *lost)
 {
     if (lost)

@@ -361,6 +361,7 @@ void evictor_init(struct umbp_runtime *rt);
 void evictor_stop(struct umbp_runtime *rt);
 void tier_space_freed(void *ctx);
 void tier_emit_event(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
+void tier_events_lost(void *ctx, uint64_t n);
 
 /* Quarantine (owned by the load actor, read by the lookup actor; both run on
  * the loop thread). */

@@ -78,6 +78,7 @@ static int create_tier(struct umbp_runtime *rt)
         .core = rt->core,
         .capacity_bytes = rt->cfg->rank_capacity,
         .emit_event = tier_emit_event,
+        .events_lost = tier_events_lost,
         .space_freed = tier_space_freed,
         .mapping_changed = tier_mapping_changed,
         .ctx = rt,

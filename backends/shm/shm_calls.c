@@ -469,9 +469,12 @@ static int handle_reply(struct shm_tier *st, const struct proto_frame *f, char *
 static void handle_events(struct shm_tier *st, const struct proto_frame *f)
 {
     const struct umbp_tier_env *env = &st->base.env;
-    if (f->arg)
+    if (f->arg) {
         umbp_log(UMBP_LOG_WARN, "umbp-server at %s dropped %u events for this engine (its "
-                 "queue was full); the KV event stream misses them", st->path, f->arg);
+                 "queue was full); umbp_events_drain reports them lost", st->path, f->arg);
+        if (env->events_lost)
+            env->events_lost(env->ctx, f->arg);
+    }
     for (uint32_t j = 0; j < f->n; j++) {
         struct proto_event_item it;
         if (proto_get_event_item(f, j, &it) == 0 && env->emit_event)

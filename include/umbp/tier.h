@@ -115,6 +115,10 @@ struct umbp_tier_env {
     /* Report that a key became visible (STORED) or went away (REMOVED).
      * Loop thread only. */
     void (*emit_event)(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
+    /* Report that n events were lost before reaching this tier (a server
+     * dropped them), so umbp_events_drain tells the engine to resync.
+     * Loop thread only. */
+    void (*events_lost)(void *ctx, uint64_t n);
     /* Report that space was freed, so puts waiting for room retry.
      * Loop thread only. */
     void (*space_freed)(void *ctx);
