@@ -329,11 +329,16 @@ static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
 
 /* ---- setup ---------------------------------------------------------------------- */
 
+/* Polls while calls are outstanding and answers are quick; a call older
+ * than POLL_MAX_NS means a slow or stalled server, which the loop waits for
+ * asleep (the watcher starts again with the next call). */
+#define POLL_MAX_NS 2000000ull
+
 static void on_poll(struct ev_loop *loop, ev_idle *w, int revents)
 {
     struct shm_tier *st = w->data;
     (void)revents;
-    if (!st->head)
+    if (!st->head || umbp_now_ns() - st->head->sent_ns > POLL_MAX_NS)
         ev_idle_stop(loop, w);
 }
 
