@@ -964,7 +964,7 @@ static struct held lease_hold(umbp_runtime_t *rt, const struct tu_obj *objs, siz
 
 /* want0: the status expected of the trapped key (0, or UMBP_E_STALE; or
  * UMBP_E_TIMEOUT when the get was held past timeout_ms: its copy is then cut
- * at the deadline and every key fails with UMBP_E_TIMEOUT). */
+ * at the deadline, or finishes just before the cut). */
 static void lease_release_check(struct held *h, const struct tu_obj *objs, int want0)
 {
     tu_trap_release();
@@ -972,8 +972,14 @@ static void lease_release_check(struct held *h, const struct tu_obj *objs, int w
     for (size_t i = 0; i < h->n; i++) {
         int st = umbp_op_key_status(h->op, i);
         if (want0 == UMBP_E_TIMEOUT) {
-            cr_assert_eq(st, UMBP_E_TIMEOUT, "key %zu of a get past its deadline: %d (%s)", i,
-                         st, umbp_strerror(st));
+            /* the deadline cuts the copy within a couple of ms of passing
+             * (test_deadlines proves it); here the copy may also finish
+             * first: either way no wrong byte is reported as restored */
+            cr_assert(st == UMBP_E_TIMEOUT || st == 0, "key %zu of a get past its deadline: "
+                      "%d (%s)", i, st, umbp_strerror(st));
+            if (st == 0)
+                cr_assert_eq(tu_first_diff(h->dst[i], objs[i].data, objs[i].size), SIZE_MAX,
+                             "key %zu: status 0 but wrong bytes", i);
             if (i)
                 free(h->dst[i]);
         } else if (i == 0) {
