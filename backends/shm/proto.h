@@ -31,10 +31,10 @@
  *
  * Versioning.  HELLO carries PROTO_VERSION; the server answers HELLO_ERR
  * (status -EPROTO) to any version it does not speak.  A change that alters
- * an existing record or type bumps PROTO_VERSION; new message types may be
- * added without a bump (an unknown type is malformed for old peers, so new
- * types are only sent to peers whose HELLO announced a version that has
- * them).
+ * an existing record or type bumps PROTO_VERSION.  A new message type (or
+ * flag bit, or event type) leaves existing layouts alone but is malformed
+ * for an old peer, so it also comes with a new PROTO_VERSION, and is only
+ * sent to a peer whose HELLO / HELLO_OK announced a version that has it.
  *
  * Malformed input.  Every decoder returns a negative code and writes the
  * name of the offending field into err ("RESERVE.n", "frame.flags"); the
@@ -51,7 +51,7 @@
 
 #include "umbp/umbp.h"
 
-#define PROTO_MAGIC 0x554d4250u /* "UMBP" */
+#define PROTO_MAGIC 0x554d4250u /* "UMBP" as a big-endian u32 ("PBMU" in a dump) */
 #define PROTO_VERSION 1
 #define PROTO_HDR_SIZE 16
 #define PROTO_BODY_HDR_SIZE 8
