@@ -362,3 +362,24 @@ int umbp_options_apply(const struct umbp_opt_table *t, size_t nt, const char *js
         return rc;
     return 0;
 }
+
+char *umbp_config_file_read(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = malloc(UMBP_CONFIG_FILE_MAX + 1);
+    size_t n = buf ? fread(buf, 1, UMBP_CONFIG_FILE_MAX + 1, f) : 0;
+    bool bad = !buf || ferror(f) || n > UMBP_CONFIG_FILE_MAX;
+    fclose(f);
+    if (bad) {
+        snprintf(err, errlen, "%s: %s", path,
+                 n > UMBP_CONFIG_FILE_MAX ? "larger than 1 MiB" : "cannot read it");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}

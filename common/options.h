@@ -25,6 +25,11 @@ struct umbp_opt_table {
 int umbp_options_apply(const struct umbp_opt_table *t, size_t nt, const char *json, char *err,
                        size_t errlen);
 
+/* A JSON config file's text (malloc'd, NUL-terminated), at most 1 MiB;
+ * NULL with err naming the file and why. */
+#define UMBP_CONFIG_FILE_MAX (1u << 20)
+char *umbp_config_file_read(const char *path, char *err, size_t errlen);
+
 /* Parses one option value written as text (environment form). */
 int option_parse_text(const struct umbp_option *o, const char *text, void *base,
                       char *err, size_t errlen);

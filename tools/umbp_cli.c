@@ -12,11 +12,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "options.h"
+
 #include "server_config.h"
 #include "sync_client.h"
 #include "util.h"
 
-#define CONFIG_MAX (1u << 20)
 
 struct cli {
     const char *command;
@@ -47,22 +48,11 @@ static void usage(FILE *f)
 
 static char *read_file(const char *path)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "umbp: --config %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = malloc(CONFIG_MAX + 1);
-    size_t n = buf ? fread(buf, 1, CONFIG_MAX + 1, f) : 0;
-    bool bad = !buf || ferror(f) || n > CONFIG_MAX;
-    fclose(f);
-    if (bad) {
-        fprintf(stderr, "umbp: --config %s: cannot read it (or larger than 1 MiB)\n", path);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    return buf;
+    char err[512];
+    char *text = umbp_config_file_read(path, err, sizeof(err));
+    if (!text)
+        fprintf(stderr, "umbp: --config %s\n", err);
+    return text;
 }
 
 static bool parse_long(const char *s, long lo, long hi, long *out)

@@ -11,11 +11,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "options.h"
+
 #include "server.h"
 #include "server_config.h"
 #include "shm_config.h"
 
-#define CONFIG_MAX (1u << 20)
 
 static struct umbp_server *volatile running;
 
@@ -57,28 +58,18 @@ static void help(void)
     print_table(shm_options, socket_opts);
     printf("\nserver options:\n");
     print_table(srv_options, NULL);
-    printf("\nSIGTERM or SIGINT stops the server cleanly; the pool's objects are lost.\n");
+    printf("\nSIGTERM or SIGINT stops the server cleanly.  With dram_shm_name the pool and its\n"
+           "journal stay in /dev/shm and the next server adopts every published object;\n"
+           "without it the pool's objects are lost.\n");
 }
 
 static char *read_file(const char *path)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "umbp-server: --config %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = malloc(CONFIG_MAX + 1);
-    size_t n = buf ? fread(buf, 1, CONFIG_MAX + 1, f) : 0;
-    bool bad = !buf || ferror(f) || n > CONFIG_MAX;
-    fclose(f);
-    if (bad) {
-        fprintf(stderr, "umbp-server: --config %s: %s\n", path,
-                n > CONFIG_MAX ? "larger than 1 MiB" : "cannot read it");
-        free(buf);
-        return NULL;
-    }
-    buf[n] = '\0';
-    return buf;
+    char err[512];
+    char *text = umbp_config_file_read(path, err, sizeof(err));
+    if (!text)
+        fprintf(stderr, "umbp-server: --config %s\n", err);
+    return text;
 }
 
 /* The config text from the arguments: 0, 1 (help shown), or -1 (error shown). */
