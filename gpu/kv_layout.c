@@ -96,17 +96,34 @@ static int check_sizes(const umbp_kv_tensor_t *t, uint32_t idx)
     return 0;
 }
 
-/* The non-role dims, in order, must be dense row-major: they are one chunk. */
+/* The non-role dims must be dense in some order: one contiguous chunk of
+ * prod(shape) elements.  Any order, because engines hand out permuted views
+ * (vLLM's HND stride order gives (2, nb, bs, H, D) with H outermost in
+ * memory); the chunk's bytes are copied as they lie, so an object holds the
+ * engine's own order (the connector's namespace names the layout). */
 static int check_strides(const umbp_kv_tensor_t *t, uint32_t idx, struct tensor_info *ti)
 {
+    int dims[UMBP_KV_MAX_DIMS], n = 0;
+    for (int d = 0; d < (int)t->ndim; d++)
+        if (!is_role(t, d) && t->shape[d] > 1)
+            dims[n++] = d;
+    /* innermost first: by stride, then (for equal strides) later dims first */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0; j--) {
+            const int a = dims[j - 1], b = dims[j];
+            if (t->stride[a] < t->stride[b] || (t->stride[a] == t->stride[b] && a > b))
+                break;
+            dims[j - 1] = b;
+            dims[j] = a;
+        }
     uint64_t expect = 1;
-    for (int d = (int)t->ndim - 1; d >= 0; d--) {
-        if (is_role(t, d))
-            continue;
-        if (t->shape[d] > 1 && t->stride[d] != (int64_t)expect) {
+    for (int i = 0; i < n; i++) {
+        int d = dims[i];
+        if (t->stride[d] != (int64_t)expect) {
             gpu_set_error("KV tensor %u: dim %d has stride %lld, but the dims of one chunk (all "
-                          "but block/kv/layer) must be dense row-major, so it must be %llu",
-                          idx, d, (long long)t->stride[d], (unsigned long long)expect);
+                          "but block/kv/layer) must be dense in some order, so in this order it "
+                          "must be %llu", idx, d, (long long)t->stride[d],
+                          (unsigned long long)expect);
             return UMBP_E_KV_STRIDE;
         }
         expect *= (uint64_t)t->shape[d];

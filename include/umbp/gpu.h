@@ -56,7 +56,7 @@ extern "C" {
  *                       a cross-layer tensor given with others
  *   UMBP_E_KV_SHAPE     a size < 1, a kv dim whose size is not 2, elem_size 0,
  *                       a chunk of 0 bytes, or a tensor past 2^63 bytes
- *   UMBP_E_KV_STRIDE    the dims of a chunk are not dense row-major, or a
+ *   UMBP_E_KV_STRIDE    the dims of a chunk are not dense in any order, or a
  *                       block/kv/layer stride is not positive (chunks alias)
  *   UMBP_E_KV_MISMATCH  per-layer tensors disagree on the number of blocks or
  *                       on having a kv dim
@@ -220,8 +220,10 @@ UMBP_API void umbp_gpu_host_free(umbp_gpu_engine_t *eng, void *p);
  * elem_size.  Three dims have roles: block_dim indexes KV blocks; kv_dim
  * (size 2) picks K or V, -1 when there is none (MLA's latent cache);
  * layer_dim indexes layers of a cross-layer tensor, -1 for a tensor of one
- * layer.  The other dims make up one chunk and must be dense row-major
- * (padding between blocks, K/V or layers is fine).
+ * layer.  The other dims make up one chunk and must be dense in some order
+ * (row-major, or permuted like vLLM's HND view of (2, nb, bs, H, D) whose
+ * memory is (2, nb, H, bs, D)); a chunk's bytes are stored as they lie.
+ * Padding between blocks, K/V or layers is fine.
  *
  *   FlashAttention   (2, num_blocks, block_size, H, D)  block_dim 1, kv_dim 0
  *   FlashInfer       (num_blocks, 2, block_size, H, D)  block_dim 0, kv_dim 1

@@ -69,7 +69,7 @@ typedef struct umbp_key {
     X(UMBP_E_KV_NDIM, -4201, "KV tensor: ndim out of range")                            \
     X(UMBP_E_KV_ROLE, -4202, "KV tensor: bad block/kv/layer dim")                       \
     X(UMBP_E_KV_SHAPE, -4203, "KV tensor: bad size")                                    \
-    X(UMBP_E_KV_STRIDE, -4204, "KV tensor: chunk dims not dense or strides not positive") \
+    X(UMBP_E_KV_STRIDE, -4204, "KV tensor: chunk dims not dense in any order, or strides not positive") \
     X(UMBP_E_KV_MISMATCH, -4205, "KV tensors disagree on blocks or K/V split")          \
     X(UMBP_E_KV_RANGE, -4206, "block index or layer range outside the KV layout")       \
     X(UMBP_E_GPU_UNREGISTERED, -4207, "host object outside registered host memory")

@@ -67,7 +67,9 @@ static void fill_random(uint8_t *p, size_t n)
 
 /* ---- layouts, modelled by hand ------------------------------------------ */
 
-enum kind { FA, FI, FI_PADDED, MLA, XL };
+enum kind { FA, FA_HND, FI, FI_PADDED, MLA, XL };
+/* FA_HND: vLLM's HND stride order: shape (2, nb, bs, H, D) as a view of
+ * memory laid out (2, nb, H, bs, D); a chunk is still contiguous. */
 
 struct spec {
     const char *name;
@@ -78,6 +80,7 @@ struct spec {
 
 static const struct spec specs[] = {
     {"flash-attn 4L", FA, 4, 16, 2, 64},
+    {"flash-attn HND 4L", FA_HND, 4, 16, 4, 64},
     {"flashinfer 3L", FI, 3, 16, 2, 64},
     {"flashinfer padded 3L", FI_PADDED, 3, 8, 1, 128},
     {"mla 5L", MLA, 5, 16, 1, 576},
@@ -110,6 +113,7 @@ static void model_chunk(const struct model *m, uint32_t l, uint64_t b, uint32_t 
     *tensor = m->s->kind == XL ? 0 : l;
     switch (m->s->kind) {
     case FA:
+    case FA_HND:
         *off = ((uint64_t)kv * m->nb + b) * c;
         break;
     case FI:
@@ -145,6 +149,7 @@ static void model_describe(struct model *m)
         t->layer_dim = -1;
         switch (s->kind) {
         case FA:
+        case FA_HND:
             t->ndim = 5;
             memcpy(t->shape, (int64_t[]){2, nb, bs, h, d}, 5 * sizeof(int64_t));
             t->block_dim = 1;
@@ -172,6 +177,11 @@ static void model_describe(struct model *m)
             break;
         }
         umbp_kv_tensor_set_contiguous(t);
+        if (s->kind == FA_HND) { /* (2, nb, bs, H, D) over memory (2, nb, H, bs, D) */
+            t->stride[4] = 1;
+            t->stride[2] = d;
+            t->stride[3] = bs * d;
+        }
         if (s->kind == FI_PADDED)
             t->stride[0] += PAD_BYTES / 2;
     }
@@ -623,6 +633,11 @@ static void test_errors(void)
     expect_layout_error(eng, &u, 1, UMBP_E_KV_SHAPE, "elem_size 0");
     u = t[0], u.stride[3] = 128;
     expect_layout_error(eng, &u, 1, UMBP_E_KV_STRIDE, "heads not dense");
+    /* dense in another order (HND: heads outermost) is one chunk too */
+    u = t[0], u.stride[2] = 64, u.stride[3] = 16 * 64;
+    expect_layout_error(eng, &u, 1, 0, "a chunk dense in HND order");
+    u = t[0], u.stride[2] = 64, u.stride[3] = 16 * 64 + 8;
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_STRIDE, "HND order with a gap between heads");
     /* (H, nb, 2, bs, D): a role dim splits the chunk. */
     u = (umbp_kv_tensor_t){.base = fake, .ndim = 5, .shape = {2, 8, 2, 16, 64}, .elem_size = 2,
                            .block_dim = 1, .kv_dim = 2, .layer_dim = -1};
