@@ -896,6 +896,8 @@ void proto_buf_consume(struct proto_buf *b, size_t bytes)
 
     if (bytes > done)
         bytes = done;
+    if (bytes == 0)
+        return; /* also an empty buffer, whose data may be NULL */
     memmove(b->data, b->data + bytes, b->len - bytes);
     b->len -= bytes;
     if (b->open)
