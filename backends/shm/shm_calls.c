@@ -312,7 +312,7 @@ static void set_region(struct shm_tier *st, struct umbp_tier_req *r,
 }
 
 /* Ends leases without waiting for the reply: an internal call whose
- * RELEASE_R is consumed and ignored, then a STATS so usage catches up. */
+ * RELEASE_R is consumed and ignored. */
 void shm_send_release(struct shm_tier *st, const umbp_key_t *keys, const uint64_t *tokens,
                       size_t n)
 {
@@ -330,7 +330,7 @@ void shm_send_release(struct shm_tier *st, const umbp_key_t *keys, const uint64_
     u->n = n;
     memcpy(u->keys, keys, n * sizeof(*keys));
     memcpy(u->tokens, tokens, n * sizeof(*tokens));
-    shm_call_send(st, u, 0, true);
+    shm_call_send(st, u, 0, false);
 }
 
 /* A late grant of an orphaned call: give it back. */

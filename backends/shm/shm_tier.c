@@ -62,8 +62,10 @@ static void submit(struct shm_tier *st, enum shm_kind k, struct umbp_tier_req *c
         return;
     }
     c->present = present;
-    /* lookups leave usage alone; everything else refreshes it */
-    shm_call_send(st, c, arg, k != SHM_LOOKUP);
+    /* usage() is refreshed by refresh_usage (umbp_get_stats), the periodic
+     * STATS and, while puts wait for room, fast STATS polls; only a clear
+     * changes it enough to ask at once */
+    shm_call_send(st, c, arg, k == SHM_CLEAR);
 }
 
 /* ---- the members ---------------------------------------------------------- */
@@ -113,7 +115,7 @@ static void shm_acquire(struct umbp_tier *t, struct umbp_tier_req *const *reqs, 
         return;
     }
     c->lease_ns = (uint64_t)ttl * 1000000ull;
-    shm_call_send(st, c, ttl, true);
+    shm_call_send(st, c, ttl, false);
 }
 
 /* The requests publish or release acts on: status 0 and granted in this
