@@ -1,0 +1,169 @@
+/*
+ * fuzz_journal_adopt.c - libFuzzer target of the one decoder of bytes that
+ * another process wrote and this one trusts at start: a named pool's
+ * journal (/dev/shm/<name>.meta, backends/dram/journal.h), which a restarted
+ * umbp-server adopts.  The input is the journal's slot area (64-byte slots
+ * after the 4 KiB header) and, when its first byte is odd, also the
+ * header's bytes; the pool file exists and has the right size.
+ *
+ * Properties (abort() when broken):
+ *   - the store opens, or refuses with a negative code and a message;
+ *   - adopted objects are findable, hold a lease, and lie inside the pool;
+ *   - its counters add up: objects == adopted, and after evicting
+ *     everything and adopt_finish nothing is used;
+ *   - the adopted store keeps working: a reserve and publish succeed.
+ */
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "store.h"
+
+#define CAP (1u << 20)
+#define SLOTS 64
+#define HDR 4096
+
+#define FZ_CHECK(cond)                                                              \
+    do {                                                                            \
+        if (!(cond)) {                                                              \
+            fprintf(stderr, "%s:%d: property broken: %s\n", __FILE__, __LINE__, #cond); \
+            abort();                                                                \
+        }                                                                           \
+    } while (0)
+
+static char name[64];
+
+static struct dram_store *open_store(char *err, size_t errlen)
+{
+    struct dram_store_params p = {
+        .pool = {.capacity = CAP, .shared = true, .shm_name = name, .hugepage_size = 2u << 20,
+                 .numa_node = -1, .persistent = true},
+        .capacity = CAP, .high_watermark = 0.9, .low_watermark = 0.7, .journal_slots = SLOTS,
+    };
+    struct dram_store *s = NULL;
+    return dram_store_create(&p, &s, err, errlen) == 0 ? s : NULL;
+}
+
+static void cleanup(void)
+{
+    char p[96];
+    snprintf(p, sizeof(p), "/%s", name);
+    shm_unlink(p);
+    snprintf(p, sizeof(p), "/%s.meta", name);
+    shm_unlink(p);
+}
+
+/* Once: a pool and an empty journal of the right sizes, left in /dev/shm. */
+static void setup(void)
+{
+    snprintf(name, sizeof(name), "umbp-fuzz-journal-%d", (int)getpid());
+    cleanup();
+    atexit(cleanup);
+    char err[256];
+    struct dram_store *s = open_store(err, sizeof(err));
+    if (!s) {
+        fprintf(stderr, "fuzz_journal_adopt: %s\n", err);
+        abort();
+    }
+    dram_store_destroy(s);
+}
+
+static void write_journal(const uint8_t *data, size_t size, const uint8_t *hdr_saved)
+{
+    char p[96];
+    snprintf(p, sizeof(p), "/%s.meta", name);
+    int fd = shm_open(p, O_RDWR, 0600);
+    FZ_CHECK(fd >= 0);
+    size_t len = HDR + SLOTS * 64;
+    uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    FZ_CHECK(m != MAP_FAILED);
+    memcpy(m, hdr_saved, HDR); /* a valid header unless the input says otherwise */
+    memset(m + HDR, 0, SLOTS * 64);
+    bool header = size && (data[0] & 1);
+    if (size) {
+        data++, size--;
+    }
+    if (header) {
+        size_t h = size < 48 ? size : 48;
+        memcpy(m, data, h);
+        data += h, size -= h;
+    }
+    memcpy(m + HDR, data, size < SLOTS * 64 ? size : SLOTS * 64);
+    munmap(m, len);
+}
+
+static void check_adopted(struct dram_store *s)
+{
+    struct dram_store_adoption a;
+    dram_store_adoption(s, &a);
+    struct umbp_tier_usage u;
+    dram_store_usage(s, &u);
+    FZ_CHECK(u.num_objects == a.objects);
+    FZ_CHECK(u.used_bytes <= u.capacity_bytes);
+    FZ_CHECK(a.objects + a.held_pending + a.dropped <= SLOTS);
+    /* every adopted object: found, leased, inside the pool */
+    const struct dram_pool *pool = dram_store_pool(s);
+    char p[96];
+    snprintf(p, sizeof(p), "/%s.meta", name);
+    int fd = shm_open(p, O_RDONLY, 0600);
+    FZ_CHECK(fd >= 0);
+    uint8_t *m = mmap(NULL, HDR + SLOTS * 64, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    FZ_CHECK(m != MAP_FAILED);
+    uint64_t found = 0;
+    for (int i = 0; i < SLOTS; i++) {
+        const uint8_t *sl = m + HDR + (size_t)i * 64;
+        uint32_t state;
+        memcpy(&state, sl, 4);
+        if (state != 2) /* PUBLISHED */
+            continue;
+        umbp_key_t k;
+        memcpy(k.bytes, sl + 32, UMBP_KEY_SIZE);
+        struct dram_store_region r;
+        if (dram_store_acquire(s, &k, 0, 1000000000ull, &r) != 0)
+            continue; /* a record that was dropped (or a duplicate key's) */
+        FZ_CHECK(r.size > 0 && r.offset < pool->size && r.size <= pool->size - r.offset);
+        uint64_t freed = 0;
+        FZ_CHECK(dram_store_release(s, r.token, &freed) == 0);
+        found++;
+    }
+    munmap(m, HDR + SLOTS * 64);
+    FZ_CHECK(found == a.objects);
+    bool more;
+    dram_store_evict(s, 0, 0, SIZE_MAX, &more);
+    dram_store_adopt_finish(s);
+    dram_store_usage(s, &u);
+    FZ_CHECK(u.used_bytes == 0 && u.num_objects == 0 && u.num_pending == 0);
+    umbp_key_t k = {{0xfe}};
+    struct dram_store_region r;
+    FZ_CHECK(dram_store_reserve(s, &k, 4096, &r) == 0);
+    FZ_CHECK(dram_store_publish(s, &k, r.token) == 0);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static uint8_t hdr[HDR];
+    if (!name[0]) {
+        setup();
+        char p[96];
+        snprintf(p, sizeof(p), "/%s.meta", name);
+        int fd = shm_open(p, O_RDONLY, 0600);
+        FZ_CHECK(fd >= 0 && pread(fd, hdr, HDR, 0) == HDR);
+        close(fd);
+    }
+    write_journal(data, size, hdr);
+    char err[512] = "";
+    struct dram_store *s = open_store(err, sizeof(err));
+    if (!s) {
+        FZ_CHECK(err[0]); /* refused, saying why */
+        return 0;
+    }
+    check_adopted(s);
+    dram_store_destroy(s);
+    return 0;
+}
