@@ -1,0 +1,34 @@
+#!/usr/bin/env python3
+"""Seeds of fuzz_journal_adopt: journal slot areas written from the layout in
+backends/dram/journal.h (64-byte slots: u32 state, u32 pad, u64 offset,
+u64 size, u64 oid, 32-byte key), independently of journal.c.  The first byte
+of each seed is the fuzzer's switch: odd = the next 48 bytes replace the
+header.  Run from the repository root."""
+import os
+import struct
+
+OUT = os.path.join(os.path.dirname(__file__), "corpus", "journal")
+FREE, PENDING, PUBLISHED = 0, 1, 2
+
+
+def slot(state, off, size, oid, key):
+    return struct.pack("<IIQQQ", state, 0, off, size, oid) + key.ljust(32, b"\0")
+
+
+SEEDS = {
+    "three_published_one_pending.bin": b"\x00" + slot(PUBLISHED, 0, 4096, 1, b"a")
+    + slot(PUBLISHED, 4096, 1000, 2, b"b") + slot(PENDING, 8192, 256, 3, b"c")
+    + slot(PUBLISHED, 16384, 65536, 4, b"d"),
+    "overlapping_and_outside.bin": b"\x00" + slot(PUBLISHED, 0, 8192, 1, b"a")
+    + slot(PUBLISHED, 4096, 4096, 2, b"b") + slot(PUBLISHED, 1 << 40, 16, 3, b"c")
+    + slot(PUBLISHED, 256, 0, 4, b"e"),
+    "duplicate_key_unaligned.bin": b"\x00" + slot(PUBLISHED, 0, 100, 1, b"x")
+    + slot(PUBLISHED, 512, 100, 2, b"x") + slot(PUBLISHED, 777, 10, 3, b"y"),
+    "bad_header.bin": b"\x01" + b"\x00" * 48 + slot(PUBLISHED, 0, 64, 1, b"z"),
+}
+
+if __name__ == "__main__":
+    os.makedirs(OUT, exist_ok=True)
+    for name, data in SEEDS.items():
+        with open(os.path.join(OUT, name), "wb") as f:
+            f.write(data)
