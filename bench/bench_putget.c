@@ -12,9 +12,6 @@
  */
 #include "bench_util.h"
 
-#define BATCH 32
-#define DEPTH 4
-
 struct bench {
     size_t obj, nobj;
     uint8_t *src, *dst;
@@ -25,33 +22,8 @@ struct bench {
 
 static double run_pass(umbp_runtime_t *rt, struct bench *b, uint64_t round, bool put)
 {
-    umbp_op_t *ring[DEPTH] = {0};
-    size_t slot = 0;
-    double t0 = bench_now();
-    for (size_t i0 = 0; i0 < b->nobj; i0 += BATCH) {
-        size_t n = b->nobj - i0 < BATCH ? b->nobj - i0 : BATCH;
-        if (ring[slot])
-            bench_wait_ok(ring[slot], put ? "put" : "get");
-        ring[slot] = NULL;
-        for (size_t i = i0; i < i0 + n; i++) {
-            b->ranges[i] = (umbp_range_t){(put ? b->src : b->dst) + i * b->obj, b->obj, 0};
-            b->pi[i] = (umbp_put_item_t){bench_key(round, i), b->obj, &b->ranges[i], 1};
-            b->gi[i] = (umbp_get_item_t){bench_key(round, i), &b->ranges[i], 1};
-        }
-        int rc;
-        do {
-            rc = put ? umbp_put(rt, &b->pi[i0], n, &ring[slot]) : umbp_get(rt, &b->gi[i0], n, &ring[slot]);
-        } while (rc == -EAGAIN);
-        if (rc < 0) {
-            fprintf(stderr, "submit: %s\n", umbp_strerror(rc));
-            exit(1);
-        }
-        slot = (slot + 1) % DEPTH;
-    }
-    for (size_t s = 0; s < DEPTH; s++)
-        if (ring[s])
-            bench_wait_ok(ring[s], put ? "put" : "get");
-    return bench_now() - t0;
+    return bench_pass(rt, put ? b->src : b->dst, b->obj, b->nobj, round, put, b->ranges, b->pi,
+                      b->gi);
 }
 
 static double memcpy_pass(struct bench *b)

@@ -133,41 +133,6 @@ static void bench_lookups(void)
 
 /* ---- 2. put/get vs memcpy ---------------------------------------------------- */
 
-#define BATCH 32
-#define DEPTH 4
-
-static double pass(umbp_runtime_t *rt, uint8_t *buf, size_t obj, size_t nobj, uint64_t round,
-                   bool put, umbp_range_t *rg, umbp_put_item_t *pi, umbp_get_item_t *gi)
-{
-    umbp_op_t *ring[DEPTH] = {0};
-    size_t slot = 0;
-    double t0 = bench_now();
-    for (size_t i0 = 0; i0 < nobj; i0 += BATCH) {
-        size_t n = nobj - i0 < BATCH ? nobj - i0 : BATCH;
-        if (ring[slot])
-            bench_wait_ok(ring[slot], put ? "put" : "get");
-        ring[slot] = NULL;
-        for (size_t i = i0; i < i0 + n; i++) {
-            rg[i] = (umbp_range_t){buf + i * obj, obj, 0};
-            pi[i] = (umbp_put_item_t){bench_key(round, i), obj, &rg[i], 1};
-            gi[i] = (umbp_get_item_t){bench_key(round, i), &rg[i], 1};
-        }
-        int rc;
-        do
-            rc = put ? umbp_put(rt, &pi[i0], n, &ring[slot]) : umbp_get(rt, &gi[i0], n, &ring[slot]);
-        while (rc == -EAGAIN);
-        if (rc < 0) {
-            fprintf(stderr, "submit: %s\n", umbp_strerror(rc));
-            exit(1);
-        }
-        slot = (slot + 1) % DEPTH;
-    }
-    for (size_t s = 0; s < DEPTH; s++)
-        if (ring[s])
-            bench_wait_ok(ring[s], put ? "put" : "get");
-    return bench_now() - t0;
-}
-
 static void bench_putget_threads(double scale, int threads);
 
 static void bench_putget(double scale)
@@ -200,10 +165,10 @@ static void bench_putget_threads(double scale, int threads)
             memcpy(dst, src, total);
             double t = bench_now() - t0;
             bm = t < bm ? t : bm;
-            t = pass(rt, src, obj, nobj, 100 + (uint64_t)r, true, rg, pi, gi);
+            t = bench_pass(rt, src, obj, nobj, 100 + (uint64_t)r, true, rg, pi, gi);
             bp = t < bp ? t : bp;
             memset(dst, 0, total);
-            t = pass(rt, dst, obj, nobj, 100 + (uint64_t)r, false, rg, pi, gi);
+            t = bench_pass(rt, dst, obj, nobj, 100 + (uint64_t)r, false, rg, pi, gi);
             bg = t < bg ? t : bg;
             if (memcmp(src, dst, total) != 0) {
                 fprintf(stderr, "restored bytes differ\n");

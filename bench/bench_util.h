@@ -75,5 +75,44 @@ static inline int cmp_double(const void *a, const void *b)
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
+/* Puts (put) or gets nobj objects of obj bytes laid out back to back at
+ * buf, keys bench_key(round, i), in batches of BENCH_BATCH with BENCH_DEPTH
+ * batches in flight; rg, pi and gi are scratch arrays of nobj entries.
+ * Returns the seconds it took; exits on any failed key. */
+#define BENCH_BATCH 32
+#define BENCH_DEPTH 4
+
+static inline double bench_pass(umbp_runtime_t *rt, uint8_t *buf, size_t obj, size_t nobj, uint64_t round,
+                   bool put, umbp_range_t *rg, umbp_put_item_t *pi, umbp_get_item_t *gi)
+{
+    umbp_op_t *ring[BENCH_DEPTH] = {0};
+    size_t slot = 0;
+    double t0 = bench_now();
+    for (size_t i0 = 0; i0 < nobj; i0 += BENCH_BATCH) {
+        size_t n = nobj - i0 < BENCH_BATCH ? nobj - i0 : BENCH_BATCH;
+        if (ring[slot])
+            bench_wait_ok(ring[slot], put ? "put" : "get");
+        ring[slot] = NULL;
+        for (size_t i = i0; i < i0 + n; i++) {
+            rg[i] = (umbp_range_t){buf + i * obj, obj, 0};
+            pi[i] = (umbp_put_item_t){bench_key(round, i), obj, &rg[i], 1};
+            gi[i] = (umbp_get_item_t){bench_key(round, i), &rg[i], 1};
+        }
+        int rc;
+        do
+            rc = put ? umbp_put(rt, &pi[i0], n, &ring[slot]) : umbp_get(rt, &gi[i0], n, &ring[slot]);
+        while (rc == -EAGAIN);
+        if (rc < 0) {
+            fprintf(stderr, "submit: %s\n", umbp_strerror(rc));
+            exit(1);
+        }
+        slot = (slot + 1) % BENCH_DEPTH;
+    }
+    for (size_t s = 0; s < BENCH_DEPTH; s++)
+        if (ring[s])
+            bench_wait_ok(ring[s], put ? "put" : "get");
+    return bench_now() - t0;
+}
+
 
 #endif
