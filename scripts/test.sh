@@ -9,6 +9,12 @@ jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j 1
+# libumbp.so is loaded into engine processes beside other libraries: it
+# exports the umbp_ API and nothing else
+if leaked=$(nm -D --defined-only build/libumbp.so | awk '{print $3}' | grep -v '^umbp_'); then
+  echo "scripts/test.sh: libumbp.so exports symbols outside the umbp_ API:" $leaked >&2
+  exit 1
+fi
 
 # Huge pages: the suites above ran with whatever the machine has reserved
 # (usually none: the fallback path).  Where we may, reserve 2 MiB pages for
