@@ -6,6 +6,8 @@ pkg_check_modules(CK REQUIRED IMPORTED_TARGET ck)
 pkg_check_modules(NUMA REQUIRED IMPORTED_TARGET numa)
 pkg_check_modules(JSONC REQUIRED IMPORTED_TARGET json-c)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# key derivation (BLAKE2b), identical to Python's hashlib.blake2b
+pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
 # umbp-server's /metrics endpoint only (server/metrics.c); not in libumbp
 pkg_check_modules(MHD REQUIRED IMPORTED_TARGET libmicrohttpd)
 
@@ -20,4 +22,4 @@ target_link_libraries(umbp_libev INTERFACE ${LIBEV_LIBRARY})
 
 add_library(umbp_deps INTERFACE)
 target_link_libraries(umbp_deps INTERFACE PkgConfig::CK PkgConfig::NUMA
-  PkgConfig::JSONC PkgConfig::XXHASH umbp_libev Threads::Threads m)
+  PkgConfig::JSONC PkgConfig::XXHASH PkgConfig::SODIUM umbp_libev Threads::Threads m)

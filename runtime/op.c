@@ -232,6 +232,18 @@ int umbp_op_key_status(const umbp_op_t *op, size_t i)
     return op->status[i];
 }
 
+int umbp_op_statuses(const umbp_op_t *op, int32_t *out, size_t n)
+{
+    if (!op || (n && !out) || (op->kind != OP_PUT && op->kind != OP_GET))
+        return -EINVAL;
+    if (!atomic_load_explicit(&((umbp_op_t *)op)->done, memory_order_acquire))
+        return UMBP_E_INPROGRESS;
+    size_t m = n < op->n ? n : op->n;
+    for (size_t i = 0; i < m; i++)
+        out[i] = op->status[i];
+    return (int)m;
+}
+
 size_t umbp_op_num_ok(const umbp_op_t *op)
 {
     if (!op || !atomic_load_explicit(&((umbp_op_t *)op)->done, memory_order_acquire))

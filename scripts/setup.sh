@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libev-dev libck-dev libnuma-dev libjson-c-dev libxxhash-dev
-  libmicrohttpd-dev
+  libmicrohttpd-dev libsodium-dev
   libibverbs-dev librdmacm-dev
   libcriterion-dev
   clang libclang-rt-14-dev

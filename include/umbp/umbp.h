@@ -320,6 +320,10 @@ UMBP_API int umbp_op_wait(umbp_op_t *op, int timeout_ms);
  * UMBP_E_INPROGRESS before).  -EINVAL for an index out of range. */
 UMBP_API size_t umbp_op_num_keys(const umbp_op_t *op);
 UMBP_API int umbp_op_key_status(const umbp_op_t *op, size_t i);
+/* Copies the first min(n, num_keys) statuses into out and returns how many;
+ * UMBP_E_INPROGRESS before completion, -EINVAL for a NULL out or an op that
+ * is not a put or get (bindings read a batch in one call). */
+UMBP_API int umbp_op_statuses(const umbp_op_t *op, int32_t *out, size_t n);
 /* Counts of keys whose status is 0 and is not 0, once complete. */
 UMBP_API size_t umbp_op_num_ok(const umbp_op_t *op);
 
