@@ -19,7 +19,8 @@
  * records "free".  Slots rotate engine-wide across transfers, and everything
  * is issued under eng->lock, so each wait sees the record it needs (a stream
  * waits for the last record made before the wait call).  Groups ramp up
- * (1/8, 1/4, 1/2 of a slot, then whole slots) so the first DMA starts soon.
+ * (1/8, 1/4, 1/2 of a slot, then whole slots) so the first DMA starts soon,
+ * and down (halves of the last slot's worth) so the last scatter ends soon.
  *
  * Completion.  Each transfer owns an event recorded after its last device
  * work; umbp_gpu_xfer_test queries it without locks or blocking.  Transfers
@@ -800,11 +801,19 @@ static int stage_dma(struct umbp_gpu_engine *eng, const struct umbp_gpu_xfer *x,
     return rc;
 }
 
-/* Group sizes: 1/8, 1/4, 1/2 of a slot's worth, then whole slots. */
+/* Group sizes: 1/8, 1/4, 1/2 of a slot's worth, then whole slots, and the
+ * last slot's worth in halves down to 1/8: the first group's DMA (restore)
+ * or gather (store) and the last group's scatter or DMA overlap nothing, so
+ * both ends are kept short. */
 static uint32_t next_group(uint32_t *ramp, uint32_t per, uint32_t left)
 {
+    uint32_t tail = per / 8 ? per / 8 : 1;
     uint32_t cnt = *ramp < left ? *ramp : left;
     *ramp = *ramp * 2 < per ? *ramp * 2 : per;
+    if (left <= per && left > tail) {
+        uint32_t half = (left + 1) / 2;
+        cnt = cnt < half ? cnt : half > tail ? half : tail;
+    }
     return cnt;
 }
 

@@ -59,6 +59,30 @@ static void get_released(void *arg, int rc)
     get_finish(rt, op);
 }
 
+/* The release of a load that completed first: nothing left to report. */
+static void get_released_after(void *arg, int rc)
+{
+    struct umbp_op *op = arg;
+    for (size_t k = 0; k < op->n && rc == 0; k++)
+        if (op->state[k] == KEY_DONE && op->status[k] == 0 && op->reqs[k].status != 0)
+            rc = op->reqs[k].status;
+    if (rc < 0) /* cannot happen: see leases_certain */
+        umbp_log(UMBP_LOG_ERROR, "load actor: a lease ended before its release (%s)",
+                 umbp_strerror(rc));
+    op_put_ref(op);
+}
+
+/* Whether no lease of op can have ended: the tier's leases end only by
+ * expiry, which the lease actor runs on this thread with a clock that has
+ * not yet reached the earliest deadline.  Then the release cannot report
+ * UMBP_E_STALE and the load completes before it. */
+static bool leases_certain(const struct umbp_runtime *rt, const struct umbp_op *op)
+{
+    unsigned caps = rt->tier->ops->caps;
+    return (caps & UMBP_TIER_CAP_EXPIRES_LEASES) && !(caps & UMBP_TIER_CAP_REMOTE) &&
+           umbp_now_ns() < op->leases_until_ns;
+}
+
 static void get_release(struct umbp_runtime *rt, struct umbp_op *op)
 {
     size_t m = 0;
@@ -69,7 +93,25 @@ static void get_release(struct umbp_runtime *rt, struct umbp_op *op)
         get_finish(rt, op);
         return;
     }
-    tier_release(rt->tier, op->req_ptrs, m, get_released, op);
+    if (!leases_certain(rt, op)) {
+        tier_release(rt->tier, op->req_ptrs, m, get_released, op);
+        return;
+    }
+    /* every copied key is good: complete, then end the leases (the extra
+     * reference keeps op's requests until the release is done with them) */
+    atomic_fetch_add_explicit(&op->refs, 1, memory_order_relaxed);
+    for (size_t k = 0; k < op->n; k++) {
+        if (op->state[k] == KEY_COPYING) {
+            op->status[k] = 0;
+            CNT_ADD(rt, gets_ok, 1);
+            for (uint32_t r = op->range_first[k]; r < op->range_first[k + 1]; r++)
+                CNT_ADD(rt, bytes_read, op->ranges[r].len);
+        }
+        if (op->state[k] == KEY_COPYING || op->state[k] == KEY_HELD)
+            op->state[k] = KEY_DONE;
+    }
+    get_finish(rt, op);
+    tier_release(rt->tier, op->req_ptrs, m, get_released_after, op);
 }
 
 static bool ranges_fit(const struct umbp_op *op, size_t k)
@@ -156,6 +198,7 @@ static void get_arrive(struct umbp_runtime *rt, struct umbp_op *op)
         get_finish(rt, op);
         return;
     }
+    op->leases_until_ns = umbp_now_ns() + ms_to_ns(rt->core->lease_ttl_ms);
     tier_acquire(rt->tier, op->req_ptrs, m, (uint64_t)rt->core->lease_ttl_ms, get_acquired, op);
 }
 

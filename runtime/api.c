@@ -80,29 +80,23 @@ static int check_get_ranges(umbp_range_t *r, uint32_t n)
     return 0;
 }
 
-/* Any total order groups equal keys; word compares beat memcmp calls. */
-static int cmp_req_key(const void *a, const void *b)
-{
-    const uint8_t *x = (*(struct umbp_tier_req *const *)a)->key.bytes;
-    const uint8_t *y = (*(struct umbp_tier_req *const *)b)->key.bytes;
-    for (size_t w = 0; w < UMBP_KEY_SIZE; w += 8) {
-        uint64_t p, q;
-        memcpy(&p, x + w, 8);
-        memcpy(&q, y + w, 8);
-        if (p != q)
-            return p < q ? -1 : 1;
-    }
-    return 0;
-}
-
+/* An open-addressed table of key indices (at most half full): 6 us for 625
+ * keys where sorting them took 60 (docs/benchmarks.md). */
 int umbp_check_duplicate_keys(struct umbp_op *op)
 {
-    for (size_t k = 0; k < op->n; k++)
-        op->req_ptrs[k] = &op->reqs[k];
-    qsort(op->req_ptrs, op->n, sizeof(*op->req_ptrs), cmp_req_key);
-    for (size_t k = 1; k < op->n; k++)
-        if (cmp_req_key(&op->req_ptrs[k - 1], &op->req_ptrs[k]) == 0)
-            return UMBP_E_DUPLICATE_KEY;
+    if (op->n < 2)
+        return 0;
+    size_t mask = op->dup_cap - 1;
+    uint32_t *tab = op->dup_tab;
+    memset(tab, 0xff, op->dup_cap * sizeof(*tab));
+    for (size_t k = 0; k < op->n; k++) {
+        const umbp_key_t *key = &op->reqs[k].key;
+        size_t h = (size_t)umbp_key_hash(key) & mask;
+        for (; tab[h] != UINT32_MAX; h = (h + 1) & mask)
+            if (memcmp(op->reqs[tab[h]].key.bytes, key->bytes, UMBP_KEY_SIZE) == 0)
+                return UMBP_E_DUPLICATE_KEY;
+        tab[h] = (uint32_t)k;
+    }
     return 0;
 }
 

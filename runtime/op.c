@@ -86,6 +86,12 @@ int op_reserve_keys(struct umbp_op *op, size_t n, size_t nranges)
             grow((void **)&op->kv_io, want, sizeof(*op->kv_io)) ||
             grow((void **)&op->moves, want, sizeof(*op->moves)))
             return -ENOMEM;
+        size_t slots = 128;
+        while (slots < 2 * want)
+            slots *= 2;
+        if (grow((void **)&op->dup_tab, slots, sizeof(*op->dup_tab)))
+            return -ENOMEM;
+        op->dup_cap = slots;
         op->cap_keys = want;
         op->cap_jobs = (uint32_t)want;
     }

@@ -83,6 +83,7 @@ struct umbp_op {
     _Atomic uint32_t refs;    /* caller handle + runtime */
     int rc;                   /* overall result of lookup/stats/clear/flush */
     uint64_t submit_ns, deadline_ns, space_deadline_ns;
+    uint64_t leases_until_ns; /* get: every lease it was granted lasts until then */
     uint64_t arrival;         /* store actor's arrival number (flush) */
 
     size_t n;                 /* keys in the batch */
@@ -109,6 +110,8 @@ struct umbp_op {
     _Atomic bool released;    /* caller released the handle in flight */
     struct umbp_op *cprev, *cnext; /* the loop's list of ops being copied */
     struct key_move *moves;   /* MOVER_TIER: per-key result of read/write */
+    uint32_t *dup_tab;        /* the duplicate-key check's hash table */
+    size_t dup_cap;           /* its slots: a power of two >= 2 * cap_keys */
     uint32_t tier_moves_left;
 
     /* GPU KV transfers (umbp_kv_store / umbp_kv_load): the layout, the GPU

@@ -176,6 +176,7 @@ static void free_runtime(struct umbp_runtime *rt)
         free(op->kv_block);
         free(op->kv_io);
         free(op->moves);
+        free(op->dup_tab);
     }
     free(rt->ops);
     free(rt->free_buf);

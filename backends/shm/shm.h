@@ -174,6 +174,10 @@ void shm_calls_fail_all(struct shm_tier *st, int rc);
 void shm_deadline_arm(struct shm_tier *st, uint64_t deadline_ns);
 void shm_on_deadline(struct ev_loop *loop, ev_timer *w, int revents);
 /* RELEASE of leases whose reply is not waited for. */
+/* An UNDO call (RELEASE frames, no reply awaited) with room for n keys and
+ * tokens, to be filled and sent with shm_call_send; NULL (logged: the
+ * leases then expire on the server) when out of memory. */
+struct shm_call *shm_release_new(struct shm_tier *st, size_t n);
 void shm_send_release(struct shm_tier *st, const umbp_key_t *keys, const uint64_t *tokens,
                       size_t n);
 /* Sends STATS (unless one is outstanding and !force). */

@@ -313,21 +313,29 @@ static void set_region(struct shm_tier *st, struct umbp_tier_req *r,
 
 /* Ends leases without waiting for the reply: an internal call whose
  * RELEASE_R is consumed and ignored. */
-void shm_send_release(struct shm_tier *st, const umbp_key_t *keys, const uint64_t *tokens,
-                      size_t n)
+struct shm_call *shm_release_new(struct shm_tier *st, size_t n)
 {
     struct shm_call *u = shm_call_new(st, SHM_UNDO, NULL, 0, NULL, NULL);
-    if (u && (!(u->keys = malloc(n * sizeof(*keys))) ||
-              !(u->tokens = malloc(n * sizeof(*tokens))))) {
+    if (u && (!(u->keys = malloc(n * sizeof(*u->keys))) ||
+              !(u->tokens = malloc(n * sizeof(*u->tokens))))) {
         shm_call_free(u);
         u = NULL;
     }
     if (!u) {
         umbp_log(UMBP_LOG_WARN, "shm tier: cannot release %zu leases (out of memory); "
                  "they expire on the server", n);
-        return;
+        return NULL;
     }
     u->n = n;
+    return u;
+}
+
+void shm_send_release(struct shm_tier *st, const umbp_key_t *keys, const uint64_t *tokens,
+                      size_t n)
+{
+    struct shm_call *u = shm_release_new(st, n);
+    if (!u)
+        return;
     memcpy(u->keys, keys, n * sizeof(*keys));
     memcpy(u->tokens, tokens, n * sizeof(*tokens));
     shm_call_send(st, u, 0, false);

@@ -195,26 +195,27 @@ static void shm_release(struct umbp_tier *t, struct umbp_tier_req *const *reqs, 
                         umbp_tier_done_fn done, void *arg)
 {
     struct shm_tier *st = to_shm_tier(t);
-    umbp_key_t *keys = NULL;
-    uint64_t *tokens = NULL;
-    if (refusal(st, SHM_RELEASE) || !leases_certain(st, reqs, n) ||
-        !(keys = malloc((n ? n : 1) * sizeof(*keys))) ||
-        !(tokens = malloc((n ? n : 1) * sizeof(*tokens)))) {
-        free(keys);
+    if (refusal(st, SHM_RELEASE) || !leases_certain(st, reqs, n)) {
         finish_granted(st, SHM_RELEASE, UMBP_E_STALE, reqs, n, done, arg);
         return;
     }
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
-        if (reqs[i]->status == 0) {
-            keys[m] = reqs[i]->key;
-            tokens[m++] = reqs[i]->region.token;
-        }
-    if (m)
-        shm_send_release(st, keys, tokens, m);
-    free(keys);
-    free(tokens);
+        m += reqs[i]->status == 0;
+    struct shm_call *u = m ? shm_release_new(st, m) : NULL;
+    if (u) {
+        m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (reqs[i]->status == 0) {
+                u->keys[m] = reqs[i]->key;
+                u->tokens[m++] = reqs[i]->region.token;
+            }
+    }
+    /* The load completes before its RELEASE frame is written: the frame
+     * holds copies, and the write is off the load's critical path. */
     done(arg, 0); /* statuses stay 0: every lease held */
+    if (u)
+        shm_call_send(st, u, 0, false);
 }
 
 
