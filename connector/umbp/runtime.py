@@ -93,7 +93,7 @@ def _u64(x, n, what):
     if a.dtype.kind == "i":
         if n and a.min() < 0:
             raise UmbpError(-errno.EINVAL, "%s: negative entry" % what)
-    elif a.dtype.kind != "u":
+    elif a.dtype.kind != "u" and n:
         raise TypeError("%s must be integers, got %s" % (what, a.dtype))
     return a
 
