@@ -86,6 +86,14 @@ def _u64(x, n, what):
         if x < 0:
             raise UmbpError(-errno.EINVAL, "%s must be >= 0, got %d" % (what, x))
         return np.full(n, x, dtype=np.uint64)
+    if isinstance(x, (list, tuple)):  # vLLM's block ids: fromiter is the fastest list path
+        if len(x) != n:
+            raise UmbpError(-errno.EINVAL, "%s must have %d entries (one per key), got %d"
+                            % (what, n, len(x)))
+        try:
+            x = np.fromiter(x, dtype=np.int64, count=n)
+        except (TypeError, ValueError):
+            raise TypeError("%s must be integers" % what) from None
     a = _as_numpy(x)
     if a.ndim != 1 or a.shape[0] != n:
         raise UmbpError(-errno.EINVAL, "%s must have %d entries (one per key), got shape %s"
