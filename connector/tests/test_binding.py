@@ -380,3 +380,22 @@ def test_jobs_after_close_and_release():
     with pytest.raises(umbp.UmbpError):
         j.statuses
     fresh.close()
+
+
+def test_kv_caches_belong_to_their_runtime_and_gc_closes(rt):
+    import gc
+    import weakref
+    tensors, raws, blk = make_flash_attn(1)
+    other = umbp.Runtime(host_options())
+    kv = other.register_kv_caches(tensors)
+    with pytest.raises(umbp.UmbpError) as ei:
+        rt.store_blocks(kv, _keys(1, 20), [0])
+    assert ei.value.code == -errno.ENOENT
+    with pytest.raises(umbp.UmbpError):
+        rt.deregister(kv)
+    job = other.store_blocks(kv, _keys(1, 21), [0])  # never released by hand
+    ref = weakref.ref(other)
+    del other, job
+    gc.collect()
+    assert ref() is None  # collected (and closed) without an explicit close()
+    assert kv.handle is None
