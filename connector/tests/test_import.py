@@ -18,6 +18,18 @@ SCRIPT = textwrap.dedent("""
         assert job.wait(10000) and job.ok.all()
         prefix, present = rt.lookup(keys)
         assert prefix == 2 and present.tolist() == [True, True, False, False]
+        if umbp.has_lookup_service():  # the scheduler's path: serve, then ask
+            import tempfile
+            d = tempfile.mkdtemp()
+            opts = {"mode": "embedded", "namespace": ns.hex, "num_ranks": 1, "lookup_dir": d}
+            with umbp.LookupClient(opts) as cl:
+                prefix, _, rc = cl.query_ex(keys[None])
+                assert prefix == 0 and rc < 0  # nobody serves yet: misses, with the code
+                rt.serve_lookups(ns, 0, 0, lookup_dir=d)
+                deadline = 50
+                while cl.query(keys[None]) != 2 and deadline:  # past the redial backoff
+                    import time; time.sleep(0.05); deadline -= 1
+                assert cl.query(keys[None]) == 2
         # torch-only paths fail cleanly instead of at import
         try:
             rt.register_kv_caches({"l0": np.zeros((2, 4, 16, 2, 8))})

@@ -103,7 +103,9 @@ def test_query_across_two_serving_ranks(workers):
         assert cl.query(rows) == 6  # rank 1 holds only the first 6 blocks
         prefix, present, rc = cl.query_ex(rows)
         assert (prefix, rc) == (6, 0)
-        assert present.tolist() == [True] * 6 + [False] * (N - 6)
+        assert present.shape == (2, N)
+        assert present[0].tolist() == [True] * 10 + [False] * (N - 10)
+        assert present[1].tolist() == [True] * 6 + [False] * (N - 6)
         # rows in another order, named by row_rank
         assert cl.query(rows[::-1].copy(), row_rank=[1, 0]) == 6
         # keys of the wrong rank miss
@@ -120,5 +122,24 @@ def test_a_dead_rank_counts_as_misses_within_the_timeout(workers):
         t0 = time.monotonic()
         prefix, present, rc = cl.query_ex(rows)
         assert time.monotonic() - t0 < 5
-        assert prefix == 0 and not present.any()
-        assert rc <= 0  # the failure is reported, or folded into misses
+        assert prefix == 0 and not present[1].any()
+        assert rc < 0  # the dead rank's code
+        assert present[0, :10].all()  # the live rank's answer is kept
+
+
+@needs_lookup
+def test_socket_paths_differ_by_rank_dp_and_instance(tmp_path):
+    ns = _ns()
+    d = str(tmp_path)
+    p = umbp.lookup_socket_path(d, ns.hex, "", 0, 0)
+    assert p.startswith(d + "/") and p.endswith(".sock")
+    assert umbp.lookup_socket_path(d, ns.hex.upper(), "", 0, 0) == p
+    assert umbp.lookup_socket_path(d, ns, "", 0, 0) == p  # a Namespace works too
+    others = {umbp.lookup_socket_path(d, ns.hex, "", 0, 1),
+              umbp.lookup_socket_path(d, ns.hex, "", 1, 0),
+              umbp.lookup_socket_path(d, ns.hex, "engine-b", 0, 0)}
+    assert p not in others and len(others) == 3
+    with pytest.raises(umbp.UmbpError):
+        umbp.lookup_socket_path(d, "not-hex", "", 0, 0)
+    with pytest.raises(umbp.UmbpError):
+        umbp.LookupClient({"mode": "embedded", "no_such_option": 1})
