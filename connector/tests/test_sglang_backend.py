@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from hashlib import sha256
 from pathlib import Path
@@ -99,13 +100,19 @@ class Server:
             pytest.skip("no umbp-server (set UMBP_SERVER or build it): standalone tests skipped")
         self.tmp = tempfile.mkdtemp(prefix="umbp-sgl-")
         self.socket_dir = os.path.join(self.tmp, "s")
-        self.proc = subprocess.Popen(
-            [binary, "--json", json.dumps({"capacity_bytes": capacity, "socket_dir": self.socket_dir})],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        line = self.proc.stdout.readline()
+        self.argv = [binary, "--json", json.dumps({"capacity_bytes": capacity,
+                                                   "socket_dir": self.socket_dir})]
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        line = self.proc.stdout.readline()  # "umbp-server: serving <socket> ..." (stderr)
         if "serving" not in line:
-            self.stop()
+            self.close()
             pytest.fail(f"umbp-server did not start: {line!r}")
+        self.log = [line]
+        threading.Thread(target=lambda f=self.proc.stdout: self.log.extend(f), daemon=True).start()
 
     def options(self, **kw):
         return {"mode": "standalone", "socket_dir": self.socket_dir, "startup_timeout_ms": 5000,
@@ -380,6 +387,11 @@ def test_option_rules():
         assert st.key_rank == (1, 1, 0, 0)
     finally:
         st.close()
+    # standalone socket choice: dp_rank fixed (default 0: every DP rank shares one server) or "auto"
+    from umbp.sglang import config as sconfig
+    assert sconfig.parse({"mode": "standalone"}).runtime_config(3, 8, 2)["dp_rank"] == 0
+    assert sconfig.parse({"mode": "standalone", "dp_rank": "auto"}).runtime_config(3, 8, 2)["dp_rank"] == 2
+    assert "dp_rank" not in sconfig.parse({}).runtime_config(0, 1, 2)
     with pytest.raises(LayoutError, match="page_head"):
         make_store(FakeHostPool("page_first", mla=True), mla=True).register_mem_pool_host(
             type("P", (), {"layout": "page_head", "page_size": 4, "kv_buffer": None})())
@@ -503,6 +515,13 @@ def test_standalone_server_gone_means_misses_not_exceptions(server):
         assert st.get(hkey(1), pool.get_dummy_flat_data_page()) is None
         assert st.clear() in (True, False)
         assert time.monotonic() - t0 < 15  # bounded by timeout_ms, never hangs
+        # a new server on the same socket: the runtime reconnects and carries on (empty pool)
+        server.start()
+        deadline = time.monotonic() + 10
+        while st.batch_set_v1([hkey(3)], page_indices(pool, [3])) != [True]:
+            assert time.monotonic() < deadline, "no reconnect within 10 s"
+            time.sleep(0.05)
+        assert st.batch_exists([hkey(3)]) == 1 and st.batch_exists([hkey(1)]) == 0
     finally:
         st.close()
 
