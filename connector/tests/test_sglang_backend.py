@@ -419,6 +419,17 @@ def test_mla_rank0_writes_rank1_reads(server):
         # a non-writer rank claims success without writing
         assert r1.batch_set_v1([hkey(2)], page_indices(pool1, [0])) == [True]
         assert r0.batch_exists([hkey(2)]) == 0
+        # a dummy host pool (no kv_buffer) on a reader rank: lookups work, loads miss
+        dummy = FakeHostPool("page_first", mla=True)
+        dummy.kv_buffer = None
+        r2 = make_store(dummy, server.options(), mla=True, tp_rank=1, tp_size=2)
+        try:
+            assert r2.namespace.hex == r0.namespace.hex
+            assert r2.batch_exists([hkey(1)]) == 1
+            assert r2.batch_get_v1([hkey(1)], page_indices(pool1, [0])) == [False]
+            assert r2.get(hkey(1)) is None
+        finally:
+            r2.close()
     finally:
         r0.close()
         r1.close()

@@ -216,7 +216,14 @@ class UMBPStore(HiCacheStorage):
         """Learns the host pool's layout and derives the key namespace.  Raises
         LayoutError (a ValueError) for a pool this backend cannot address."""
         super().register_mem_pool_host(mem_pool_host)
-        lay = PageLayout.from_pool(mem_pool_host, self.is_mla)
+        if getattr(mem_pool_host, "kv_buffer", None) is None and not self.is_writer:
+            # SGLang's dummy MLA host pool on a rank that never backs up: keys and
+            # lookups still work (they answer for rank 0's pages); loads miss
+            lay = PageLayout.without_buffer(mem_pool_host, self.is_mla)
+            logger.warning("umbp.sglang: host pool without kv_buffer on MLA rank %d: lookups "
+                           "only, every load misses", self.tp_rank)
+        else:
+            lay = PageLayout.from_pool(mem_pool_host, self.is_mla)
         if self._cfg.key_namespace is not None:
             ns = umbp.Namespace.from_string(self._cfg.key_namespace)
         else:

@@ -86,6 +86,7 @@ class PageLayout:
     piece_offsets: np.ndarray  # c: uint64 (k,), address offset of piece j
     piece_bytes: int      # every piece has this length
     aligned: bool         # first slots must be multiples of page_size
+    addressable: bool = True  # False: a pool without kv_buffer (lookups only)
 
     @property
     def pieces(self) -> int:
@@ -184,6 +185,44 @@ class PageLayout:
                    piece_offsets=offsets, piece_bytes=piece_bytes,
                    aligned=layout in ("page_first_direct", "page_head"))
 
+    @classmethod
+    def without_buffer(cls, pool: Any, is_mla: bool) -> "PageLayout":
+        """The layout facts of a pool that holds no kv_buffer (SGLang's dummy MLA
+        host pool on ranks that never back up), from its attributes, so that
+        keys and lookups work; no page is addressable.  Raises LayoutError when
+        the attributes are missing."""
+        layout = getattr(pool, "layout", None)
+        allowed = MLA_LAYOUTS if is_mla else MHA_LAYOUTS
+        if layout not in allowed:
+            raise LayoutError(f"--hicache-mem-layout {layout!r} is not supported for "
+                              f"{'MLA' if is_mla else 'MHA'} models by the umbp backend; use one of "
+                              + ", ".join(allowed))
+        try:
+            page_size = int(pool.page_size)
+            num_layers = int(pool.layer_num)
+            size = int(getattr(pool, "size", 0) or 0)
+            dtype = pool.dtype
+            itemsize = getattr(dtype, "itemsize", None)
+            if itemsize is None:  # torch < 2.1
+                import torch
+                itemsize = torch.empty((), dtype=dtype).element_size()
+            if is_mla:
+                width = int(pool.kv_cache_dim)
+            else:
+                width = int(pool.head_num) * int(pool.head_dim)
+        except Exception as e:
+            raise LayoutError("host pool has no kv_buffer and lacks page_size, layer_num, dtype "
+                              f"and {'kv_cache_dim' if is_mla else 'head_num/head_dim'} ({e})") from None
+        token_bytes = width * int(itemsize)
+        kvs = 1 if is_mla else 2
+        pieces = kvs * num_layers if layout == "layer_first" else kvs
+        piece_bytes = page_size * token_bytes * (1 if layout == "layer_first" else num_layers)
+        return cls(layout=layout, is_mla=is_mla, page_size=page_size, num_layers=num_layers,
+                   num_slots=size, token_bytes=token_bytes,
+                   dtype=str(dtype).replace("torch.", ""), itemsize=int(itemsize), base=0,
+                   buffer_bytes=0, slot_stride=0, piece_offsets=np.zeros(pieces, dtype=np.uint64),
+                   piece_bytes=piece_bytes, aligned=False, addressable=False)
+
     # ---- per batch -------------------------------------------------------
 
     def first_slots(self, host_indices: Any, num_pages: int) -> np.ndarray:
@@ -191,6 +230,8 @@ class PageLayout:
         LayoutError when host_indices do not hold num_pages whole pages inside
         the pool (a caller bug: the batch must fail, never touch memory outside
         the buffer)."""
+        if not self.addressable:
+            raise LayoutError("the host pool has no kv_buffer: no page can be read or written")
         if hasattr(host_indices, "detach"):  # torch tensor
             host_indices = host_indices.detach()
             if getattr(host_indices.device, "type", "cpu") != "cpu":
