@@ -124,7 +124,12 @@ def _load():
 lib, path = _load()
 
 for _name, (_res, _args) in _FUNCS.items():
-    _f = getattr(lib, _name)
+    try:
+        _f = getattr(lib, _name)
+    except AttributeError:
+        raise ImportError("umbp: %s lacks %s; it is older than this package (which needs "
+                          "umbp/keys.h and umbp_op_statuses): rebuild it or point UMBP_LIBRARY "
+                          "at a newer one" % (path, _name)) from None
     _f.restype = _res
     _f.argtypes = _args
     globals()[_name] = _f

@@ -10,16 +10,20 @@ The functions are resolved on first use: with a libumbp that predates the
 lookup service they raise umbp.LibraryTooOld (an UmbpError and a
 NotImplementedError), and the rest of the package works as before.
 
-Assumed C contract of umbp_lookup_client_query(c, keys, n, rows, row_rank,
-present, prefix): keys holds rows x n keys (row r is rank row_rank[r], or
-rank r when row_rank is NULL); present[i] (n entries) is 1 when block i is
-present on every row's rank; *prefix is the count of leading blocks
-present everywhere.  present is allocated for rows x n entries so that a
-per-row reading of the contract cannot overrun it.
+umbp_lookup_client_query(c, keys, n, rows, row_rank, present, prefix): keys
+holds rows x n keys, row r for rank row_rank[r] (rank r when row_rank is
+NULL); present gets rows x n bytes, one per key; *prefix is the longest i
+such that keys 0..i-1 are present in every row.  A failing rank makes its
+rows absent and the call returns its code, with prefix and present still
+valid; -EINVAL alone means nothing was asked (raised here).
+
+The C client is for one thread at a time; a LookupClient serialises its
+calls with a lock, so it may be shared by threads.
 """
 import ctypes
 import errno
 import json
+import threading
 
 import numpy as np
 
@@ -62,16 +66,16 @@ class LookupClient:
         self._destroy = _lib.optional("umbp_lookup_client_destroy")
         self._query = _lib.optional("umbp_lookup_client_query")
         self._ptr = None
+        self._lock = threading.Lock()
         out = ctypes.c_void_p()
         _lib.check(self._create(json.dumps(opts).encode(), ctypes.byref(out)),
                    "LookupClient", use_last=True)
         self._ptr = out.value
 
     def query_ex(self, keys_rows, row_rank=None):
-        """(prefix, present np.bool_ (n,), rc); rc 0 or a negative code (a
-        failure reports misses)."""
-        if self._ptr is None:
-            raise UmbpError(-errno.EBADF, "LookupClient is closed")
+        """(prefix, present, rc): present np.bool_ (rows, n), one per key of
+        each row; rc 0, or the negative code of a failing rank (its rows are
+        absent; the other ranks' answers are kept)."""
         a = _rows_array(keys_rows)
         rows, n = a.shape[0], a.shape[1]
         rr = None
@@ -79,25 +83,27 @@ class LookupClient:
             rr = np.ascontiguousarray(row_rank, dtype=np.uint32)
             if rr.shape != (rows,):
                 raise UmbpError(-errno.EINVAL, "row_rank must have %d entries (one per row)" % rows)
-        present = np.zeros(max(1, rows * n), dtype=np.uint8)
+        present = np.zeros((rows, n), dtype=np.uint8)
         prefix = ctypes.c_size_t()
-        rc = self._query(self._ptr, a.ctypes.data, n, rows,
-                         None if rr is None else rr.ctypes.data, present.ctypes.data,
-                         ctypes.byref(prefix))
-        if rc < 0:
+        with self._lock:
+            if self._ptr is None:
+                raise UmbpError(-errno.EBADF, "LookupClient is closed")
+            rc = self._query(self._ptr, a.ctypes.data, n, rows,
+                             None if rr is None else rr.ctypes.data, present.ctypes.data,
+                             ctypes.byref(prefix))
             if rc == -errno.EINVAL:
                 raise _lib.error(rc, "LookupClient.query", use_last=True)
-            return 0, np.zeros(n, dtype=np.bool_), rc
-        return int(prefix.value), present[:n].view(np.bool_), 0
+        return int(prefix.value), present.view(np.bool_), min(rc, 0)
 
     def query(self, keys_rows, row_rank=None):
-        """The count of leading blocks present on every rank."""
+        """The count of leading blocks present in every row (failures are misses)."""
         return self.query_ex(keys_rows, row_rank)[0]
 
     def close(self):
-        p, self._ptr = self._ptr, None
-        if p is not None:
-            self._destroy(p)
+        with self._lock:
+            p, self._ptr = self._ptr, None
+            if p is not None:
+                self._destroy(p)
 
     def __enter__(self):
         return self

@@ -15,6 +15,7 @@ runtime; every other method may be called from any thread.
 import ctypes
 import errno
 import json
+import weakref
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def keys_array(keys):
             raise UmbpError(-errno.EINVAL, "keys must be shaped (n, 32), got %s" % (keys.shape,))
         return keys if keys.flags.c_contiguous else np.ascontiguousarray(keys)
     if isinstance(keys, (list, tuple)):
-        if any(len(k) != _KEY for k in keys):
+        if keys and set(map(len, keys)) != {_KEY}:
             raise UmbpError(-errno.EINVAL, "keys: every key must be 32 bytes")
         keys = b"".join(keys)
     if isinstance(keys, (bytes, bytearray, memoryview)):
@@ -86,6 +87,14 @@ def _u64(x, n, what):
         if x < 0:
             raise UmbpError(-errno.EINVAL, "%s must be >= 0, got %d" % (what, x))
         return np.full(n, x, dtype=np.uint64)
+    if isinstance(x, (list, tuple)):  # vLLM's block ids: fromiter is the fastest list path
+        if len(x) != n:
+            raise UmbpError(-errno.EINVAL, "%s must have %d entries (one per key), got %d"
+                            % (what, n, len(x)))
+        try:
+            x = np.fromiter(x, dtype=np.int64, count=n)
+        except (TypeError, ValueError):
+            raise TypeError("%s must be integers" % what) from None
     a = _as_numpy(x)
     if a.ndim != 1 or a.shape[0] != n:
         raise UmbpError(-errno.EINVAL, "%s must have %d entries (one per key), got shape %s"
@@ -93,7 +102,7 @@ def _u64(x, n, what):
     if a.dtype.kind == "i":
         if n and a.min() < 0:
             raise UmbpError(-errno.EINVAL, "%s: negative entry" % what)
-    elif a.dtype.kind != "u":
+    elif a.dtype.kind != "u" and n:
         raise TypeError("%s must be integers, got %s" % (what, a.dtype))
     return a
 
@@ -224,7 +233,7 @@ class KVCache:
     __slots__ = ("_rt", "handle", "object_size", "num_blocks", "num_layers", "layout", "tensors")
 
     def __init__(self, rt, handle, object_size, num_blocks, num_layers, layout, tensors):
-        self._rt = rt
+        self._rt = weakref.ref(rt)  # the runtime holds its KV caches, not the reverse
         self.handle = handle
         self.object_size = object_size
         self.num_blocks = num_blocks
@@ -312,6 +321,8 @@ class Runtime:
     def deregister(self, kv):
         if kv.handle is None:
             return
+        if kv._rt() is not self:
+            raise UmbpError(-errno.ENOENT, "deregister: the KV cache belongs to another runtime")
         _lib.check(_lib.umbp_kv_deregister(self._p(), kv.handle), "deregister")
         kv.handle = None
         kv.tensors = ()
@@ -319,7 +330,7 @@ class Runtime:
 
     def _kv_submit(self, fn, what, kv, keys, block_ids, first_layer, num_layers, wait_event):
         p = self._p()
-        if kv.handle is None or kv._rt is not self:
+        if kv.handle is None or kv._rt() is not self:
             raise UmbpError(-errno.ENOENT, "%s: the KV cache is not registered with this runtime"
                             % what)
         keys = keys_array(keys)
