@@ -1,0 +1,547 @@
+"""Tests of umbp.sglang (the SGLang HiCache L3 storage backend).
+
+SGLang cannot be installed here: sglang_fakes.FakeHostPool stands in for its
+host KV pool (real shapes per layout), and umbp.sglang._compat for its
+HiCacheStorage types.  Run with Debian's python (numpy, torch 1.13, pytest):
+
+    UMBP_LIBRARY=/work/shared-notes/lib/libumbp.so /usr/bin/python3 -m pytest connector/tests/test_sglang_backend.py
+
+The standalone tests start an umbp-server: $UMBP_SERVER, else
+build/umbp-server, else /work/shared-notes/lib/umbp-server; they skip, saying
+so, when none exists.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from hashlib import sha256
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = Path(__file__).resolve().parent
+CONNECTOR = HERE.parent
+REPO = CONNECTOR.parent
+for p in (str(HERE), str(CONNECTOR)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import umbp  # noqa: E402
+from sglang_fakes import FakeHostPool, page_indices  # noqa: E402
+from umbp.sglang import _compat  # noqa: E402
+from umbp.sglang.config import UMBPStoreConfigError  # noqa: E402
+from umbp.sglang.hicache import UMBPStore, page_hashes  # noqa: E402
+from umbp.sglang.layout import LayoutError, PageLayout  # noqa: E402
+
+MHA_LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
+MLA_LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
+DYNAMIC = {"backend_name": "umbp", "module_path": "umbp.sglang.hicache",
+           "class_name": "UMBPStore", "interface_v1": 1}
+
+
+def hkey(i) -> str:
+    """A SGLang-style page hash: 64 hex digits of SHA-256."""
+    return sha256(f"page-{i}".encode()).hexdigest()
+
+
+def scfg(extra=None, *, tp_rank=0, tp_size=1, mla=False, metrics=False, model="test/model", **kw):
+    return _compat.HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=kw.pop("pp_rank", 0), pp_size=kw.pop("pp_size", 1),
+        attn_cp_rank=0, attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=metrics,
+        is_page_first_layout=True, model_name=model,
+        extra_config={**DYNAMIC, "capacity_bytes": "64MiB", **(extra or {})}, **kw)
+
+
+def make_store(pool=None, extra=None, **kw) -> UMBPStore:
+    st = UMBPStore(scfg(extra, **kw), {})
+    if pool is not None:
+        st.register_mem_pool_host(pool)
+    return st
+
+
+@pytest.fixture
+def stores():
+    made = []
+
+    def make(*a, **kw):
+        st = make_store(*a, **kw)
+        made.append(st)
+        return st
+    yield make
+    for st in made:
+        st.close()
+
+
+# ---- the standalone server ------------------------------------------------
+
+def _server_binary():
+    for cand in (os.environ.get("UMBP_SERVER"), REPO / "build" / "umbp-server",
+                 "/work/shared-notes/lib/umbp-server"):
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    return None
+
+
+class Server:
+    def __init__(self, capacity="256MiB"):
+        binary = _server_binary()
+        if binary is None:
+            pytest.skip("no umbp-server (set UMBP_SERVER or build it): standalone tests skipped")
+        self.tmp = tempfile.mkdtemp(prefix="umbp-sgl-")
+        self.socket_dir = os.path.join(self.tmp, "s")
+        self.argv = [binary, "--json", json.dumps({"capacity_bytes": capacity,
+                                                   "socket_dir": self.socket_dir})]
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        line = self.proc.stdout.readline()  # "umbp-server: serving <socket> ..." (stderr)
+        if "serving" not in line:
+            self.close()
+            pytest.fail(f"umbp-server did not start: {line!r}")
+        self.log = [line]
+        threading.Thread(target=lambda f=self.proc.stdout: self.log.extend(f), daemon=True).start()
+
+    def options(self, **kw):
+        return {"mode": "standalone", "socket_dir": self.socket_dir, "startup_timeout_ms": 5000,
+                "timeout_ms": 3000, "lookup_timeout_ms": 200, **kw}
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def close(self):
+        self.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    s.close()
+
+
+# ---- layout arithmetic ----------------------------------------------------
+
+@pytest.mark.parametrize("mla,layout", [(False, lo) for lo in MHA_LAYOUTS] + [(True, lo) for lo in MLA_LAYOUTS])
+def test_addresses_match_sglang_page_buffer_meta(mla, layout):
+    pool = FakeHostPool(layout, mla=mla)
+    lay = PageLayout.from_pool(pool, mla)
+    pages = [5, 0, 3]
+    idx = page_indices(pool, pages)
+    ptrs, lens, offs = lay.ranges(lay.first_slots(idx, len(pages)))
+    want_ptrs, want_sizes = pool.get_page_buffer_meta(idx)
+    assert lay.object_size == pool.get_dummy_flat_data_page().numel() * pool.itemsize
+    assert set(lens.reshape(-1).tolist()) == set(want_sizes)
+    if layout == "layer_first" and not mla:
+        # SGLang lists K_l, V_l per layer; an object is every K layer, then every V layer
+        got = ptrs.reshape(len(pages), 2, -1).transpose(0, 2, 1).reshape(-1)
+    else:
+        got = ptrs.reshape(-1)
+    assert got.tolist() == want_ptrs
+    # each row tiles the object in order
+    assert (offs[:, 1:] == offs[:, :-1] + lens[:, :-1]).all() and (offs[:, 0] == 0).all()
+
+
+def test_layout_refuses_what_it_cannot_address():
+    with pytest.raises(LayoutError, match="page_head"):  # not an MLA layout
+        PageLayout.from_pool(type("P", (), {"layout": "page_head", "page_size": 4,
+                                            "kv_buffer": torch.zeros(2, 2, 4, 3, 8)})(), True)
+    with pytest.raises(LayoutError, match="page_first_kv_split"):
+        PageLayout.from_pool(type("P", (), {"layout": "page_first_kv_split", "page_size": 4,
+                                            "kv_buffer": torch.zeros(2, 2, 4, 1, 8)})(), True)
+    with pytest.raises(LayoutError, match="dimensions"):
+        PageLayout.from_pool(type("P", (), {"layout": "page_first", "page_size": 4,
+                                            "kv_buffer": torch.zeros(2, 8, 3, 16)})(), False)
+    pool = FakeHostPool("page_first")
+    pool.kv_buffer = pool.kv_buffer.transpose(1, 2)
+    with pytest.raises(LayoutError, match="contiguous"):
+        PageLayout.from_pool(pool, False)
+    pool = FakeHostPool("page_first")
+    pool.layer_num = 7
+    with pytest.raises(LayoutError, match="layer_num"):
+        PageLayout.from_pool(pool, False)
+    pool = FakeHostPool("page_first_direct")
+    pool.page_size = 8
+    with pytest.raises(LayoutError, match="page_size"):
+        PageLayout.from_pool(pool, False)
+
+
+# ---- byte-exact round trips ----------------------------------------------
+
+@pytest.mark.parametrize("mla,layout", [(False, lo) for lo in MHA_LAYOUTS] + [(True, lo) for lo in MLA_LAYOUTS])
+def test_set_then_get_into_poisoned_pool_is_byte_exact(stores, mla, layout):
+    pool = FakeHostPool(layout, mla=mla)
+    pool.fill_random(seed=1)
+    st = stores(pool, mla=mla)
+    src_pages = [6, 1, 4, 2]
+    keys = [hkey(i) for i in range(len(src_pages))]
+    want = [pool.page_bytes(p * pool.page_size) for p in src_pages]
+    assert st.batch_set_v1(keys, page_indices(pool, src_pages)) == [True] * 4
+
+    pool.poison(0xA5)
+    dst_pages = [0, 7, 3, 5]
+    assert st.batch_get_v1(keys, page_indices(pool, dst_pages)) == [True] * 4
+    for p, w in zip(dst_pages, want):
+        assert pool.page_bytes(p * pool.page_size) == w
+    # nothing outside the destination pages was written
+    for p in set(range(pool.page_num)) - set(dst_pages):
+        assert set(pool.page_bytes(p * pool.page_size)) == {0xA5}
+
+
+def test_v1_objects_are_sglang_flat_pages_both_ways(stores):
+    """batch_set_v1 and the legacy set store the same bytes (the flat data page)."""
+    pool = FakeHostPool("layer_first")
+    pool.fill_random(seed=2)
+    st = stores(pool)
+    assert st.batch_set_v1([hkey(1)], page_indices(pool, [3])) == [True]
+    got = st.get(hkey(1), pool.get_dummy_flat_data_page())
+    assert got is not None
+    assert got.view(torch.uint8).numpy().tobytes() == pool.page_bytes(3 * pool.page_size)
+
+    flat = pool.get_data_page(5 * pool.page_size).clone()
+    assert st.set(hkey(2), flat)
+    pool.poison()
+    assert st.batch_get_v1([hkey(2)], page_indices(pool, [0])) == [True]
+    assert pool.page_bytes(0) == flat.view(torch.uint8).numpy().tobytes()
+    # batch_get allocates when no target is given; misses are None
+    out = st.batch_get([hkey(2), hkey(99)])
+    assert out[1] is None and out[0].view(torch.uint8).numpy().tobytes() == flat.view(torch.uint8).numpy().tobytes()
+    assert st.batch_set([hkey(3)], [torch.zeros(3, dtype=torch.float16)]) is False  # wrong size
+
+
+def test_duplicate_keys_in_one_batch(stores):
+    pool = FakeHostPool("page_first")
+    pool.fill_random(seed=3)
+    st = stores(pool)
+    want = pool.page_bytes(2 * pool.page_size)
+    assert st.batch_set_v1([hkey(1), hkey(1)], page_indices(pool, [2, 4])) == [True, True]
+    pool.poison()
+    assert st.batch_get_v1([hkey(1), hkey(1)], page_indices(pool, [0, 6])) == [True, True]
+    assert pool.page_bytes(0) == want and pool.page_bytes(6 * pool.page_size) == want
+
+
+# ---- lookups and misses -----------------------------------------------------
+
+def test_exists_and_batch_exists_prefix(stores):
+    pool = FakeHostPool("page_first")
+    st = stores(pool)
+    k = [hkey(i) for i in range(4)]
+    assert st.batch_exists(k) == 0
+    assert st.batch_set_v1([k[0], k[1], k[2]], page_indices(pool, [0, 1, 2])) == [True] * 3
+    assert st.batch_exists(k) == 3
+    assert st.batch_exists([k[0], k[1], k[3], k[2]]) == 2
+    assert st.batch_exists([k[3], k[0]]) == 0
+    assert st.batch_exists([]) == 0
+    assert st.exists(k[1]) and not st.exists(k[3])
+    assert st.batch_exists(k, _compat.HiCacheStorageExtraInfo(prefix_keys=[hkey(100)])) == 3
+
+
+def test_misses_return_false_and_leave_the_pool_alone(stores):
+    pool = FakeHostPool("page_first_direct")
+    st = stores(pool)
+    pool.fill_random(seed=4)
+    assert st.batch_set_v1([hkey(1)], page_indices(pool, [1])) == [True]
+    pool.poison(0x5A)
+    assert st.batch_get_v1([hkey(7), hkey(8)], page_indices(pool, [2, 3])) == [False, False]
+    assert set(pool.raw().numpy().tobytes()) == {0x5A}
+    assert st.batch_get_v1([hkey(1), hkey(9)], page_indices(pool, [2, 3])) == [True, False]
+    assert st.get(hkey(9), pool.get_dummy_flat_data_page()) is None
+    assert not st.exists(hkey(9))
+
+
+def test_bad_calls_are_misses_not_exceptions(stores):
+    pool = FakeHostPool("page_first_direct")
+    st = stores(pool)
+    k = [hkey(1), hkey(2)]
+    assert st.batch_set_v1(k, page_indices(pool, [1])) == [False, False]            # too few slots
+    assert st.batch_set_v1(k, torch.tensor([0] * 8, dtype=torch.int64) + 10_000) == [False, False]  # outside
+    assert st.batch_get_v1(k, torch.arange(1, 9)) == [False, False]                # pages not aligned
+    assert st.batch_set_v1(k, torch.zeros(8)) == [False, False]                    # not integers
+    assert st.batch_set_v1([], torch.zeros(0, dtype=torch.int64)) == []
+    assert st.batch_get_v1([], torch.zeros(0, dtype=torch.int64)) == []
+    assert st.batch_exists([object()]) == 0
+    # before registration and after close: misses
+    bare = stores()
+    assert bare.batch_set_v1(k, page_indices(pool, [0, 1])) == [False, False]
+    assert bare.batch_get_v1(k, page_indices(pool, [0, 1])) == [False, False]
+    assert bare.batch_exists(k) == 0 and bare.get(k[0]) is None and bare.set(k[0], torch.zeros(1)) is False
+    st.close()
+    assert st.batch_get_v1(k, page_indices(pool, [0, 1])) == [False, False]
+    assert st.batch_exists(k) == 0 and st.clear() is False
+
+
+def test_clear_and_stats(stores):
+    pool = FakeHostPool("page_first")
+    st = stores(pool, metrics=True)
+    assert st.batch_set_v1([hkey(1), hkey(2)], page_indices(pool, [0, 1])) == [True, True]
+    assert st.batch_get_v1([hkey(1)], page_indices(pool, [2])) == [True]
+    m = st.get_stats()
+    assert isinstance(m, _compat.StorageMetrics)
+    assert m.backup_pgs == [2] and m.prefetch_pgs == [1] and len(m.backup_bandwidth) == 1
+    assert st.get_stats().backup_pgs == []  # a window, emptied by each call
+    assert st.clear() is True
+    assert st.batch_exists([hkey(1)]) == 0
+    assert stores(pool).get_stats() is None  # without --enable-storage-metrics
+
+
+# ---- keys -----------------------------------------------------------------------
+
+def test_page_hashes():
+    keys = [hkey(i) for i in range(5)]
+    fast = page_hashes(keys)
+    assert fast == b"".join(bytes.fromhex(k) for k in keys)
+    assert page_hashes(keys[2:3]) == fast[64:96]
+    mixed = [keys[0], "not-a-hash", keys[1].upper(), " " + keys[2][1:]]
+    h = page_hashes(mixed)
+    assert len(h) == 4 * 32 and h[:32] == fast[:32] and h[64:96] == fast[32:64]
+    assert page_hashes(["not-a-hash"]) == h[32:64] and page_hashes([mixed[3]]) == h[96:]
+    assert h[96:] != fast[64:96]
+
+
+def test_namespace_separates_layouts_and_models(stores):
+    a = stores(FakeHostPool("page_first"))
+    b = stores(FakeHostPool("page_first_direct"))
+    c = stores(FakeHostPool("page_first"), model="other/model")
+    d = stores(FakeHostPool("page_first"))
+    e = stores(FakeHostPool("page_first"), extra={"key_namespace": "fleet"})
+    assert len({a.namespace.hex, b.namespace.hex, c.namespace.hex, e.namespace.hex}) == 4
+    assert a.namespace.hex == d.namespace.hex
+    assert (a._keys([hkey(1)]) == d._keys([hkey(1)])).all()
+
+
+# ---- options ---------------------------------------------------------------------
+
+def test_loaded_like_sglangs_dynamic_factory():
+    cfg = scfg()
+    mod = importlib.import_module(cfg.extra_config["module_path"])
+    cls = getattr(mod, cfg.extra_config["class_name"])
+    assert issubclass(cls, _compat.HiCacheStorage)
+    st = cls(cfg, {})  # backend_factory: backend_class(storage_config, kwargs)
+    try:
+        pool = FakeHostPool("page_first")
+        st.register_mem_pool_host(pool)  # HiCacheController.attach_storage_backend
+        assert st.mem_pool_host is pool and st.layout.layout == "page_first"
+    finally:
+        st.close()
+    st = cls(cfg, FakeHostPool("page_first"))  # built-in style (storage_config, mem_pool_host)
+    assert st.layout is not None
+    st.close()
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({"mode": "distributed"}, "'mode'"),
+    ({"dp_rank": -1}, "'dp_rank'"),
+    ({"dp_rank": "any"}, "'dp_rank'"),
+    ({"key_namespace": ""}, "'key_namespace'"),
+    ({"clear_shared_pool": "yes"}, "'clear_shared_pool'"),
+    ({"passthrough_keys": "x"}, "'passthrough_keys'"),
+    ({"rank": 1}, "'rank' may not be set"),
+    ({"world_size": 2}, "'world_size' may not be set"),
+    ({"capacity_byte": "1GiB"}, "capacity_byte"),          # unknown: umbp refuses it
+    ({"capacity_bytes": "lots"}, "capacity_bytes"),
+    ({"dram_high_watermark": 1.5}, "dram_high_watermark"),
+    ({"capacity_bytes": "1GiB", "total_capacity_bytes": "2GiB"}, "mutually exclusive"),
+])
+def test_bad_options_name_the_option(extra, match):
+    with pytest.raises(UMBPStoreConfigError, match=match):
+        make_store(extra=extra)
+
+
+def test_option_rules():
+    with pytest.raises(UMBPStoreConfigError, match="standalone"):
+        make_store(mla=True, tp_size=2)  # embedded MLA with TP: ranks > 0 could never hit
+    with pytest.raises(UMBPStoreConfigError, match="should_split_heads"):
+        make_store(should_split_heads=True)
+    with pytest.raises(UMBPStoreConfigError, match="tp_rank"):
+        make_store(tp_rank=2, tp_size=2)
+    with pytest.raises(UMBPStoreConfigError, match="JSON object"):
+        UMBPStore(_compat.HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, True, "m",
+                                               extra_config=["x"]), {})
+    # SGLang's own keys and passthrough keys are accepted; rank/world_size are computed
+    st = make_store(extra={"prefetch_threshold": 64, "hicache_storage_pass_prefix_keys": True,
+                           "new_sglang_knob": 1, "passthrough_keys": ["new_sglang_knob"]},
+                    tp_rank=1, tp_size=4, pp_rank=1, pp_size=2)
+    try:
+        assert st.runtime_options["rank"] == 5 and st.runtime_options["world_size"] == 8
+        assert "new_sglang_knob" not in st.runtime_options
+        assert "prefetch_threshold" not in st.runtime_options
+        assert st.key_rank == (1, 1, 0, 0)
+    finally:
+        st.close()
+    # standalone socket choice: dp_rank fixed (default 0: every DP rank shares one server) or "auto"
+    from umbp.sglang import config as sconfig
+    assert sconfig.parse({"mode": "standalone"}).runtime_config(3, 8, 2)["dp_rank"] == 0
+    assert sconfig.parse({"mode": "standalone", "dp_rank": "auto"}).runtime_config(3, 8, 2)["dp_rank"] == 2
+    assert "dp_rank" not in sconfig.parse({}).runtime_config(0, 1, 2)
+    with pytest.raises(LayoutError, match="page_head"):
+        make_store(FakeHostPool("page_first", mla=True), mla=True).register_mem_pool_host(
+            type("P", (), {"layout": "page_head", "page_size": 4, "kv_buffer": None})())
+    with pytest.raises(LayoutError, match="kv_buffer"):
+        make_store().register_mem_pool_host(type("P", (), {"layout": "page_first", "page_size": 4,
+                                                          "kv_buffer": None})())
+
+
+# ---- standalone mode ---------------------------------------------------------
+
+def test_mla_rank0_writes_rank1_reads(server):
+    pool0 = FakeHostPool("page_first", mla=True)
+    pool1 = FakeHostPool("page_first", mla=True)
+    pool0.fill_random(seed=5)
+    r0 = make_store(pool0, server.options(), mla=True, tp_rank=0, tp_size=2)
+    r1 = make_store(pool1, server.options(), mla=True, tp_rank=1, tp_size=2)
+    try:
+        assert r0.is_writer and not r1.is_writer
+        want = pool0.page_bytes(3 * pool0.page_size)
+        assert r0.batch_set_v1([hkey(1)], page_indices(pool0, [3])) == [True]
+        assert r1.batch_exists([hkey(1)]) == 1
+        pool1.poison()
+        assert r1.batch_get_v1([hkey(1)], page_indices(pool1, [6])) == [True]
+        assert pool1.page_bytes(6 * pool1.page_size) == want
+        # a non-writer rank claims success without writing
+        assert r1.batch_set_v1([hkey(2)], page_indices(pool1, [0])) == [True]
+        assert r0.batch_exists([hkey(2)]) == 0
+        # a dummy host pool (no kv_buffer) on a reader rank: lookups work, loads miss
+        dummy = FakeHostPool("page_first", mla=True)
+        dummy.kv_buffer = None
+        r2 = make_store(dummy, server.options(), mla=True, tp_rank=1, tp_size=2)
+        try:
+            assert r2.namespace.hex == r0.namespace.hex
+            assert r2.batch_exists([hkey(1)]) == 1
+            assert r2.batch_get_v1([hkey(1)], page_indices(pool1, [0])) == [False]
+            assert r2.get(hkey(1)) is None
+        finally:
+            r2.close()
+    finally:
+        r0.close()
+        r1.close()
+
+
+def test_mha_ranks_do_not_see_each_others_keys(server):
+    pools = [FakeHostPool("page_first_direct") for _ in range(2)]
+    for i, p in enumerate(pools):
+        p.fill_random(seed=10 + i)
+    ranks = [make_store(pools[r], server.options(), tp_rank=r, tp_size=2) for r in range(2)]
+    try:
+        assert ranks[0].namespace.hex == ranks[1].namespace.hex
+        assert ranks[0].batch_set_v1([hkey(1)], page_indices(pools[0], [2])) == [True]
+        assert ranks[1].batch_exists([hkey(1)]) == 0
+        assert ranks[1].batch_get_v1([hkey(1)], page_indices(pools[1], [0])) == [False]
+        want = [pools[0].page_bytes(2 * pools[0].page_size), pools[1].page_bytes(4 * pools[1].page_size)]
+        assert want[0] != want[1]
+        assert ranks[1].batch_set_v1([hkey(1)], page_indices(pools[1], [4])) == [True]
+        for r in range(2):
+            pools[r].poison()
+            assert ranks[r].batch_get_v1([hkey(1)], page_indices(pools[r], [7])) == [True]
+        for r in range(2):  # the same page hash, each rank its own bytes
+            assert pools[r].page_bytes(7 * pools[r].page_size) == want[r]
+    finally:
+        for st in ranks:
+            st.close()
+
+
+WRITER = r"""
+import json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+from sglang_fakes import FakeHostPool, page_indices
+from umbp.sglang import _compat
+from umbp.sglang.hicache import UMBPStore
+opts = json.loads(sys.argv[2])
+pool = FakeHostPool("layer_first", num_pages=16)
+pool.fill_random(seed=42)
+cfg = _compat.HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, False, "test/model", extra_config=opts)
+st = UMBPStore(cfg, {})
+st.register_mem_pool_host(pool)
+keys = ["%064x" % (i + 1) for i in range(5)]
+ok = st.batch_set_v1(keys, page_indices(pool, [9, 3, 12, 0, 7]))
+st.close()
+print(json.dumps(ok))
+"""
+
+
+def test_standalone_page_stored_in_one_process_is_read_in_another(server):
+    opts = {**DYNAMIC, **server.options(engine_id="writer")}
+    out = subprocess.run([sys.executable, "-c", WRITER, json.dumps([str(HERE), str(CONNECTOR)]),
+                          json.dumps(opts)], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True] * 5
+
+    ref = FakeHostPool("layer_first", num_pages=16)
+    ref.fill_random(seed=42)
+    pool = FakeHostPool("layer_first", num_pages=16)
+    pool.poison()
+    st = make_store(pool, server.options(engine_id="reader"))
+    try:
+        keys = ["%064x" % (i + 1) for i in range(5)]
+        assert st.batch_exists(keys + [hkey(0)]) == 5
+        assert st.batch_get_v1(keys, page_indices(pool, [1, 2, 4, 5, 6])) == [True] * 5
+        for src, dst in zip([9, 3, 12, 0, 7], [1, 2, 4, 5, 6]):
+            assert pool.page_bytes(dst * pool.page_size) == ref.page_bytes(src * ref.page_size)
+    finally:
+        st.close()
+
+
+def test_standalone_clear_shared_pool_option(server):
+    pool = FakeHostPool("page_first")
+    keep = make_store(pool, server.options(clear_shared_pool=False))
+    other = make_store(pool, server.options())
+    try:
+        assert keep.batch_set_v1([hkey(1)], page_indices(pool, [0])) == [True]
+        assert keep.clear() is False and keep.batch_exists([hkey(1)]) == 1
+        assert other.clear() is True and keep.batch_exists([hkey(1)]) == 0
+    finally:
+        keep.close()
+        other.close()
+
+
+def test_standalone_server_gone_means_misses_not_exceptions(server):
+    pool = FakeHostPool("page_first")
+    st = make_store(pool, server.options(reconnect_max_ms=100))
+    try:
+        assert st.batch_set_v1([hkey(1)], page_indices(pool, [0])) == [True]
+        server.stop(signal.SIGKILL)
+        t0 = time.monotonic()
+        assert st.batch_exists([hkey(1)]) == 0
+        assert st.batch_get_v1([hkey(1)], page_indices(pool, [1])) == [False]
+        assert st.batch_set_v1([hkey(2)], page_indices(pool, [2])) == [False]
+        assert st.get(hkey(1), pool.get_dummy_flat_data_page()) is None
+        assert st.clear() in (True, False)
+        assert time.monotonic() - t0 < 15  # bounded by timeout_ms, never hangs
+        # a new server on the same socket: the runtime reconnects and carries on (empty pool)
+        server.start()
+        deadline = time.monotonic() + 10
+        while st.batch_set_v1([hkey(3)], page_indices(pool, [3])) != [True]:
+            assert time.monotonic() < deadline, "no reconnect within 10 s"
+            time.sleep(0.05)
+        assert st.batch_exists([hkey(3)]) == 1 and st.batch_exists([hkey(1)]) == 0
+    finally:
+        st.close()
+
+
+def test_standalone_unreachable_server_fails_at_creation():
+    d = tempfile.mkdtemp(prefix="umbp-sgl-none-")
+    try:
+        with pytest.raises(UMBPStoreConfigError, match="standalone"):
+            make_store(extra={"mode": "standalone", "socket_dir": os.path.join(d, "s"),
+                              "startup_timeout_ms": 200})
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,101 @@
+"""SGLang's types, or stand-ins for them where SGLang is not installed.
+
+Inside SGLang the backend must subclass SGLang's own ``HiCacheStorage`` (the
+``dynamic`` factory checks ``issubclass``) and ``get_stats`` must return
+SGLang's ``StorageMetrics`` (its collector asserts ``isinstance``), so the real
+classes are used whenever ``sglang`` imports.  Without SGLang (tests, tools)
+the stand-ins below have the same names, fields and defaults as SGLang's at
+the commit named in docs/sglang.md, and nothing more.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+try:  # pragma: no cover - exercised only where SGLang is installed
+    from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
+        HiCacheStorage,
+        HiCacheStorageConfig,
+        HiCacheStorageExtraInfo,
+    )
+    HAVE_SGLANG = True
+except Exception:  # ImportError, or a SGLang that fails to import here
+    HAVE_SGLANG = False
+
+    @dataclass
+    class HiCacheStorageConfig:  # type: ignore[no-redef]
+        tp_rank: int
+        tp_size: int
+        pp_rank: int
+        pp_size: int
+        attn_cp_rank: int
+        attn_cp_size: int
+        is_mla_model: bool
+        enable_storage_metrics: bool
+        is_page_first_layout: bool
+        model_name: Optional[str]
+        dp_rank: int = 0
+        dp_size: int = 1
+        tp_lcm_size: Optional[int] = None
+        should_split_heads: bool = False
+        extra_config: Optional[dict] = None
+
+    @dataclass
+    class HiCacheStorageExtraInfo:  # type: ignore[no-redef]
+        prefix_keys: Optional[List[str]] = None
+        extra_info: Optional[dict] = None
+
+    class HiCacheStorage(ABC):  # type: ignore[no-redef]
+        """The abstract methods and defaults of SGLang's HiCacheStorage."""
+
+        def register_mem_pool_host(self, mem_pool_host: Any):
+            self.mem_pool_host = mem_pool_host
+
+        def batch_get_v1(self, keys, host_indices, extra_info=None) -> List[bool]:
+            raise NotImplementedError()
+
+        def batch_set_v1(self, keys, host_indices, extra_info=None) -> List[bool]:
+            raise NotImplementedError()
+
+        @abstractmethod
+        def get(self, key, target_location=None, target_sizes=None):
+            pass
+
+        @abstractmethod
+        def batch_get(self, keys, target_locations=None, target_sizes=None):
+            pass
+
+        @abstractmethod
+        def set(self, key, value=None, target_location=None, target_sizes=None) -> bool:
+            pass
+
+        @abstractmethod
+        def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
+            pass
+
+        @abstractmethod
+        def exists(self, key) -> bool:
+            pass
+
+        def batch_exists(self, keys, extra_info=None) -> int:
+            for i in range(len(keys)):
+                if not self.exists(keys[i]):
+                    return i
+            return len(keys)
+
+        def clear(self) -> None:
+            pass
+
+        def get_stats(self):
+            return None
+
+try:  # pragma: no cover
+    from sglang.srt.metrics.collector import StorageMetrics  # type: ignore
+except Exception:
+    @dataclass
+    class StorageMetrics:  # type: ignore[no-redef]
+        prefetch_pgs: List[int] = field(default_factory=list)
+        backup_pgs: List[int] = field(default_factory=list)
+        prefetch_bandwidth: List[float] = field(default_factory=list)
+        backup_bandwidth: List[float] = field(default_factory=list)
