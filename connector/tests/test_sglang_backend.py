@@ -4,10 +4,10 @@ SGLang cannot be installed here: sglang_fakes.FakeHostPool stands in for its
 host KV pool (real shapes per layout), and umbp.sglang._compat for its
 HiCacheStorage types.  Run with Debian's python (numpy, torch 1.13, pytest):
 
-    UMBP_LIBRARY=/work/shared-notes/lib/libumbp.so /usr/bin/python3 -m pytest connector/tests/test_sglang_backend.py
+    UMBP_LIBRARY=build/libumbp.so /usr/bin/python3 -m pytest connector/tests/test_sglang_backend.py
 
 The standalone tests start an umbp-server: $UMBP_SERVER, else
-build/umbp-server, else /work/shared-notes/lib/umbp-server; they skip, saying
+build/server/umbp-server; they skip, saying
 so, when none exists.
 """
 from __future__ import annotations
@@ -86,8 +86,7 @@ def stores():
 # ---- the standalone server ------------------------------------------------
 
 def _server_binary():
-    for cand in (os.environ.get("UMBP_SERVER"), REPO / "build" / "umbp-server",
-                 "/work/shared-notes/lib/umbp-server"):
+    for cand in (os.environ.get("UMBP_SERVER"), REPO / "build" / "server" / "umbp-server"):
         if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
             return str(cand)
     return None
