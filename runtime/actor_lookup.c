@@ -4,13 +4,36 @@
  *
  * Loop thread only.  A lookup is one tier call for the whole batch; it has no
  * side effects unless the caller asked to touch (refresh LRU).  Quarantined
- * keys (load actor's table, same thread) count as misses.
+ * keys (load actor's table, same thread) count as misses.  It also starts
+ * the lookup service (lookup/lookup_serve.c), which answers a scheduler's
+ * lookups on this thread with the same tier call and accounting.
  */
 #include <errno.h>
 #include <string.h>
 
+#include "lookup_int.h"
 #include "rt.h"
 #include "tier_call.h"
+
+size_t lookup_account(struct umbp_runtime *rt, const struct umbp_tier_req *reqs,
+                      uint8_t *present, size_t n)
+{
+    if (rt->core->load_failure_quarantine_ms > 0) {
+        uint64_t now = umbp_now_ns();
+        for (size_t k = 0; k < n; k++)
+            if (present[k] && quarantine_has(rt->quarantine, &reqs[k].key, now))
+                present[k] = 0;
+    }
+    size_t prefix = 0, hits = 0;
+    while (prefix < n && present[prefix])
+        prefix++;
+    for (size_t k = 0; k < n; k++)
+        hits += present[k] != 0;
+    CNT_ADD(rt, lookups, 1);
+    CNT_ADD(rt, lookup_keys, n);
+    CNT_ADD(rt, lookup_hits, hits);
+    return prefix;
+}
 
 static void lookup_done(void *arg, int rc)
 {
@@ -18,22 +41,8 @@ static void lookup_done(void *arg, int rc)
     struct umbp_runtime *rt = op->rt;
     if (rc < 0)
         memset(op->present, 0, op->n);
-    if (rt->core->load_failure_quarantine_ms > 0) {
-        uint64_t now = umbp_now_ns();
-        for (size_t k = 0; k < op->n; k++)
-            if (op->present[k] && quarantine_has(rt->quarantine, &op->reqs[k].key, now))
-                op->present[k] = 0;
-    }
-    size_t prefix = 0, hits = 0;
-    while (prefix < op->n && op->present[prefix])
-        prefix++;
-    for (size_t k = 0; k < op->n; k++)
-        hits += op->present[k] != 0;
-    op->prefix = prefix;
+    op->prefix = lookup_account(rt, op->reqs, op->present, op->n);
     op->rc = rc < 0 ? rc : 0;
-    CNT_ADD(rt, lookups, 1);
-    CNT_ADD(rt, lookup_keys, op->n);
-    CNT_ADD(rt, lookup_hits, hits);
     op_complete(op);
     /* an answered lookup means the backend responds again */
     atomic_store(&rt->lookup_stuck, false);
@@ -119,6 +128,7 @@ void lookup_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m)
         else
             tier_clear(rt->tier, clear_done, op);
         break;
+    case MSG_LOOKUP_SERVE: lookup_service_start(rt, m); break;
     default: umbp_log(UMBP_LOG_ERROR, "lookup actor: unexpected message %s", msg_name(m->type));
     }
 }

@@ -22,6 +22,7 @@
     X(LOOKUP, LOOKUP)      /* caller -> lookup: exists + prefix */         \
     X(STATS, LOOKUP)       /* caller -> lookup: counters snapshot */       \
     X(CLEAR, LOOKUP)       /* caller -> lookup: remove everything */       \
+    X(LOOKUP_SERVE, LOOKUP) /* caller -> lookup: start the lookup service */ \
     X(EVICT_KICK, EVICTOR) /* store/lookup -> evictor: check watermarks */ \
     X(LEASE_SWEEP, LEASE)  /* any -> lease: expire leases now */
 

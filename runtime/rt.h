@@ -285,6 +285,7 @@ struct rt_counters {
 /* ---- the runtime ------------------------------------------------------- */
 
 struct rt_config;
+struct lookup_service;
 
 struct umbp_runtime {
     struct rt_config *cfg;
@@ -318,6 +319,9 @@ struct umbp_runtime {
     _Atomic size_t inflight;   /* ops taken and not yet completed */
     bool stopping;             /* loop thread: drain then break */
     _Atomic bool lookup_stuck; /* a lookup timed out and has not finished */
+    /* umbp_lookup_serve's service (lookup/lookup_serve.c): set once by the
+     * caller (release), then the loop thread's (acquire in on_stop) */
+    _Atomic(struct lookup_service *) lookup_service;
 
     /* store actor (loop thread) */
     struct umbp_op *space_waiters_head, *space_waiters_tail;
@@ -372,6 +376,12 @@ struct quarantine *quarantine_new(void);
 void quarantine_free(struct quarantine *q);
 void quarantine_add(struct quarantine *q, const umbp_key_t *k, uint64_t until_ns);
 bool quarantine_has(struct quarantine *q, const umbp_key_t *k, uint64_t now_ns);
+
+/* Lookup actor and lookup service (loop thread): after a tier lookup of
+ * reqs[0..n), quarantined keys become misses and the lookup is counted in
+ * the stats; returns the consecutive present prefix. */
+size_t lookup_account(struct umbp_runtime *rt, const struct umbp_tier_req *reqs,
+                      uint8_t *present, size_t n);
 
 /* Caller side: UMBP_E_DUPLICATE_KEY if two of op's keys are equal. */
 int umbp_check_duplicate_keys(struct umbp_op *op);

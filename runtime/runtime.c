@@ -7,9 +7,10 @@
  * so pthread_create orders it.
  *
  * Destruction: refuse new work (closing), ring the stop doorbell; the loop
- * thread fails waiting puts, keeps serving mailboxes (handlers fail new
- * arrivals with UMBP_E_NOT_ATTEMPTED) until every in-flight op has completed
- * or timeout_ms has passed, then breaks.  Copy workers finish the jobs already
+ * thread closes the lookup service (lookup/lookup_serve.c), fails waiting
+ * puts, keeps serving mailboxes (handlers fail new arrivals with
+ * UMBP_E_NOT_ATTEMPTED) until every in-flight op has completed or timeout_ms
+ * has passed, then breaks.  Copy workers finish the jobs already
  * queued (bounded memcpy) before they exit; only then is the tier destroyed.
  */
 #include <errno.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "lookup_int.h"
 #include "rt.h"
 #include "tier_call.h"
 
@@ -56,6 +58,7 @@ static void on_stop(struct ev_loop *loop, ev_async *w, int revents)
         return;
     rt->stopping = true;
     rt->drain_deadline_ns = umbp_now_ns() + ms_to_ns(rt->core->timeout_ms);
+    lookup_service_stop(rt); /* its connections close and its socket goes now */
     store_actor_stop(rt);
     ev_timer_init(&rt->drain_timer, on_drain_timer, 0.0, 0.001);
     rt->drain_timer.data = rt;
@@ -157,6 +160,7 @@ static int create_actors(struct umbp_runtime *rt)
 static void free_runtime(struct umbp_runtime *rt)
 {
     kv_fini(rt); /* GPU transfers end and the pool is unpinned before unmap */
+    lookup_service_free(rt);
     if (rt->tier)
         rt->tier->ops->destroy(rt->tier);
     for (int a = 0; a < ACTOR_COUNT; a++)

@@ -1,5 +1,6 @@
 /*
- * umbp-options - prints every option (core and each built-in tier) with its
+ * umbp-options - prints every option (core, each built-in tier, and the
+ * scheduler's lookup client, which has a table of its own) with its
  * type, default, accepted range and meaning, as a Markdown table.  The
  * tables in docs/configuration.md are this program's output, and a test
  * checks that every option appears there.
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "lookup_int.h"
 #include "umbp/tier.h"
 
 static const char *type_name(enum umbp_opt_type t)
@@ -72,5 +74,6 @@ int main(void)
         snprintf(title, sizeof(title), "tier `%s`", umbp_tier_registry[i]->name);
         print_table(title, umbp_tier_registry[i]->options);
     }
+    print_table("lookup client (umbp_lookup_client_create)", lookup_client_options);
     return 0;
 }

@@ -1,7 +1,7 @@
 /*
  * test_docs - docs/configuration.md must list every option that the core and
- * every built-in tier accept, with its default, so the page cannot drift from
- * the option tables.
+ * every built-in tier accept, and the lookup client's, with its default, so
+ * the page cannot drift from the option tables.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "lookup_int.h"
 #include "umbp/tier.h"
 
 static char *read_doc(void)
@@ -46,4 +47,14 @@ Test(docs, configuration_lists_every_option)
     check_table(doc, umbp_core_options);
     for (size_t i = 0; umbp_tier_registry[i]; i++)
         check_table(doc, umbp_tier_registry[i]->options);
+}
+
+/* The lookup client's table is its own (some names are the runtime's too,
+ * with other defaults): its rows are looked for in its own section. */
+Test(docs, configuration_lists_the_lookup_client_options)
+{
+    const char *doc = read_doc();
+    const char *sec = strstr(doc, "### lookup client (umbp_lookup_client_create)");
+    cr_assert_not_null(sec, "docs/configuration.md has no lookup client section");
+    check_table(sec, lookup_client_options);
 }

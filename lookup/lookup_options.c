@@ -1,0 +1,75 @@
+/*
+ * lookup_options.c - the lookup client's options: one table, parsed by the
+ * same machinery as a runtime's (common/options.c: JSON, then UMBP_*
+ * variables; unknown names refused), then the rules between them.
+ * Constant table; caller's thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lookup_int.h"
+#include "options.h"
+
+#define OFF(f) offsetof(struct lookup_client_config, f)
+
+static const char *const modes[] = {"embedded", "standalone", NULL};
+
+const struct umbp_option lookup_client_options[] = {
+    {"mode", UMBP_OPT_STRING, OFF(mode), "embedded", 0, 0, 16, modes,
+     "embedded: ask each worker rank's lookup service; standalone: ask umbp-server"},
+    {"lookup_timeout_ms", UMBP_OPT_INT, OFF(lookup_timeout_ms), "1000", 1, 60000, 0, NULL,
+     "bound on one query, all ranks together"},
+    {"namespace", UMBP_OPT_STRING, OFF(name_space), "", 0, 0, 64, NULL,
+     "embedded: the engine's namespace, 32 hex digits (required); standalone: the tenant "
+     "namespace of the session (optional)"},
+    {"lookup_dir", UMBP_OPT_STRING, OFF(lookup_dir), "", 0, 0, LK_PATH_MAX, NULL,
+     "embedded: directory of the ranks' lookup sockets (created 0700); empty = "
+     "$XDG_RUNTIME_DIR/umbp, or /tmp/umbp-<uid> without XDG_RUNTIME_DIR"},
+    {"lookup_instance", UMBP_OPT_STRING, OFF(lookup_instance), "", 0, 0, 32, NULL,
+     "separates engines on one host: part of the lookup socket's name (embedded) or of the "
+     "server's socket (standalone)"},
+    {"dp_index", UMBP_OPT_INT, OFF(dp_index), "0", 0, 65535, 0, NULL,
+     "data-parallel index of the engine (in the socket path)"},
+    {"num_ranks", UMBP_OPT_INT, OFF(num_ranks), "1", 1, 4096, 0, NULL,
+     "ranks of the engine; a query's rows name ranks below it"},
+    {"socket_dir", UMBP_OPT_STRING, OFF(socket_dir), "", 0, 0, LK_PATH_MAX, NULL,
+     "standalone: directory of the server's socket; empty = /tmp/umbp-<uid>"},
+    {"startup_timeout_ms", UMBP_OPT_INT, OFF(startup_timeout_ms), "30000", 1, 600000, 0, NULL,
+     "standalone: bound on reaching the server at creation"},
+    {"reconnect_max_ms", UMBP_OPT_INT, OFF(reconnect_max_ms), "2000", 10, 60000, 0, NULL,
+     "standalone: cap of the backoff between reconnect attempts"},
+    {"engine_id", UMBP_OPT_STRING, OFF(engine_id), "", 0, 0, 64, NULL,
+     "standalone: this scheduler's name in the server's session list (default: the pid)"},
+    {.name = NULL},
+};
+
+int lookup_client_config_parse(const char *json, struct lookup_client_config *c, char *err,
+                               size_t errlen)
+{
+    struct umbp_opt_table t = {lookup_client_options, c, "lookup client"};
+    int rc;
+    memset(c, 0, sizeof(*c));
+    if ((rc = umbp_options_apply(&t, 1, json, err, errlen)) < 0 ||
+        (rc = lookup_check_instance(c->lookup_instance, err, errlen)) < 0)
+        return rc;
+    bool embedded = strcmp(c->mode, "embedded") == 0;
+    if (embedded) {
+        if (!c->name_space[0]) {
+            snprintf(err, errlen, "namespace: required in embedded mode (the engine's "
+                     "namespace, %d hex digits, as its workers serve it)",
+                     UMBP_LOOKUP_NS_HEX_LEN);
+            return -EINVAL;
+        }
+        if ((rc = lookup_check_ns(c->name_space, "namespace", err, errlen)) < 0)
+            return rc;
+        if (c->lookup_dir[0] && c->lookup_dir[0] != '/') {
+            snprintf(err, errlen, "lookup_dir=%s: must be an absolute path", c->lookup_dir);
+            return -EINVAL;
+        }
+    } else if (c->socket_dir[0] && c->socket_dir[0] != '/') {
+        snprintf(err, errlen, "socket_dir=%s: must be an absolute path", c->socket_dir);
+        return -EINVAL;
+    }
+    return 0;
+}
