@@ -16,7 +16,9 @@
  * query's deadline is stuck: later queries do not ask it (its rows miss,
  * UMBP_E_NOT_ATTEMPTED) but first read whatever it sent since, without
  * waiting; once every late reply has been read and discarded it is asked
- * again (single flight).  A connection that fails (refused, closed, a
+ * again (single flight).  One still stuck after 10 x lookup_timeout_ms (at
+ * least 5 s) is dropped and redialled, so a wedged process that never closes
+ * does not miss forever.  A connection that fails (refused, closed, a
  * malformed or unexpected frame) is closed; the rank is redialled on a later
  * query after a backoff of 10 ms doubling to 1 s, reset by a HELLO_OK.
  *
@@ -64,6 +66,7 @@ struct lk_rank {
     int fd;                        /* -1: no connection */
     bool greeted;                  /* HELLO_OK read */
     bool stuck;                    /* replies due past a query's deadline */
+    uint64_t stuck_ns;             /* since when */
     uint64_t next_seq;
     struct lk_expect *exp;         /* FIFO [exp_head, exp_head + exp_n) */
     size_t exp_head, exp_n, exp_cap;
@@ -367,6 +370,13 @@ static int rank_read(struct umbp_lookup_client *c, struct lk_rank *r, char *why,
     return 0;
 }
 
+/* How long a stuck rank keeps its connection. */
+static uint64_t stuck_limit_ns(const struct umbp_lookup_client *c)
+{
+    uint64_t ms = 10ull * (uint64_t)c->cfg.lookup_timeout_ms;
+    return (ms < 5000 ? 5000 : ms) * 1000000ull;
+}
+
 /* A stuck rank: what it wrote since, without waiting. */
 static void rank_drain(struct umbp_lookup_client *c, struct lk_rank *r)
 {
@@ -429,6 +439,15 @@ static void rank_ask(struct umbp_lookup_client *c, struct lk_rank *r, const umbp
     r->rc = 0;
     if (r->stuck)
         rank_drain(c, r);
+    if (r->stuck && now - r->stuck_ns > stuck_limit_ns(c)) {
+        /* a rank that neither answers nor closes is dropped and dialled
+         * again later, so one wedged process does not miss forever */
+        rank_fail(r, UMBP_E_TIMEOUT, "no answer to a query for 10 x lookup_timeout_ms (at "
+                  "least 5 s); reconnecting");
+        r->stuck = false;
+        r->rc = UMBP_E_NOT_ATTEMPTED;
+        return;
+    }
     if (r->stuck) {
         r->rc = UMBP_E_NOT_ATTEMPTED; /* single flight: its last query is still due */
         return;
@@ -513,6 +532,7 @@ static int embedded_query(struct umbp_lookup_client *c, const umbp_key_t *keys, 
             continue;
         if (rank_waiting(r)) {
             r->stuck = true;
+            r->stuck_ns = now_ns();
             r->rc = UMBP_E_TIMEOUT;
             umbp_log(UMBP_LOG_WARN, "lookup client: rank %u (%s) did not answer within "
                      "lookup_timeout_ms (%lld); its rows miss until it answers",

@@ -12,7 +12,8 @@
  *  - a killed rank (SIGKILL) and a stalled one (SIGSTOP) make misses with
  *    a negative code and no hang; while the stalled rank's query is
  *    unanswered it is not asked again (its lookup counter proves it), and
- *    after SIGCONT it answers again;
+ *    after SIGCONT it answers again; one stalled past 10 x the timeout
+ *    (at least 5 s) is dropped and redialled;
  *  - garbage, a wrong role, a request before HELLO, a connection over the
  *    cap: only that connection is closed; the others keep working;
  *  - standalone mode: the client against a real umbp-server.
@@ -443,6 +444,52 @@ Test(lookup, stalled_rank_single_flight_then_answers, .timeout = 120)
     /* asked once while stalled (answered late), then only when answered */
     cr_assert_eq(worker_lookups(&w1), l0 + 1 + answered,
                  "a rank with a query due was asked again");
+    umbp_lookup_client_destroy(c);
+    worker_end(&w0, false);
+    worker_end(&w1, false);
+    row_free(&a);
+    row_free(&b);
+}
+
+/* A rank that stays stalled past 10 x lookup_timeout_ms (at least 5 s) is
+ * dropped and dialled again: it is asked again (and times out again) instead
+ * of missing forever; once resumed it answers. */
+Test(lookup, wedged_rank_is_redialled, .timeout = 120)
+{
+    struct tu_rng g;
+    tu_rng_seed(&g, tu_time_seed());
+    mk_dir();
+    struct row a, b;
+    row_make(&a, &g, 64, 30);
+    row_make(&b, &g, 64, 40);
+    struct worker w0, w1;
+    worker_start(&w0, 0, a.held, a.nheld);
+    worker_start(&w1, 1, b.held, b.nheld);
+    umbp_lookup_client_t *c = client(2, TIMEOUT_MS);
+    uint64_t ms;
+    cr_assert_eq(timed_query(c, &a, &b, &ms), 0);
+    stop_and_wait(w1.pid);
+    cr_assert_eq(timed_query(c, &a, &b, &ms), UMBP_E_TIMEOUT);
+    cr_assert_eq(timed_query(c, &a, &b, &ms), UMBP_E_NOT_ATTEMPTED);
+    tu_sleep_ms(5200); /* past the 5 s floor */
+    /* dropped (not attempted), then redialled after the backoff: asked and
+     * stalled again, so a timeout rather than another silent miss */
+    int rc = timed_query(c, &a, &b, &ms);
+    cr_assert_eq(rc, UMBP_E_NOT_ATTEMPTED, "rc %d (%s)", rc, umbp_strerror(rc));
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    do {
+        tu_sleep_ms(20);
+        rc = timed_query(c, &a, &b, &ms);
+        cr_assert_lt(tu_now_ms(), end, "the dropped rank was never asked again");
+    } while (rc == UMBP_E_NOT_ATTEMPTED);
+    cr_assert_eq(rc, UMBP_E_TIMEOUT, "rc %d (%s)", rc, umbp_strerror(rc));
+    kill(w1.pid, SIGCONT);
+    end = tu_now_ms() + TU_WAIT_MS;
+    while ((rc = timed_query(c, &a, &b, &ms)) != 0) {
+        cr_assert(rc == UMBP_E_NOT_ATTEMPTED, "rc %d (%s)", rc, umbp_strerror(rc));
+        cr_assert_lt(tu_now_ms(), end, "the resumed rank never answered again");
+        tu_sleep_ms(5);
+    }
     umbp_lookup_client_destroy(c);
     worker_end(&w0, false);
     worker_end(&w1, false);
