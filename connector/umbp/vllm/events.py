@@ -136,14 +136,6 @@ class EventBuilder:
                         self.pending.append(_compat.make_block_removed(
                             block_hashes=[h], medium="CPU", group_idx=group))
 
-    def forget_all(self):
-        """After reset_cache: every announced block is gone."""
-        for g, h in list(self.announced):
-            if self._emits(g):
-                self.pending.append(_compat.make_block_removed(block_hashes=[h], medium="CPU", group_idx=g))
-        self.announced.clear()
-        self.holders.clear()
-
     def take(self) -> list:
         out, self.pending = self.pending, []
         return out

@@ -88,6 +88,8 @@ class UMBPWorker:
         self.n_submitted = 0
         self.n_completed = 0
         self.n_released = 0
+        self.blocks_loaded_by_group: dict = {}
+        self.blocks_stored_by_group: dict = {}
         #: test hook: while True, completed store jobs are not collected (they
         #: look in flight), to hold a request's delayed free deterministically
         self.hold_store_completions = False
@@ -218,7 +220,10 @@ class UMBPWorker:
     def _handle_clear(self, meta):
         if meta.clear_epoch > self.cleared_epoch:
             try:
-                self.rt.clear()
+                # standalone: one pool for every rank; a second rank's clear
+                # would remove what the first stored since
+                if self.opts.mode != "standalone" or self.rank == 0:
+                    self.rt.clear()
             except Exception as e:
                 log.warning("umbp: reset_cache: clearing rank %d's pool failed: %s", self.rank, e)
             self.cleared_epoch = meta.clear_epoch
@@ -353,6 +358,7 @@ class UMBPWorker:
             self.stats.add("load_blocks_failed", nfail)
             self.stats.add("load_bytes", per * nok)
             self.stats.add("load_seconds", dt)
+            self.blocks_loaded_by_group[j.group] = self.blocks_loaded_by_group.get(j.group, 0) + nok
             if nfail:
                 hashes = _split_hashes(j.plan)
                 not_data = {self.umbp.E_NOT_ATTEMPTED, self.umbp.E_TIMEOUT}
@@ -371,6 +377,7 @@ class UMBPWorker:
             self.stats.add("store_blocks_failed", nfail)
             self.stats.add("store_bytes", per * nok)
             self.stats.add("store_seconds", dt)
+            self.blocks_stored_by_group[j.group] = self.blocks_stored_by_group.get(j.group, 0) + nok
             self._store_done(j.plan, nfail)
             if nfail:
                 log.info("umbp: rank %d: %d of %d blocks of %s failed to store (%s)", self.rank, nfail, ok.size,
@@ -480,6 +487,8 @@ class UMBPWorker:
             "pending_stores": len(self.pending_stores),
             "async_loads_pending": len(self.async_pending),
             "delayed_free_pending": len(self.delayed_free),
+            "blocks_loaded_by_group": dict(self.blocks_loaded_by_group),
+            "blocks_stored_by_group": dict(self.blocks_stored_by_group),
         }
 
     def shutdown(self):
