@@ -186,6 +186,26 @@ def test_worker_call_order_and_wait_for_save_does_not_wait():
         e.check_clean()
 
 
+@SCHED
+def test_cross_layer_kv_cache(async_scheduling):
+    r = S.restore(cross_layer=True, async_scheduling=async_scheduling,
+                  extra={"prefer_cross_layer_blocks": True})
+    assert r["matched"] == (0, 96, True) and r["checked_blocks"] == 6
+
+
+def test_shutdown_releases_jobs_in_flight():
+    e = S.Engine(S._cfg())
+    w = e.workers[0]
+    w.hold_stores(True)
+    e.add("A", S.PROMPT, 4)
+    e.step()
+    assert w.counters()["jobs_inflight"] >= 1
+    rt = w.runtime()
+    [c] = e.shutdown()
+    assert c["jobs_inflight"] == 0 and c["jobs_released"] == c["jobs_submitted"] >= 1
+    assert rt.closed and w.conn._worker.rt is None
+
+
 # ---- the old vLLM API (handle_preemptions(set), no worker metadata, ...) ---------------------
 
 
@@ -351,6 +371,15 @@ def test_options_map_to_the_runtime():
     assert rc["role"] == "lookup" and rc["namespace"] == "t" and rc["socket_dir"] == "/run/umbp"
     assert _parse({"mode": "standalone", "dp_rank": "auto"}).runtime_config(rank=0, world_size=1,
                                                                             dp_rank=5)["dp_rank"] == 5
+
+
+def test_docs_name_every_option():
+    from umbp.vllm.options import OPTIONS, UNSUPPORTED
+
+    with open(os.path.join(os.path.dirname(CONNECTOR), "docs", "vllm.md")) as f:
+        doc = f.read()
+    missing = [n for n in list(OPTIONS) + list(UNSUPPORTED) if f"`{n}`" not in doc]
+    assert not missing, f"docs/vllm.md does not name {missing}"
 
 
 def test_unknown_options_warn_with_strict_options_false(caplog):

@@ -34,13 +34,22 @@ class HarnessWorker:
         mod = importlib.import_module("umbp.vllm.connector")
         self.conn = mod.UMBPConnector(cfg.vllm_config(rank), KVConnectorRole.WORKER, cfg.kv_cache_config())
         self.kv = {}
-        for name, g, kind, _i in self.layers:
-            if kind == MAMBA:
-                self.kv[name] = [torch.zeros(cfg.num_blocks, cfg.conv_size),
-                                 torch.zeros((cfg.num_blocks,) + tuple(cfg.ssm_shape))]
-            else:
-                self.kv[name] = torch.zeros(2, cfg.num_blocks, self.B, cfg.heads, cfg.dim)
-        self.conn.register_kv_caches(dict(self.kv))
+        self.cross = None
+        if cfg.cross_layer and self.conn.prefer_cross_layer_blocks:
+            # vLLM's cross-layer layout (num_blocks, L, 2, bs, H, D); each layer sees a
+            # (2, num_blocks, bs, H, D) view of it
+            self.cross = torch.zeros(cfg.num_blocks, len(self.layers), 2, self.B, cfg.heads, cfg.dim)
+            for name, _g, _kind, i in self.layers:
+                self.kv[name] = self.cross[:, i].transpose(0, 1)
+            self.conn.register_cross_layers_kv_cache(self.cross, None)
+        else:
+            for name, g, kind, _i in self.layers:
+                if kind == MAMBA:
+                    self.kv[name] = [torch.zeros(cfg.num_blocks, cfg.conv_size),
+                                     torch.zeros((cfg.num_blocks,) + tuple(cfg.ssm_shape))]
+                else:
+                    self.kv[name] = torch.zeros(2, cfg.num_blocks, self.B, cfg.heads, cfg.dim)
+            self.conn.register_kv_caches(dict(self.kv))
         self.reqs = {}  # rid -> per-group block ids
         self.digest_cache = {}  # rid -> (tokens, digests)
         self.calls = []  # connector calls of the last step, for order checks
