@@ -206,6 +206,30 @@ def test_shutdown_releases_jobs_in_flight():
     assert rt.closed and w.conn._worker.rt is None
 
 
+GPU = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+       pytest.mark.skipif("cuda" not in umbp.gpu_backends_built(), reason="libumbp built without CUDA")]
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("restore", {}),
+    ("restore", {"async_scheduling": True}),
+    ("restore", {"extra": {"load_async": False}}),
+    ("restore", {"async_scheduling": True, "tp": 2, "extra": {"load_async": False}}),
+    ("restore", {"cross_layer": True, "extra": {"prefer_cross_layer_blocks": True}}),
+    ("hybrid", {"async_scheduling": True}),
+    ("failed_load", {"tp": 2, "fail_rank": 1, "extra": {"load_async": False}}),
+    ("preemption", {"async_scheduling": True, "extra": {"save_decode_cache": True}}),
+    ("store_inflight", {}),
+    ("abort", {}),
+], ids=lambda x: x if isinstance(x, str) else json.dumps(x, separators=(",", ":")))
+@pytest.mark.parametrize("_gpu", [pytest.param(0, marks=GPU)], ids=["cuda"])
+def test_gpu_scenarios(name, kw, _gpu):
+    """The scenarios with CUDA KV tensors: the connector records torch.cuda
+    events on the compute stream and the runtime's CUDA copy engine waits for
+    them (stores after the forward's writes, loads after the poisoning)."""
+    getattr(S, name)(device="cuda", **kw)
+
+
 # ---- the old vLLM API (handle_preemptions(set), no worker metadata, ...) ---------------------
 
 

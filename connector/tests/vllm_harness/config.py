@@ -21,6 +21,7 @@ class HarnessConfig:
     local_prefix_cache: bool = False
     api: str = "new"  # engine call conventions: "new" (metadata handle_preemptions, worker meta) or "old"
     processes: bool = False  # TP workers in their own processes
+    device: str = "cpu"  # where the KV tensors live ("cuda" on the GPU machine)
     cross_layer: bool = False  # one (nb, L, 2, bs, H, D) tensor when the connector prefers cross-layer blocks
     heads: int = 2
     dim: int = 4

@@ -35,20 +35,21 @@ class HarnessWorker:
         self.conn = mod.UMBPConnector(cfg.vllm_config(rank), KVConnectorRole.WORKER, cfg.kv_cache_config())
         self.kv = {}
         self.cross = None
+        dev = self.dev = torch.device(cfg.device)
         if cfg.cross_layer and self.conn.prefer_cross_layer_blocks:
             # vLLM's cross-layer layout (num_blocks, L, 2, bs, H, D); each layer sees a
             # (2, num_blocks, bs, H, D) view of it
-            self.cross = torch.zeros(cfg.num_blocks, len(self.layers), 2, self.B, cfg.heads, cfg.dim)
+            self.cross = torch.zeros(cfg.num_blocks, len(self.layers), 2, self.B, cfg.heads, cfg.dim, device=dev)
             for name, _g, _kind, i in self.layers:
                 self.kv[name] = self.cross[:, i].transpose(0, 1)
             self.conn.register_cross_layers_kv_cache(self.cross, None)
         else:
             for name, g, kind, _i in self.layers:
                 if kind == MAMBA:
-                    self.kv[name] = [torch.zeros(cfg.num_blocks, cfg.conv_size),
-                                     torch.zeros((cfg.num_blocks,) + tuple(cfg.ssm_shape))]
+                    self.kv[name] = [torch.zeros(cfg.num_blocks, cfg.conv_size, device=dev),
+                                     torch.zeros((cfg.num_blocks,) + tuple(cfg.ssm_shape), device=dev)]
                 else:
-                    self.kv[name] = torch.zeros(2, cfg.num_blocks, self.B, cfg.heads, cfg.dim)
+                    self.kv[name] = torch.zeros(2, cfg.num_blocks, self.B, cfg.heads, cfg.dim, device=dev)
             self.conn.register_kv_caches(dict(self.kv))
         self.reqs = {}  # rid -> per-group block ids
         self.digest_cache = {}  # rid -> (tokens, digests)
@@ -68,9 +69,12 @@ class HarnessWorker:
         return d
 
     def _pos_index(self, ids, positions):
-        blocks = np.asarray([ids[p // self.B] for p in positions], dtype=np.int64)
-        offs = np.asarray([p % self.B for p in positions], dtype=np.int64)
+        blocks = torch.as_tensor([ids[p // self.B] for p in positions], dtype=torch.long, device=self.dev)
+        offs = torch.as_tensor([p % self.B for p in positions], dtype=torch.long, device=self.dev)
         return blocks, offs
+
+    def _put(self, x):
+        return torch.from_numpy(x).to(self.dev)
 
     def _update_states(self, so):
         for rid in so.finished_req_ids:
@@ -107,24 +111,24 @@ class HarnessWorker:
                         b = ids[(c - 1) // self.B]
                         for which, st in enumerate(t):
                             exp = model.state_values(int(d[c - 1]), self.rank, li, which, st[0].numel())
-                            if not np.array_equal(st[b].reshape(-1).numpy(), exp):
+                            if not np.array_equal(st[b].reshape(-1).cpu().numpy(), exp):
                                 bad.add(rid)
                     b = ids[(c + n - 1) // self.B]
                     for which, st in enumerate(t):
-                        st[b] = torch.from_numpy(model.state_values(int(d[c + n - 1]), self.rank, li, which,
-                                                                   st[0].numel())).reshape(st[b].shape)
+                        st[b] = self._put(model.state_values(int(d[c + n - 1]), self.rank, li, which,
+                                                             st[0].numel())).reshape(st[b].shape)
                     continue
                 lo = 0 if kind == FULL else max(0, c - cfg.groups[g][2] + 1)
                 if c > lo:
                     pos = range(lo, c)
                     blk, off = self._pos_index(ids, pos)
-                    got = t[:, blk, off].numpy()  # (2, m, H, D)
+                    got = t[:, blk, off].cpu().numpy()  # (2, m, H, D)
                     exp = model.kv_values(d[lo:c], self.rank, li, cfg.heads, cfg.dim)
                     if not np.array_equal(got, exp):
                         bad.add(rid)
                 pos = range(c, c + n)
                 blk, off = self._pos_index(ids, pos)
-                t[:, blk, off] = torch.from_numpy(model.kv_values(d[c:c + n], self.rank, li, cfg.heads, cfg.dim))
+                t[:, blk, off] = self._put(model.kv_values(d[c:c + n], self.rank, li, cfg.heads, cfg.dim))
             self.conn.save_kv_layer(name, t, None)
         out = {}
         for rid, c, n in work:
@@ -210,11 +214,11 @@ class HarnessWorker:
             if g != group:
                 continue
             t = self.kv[name]
-            idx = torch.as_tensor(list(block_ids), dtype=torch.long)
+            idx = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.dev)
             if kind == MAMBA:
-                out.extend(x[idx].numpy().tobytes() for x in t)
+                out.extend(x[idx].cpu().numpy().tobytes() for x in t)
             else:
-                out.append(t[:, idx].numpy().tobytes())
+                out.append(t[:, idx].cpu().numpy().tobytes())
         return out
 
     def block_bytes(self, group: int, block_id: int) -> bytes:
@@ -226,9 +230,9 @@ class HarnessWorker:
                 continue
             t = self.kv[name]
             if kind == MAMBA:
-                out.extend(x[block_id].numpy().tobytes() for x in t)
+                out.extend(x[block_id].cpu().numpy().tobytes() for x in t)
             else:
-                out += [t[0, block_id].numpy().tobytes(), t[1, block_id].numpy().tobytes()]
+                out += [t[0, block_id].cpu().numpy().tobytes(), t[1, block_id].cpu().numpy().tobytes()]
         return b"".join(out)
 
     def object_bytes(self, group: int, hashes) -> list:
