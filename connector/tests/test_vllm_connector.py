@@ -107,6 +107,19 @@ def test_failed_load_is_recomputed(async_scheduling, load_async, tp, fail_rank):
     assert r["matched_C"][1] == 96  # B stored the recomputed blocks again, no quarantine
 
 
+@SCHED
+@LOADS
+@TP
+def test_blocks_computed_from_a_failed_load_are_never_stored(async_scheduling, load_async, tp):
+    """B's load fails on the last rank after block 2 while its step also
+    computes two more full blocks: with TP those are bad on every rank (the
+    all-reduce), so no rank may store them; C (B's prompt) must then restore
+    only good blocks and generate the right tokens."""
+    r = S.failed_load(async_scheduling=async_scheduling, tp=tp, fail_rank=tp - 1, keep=2, extend=40,
+                      extra={"load_async": load_async})
+    assert r["matched_C"][1] == 128  # B recomputed and stored everything: C hits 8 blocks
+
+
 def test_failed_load_quarantine_outlives_a_later_store():
     r = S.failed_load(keep=2, extra={"load_failure_quarantine_ms": 60000})
     assert r["matched_C"][1] == 32  # blocks 2.. failed: misses for 60 s even though B stored them again

@@ -93,11 +93,12 @@ class HarnessWorker:
 
     # ---- the fake forward ------------------------------------------------------------
 
-    def _forward(self, so, tokens, work):
-        """work: [(rid, c, n)].  Returns {rid: token or GARBAGE} for requests
-        that complete their known tokens, and the set of rids that failed a check."""
+    def _check(self, tokens, work):
+        """Phase 1 of a forward: every layer waits for its loads and checks the
+        context each request attends to.  Returns the rids that saw wrong KV."""
         bad = set()
-        dig = {rid: np.asarray(self._digests(rid, tokens[rid][:c + n]), dtype=np.uint64) for rid, c, n in work}
+        self._dig = {rid: np.asarray(self._digests(rid, tokens[rid][:c + n]), dtype=np.uint64)
+                     for rid, c, n in work}
         cfg = self.cfg
         for name, g, kind, li in self.layers:
             self.conn.wait_for_layer_load(name)
@@ -105,7 +106,7 @@ class HarnessWorker:
             t = self.kv[name]
             for rid, c, n in work:
                 ids = self.reqs[rid][g]
-                d = dig[rid]
+                d = self._dig[rid]
                 if kind == MAMBA:
                     if c > 0:
                         b = ids[(c - 1) // self.B]
@@ -113,33 +114,47 @@ class HarnessWorker:
                             exp = model.state_values(int(d[c - 1]), self.rank, li, which, st[0].numel())
                             if not np.array_equal(st[b].reshape(-1).cpu().numpy(), exp):
                                 bad.add(rid)
-                    b = ids[(c + n - 1) // self.B]
-                    for which, st in enumerate(t):
-                        st[b] = self._put(model.state_values(int(d[c + n - 1]), self.rank, li, which,
-                                                             st[0].numel())).reshape(st[b].shape)
                     continue
                 lo = 0 if kind == FULL else max(0, c - cfg.groups[g][2] + 1)
                 if c > lo:
-                    pos = range(lo, c)
-                    blk, off = self._pos_index(ids, pos)
+                    blk, off = self._pos_index(ids, range(lo, c))
                     got = t[:, blk, off].cpu().numpy()  # (2, m, H, D)
-                    exp = model.kv_values(d[lo:c], self.rank, li, cfg.heads, cfg.dim)
-                    if not np.array_equal(got, exp):
+                    if not np.array_equal(got, model.kv_values(d[lo:c], self.rank, li, cfg.heads, cfg.dim)):
                         bad.add(rid)
-                pos = range(c, c + n)
-                blk, off = self._pos_index(ids, pos)
-                t[:, blk, off] = self._put(model.kv_values(d[c:c + n], self.rank, li, cfg.heads, cfg.dim))
+        return bad
+
+    def _write(self, tokens, work, bad):
+        """Phase 2: every layer writes the new positions' KV (Mamba: the new
+        state).  A request whose context was wrong on ANY rank gets garbage, as
+        tensor parallelism spreads it (the all-reduce); its next token is GARBAGE."""
+        cfg = self.cfg
+        for name, g, kind, li in self.layers:
+            t = self.kv[name]
+            for rid, c, n in work:
+                ids = self.reqs[rid][g]
+                d = self._dig[rid]
+                if kind == MAMBA:
+                    b = ids[(c + n - 1) // self.B]
+                    for which, st in enumerate(t):
+                        v = model.state_values(int(d[c + n - 1]), self.rank, li, which, st[0].numel())
+                        st[b] = self._put(v + 3.0 if rid in bad else v).reshape(st[b].shape)
+                    continue
+                blk, off = self._pos_index(ids, range(c, c + n))
+                v = model.kv_values(d[c:c + n], self.rank, li, cfg.heads, cfg.dim)
+                t[:, blk, off] = self._put(v + 3.0 if rid in bad else v)
             self.conn.save_kv_layer(name, t, None)
         out = {}
         for rid, c, n in work:
             if c + n == len(tokens[rid]):
-                out[rid] = model.GARBAGE if rid in bad else model.next_token(int(dig[rid][c + n - 1]))
-        return out, bad
+                out[rid] = model.GARBAGE if rid in bad else model.next_token(int(self._dig[rid][c + n - 1]))
+        return out
 
     def execute(self, so, tokens):
-        from vllm.forward_context import ForwardContext
-        from vllm.v1.outputs import KVConnectorOutput
+        """Both phases at once (TP=1, or tests that call a worker alone)."""
+        bad = self.execute_check(so, tokens)
+        return self.execute_finish(bad)
 
+    def execute_check(self, so, tokens):
         conn = self.conn
         self.calls = []
         meta = so.kv_connector_metadata
@@ -156,16 +171,28 @@ class HarnessWorker:
             conn.bind_connector_metadata(meta)
             self.calls.append(("bind_connector_metadata",))
         self._update_states(so)
-        ctx = ForwardContext()
-        conn.start_load_kv(ctx)
+        from vllm.forward_context import ForwardContext
+
+        conn.start_load_kv(ForwardContext())
         self.calls.append(("start_load_kv",))
-        sampled, bad = {}, set()
+        self._so, self._tokens = so, tokens
+        self._work = []
         if so.total_num_scheduled_tokens > 0:
-            work = [(nr.req_id, nr.num_computed_tokens, so.num_scheduled_tokens[nr.req_id])
-                    for nr in so.scheduled_new_reqs]
             c = so.scheduled_cached_reqs
-            work += [(rid, c.num_computed_tokens[i], so.num_scheduled_tokens[rid]) for i, rid in enumerate(c.req_ids)]
-            sampled, bad = self._forward(so, tokens, work)
+            self._work = [(nr.req_id, nr.num_computed_tokens, so.num_scheduled_tokens[nr.req_id])
+                          for nr in so.scheduled_new_reqs]
+            self._work += [(rid, c.num_computed_tokens[i], so.num_scheduled_tokens[rid])
+                           for i, rid in enumerate(c.req_ids)]
+            return self._check(tokens, self._work)
+        return set()
+
+    def execute_finish(self, bad_all):
+        from vllm.v1.outputs import KVConnectorOutput
+
+        conn, so = self.conn, self._so
+        sampled = {}
+        if so.total_num_scheduled_tokens > 0:
+            sampled = self._write(self._tokens, self._work, set(bad_all))
             conn.wait_for_save()
             self.calls.append(("wait_for_save",))
             self.inflight_after_save = conn.debug_counters()["jobs_inflight"]
@@ -185,7 +212,7 @@ class HarnessWorker:
         out = KVConnectorOutput(finished_sending=fs, finished_recving=fr, kv_connector_stats=stats,
                                 kv_cache_events=events, kv_connector_worker_meta=wmeta,
                                 invalid_block_ids=set(invalid))
-        return {"sampled": sampled, "bad": bad, "kv": out, "rank": self.rank}
+        return {"sampled": sampled, "bad": set(bad_all), "kv": out, "rank": self.rank}
 
     # ---- test controls ---------------------------------------------------------------
 
