@@ -66,6 +66,14 @@ def test_cache_hit_restore_is_byte_exact(async_scheduling, load_async, tp):
     assert r["checked_blocks"] == 6 * tp
 
 
+@SCHED
+@pytest.mark.parametrize("groups", [None, [(FULL, 2, 0), (SWA, 2, 32)]], ids=["full", "full+swa"])
+def test_lazy_offload_stores_at_request_finished(async_scheduling, groups):
+    kw = {"groups": groups} if groups else {}
+    r = S.restore(async_scheduling=async_scheduling, extra={"lazy_offload": True}, **kw)
+    assert r["matched"] == (0, 96, True)
+
+
 @pytest.mark.parametrize("local", [False, True], ids=["no-local-hit", "local-hit"])
 @SCHED
 def test_partial_hits_subtract_the_local_prefix(local, async_scheduling):
