@@ -12,6 +12,7 @@
  *                released outside the timing)
  *   lookup       umbp_lookup of those 512 keys (synchronous round trip)
  *   load_submit  the umbp_kv_block_t array + umbp_kv_load (submission only)
+ *   derive_keys  umbp_keys_derive of the 512 keys alone
  *   call         one trivial exported call (umbp_gpu_backends_built), the
  *                floor of any binding's per-call cost
  * Output: one "NAME median_us P50 p90_us P90" line each (parsed by the
@@ -77,6 +78,7 @@ int main(int argc, char **argv)
     double *ts = malloc(sizeof(double) * (size_t)iters);
     double *tl = malloc(sizeof(double) * (size_t)iters);
     double *tg = malloc(sizeof(double) * (size_t)iters);
+    double *td = malloc(sizeof(double) * (size_t)iters);
     for (int it = 0; it < iters; it++) {
         for (size_t i = 0; i < NKEYS; i++) {
             bench_fill(hashes[i], 32, (uint64_t)it * NKEYS + i + 1);
@@ -118,6 +120,10 @@ int main(int argc, char **argv)
             return 1;
         }
         bench_wait_ok(op, "load");
+
+        t0 = bench_now();
+        umbp_keys_derive(&ns, &rank, 0, hashes, 32, NKEYS, keys);
+        td[it] = bench_now() - t0;
     }
     enum { CALLS = 2000000 };
     volatile unsigned sink = 0;
@@ -132,10 +138,12 @@ int main(int argc, char **argv)
     report("store_plan", ts, iters);
     report("lookup", tl, iters);
     report("load_submit", tg, iters);
+    report("derive_keys", td, iters);
     printf("call median_us %.4f p90_us %.4f\n", call_us, call_us);
     free(ts);
     free(tl);
     free(tg);
+    free(td);
     umbp_runtime_destroy(rt);
     return 0;
 }

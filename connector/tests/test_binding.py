@@ -30,8 +30,7 @@ def test_create_close_idempotent_and_context_manager():
     with umbp.Runtime(host_options()) as r2:
         assert r2.stats()["capacity_bytes"] == 64 << 20
     assert r2.closed
-    umbp.Runtime(json_text := '{"capacity_bytes": "8MiB"}').close()
-    assert json_text
+    umbp.Runtime('{"capacity_bytes": "8MiB"}').close()  # a JSON string works too
 
 
 @pytest.mark.parametrize("opts, name", [
