@@ -154,8 +154,11 @@ class UMBPScheduler:
         if len(hs) < upto:
             bh = st.request.block_hashes
             s = self.scale
-            for i in range(len(hs), upto):
-                hs.append(hash_bytes(bh[(i + 1) * s - 1]))
+            new = bh[len(hs):upto] if s == 1 else bh[len(hs) * s + s - 1:upto * s:s]
+            if new and isinstance(new[0], bytes) and 1 <= len(new[0]) <= 64:
+                hs.extend(new)  # vLLM's BlockHash is bytes: no per-hash work
+            else:
+                hs.extend(hash_bytes(h) for h in new)
         return hs
 
     def _num_blocks_hashed(self, request) -> int:
