@@ -74,6 +74,17 @@ def test_lazy_offload_stores_at_request_finished(async_scheduling, groups):
     assert r["matched"] == (0, 96, True)
 
 
+@pytest.mark.parametrize("option", ["auto", 4], ids=["option-auto-from-config", "option-given"])
+def test_hash_block_size_below_the_block_size(option, monkeypatch):
+    """Hybrid vLLMs hash at a finer granularity than the block (connector-api.md
+    §1.5): a block's identity is the hash of its last sub-block."""
+    if option == "auto":
+        from vllm.config import CacheConfig
+        monkeypatch.setattr(CacheConfig, "hash_block_size", 4, raising=False)
+    r = S.restore(hash_block_size=4, extra={"hash_block_size": option})
+    assert r["matched"] == (0, 96, True)
+
+
 @pytest.mark.parametrize("local", [False, True], ids=["no-local-hit", "local-hit"])
 @SCHED
 def test_partial_hits_subtract_the_local_prefix(local, async_scheduling):

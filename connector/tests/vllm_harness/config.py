@@ -11,6 +11,7 @@ class HarnessConfig:
     #: KV cache groups: (kind, number of layers, sliding window in tokens)
     groups: list = dataclasses.field(default_factory=lambda: [(FULL, 2, 0)])
     block_size: int = 16
+    hash_block_size: int = 0  # tokens per request.block_hashes entry (0: block_size)
     num_blocks: int = 64  # GPU blocks per group pool (shared by all groups, block 0 is the null block)
     tp: int = 1
     extra: dict = dataclasses.field(default_factory=dict)  # kv_connector_extra_config

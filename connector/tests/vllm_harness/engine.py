@@ -607,7 +607,8 @@ class Engine:
     def add(self, rid, prompt, max_tokens=4):
         from vllm.v1.request import Request, SamplingParams
 
-        req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens), block_size=self.cfg.block_size)
+        req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens), block_size=self.cfg.block_size,
+                      hash_block_size=self.cfg.hash_block_size or None)
         self.sched.add_request(req)
         return req
 
