@@ -11,7 +11,7 @@ packages=(
   libibverbs-dev librdmacm-dev
   libcriterion-dev
   clang libclang-rt-14-dev
-  python3
+  python3 python3-numpy python3-pytest python3-torch python3-setuptools
 )
 if [[ "${UMBP_WITH_HIP:-0}" == 1 ]]; then
   packages+=(hipcc libamdhip64-dev)

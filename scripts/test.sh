@@ -15,6 +15,9 @@ if leaked=$(nm -D --defined-only build/libumbp.so | awk '{print $3}' | grep -v '
   echo "scripts/test.sh: libumbp.so exports symbols outside the umbp_ API:" $leaked >&2
   exit 1
 fi
+# the Python package against the library just built (Debian's python3: it
+# has numpy, pytest and torch)
+UMBP_LIBRARY="$PWD/build/libumbp.so" /usr/bin/python3 -m pytest -q connector/tests
 
 # Huge pages: the suites above ran with whatever the machine has reserved
 # (usually none: the fallback path).  Where we may, reserve 2 MiB pages for

@@ -1,0 +1,38 @@
+"""pytest setup: `umbp` from this tree (connector/ on sys.path) and the
+library from $UMBP_LIBRARY, else the repo's build/libumbp.so (exported in
+the environment so that subprocesses load the same one)."""
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONNECTOR = os.path.dirname(HERE)
+REPO = os.path.dirname(CONNECTOR)
+
+if not os.environ.get("UMBP_LIBRARY"):
+    built = os.path.join(REPO, "build", "libumbp.so")
+    if os.path.exists(built):
+        os.environ["UMBP_LIBRARY"] = built
+sys.path.insert(0, CONNECTOR)
+os.environ["PYTHONPATH"] = CONNECTOR + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+import umbp  # noqa: E402
+
+
+def pytest_report_header(config):
+    return "umbp library: %s (lookup service: %s)" % (
+        umbp.library_path, "yes" if umbp.has_lookup_service() else "no")
+
+
+def host_options(**kw):
+    opts = {"capacity_bytes": "64MiB", "gpu_backend": "host"}
+    opts.update(kw)
+    return opts
+
+
+@pytest.fixture
+def rt():
+    r = umbp.Runtime(host_options(enable_events=True))
+    yield r
+    r.close()

@@ -1,0 +1,400 @@
+"""The binding end to end on the host GPU backend (device memory is host
+memory, so CPU torch tensors stand in for GPU KV caches): runtime options,
+KV store/load in every layout with poisoned destinations and exact bytes,
+per-key statuses, host put/get, lookups, events and stats."""
+import errno
+
+import numpy as np
+import pytest
+
+import umbp
+from conftest import host_options
+
+torch = pytest.importorskip("torch")
+
+POISON = 0xA5
+NB, BS, H, D = 12, 4, 2, 8  # blocks, tokens per block, heads, head size
+
+
+# ---- runtime ----------------------------------------------------------------
+
+def test_create_close_idempotent_and_context_manager():
+    r = umbp.Runtime(host_options())
+    assert not r.closed
+    r.close()
+    r.close()
+    assert r.closed
+    with pytest.raises(umbp.UmbpError) as ei:
+        r.stats()
+    assert ei.value.code == -errno.EBADF
+    with umbp.Runtime(host_options()) as r2:
+        assert r2.stats()["capacity_bytes"] == 64 << 20
+    assert r2.closed
+    umbp.Runtime('{"capacity_bytes": "8MiB"}').close()  # a JSON string works too
+
+
+@pytest.mark.parametrize("opts, name", [
+    ({"capacity": "1GiB"}, "capacity"),
+    ({"capacity_bytes": "1GiB", "total_capacity_bytes": "2GiB"}, "total_capacity_bytes"),
+    ({"dram_high_watermark": 1.5}, "dram_high_watermark"),
+    ({"mode": "bogus"}, "mode"),
+    ({"log_level": "loud"}, "log_level"),
+    ({"timeout_ms": 0}, "timeout_ms"),
+    ({"gpu_backend": "tpu"}, "gpu_backend"),
+    ({"enable_events": "yes please"}, "enable_events"),
+    ({"rank": 3, "world_size": 2}, "rank"),
+])
+def test_bad_options_raise_naming_the_option(opts, name):
+    with pytest.raises(umbp.UmbpError) as ei:
+        umbp.Runtime(opts)
+    assert name in str(ei.value), str(ei.value)
+    assert ei.value.code < 0
+
+
+def test_stats_has_every_field(rt):
+    s = rt.stats()
+    assert set(s) == set(umbp._ffi.STATS_FIELDS)
+    assert s["capacity_bytes"] == 64 << 20 and s["num_objects"] == 0
+    assert all(isinstance(v, int) for v in s.values())
+
+
+# ---- KV caches -----------------------------------------------------------------
+#
+# Every cache is built from uint8 storage ("raw") viewed as bf16, so bytes
+# are compared exactly (random bf16 bit patterns include NaNs).  blk(raw, b)
+# is block b of the cache, in every layer.
+
+def _rand(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+
+
+def make_flash_attn(L):
+    raws = [_rand((2, NB, BS, H, 2 * D), l) for l in range(L)]
+    tensors = {"model.layers.%d.attn" % l: r.view(torch.bfloat16) for l, r in enumerate(raws)}
+    return tensors, raws, lambda r, b: r[:, b]
+
+
+def make_flashinfer(L):
+    raws = [_rand((NB, 2, BS, H, 2 * D), 10 + l) for l in range(L)]
+    return [r.view(torch.bfloat16) for r in raws], raws, lambda r, b: r[b]
+
+
+def make_hnd(L):
+    # memory (2, nb, H, bs, D) seen as (2, nb, bs, H, D): vLLM's HND view
+    raws = [_rand((2, NB, H, BS, 2 * D), 20 + l) for l in range(L)]
+    tensors = {"l%d" % l: r.view(torch.bfloat16).permute(0, 1, 3, 2, 4) for l, r in enumerate(raws)}
+    assert not next(iter(tensors.values())).is_contiguous()
+    return tensors, raws, lambda r, b: r[:, b]
+
+
+def make_mla(L):
+    raws = [_rand((NB, BS, 2 * 72), 30 + l) for l in range(L)]
+    return {"l%d" % l: r.view(torch.bfloat16) for l, r in enumerate(raws)}, raws, lambda r, b: r[b]
+
+
+def make_cross_layer(L):
+    raw = _rand((NB, L, 2, BS, H, 2 * D), 40)
+    return raw.view(torch.bfloat16), [raw], lambda r, b: r[b]
+
+
+def make_padded_flashinfer(L):
+    # blocks padded apart: the stride of block_dim is larger than a block
+    blk_bytes = 2 * BS * H * D * 2
+    raws = [_rand((NB, blk_bytes + 64), 50 + l) for l in range(L)]
+    ts = [r.view(torch.bfloat16).as_strided((NB, 2, BS, H, D),
+                                            ((blk_bytes + 64) // 2, BS * H * D, H * D, D, 1))
+          for r in raws]
+    return ts, raws, lambda r, b: r[b, :blk_bytes]
+
+
+LAYOUTS = {
+    "flash_attn": (make_flash_attn, 1 * 2 * BS * H * D * 2),
+    "flashinfer": (make_flashinfer, 1 * 2 * BS * H * D * 2),
+    "hnd": (make_hnd, 1 * 2 * BS * H * D * 2),
+    "mla": (make_mla, 1 * BS * 72 * 2),
+    "cross_layer": (make_cross_layer, 1 * 2 * BS * H * D * 2),
+    "padded": (make_padded_flashinfer, 1 * 2 * BS * H * D * 2),
+}
+
+
+def _keys(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, (n, 32), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_store_then_load_restores_exact_bytes(rt, name):
+    L = 3
+    make, per_layer_object = LAYOUTS[name]
+    tensors, raws, blk = make(L)
+    kv = rt.register_kv_caches(tensors)
+    assert kv.num_blocks == NB and kv.num_layers == L
+    assert kv.object_size == L * per_layer_object
+    assert kv.layout == {"hnd": "flash_attn", "padded": "flashinfer"}.get(name, name)
+    src_blocks = np.array([1, 4, 5, 9, 11])
+    keys = _keys(len(src_blocks), 7)
+    orig = [[blk(r, b).clone() for b in src_blocks] for r in raws]
+    with rt.store_blocks(kv, keys, src_blocks) as job:
+        assert job.wait(10000)
+        assert job.statuses.tolist() == [0] * len(src_blocks) and job.num_ok == len(src_blocks)
+    for r in raws:
+        r.fill_(POISON)
+    dst_blocks = torch.tensor([0, 2, 3, 7, 10])  # a torch tensor of ids works too
+    with rt.load_blocks(kv, keys, dst_blocks) as job:
+        assert job.wait(10000)
+        assert job.ok.all()
+    for li, r in enumerate(raws):
+        for i, b in enumerate(dst_blocks.tolist()):
+            assert torch.equal(blk(r, b), orig[li][i]), (name, li, b)
+        for b in set(range(NB)) - set(dst_blocks.tolist()):
+            assert bool((blk(r, b) == POISON).all()), (name, li, b)
+        if name == "padded":  # the padding between blocks is never written
+            assert bool((r[:, -64:] == POISON).all())
+
+
+def test_layer_subset_load(rt):
+    L = 4
+    tensors, raws, blk = make_flash_attn(L)
+    kv = rt.register_kv_caches(tensors)
+    keys = _keys(3, 8)
+    orig = [[blk(r, b).clone() for b in range(3)] for r in raws]
+    job = rt.store_blocks(kv, keys, [0, 1, 2])
+    assert job.wait(10000) and job.ok.all()
+    for r in raws:
+        r.fill_(POISON)
+    job = rt.load_blocks(kv, keys, [0, 1, 2], first_layer=1, num_layers=2)
+    assert job.wait(10000) and job.ok.all()
+    for li, r in enumerate(raws):
+        for b in range(3):
+            if li in (1, 2):
+                assert torch.equal(blk(r, b), orig[li][b])
+            else:
+                assert bool((blk(r, b) == POISON).all())
+
+
+def test_statuses_of_misses_and_whole_batch_errors(rt):
+    tensors, raws, blk = make_flashinfer(2)
+    kv = rt.register_kv_caches(tensors)
+    keys = _keys(6, 9)
+    assert rt.store_blocks(kv, keys[:3], [0, 1, 2]).wait(10000)
+    job = rt.load_blocks(kv, keys, [3, 4, 5, 6, 7, 8])
+    assert job.wait(10000)
+    assert job.statuses.tolist() == [0, 0, 0, -errno.ENOENT, -errno.ENOENT, -errno.ENOENT]
+    assert job.ok.tolist() == [True] * 3 + [False] * 3 and job.num_ok == 3
+    dup = np.concatenate([keys[:2], keys[:1]])
+    with pytest.raises(umbp.UmbpError) as ei:
+        rt.store_blocks(kv, dup, [0, 1, 2])
+    assert ei.value.code == umbp.E_DUPLICATE_KEY
+    with pytest.raises(umbp.UmbpError) as ei:
+        rt.load_blocks(kv, dup, [0, 1, 2])
+    assert ei.value.code == umbp.E_DUPLICATE_KEY
+    with pytest.raises(umbp.UmbpError) as ei:
+        rt.store_blocks(kv, keys[:1], [NB])
+    assert ei.value.code in (umbp.E_SHAPE, umbp.E_KV_RANGE)
+    with pytest.raises(umbp.UmbpError, match="negative"):
+        rt.store_blocks(kv, keys[:1], [-1])
+    with pytest.raises(umbp.UmbpError, match="2 entries"):
+        rt.store_blocks(kv, keys[:2], [0])
+    empty = rt.store_blocks(kv, keys[:0], [])
+    assert empty.done and len(empty.statuses) == 0
+    rt.deregister(kv)
+    with pytest.raises(umbp.UmbpError) as ei:
+        rt.store_blocks(kv, keys[:1], [0])
+    assert ei.value.code == -errno.ENOENT
+
+
+def test_keys_in_every_accepted_form(rt):
+    tensors, raws, blk = make_mla(1)
+    kv = rt.register_kv_caches(tensors)
+    keys = _keys(3, 10)
+    as_bytes = keys.tobytes()
+    as_list = [k.tobytes() for k in keys]
+    assert rt.store_blocks(kv, as_bytes, np.array([0, 1, 2], dtype=np.int32)).wait(10000)
+    assert rt.lookup(as_list)[0] == 3
+    assert rt.lookup(keys.ravel())[0] == 3
+    assert rt.exists(keys[::-1]).all()  # a non-contiguous view is copied
+    with pytest.raises(umbp.UmbpError):
+        rt.lookup(b"x" * 33)
+    with pytest.raises(TypeError):
+        rt.lookup(keys.astype(np.int16))
+
+
+def test_wait_event_forms_on_the_host_backend(rt):
+    class FakeCudaEvent:  # torch.cuda.Event exposes the cudaEvent_t as .cuda_event
+        cuda_event = 0x1234
+
+    class FakeTorchEvent:  # torch.Event (2.x) exposes it as .event_id
+        event_id = 0x5678
+
+    assert umbp.runtime.event_handle(None) is None
+    assert umbp.runtime.event_handle(0) is None
+    assert umbp.runtime.event_handle(0x42) == 0x42
+    assert umbp.runtime.event_handle(FakeCudaEvent()) == 0x1234
+    assert umbp.runtime.event_handle(FakeTorchEvent()) == 0x5678
+    with pytest.raises(TypeError):
+        umbp.runtime.event_handle("event")
+    tensors, raws, blk = make_flash_attn(1)
+    kv = rt.register_kv_caches(tensors)
+    keys = _keys(2, 11)
+    # the host backend ignores the event (there is no device to wait on)
+    assert rt.store_blocks(kv, keys, [0, 1], wait_event=FakeCudaEvent()).wait(10000)
+    assert rt.load_blocks(kv, keys, [2, 3], wait_event=0x1234).wait(10000)
+    assert torch.equal(raws[0][:, 2], raws[0][:, 0])
+
+
+def test_layout_inference_and_its_errors(rt):
+    # (2, 2, ...) fits flash_attn and flashinfer: refused unless told
+    t = torch.zeros((2, 2, BS, H, D), dtype=torch.bfloat16)
+    with pytest.raises(umbp.UmbpError, match="num_blocks= or layout="):
+        rt.register_kv_caches([t])
+    assert rt.register_kv_caches([t], layout="flashinfer").layout == "flashinfer"
+    t = torch.zeros((2, NB, BS, H, D), dtype=torch.bfloat16)
+    with pytest.raises(umbp.UmbpError, match="num_blocks"):
+        rt.register_kv_caches([t], num_blocks=NB + 1)
+    assert rt.register_kv_caches([t], num_blocks=NB).layout == "flash_attn"
+    with pytest.raises(umbp.UmbpError, match="4-dim"):
+        rt.register_kv_caches([torch.zeros((NB, BS, H, D))])
+    with pytest.raises(umbp.UmbpError, match="expects 5 dims"):
+        rt.register_kv_caches([torch.zeros((NB, BS, D))], layout="flash_attn")
+    with pytest.raises(umbp.UmbpError, match="unknown layout"):
+        rt.register_kv_caches([t], layout="paged")
+    with pytest.raises(umbp.UmbpError, match="only one"):
+        rt.register_kv_caches([torch.zeros((NB, 2, 2, BS, H, D))] * 2, layout="cross_layer")
+    with pytest.raises(umbp.UmbpError, match="share one"):
+        rt.register_kv_caches([t, torch.zeros((NB, BS, D))])
+    with pytest.raises(TypeError):
+        rt.register_kv_caches({"l0": np.zeros((2, NB, BS, H, D))})
+    # the library's own shape errors come back naming the tensor
+    with pytest.raises(umbp.UmbpError) as ei:
+        rt.register_kv_caches([t, torch.zeros((2, NB + 1, BS, H, D), dtype=torch.bfloat16)])
+    assert ei.value.code == umbp.E_KV_MISMATCH
+    # explicit roles: a cross-layer MLA cache (nb, L, bs, D)
+    kv = rt.register_kv_caches(torch.zeros((NB, 3, BS, 72), dtype=torch.bfloat16),
+                               layout={"block_dim": 0, "layer_dim": 1})
+    assert kv.num_layers == 3 and kv.object_size == 3 * BS * 72 * 2
+    assert kv.tensors[0].shape == (NB, 3, BS, 72)
+
+
+# ---- host objects --------------------------------------------------------------
+
+def test_put_get_ranges_round_trip(rt):
+    n, k, part = 8, 4, 1000
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, 256, (k, n, part), dtype=np.uint8)  # range j of key i: src[j, i]
+    keys = _keys(n, 12)
+    base = src.ctypes.data
+    ptrs = base + (np.arange(k)[None, :] * n * part + np.arange(n)[:, None] * part).astype(np.uint64)
+    job = rt.put_ranges(keys, k * part, ptrs, np.full((n, k), part))
+    assert job.wait(10000) and job.ok.all()
+    whole = np.full((n, k * part), POISON, dtype=np.uint8)
+    job = rt.get(keys, whole.ctypes.data + np.arange(n, dtype=np.uint64) * (k * part), k * part)
+    assert job.wait(10000) and job.ok.all()
+    assert np.array_equal(whole, src.transpose(1, 0, 2).reshape(n, k * part))
+    # two disjoint ranges of every object, read out of order
+    dst = np.full((n, 2, 100), POISON, dtype=np.uint8)
+    ptrs = dst.ctypes.data + np.arange(n * 2, dtype=np.uint64).reshape(n, 2) * 100
+    offs = np.tile(np.array([3500, 10], dtype=np.uint64), (n, 1))
+    job = rt.get_ranges(keys, ptrs, np.full((n, 2), 100), offs)
+    assert job.wait(10000) and job.ok.all()
+    assert np.array_equal(dst[:, 0], whole[:, 3500:3600])
+    assert np.array_equal(dst[:, 1], whole[:, 10:110])
+
+
+def test_put_get_errors_and_misses(rt):
+    buf = np.zeros(4096, dtype=np.uint8)
+    keys = _keys(3, 13)
+    with pytest.raises(umbp.UmbpError) as ei:
+        rt.put(np.concatenate([keys[:1], keys[:1]]), [buf.ctypes.data] * 2, 64)
+    assert ei.value.code == umbp.E_DUPLICATE_KEY
+    with pytest.raises(umbp.UmbpError) as ei:  # ranges that do not tile the object
+        rt.put_ranges(keys[:1], 100, [[buf.ctypes.data]], [[50]])
+    assert ei.value.code == umbp.E_SHAPE
+    assert rt.put(keys[:1], [buf.ctypes.data], 64).wait(10000)
+    job = rt.get(keys, buf.ctypes.data + np.arange(3, dtype=np.uint64) * 1024, 64)
+    assert job.wait(10000)
+    assert job.statuses.tolist() == [0, -errno.ENOENT, -errno.ENOENT]
+    job = rt.get(keys[:1], [buf.ctypes.data], 128)  # past the end of the object
+    assert job.wait(10000) and job.statuses[0] == umbp.E_SHAPE
+
+
+# ---- lookups, events, lifetime --------------------------------------------------
+
+def test_lookup_prefix_and_present(rt):
+    buf = np.zeros(64 * 10, dtype=np.uint8)
+    keys = _keys(10, 14)
+    stored = [0, 1, 2, 4, 5]
+    assert rt.put(keys[stored], buf.ctypes.data + np.array(stored, dtype=np.uint64) * 64,
+                  64).wait(10000)
+    prefix, present = rt.lookup(keys)
+    assert prefix == 3 and rt.last_lookup_rc == 0
+    assert present.dtype == np.bool_ and present.tolist() == [i in stored for i in range(10)]
+    assert rt.lookup(keys[3:])[0] == 0
+    assert rt.lookup(keys[:0]) [0] == 0
+    assert rt.exists(keys[[4, 3]]).tolist() == [True, False]
+    assert rt.lookup(keys, touch=True)[0] == 3
+    s = rt.stats()
+    assert s["lookups"] >= 4 and s["num_objects"] == 5
+
+
+def test_events_after_store_and_clear(rt):
+    tensors, raws, blk = make_flash_attn(1)
+    kv = rt.register_kv_caches(tensors)
+    keys = _keys(4, 15)
+    assert rt.store_blocks(kv, keys, [0, 1, 2, 3]).wait(10000)
+    types, ekeys = rt.drain_events()
+    assert types.tolist() == [umbp.EVENT_STORED] * 4 and rt.events_lost == 0
+    assert ekeys.shape == (4, 32) and ekeys.dtype == np.uint8
+    assert {k.tobytes() for k in ekeys} == {k.tobytes() for k in keys}
+    rt.clear()
+    types, ekeys = rt.drain_events(max=2)
+    assert types.tolist() == [umbp.EVENT_REMOVED] * 2
+    types, _ = rt.drain_events()
+    assert types.tolist() == [umbp.EVENT_REMOVED] * 2
+    assert rt.lookup(keys)[0] == 0
+
+
+def test_flush_and_stats_after_puts(rt):
+    buf = np.random.default_rng(4).integers(0, 256, 4096, dtype=np.uint8)
+    keys = _keys(4, 16)
+    job = rt.put(keys, buf.ctypes.data + np.arange(4, dtype=np.uint64) * 1024, 1024)
+    assert rt.flush(10000) is True
+    assert job.done and job.num_ok == 4
+    s = rt.stats()
+    assert s["puts_ok"] == 4 and s["bytes_written"] == 4096 and s["num_objects"] == 4
+
+
+def test_jobs_after_close_and_release():
+    r = umbp.Runtime(host_options())
+    buf = np.zeros(1024, dtype=np.uint8)
+    job = r.put(_keys(1, 17), [buf.ctypes.data], 1024)
+    done = r.put(_keys(1, 18), [buf.ctypes.data], 1024)
+    assert done.wait(10000)
+    r.close()
+    job.release()  # its handle went with the runtime: nothing to release, no crash
+    assert done.statuses.tolist() == [0]  # read before the close, kept
+    fresh = umbp.Runtime(host_options())
+    j = fresh.put(_keys(1, 19), [buf.ctypes.data], 1024)
+    j.release()
+    j.release()
+    with pytest.raises(umbp.UmbpError):
+        j.statuses
+    fresh.close()
+
+
+def test_kv_caches_belong_to_their_runtime_and_gc_closes(rt):
+    import gc
+    import weakref
+    tensors, raws, blk = make_flash_attn(1)
+    other = umbp.Runtime(host_options())
+    kv = other.register_kv_caches(tensors)
+    with pytest.raises(umbp.UmbpError) as ei:
+        rt.store_blocks(kv, _keys(1, 20), [0])
+    assert ei.value.code == -errno.ENOENT
+    with pytest.raises(umbp.UmbpError):
+        rt.deregister(kv)
+    job = other.store_blocks(kv, _keys(1, 21), [0])  # never released by hand
+    ref = weakref.ref(other)
+    del other, job
+    gc.collect()
+    assert ref() is None  # collected (and closed) without an explicit close()
+    assert kv.handle is None

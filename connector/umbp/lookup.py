@@ -1,0 +1,118 @@
+"""The scheduler's lookups (C: include/umbp/lookup.h, the lookup service).
+
+A LookupClient asks every rank of one data-parallel engine whether blocks
+are present, one round trip per rank per batch: from the workers' lookup
+sockets in embedded mode (each worker calls Runtime.serve_lookups), or from
+the server in standalone mode.  A failure (timeout, no such socket) counts as
+a miss; query_ex also returns the code.
+
+The functions are resolved on first use: with a libumbp that predates the
+lookup service they raise umbp.LibraryTooOld (an UmbpError and a
+NotImplementedError), and the rest of the package works as before.
+
+umbp_lookup_client_query(c, keys, n, rows, row_rank, present, prefix): keys
+holds rows x n keys, row r for rank row_rank[r] (rank r when row_rank is
+NULL); present gets rows x n bytes, one per key; *prefix is the longest i
+such that keys 0..i-1 are present in every row.  A failing rank makes its
+rows absent and the call returns its code, with prefix and present still
+valid; -EINVAL alone means nothing was asked (raised here).
+
+The C client is for one thread at a time; a LookupClient serialises its
+calls with a lock, so it may be shared by threads.
+"""
+import ctypes
+import errno
+import json
+import threading
+
+import numpy as np
+
+from . import _lib
+from ._lib import UmbpError
+
+_KEY = 32
+
+
+def lookup_socket_path(dir, ns_hex, instance, dp_index, rank):
+    """The path of the lookup socket of (namespace, instance, dp, rank)."""
+    f = _lib.optional("umbp_lookup_socket_path")
+    ns_hex = getattr(ns_hex, "hex", ns_hex)
+    buf = ctypes.create_string_buffer(4096)
+    _lib.check(f(dir.encode() if dir else None, ns_hex.encode(), (instance or "").encode(),
+                 int(dp_index), int(rank), buf, len(buf)), "lookup_socket_path", use_last=True)
+    return buf.value.decode()
+
+
+def _rows_array(keys_rows):
+    a = keys_rows
+    if not isinstance(a, np.ndarray):
+        raise TypeError("keys_rows must be a uint8 array (rows, n, 32)")
+    if a.dtype != np.uint8:
+        raise TypeError("keys_rows must be uint8, got %s" % a.dtype)
+    if a.ndim == 2 and a.shape[1] == _KEY:
+        a = a.reshape(1, -1, _KEY)
+    if a.ndim != 3 or a.shape[2] != _KEY:
+        raise UmbpError(-errno.EINVAL, "keys_rows must be shaped (rows, n, 32), got %s"
+                        % (a.shape,))
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+class LookupClient:
+    """A scheduler-side lookup client (umbp_lookup_client_create)."""
+
+    def __init__(self, options=None, **kw):
+        opts = dict(options or {}, **kw)
+        self._create = _lib.optional("umbp_lookup_client_create")
+        self._destroy = _lib.optional("umbp_lookup_client_destroy")
+        self._query = _lib.optional("umbp_lookup_client_query")
+        self._ptr = None
+        self._lock = threading.Lock()
+        out = ctypes.c_void_p()
+        _lib.check(self._create(json.dumps(opts).encode(), ctypes.byref(out)),
+                   "LookupClient", use_last=True)
+        self._ptr = out.value
+
+    def query_ex(self, keys_rows, row_rank=None):
+        """(prefix, present, rc): present np.bool_ (rows, n), one per key of
+        each row; rc 0, or the negative code of a failing rank (its rows are
+        absent; the other ranks' answers are kept)."""
+        a = _rows_array(keys_rows)
+        rows, n = a.shape[0], a.shape[1]
+        rr = None
+        if row_rank is not None:
+            rr = np.ascontiguousarray(row_rank, dtype=np.uint32)
+            if rr.shape != (rows,):
+                raise UmbpError(-errno.EINVAL, "row_rank must have %d entries (one per row)" % rows)
+        present = np.zeros((rows, n), dtype=np.uint8)
+        prefix = ctypes.c_size_t()
+        with self._lock:
+            if self._ptr is None:
+                raise UmbpError(-errno.EBADF, "LookupClient is closed")
+            rc = self._query(self._ptr, a.ctypes.data, n, rows,
+                             None if rr is None else rr.ctypes.data, present.ctypes.data,
+                             ctypes.byref(prefix))
+            if rc == -errno.EINVAL:
+                raise _lib.error(rc, "LookupClient.query", use_last=True)
+        return int(prefix.value), present.view(np.bool_), min(rc, 0)
+
+    def query(self, keys_rows, row_rank=None):
+        """The count of leading blocks present in every row (failures are misses)."""
+        return self.query_ex(keys_rows, row_rank)[0]
+
+    def close(self):
+        with self._lock:
+            p, self._ptr = self._ptr, None
+            if p is not None:
+                self._destroy(p)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

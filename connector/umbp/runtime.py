@@ -1,0 +1,516 @@
+"""Runtime, KV cache registration, block transfers, host put/get, lookups.
+
+One Runtime per worker rank (umbp_runtime_t).  Every data operation submits
+one batch with one C call and returns a Job at once; batches are built as
+numpy arrays of the C structs (umbp/_ffi.py) by vectorised assignment, so
+no hot path loops over keys in Python.  A job reads its per-key statuses
+with one umbp_op_statuses call, which also says whether it is done.
+
+Lifetime: closing a runtime (close(), the context manager, or garbage
+collection) frees every op handle it gave out (umbp_runtime_destroy), so
+Jobs and KVCaches check that their runtime is open before touching a
+handle.  Like the C API, close() must not race with other calls on the same
+runtime; every other method may be called from any thread.
+"""
+import ctypes
+import errno
+import json
+import weakref
+
+import numpy as np
+
+from . import _ffi
+from . import _kvlayout
+from . import _lib
+from ._lib import UmbpError
+
+E_INPROGRESS = -4097
+E_NOT_ATTEMPTED = -4098
+E_TIMEOUT = -4099
+
+_KEY = _ffi.KEY_SIZE
+_RANGE_SZ = _ffi.RANGE_DT.itemsize
+_LOOKUP_TOUCH = 1
+# lookup results that mean "could not ask": every key counts as a miss
+_LOOKUP_MISS_RCS = frozenset((E_TIMEOUT, E_NOT_ATTEMPTED, -errno.EAGAIN))
+
+_op_statuses = _lib.umbp_op_statuses
+_op_wait = _lib.umbp_op_wait
+_op_release = _lib.umbp_op_release
+_kv_store = _lib.umbp_kv_store
+_kv_load = _lib.umbp_kv_load
+_put = _lib.umbp_put
+_get = _lib.umbp_get
+_lookup = _lib.umbp_lookup
+_byref = ctypes.byref
+_c_void_p = ctypes.c_void_p
+
+
+def keys_array(keys):
+    """Keys as a C-contiguous uint8 array (n, 32): from such an array (or a
+    flat uint8 array of n * 32), one bytes object of n * 32, or a list of
+    32-byte bytes."""
+    if isinstance(keys, np.ndarray):
+        if keys.dtype != np.uint8:
+            raise TypeError("keys must be a uint8 array, got %s" % keys.dtype)
+        if keys.ndim == 1:
+            if keys.size % _KEY:
+                raise UmbpError(-errno.EINVAL, "keys: %d bytes is not a multiple of 32" % keys.size)
+            keys = keys.reshape(-1, _KEY)
+        elif keys.ndim != 2 or keys.shape[1] != _KEY:
+            raise UmbpError(-errno.EINVAL, "keys must be shaped (n, 32), got %s" % (keys.shape,))
+        return keys if keys.flags.c_contiguous else np.ascontiguousarray(keys)
+    if isinstance(keys, (list, tuple)):
+        if keys and set(map(len, keys)) != {_KEY}:
+            raise UmbpError(-errno.EINVAL, "keys: every key must be 32 bytes")
+        keys = b"".join(keys)
+    if isinstance(keys, (bytes, bytearray, memoryview)):
+        a = np.frombuffer(keys, dtype=np.uint8)
+        if a.size % _KEY:
+            raise UmbpError(-errno.EINVAL, "keys: %d bytes is not a multiple of 32" % a.size)
+        return a.reshape(-1, _KEY)
+    raise TypeError("keys must be a uint8 array (n, 32), bytes or a list of bytes, not %s"
+                    % type(keys).__name__)
+
+
+def _as_numpy(x):
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach") and hasattr(x, "numpy"):  # a torch tensor, without importing torch
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _u64(x, n, what):
+    """A uint64 vector of n (a scalar broadcasts)."""
+    if isinstance(x, (int, np.integer)):
+        if x < 0:
+            raise UmbpError(-errno.EINVAL, "%s must be >= 0, got %d" % (what, x))
+        return np.full(n, x, dtype=np.uint64)
+    if isinstance(x, (list, tuple)):  # vLLM's block ids: fromiter is the fastest list path
+        if len(x) != n:
+            raise UmbpError(-errno.EINVAL, "%s must have %d entries (one per key), got %d"
+                            % (what, n, len(x)))
+        try:
+            x = np.fromiter(x, dtype=np.int64, count=n)
+        except (TypeError, ValueError):
+            raise TypeError("%s must be integers" % what) from None
+    a = _as_numpy(x)
+    if a.ndim != 1 or a.shape[0] != n:
+        raise UmbpError(-errno.EINVAL, "%s must have %d entries (one per key), got shape %s"
+                        % (what, n, a.shape))
+    if a.dtype.kind == "i":
+        if n and a.min() < 0:
+            raise UmbpError(-errno.EINVAL, "%s: negative entry" % what)
+    elif a.dtype.kind != "u" and n:
+        raise TypeError("%s must be integers, got %s" % (what, a.dtype))
+    return a
+
+
+def _u64_2d(x, n, what, k=None):
+    a = _as_numpy(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError("%s must be integers, got %s" % (what, a.dtype))
+    if a.ndim == 1 and k is not None and a.shape[0] == k:
+        a = np.broadcast_to(a, (n, k))
+    if a.ndim != 2 or a.shape[0] != n or (k is not None and a.shape[1] != k):
+        raise UmbpError(-errno.EINVAL, "%s must be shaped (%d, k), got %s" % (what, n, a.shape))
+    if a.dtype.kind == "i" and a.size and a.min() < 0:
+        raise UmbpError(-errno.EINVAL, "%s: negative entry" % what)
+    return a
+
+
+def event_handle(ev):
+    """The raw cudaEvent_t / hipEvent_t of ev: None, an int, a torch.cuda.Event
+    (its cuda_event), or a torch.Event (its event_id)."""
+    if ev is None:
+        return None
+    if isinstance(ev, (int, np.integer)):
+        return int(ev) or None
+    for attr in ("cuda_event", "event_id"):
+        h = getattr(ev, attr, None)
+        if h is not None:
+            return int(h) or None
+    raise TypeError("wait_event must be a torch.cuda.Event or a raw event handle (int), not %s"
+                    % type(ev).__name__)
+
+
+class Job:
+    """One submitted batch.  Per-key statuses once done (0 = ok)."""
+
+    __slots__ = ("_rt", "_op", "_n", "_st", "_keep", "kind", "__weakref__")
+
+    def __init__(self, rt, op, n, kind, keep=None):
+        self._rt = rt
+        self._op = op
+        self._n = n
+        self._st = None if op else np.zeros(n, dtype=np.int32)
+        self._keep = keep
+        self.kind = kind
+
+    def __len__(self):
+        return self._n
+
+    def _handle(self):
+        if self._op is None:
+            raise UmbpError(-errno.EBADF, "umbp job: released before it completed")
+        if self._rt._ptr is None:
+            self._op = None  # freed by umbp_runtime_destroy
+            raise UmbpError(-errno.EBADF, "umbp job: its runtime was closed before it completed")
+        return self._op
+
+    def poll(self):
+        """True once the op has completed (never blocks)."""
+        if self._st is not None:
+            return True
+        st = np.empty(self._n, dtype=np.int32)
+        rc = _op_statuses(self._handle(), st.ctypes.data, self._n)
+        if rc == E_INPROGRESS:
+            return False
+        if rc < 0:
+            raise _lib.error(rc, "umbp_op_statuses")
+        self._st = st
+        return True
+
+    def wait(self, timeout_ms=None):
+        """Waits up to timeout_ms (None: the runtime's timeout_ms, after which
+        the op has completed with timeouts anyway).  True when done."""
+        if self._st is not None:
+            return True
+        _op_wait(self._handle(), -1 if timeout_ms is None else int(timeout_ms))
+        return self.poll()
+
+    @property
+    def done(self):
+        return self.poll()
+
+    @property
+    def statuses(self):
+        """np.int32 (n,): 0 or a negative code per key; UmbpError
+        E_INPROGRESS before the op is done."""
+        if not self.poll():
+            raise UmbpError(E_INPROGRESS, "umbp job: %s" % _lib.strerror(E_INPROGRESS))
+        return self._st
+
+    @property
+    def ok(self):
+        return self.statuses == 0
+
+    @property
+    def num_ok(self):
+        return int(np.count_nonzero(self.statuses == 0))
+
+    def release(self):
+        """Hands the op back (idempotent).  Released in flight: a put still
+        completes; a get may write its destination until it notices (wait
+        first if the memory is reused)."""
+        op, self._op = self._op, None
+        self._keep = None
+        if op is not None and self._rt._ptr is not None:
+            _op_release(op)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        state = "done" if self._st is not None else ("released" if self._op is None else "pending")
+        return "<umbp.Job %s n=%d %s>" % (self.kind, self._n, state)
+
+
+class KVCache:
+    """A registered KV cache (umbp_kv_register).  Holds its tensors: they
+    must outlive the registration."""
+
+    __slots__ = ("_rt", "handle", "object_size", "num_blocks", "num_layers", "layout", "tensors")
+
+    def __init__(self, rt, handle, object_size, num_blocks, num_layers, layout, tensors):
+        self._rt = weakref.ref(rt)  # the runtime holds its KV caches, not the reverse
+        self.handle = handle
+        self.object_size = object_size
+        self.num_blocks = num_blocks
+        self.num_layers = num_layers
+        self.layout = layout
+        self.tensors = tensors
+
+    def __repr__(self):
+        return "<umbp.KVCache handle=%d %s blocks=%d layers=%d object_size=%d>" % (
+            self.handle or 0, self.layout, self.num_blocks, self.num_layers, self.object_size)
+
+
+class Runtime:
+    """One umbp runtime (one per worker rank)."""
+
+    def __init__(self, options=None, **kw):
+        if options is None:
+            options = {}
+        if isinstance(options, str):
+            if kw:
+                options = dict(json.loads(options or "{}"), **kw)
+        elif isinstance(options, dict):
+            options = dict(options, **kw)
+        else:
+            raise TypeError("options must be a dict or a JSON string")
+        text = options if isinstance(options, str) else json.dumps(options)
+        self._ptr = None
+        self.events_lost = 0
+        self.last_lookup_rc = 0
+        self._kvs = []
+        out = _c_void_p()
+        _lib.check(_lib.umbp_runtime_create(text.encode("utf-8"), _byref(out)),
+                   "umbp_runtime_create", use_last=True)
+        self._ptr = out.value
+
+    # ---- lifetime ----------------------------------------------------------
+
+    def _p(self):
+        p = self._ptr
+        if p is None:
+            raise UmbpError(-errno.EBADF, "umbp runtime is closed")
+        return p
+
+    @property
+    def closed(self):
+        return self._ptr is None
+
+    def close(self, _destroy=_lib.umbp_runtime_destroy):
+        """Completes in-flight ops (with errors where they cannot finish) and
+        frees everything, outstanding jobs included.  Idempotent."""
+        p, self._ptr = self._ptr, None
+        if p is not None:
+            for kv in self._kvs:
+                kv.handle = None
+            self._kvs = []
+            _destroy(p)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- KV cache ----------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches, layout="auto", num_blocks=None):
+        """Registers KV tensors: a dict (order = layer order), a list, or one
+        (cross-layer) tensor.  layout: auto, flash_attn, flashinfer, mla,
+        cross_layer or a dict of dims (see umbp/_kvlayout.py)."""
+        arr, tensors, info = _kvlayout.describe(kv_caches, layout, num_blocks)
+        h = ctypes.c_uint64()
+        _lib.check(_lib.umbp_kv_register(self._p(), arr, len(arr), _byref(h)),
+                   "register_kv_caches", use_last=True)
+        kv = KVCache(self, h.value, int(_lib.umbp_kv_object_size(self._ptr, h.value)),
+                     info["num_blocks"], info["num_layers"], info["layout"], tuple(tensors))
+        self._kvs.append(kv)
+        return kv
+
+    def deregister(self, kv):
+        if kv.handle is None:
+            return
+        if kv._rt() is not self:
+            raise UmbpError(-errno.ENOENT, "deregister: the KV cache belongs to another runtime")
+        _lib.check(_lib.umbp_kv_deregister(self._p(), kv.handle), "deregister")
+        kv.handle = None
+        kv.tensors = ()
+        self._kvs = [k for k in self._kvs if k is not kv]
+
+    def _kv_submit(self, fn, what, kv, keys, block_ids, first_layer, num_layers, wait_event):
+        p = self._p()
+        if kv.handle is None or kv._rt() is not self:
+            raise UmbpError(-errno.ENOENT, "%s: the KV cache is not registered with this runtime"
+                            % what)
+        keys = keys_array(keys)
+        n = keys.shape[0]
+        ids = _u64(block_ids, n, "block_ids")
+        if not n:
+            return Job(self, None, 0, what)
+        blocks = np.empty(n, dtype=_ffi.KV_BLOCK_DT)
+        blocks["key"] = keys.view("V32")[:, 0]
+        blocks["block"] = ids
+        ev = event_handle(wait_event)
+        opts = None
+        if first_layer or num_layers or ev:
+            opts = _byref(_ffi.KvXferOpts(first_layer, num_layers, ev))
+        op = _c_void_p()
+        rc = fn(p, kv.handle, blocks.ctypes.data, n, opts, _byref(op))
+        if rc < 0:
+            raise _lib.error(rc, "%s of %d blocks" % (what, n))
+        return Job(self, op.value, n, what, kv)
+
+    def store_blocks(self, kv, keys, block_ids, wait_event=None):
+        """Stores whole blocks as the objects of keys (umbp_kv_store)."""
+        return self._kv_submit(_kv_store, "store_blocks", kv, keys, block_ids, 0, 0, wait_event)
+
+    def load_blocks(self, kv, keys, block_ids, first_layer=0, num_layers=0, wait_event=None):
+        """Restores objects into blocks, optionally layers [first_layer,
+        first_layer + num_layers) only (umbp_kv_load)."""
+        return self._kv_submit(_kv_load, "load_blocks", kv, keys, block_ids, first_layer,
+                               num_layers, wait_event)
+
+    # ---- host objects ------------------------------------------------------
+
+    def _submit_items(self, fn, what, items, n, ranges):
+        op = _c_void_p()
+        rc = fn(self._p(), items.ctypes.data, n, _byref(op))
+        if rc < 0:
+            raise _lib.error(rc, "%s of %d keys" % (what, n))
+        return Job(self, op.value, n, what)
+
+    @staticmethod
+    def _ranges(ptrs, lens, offsets):
+        r = np.empty(ptrs.shape, dtype=_ffi.RANGE_DT)
+        r["ptr"] = ptrs
+        r["len"] = lens
+        r["offset"] = offsets
+        return r
+
+    def put(self, keys, ptrs, sizes):
+        """Puts one object per key from host memory: ptrs (n,), sizes (n,) or int."""
+        keys = keys_array(keys)
+        n = keys.shape[0]
+        ptrs = _u64(ptrs, n, "ptrs")
+        sizes = _u64(sizes, n, "sizes")
+        if not n:
+            return Job(self, None, 0, "put")
+        r = self._ranges(ptrs, sizes, 0)
+        items = np.empty(n, dtype=_ffi.PUT_ITEM_DT)
+        items["key"] = keys.view("V32")[:, 0]
+        items["object_size"] = sizes
+        items["ranges"] = np.arange(r.ctypes.data, r.ctypes.data + n * _RANGE_SZ, _RANGE_SZ,
+                                    dtype=np.uint64)
+        items["num_ranges"] = 1
+        return self._submit_items(_put, "put", items, n, r)
+
+    def put_ranges(self, keys, object_size, ptrs, lens):
+        """Puts objects of object_size (int or (n,)) from k ranges each:
+        ptrs and lens (n, k), tiling [0, object_size) in order."""
+        keys = keys_array(keys)
+        n = keys.shape[0]
+        ptrs = _u64_2d(ptrs, n, "ptrs")
+        k = ptrs.shape[1]
+        lens = _u64_2d(lens, n, "lens", k).astype(np.uint64, copy=False)
+        osz = _u64(object_size, n, "object_size")
+        if not n:
+            return Job(self, None, 0, "put_ranges")
+        offsets = np.cumsum(lens, axis=1, dtype=np.uint64) - lens
+        r = self._ranges(ptrs, lens, offsets)
+        items = np.empty(n, dtype=_ffi.PUT_ITEM_DT)
+        items["key"] = keys.view("V32")[:, 0]
+        items["object_size"] = osz
+        step = k * _RANGE_SZ
+        items["ranges"] = np.arange(r.ctypes.data, r.ctypes.data + n * step, step, dtype=np.uint64)
+        items["num_ranges"] = k
+        return self._submit_items(_put, "put_ranges", items, n, r)
+
+    def get(self, keys, ptrs, sizes):
+        """Gets the first sizes bytes (whole objects) of each key into ptrs."""
+        keys = keys_array(keys)
+        n = keys.shape[0]
+        ptrs = _u64(ptrs, n, "ptrs")
+        sizes = _u64(sizes, n, "sizes")
+        if not n:
+            return Job(self, None, 0, "get")
+        r = self._ranges(ptrs, sizes, 0)
+        items = np.empty(n, dtype=_ffi.GET_ITEM_DT)
+        items["key"] = keys.view("V32")[:, 0]
+        items["ranges"] = np.arange(r.ctypes.data, r.ctypes.data + n * _RANGE_SZ, _RANGE_SZ,
+                                    dtype=np.uint64)
+        items["num_ranges"] = 1
+        return self._submit_items(_get, "get", items, n, r)
+
+    def get_ranges(self, keys, ptrs, lens, offsets):
+        """Gets k ranges of each object: ptrs, lens, offsets (n, k)."""
+        keys = keys_array(keys)
+        n = keys.shape[0]
+        ptrs = _u64_2d(ptrs, n, "ptrs")
+        k = ptrs.shape[1]
+        lens = _u64_2d(lens, n, "lens", k)
+        offsets = _u64_2d(offsets, n, "offsets", k)
+        if not n:
+            return Job(self, None, 0, "get_ranges")
+        r = self._ranges(ptrs, lens, offsets)
+        items = np.empty(n, dtype=_ffi.GET_ITEM_DT)
+        items["key"] = keys.view("V32")[:, 0]
+        step = k * _RANGE_SZ
+        items["ranges"] = np.arange(r.ctypes.data, r.ctypes.data + n * step, step, dtype=np.uint64)
+        items["num_ranges"] = k
+        return self._submit_items(_get, "get_ranges", items, n, r)
+
+    # ---- lookups and control -----------------------------------------------
+
+    def lookup(self, keys, touch=False):
+        """(prefix, present): the consecutive present prefix and np.bool_ (n,).
+        A lookup that could not ask (timeout, stalled backend, too many in
+        flight) reports every key absent; last_lookup_rc says which."""
+        p = self._p()
+        keys = keys_array(keys)
+        n = keys.shape[0]
+        present = np.zeros(n, dtype=np.uint8)
+        if not n:
+            self.last_lookup_rc = 0
+            return 0, present.view(np.bool_)
+        prefix = ctypes.c_size_t()
+        rc = _lookup(p, keys.ctypes.data, n, present.ctypes.data, _byref(prefix),
+                     _LOOKUP_TOUCH if touch else 0)
+        self.last_lookup_rc = rc
+        if rc < 0:
+            if rc in _LOOKUP_MISS_RCS:
+                present[:] = 0
+                return 0, present.view(np.bool_)
+            raise _lib.error(rc, "lookup of %d keys" % n)
+        return prefix.value, present.view(np.bool_)
+
+    def exists(self, keys):
+        return self.lookup(keys)[1]
+
+    def clear(self):
+        _lib.check(_lib.umbp_clear(self._p()), "clear")
+
+    def flush(self, timeout_ms=None):
+        """Waits for every put submitted before; True when all completed,
+        False past the timeout (None: the runtime's timeout_ms)."""
+        rc = _lib.umbp_flush(self._p(), -1 if timeout_ms is None else int(timeout_ms))
+        if rc == E_TIMEOUT:
+            return False
+        _lib.check(rc, "flush")
+        return True
+
+    def stats(self):
+        """Every umbp_stats_t counter, by name."""
+        s = _ffi.Stats()
+        _lib.check(_lib.umbp_get_stats(self._p(), _byref(s)), "stats")
+        return {f: getattr(s, f) for f in _ffi.STATS_FIELDS}
+
+    def drain_events(self, max=4096):
+        """(types np.uint8 (m,), keys np.uint8 (m, 32)), oldest first; 1 =
+        stored, 2 = removed.  events_lost: events dropped before this drain
+        (resynchronise if non-zero).  Needs the enable_events option."""
+        p = self._p()
+        buf = np.empty(int(max), dtype=_ffi.EVENT_DT)
+        lost = ctypes.c_uint64()
+        m = _lib.umbp_events_drain(p, buf.ctypes.data, buf.shape[0], _byref(lost))
+        self.events_lost = lost.value
+        raw = buf[:m].view(np.uint8).reshape(m, _ffi.EVENT_DT.itemsize)
+        return buf["type"][:m].astype(np.uint8), np.ascontiguousarray(raw[:, 4:4 + _KEY])
+
+    def serve_lookups(self, ns_hex, dp_index, rank, lookup_dir=None, instance=""):
+        """Serves the scheduler's LookupClient for this rank (embedded mode)."""
+        f = _lib.optional("umbp_lookup_serve")
+        ns_hex = getattr(ns_hex, "hex", ns_hex)
+        _lib.check(f(self._p(), lookup_dir.encode() if lookup_dir else None, ns_hex.encode(),
+                     (instance or "").encode(), int(dp_index), int(rank)),
+                   "serve_lookups", use_last=True)
