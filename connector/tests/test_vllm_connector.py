@@ -1,0 +1,461 @@
+"""The UMBP vLLM connector (umbp.vllm) driven in vLLM's call order by the
+engine-order harness (vllm_harness/): the REAL connector over the REAL
+runtime (libumbp, CPU torch KV caches copied by the host GPU backend), a FAKE
+vllm package (vllm_harness/vllm) put on sys.path here only.
+
+Run: UMBP_LIBRARY=/path/to/libumbp.so /usr/bin/python3 -m pytest connector/tests/test_vllm_connector.py
+"""
+import functools
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HARNESS = os.path.join(HERE, "vllm_harness")
+CONNECTOR = os.path.dirname(HERE)
+for p in (HARNESS, HERE, CONNECTOR):  # the fake vllm, the harness package, umbp
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+torch = pytest.importorskip("torch")
+import umbp  # noqa: E402
+import vllm  # noqa: E402  (the fake one)
+
+assert getattr(vllm, "FAKE", False), "the fake vllm of vllm_harness must come first on sys.path"
+
+from vllm_harness import scenarios as S  # noqa: E402
+from vllm_harness.config import FULL, MAMBA, SWA  # noqa: E402
+from vllm_harness.engine import HarnessError  # noqa: E402
+
+SCHED = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync-sched", "async-sched"])
+LOADS = pytest.mark.parametrize("load_async", [True, False], ids=["async-load", "sync-load"])
+TP = pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2-inproc"])
+
+NO_LOOKUP_REASON = (
+    "libumbp at %s has no lookup service: umbp.LookupClient raises NotImplementedError "
+    "(LibraryTooOld); TP=2 across processes in embedded mode needs the lookup branch's "
+    "umbp_lookup_client_* / umbp_lookup_serve" % umbp.library_path)
+
+
+def _server_binary():
+    for cand in (os.environ.get("UMBP_SERVER"),
+                 os.path.join(os.path.dirname(umbp.library_path), "umbp-server"),
+                 os.path.join(os.path.dirname(CONNECTOR), "build", "umbp-server"),
+                 shutil.which("umbp-server")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+# ---- the engine scenarios, new vLLM API -----------------------------------------------
+
+
+@SCHED
+@LOADS
+@TP
+def test_cache_hit_restore_is_byte_exact(async_scheduling, load_async, tp):
+    r = S.restore(async_scheduling=async_scheduling, tp=tp, extra={"load_async": load_async})
+    assert r["matched"] == (0, 96, load_async)
+    assert r["checked_blocks"] == 6 * tp
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["no-local-hit", "local-hit"])
+@SCHED
+def test_partial_hits_subtract_the_local_prefix(local, async_scheduling):
+    r = S.partial(local_prefix_cache=local, async_scheduling=async_scheduling)
+    assert r["matched"][:2] == ((16, 32) if local else (0, 48))
+
+
+@SCHED
+@pytest.mark.parametrize("decode", [False, True], ids=["prompt-stores", "decode-stores"])
+def test_preemption(async_scheduling, decode):
+    r = S.preemption(async_scheduling=async_scheduling, extra={"save_decode_cache": decode})
+    assert r["preempted"]
+
+
+@SCHED
+@TP
+def test_abort_during_load_and_with_stores_in_flight(async_scheduling, tp):
+    S.abort(async_scheduling=async_scheduling, tp=tp)
+
+
+@SCHED
+def test_store_in_flight_at_request_finished_delays_the_free(async_scheduling):
+    r = S.store_inflight(async_scheduling=async_scheduling)
+    assert r["held_blocks"] > 0 and all(n > 0 for n in r["inflight_while_held"])
+
+
+@pytest.mark.parametrize("via_workers", [False, True], ids=["scheduler-clears", "workers-clear"])
+def test_reset_cache(via_workers):
+    S.reset(via_workers=via_workers)
+
+
+@SCHED
+@LOADS
+@pytest.mark.parametrize("tp,fail_rank", [(1, 0), (2, 1)], ids=["tp1", "tp2-rank1-fails"])
+def test_failed_load_is_recomputed(async_scheduling, load_async, tp, fail_rank):
+    r = S.failed_load(async_scheduling=async_scheduling, tp=tp, fail_rank=fail_rank, keep=2,
+                      extra={"load_async": load_async})
+    assert r["truncated"][0][1] == 32
+    assert r["matched_C"][1] == 96  # B stored the recomputed blocks again, no quarantine
+
+
+def test_failed_load_quarantine_outlives_a_later_store():
+    r = S.failed_load(keep=2, extra={"load_failure_quarantine_ms": 60000})
+    assert r["matched_C"][1] == 32  # blocks 2.. failed: misses for 60 s even though B stored them again
+
+
+@SCHED
+@TP
+def test_sliding_window_and_mamba_groups(async_scheduling, tp):
+    r = S.hybrid(async_scheduling=async_scheduling, tp=tp, extra={"load_async": False})
+    assert r["matched"] == (0, 96, True)  # Mamba forces asynchronous loads
+    for loaded, stored in zip(r["loaded"], r["stored"]):
+        # full attention: all 6 blocks; the 32-token window: 2 blocks; Mamba: the state at 96
+        assert loaded == {0: 6, 1: 2, 2: 1}
+        # SWA stores the window (+1) of each chunk's end: [1, 4) then [4, 6); Mamba the states at 64, 96
+        assert stored == {0: 6, 1: 5, 2: 2}
+
+
+def test_sliding_window_only_sync_loads():
+    r = S.hybrid(groups=[(FULL, 1, 0), (SWA, 2, 40)], extra={"load_async": False})
+    assert r["matched"] == (0, 96, False)
+    assert r["loaded"] == [{0: 6, 1: 3}]
+
+
+@TP
+def test_kv_events(tp):
+    r = S.events(tp=tp)
+    assert r["stored"] == 6
+
+
+def test_async_lookup_answers_none_until_done():
+    r = S.lookup_async()
+    assert r["answers"][0] == (0, None, False)
+
+
+def test_kv_roles():
+    r = S.roles()
+    assert r["kv_producer"]["matched"] == (0, 0, False) and r["kv_producer"]["stored"] > 0
+    assert r["kv_consumer"]["stored"] == 0
+
+
+def test_worker_call_order_and_wait_for_save_does_not_wait():
+    """wait_for_save submits the stores and returns: the job is still
+    uncollected afterwards, and no Job.wait ran inside it."""
+    waits = []
+    orig = umbp.Job.wait
+
+    def spy(self, timeout_ms=None):
+        waits.append(inside[0])
+        return orig(self, timeout_ms)
+
+    inside = [False]
+    with S.engine() as e:
+        w = e.workers[0]
+        real = w.conn._worker.wait_for_save
+
+        def wrapped():
+            inside[0] = True
+            try:
+                real()
+            finally:
+                inside[0] = False
+
+        w.conn._worker.wait_for_save = wrapped
+        umbp.Job.wait = spy
+        try:
+            e.add("A", S.PROMPT, 2)
+            e.step()
+        finally:
+            umbp.Job.wait = orig
+        assert True not in waits
+        assert w.inflight_after_save >= 1
+        names = [c[0] for c in w.calls]
+        assert names[:3] == ["bind_connector_metadata", "handle_preemptions", "start_load_kv"]
+        assert names.index("wait_for_save") > names.index("wait_for_layer_load")
+        assert names[-1] == "clear_connector_metadata"
+        e.run()
+        e.check_clean()
+
+
+# ---- the old vLLM API (handle_preemptions(set), no worker metadata, ...) ---------------------
+
+
+def _run_old(name, **kw):
+    env = dict(os.environ, FAKE_VLLM_API="old",
+               PYTHONPATH=os.pathsep.join([HARNESS, HERE, CONNECTOR, os.environ.get("PYTHONPATH", "")]))
+    kw["api"] = "old"
+    p = subprocess.run([sys.executable, "-m", "vllm_harness.scenarios", name, json.dumps(kw)], cwd=HERE,
+                       env=env, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise HarnessError(f"old-API scenario {name} failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+    line = [x for x in p.stdout.splitlines() if x.startswith("SCENARIO-RESULT ")][-1]
+    return json.loads(line[len("SCENARIO-RESULT "):])
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("restore", {}),
+    ("restore", {"async_scheduling": True, "tp": 2, "extra": {"load_async": False}}),
+    ("preemption", {"extra": {"save_decode_cache": True}}),
+    ("abort", {"async_scheduling": True}),
+    ("store_inflight", {}),
+    ("reset", {"via_workers": True}),
+    ("failed_load", {"tp": 2, "fail_rank": 1}),
+    ("hybrid", {}),
+    ("events", {}),
+], ids=lambda x: x if isinstance(x, str) else json.dumps(x, separators=(",", ":")))
+def test_old_vllm_api(name, kw):
+    """An older vLLM: no SupportsHMA/KVConnectorWorkerMetadata/transfer results
+    in base.py, handle_preemptions(set[str]) only when something was preempted."""
+    _run_old(name, **kw)
+
+
+# ---- TP=2 across processes -----------------------------------------------------------------
+
+
+@pytest.mark.skipif(not umbp.has_lookup_service(), reason=NO_LOOKUP_REASON)
+@pytest.mark.parametrize("name,kw", [
+    ("restore", {"async_scheduling": True}),
+    ("failed_load", {"fail_rank": 1}),
+    ("reset", {}),
+    ("preemption", {}),
+])
+def test_tp2_processes_embedded(name, kw, tmp_path):
+    try:
+        umbp.LookupClient({"mode": "embedded", "namespace": "0" * 32, "num_ranks": 1}).close()
+    except NotImplementedError:
+        pytest.skip(NO_LOOKUP_REASON)
+    except umbp.UmbpError:
+        pass
+    extra = dict(kw.pop("extra", {}), lookup_dir=str(tmp_path))
+    getattr(S, name)(tp=2, processes=True, extra=extra, **kw)
+
+
+@pytest.fixture
+def server(tmp_path):
+    binary = _server_binary()
+    if binary is None:
+        pytest.skip("no umbp-server binary (UMBP_SERVER, next to the library, build/, PATH)")
+    sock = tmp_path / "s"
+    p = subprocess.Popen([binary, "--json", json.dumps({"socket_dir": str(sock), "capacity_bytes": "64MiB"})],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = p.stdout.readline()
+    if "serving" not in line:
+        p.kill()
+        pytest.fail(f"umbp-server did not start: {line}{p.stdout.read()}")
+    yield p, str(sock)
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["tp2-inproc", "tp2-processes"])
+@pytest.mark.parametrize("name,kw", [
+    ("restore", {}),
+    ("restore", {"async_scheduling": True, "extra": {"load_async": False}}),
+    ("failed_load", {"fail_rank": 1}),
+    ("hybrid", {}),
+    ("reset", {}),
+], ids=lambda x: x if isinstance(x, str) else json.dumps(x, separators=(",", ":")))
+def test_tp2_standalone(server, processes, name, kw):
+    extra = dict(kw.pop("extra", {}), mode="standalone", socket_dir=server[1])
+    getattr(S, name)(tp=2, processes=processes, extra=extra, **kw)
+
+
+def test_standalone_server_death_means_misses(server):
+    p, sock = server
+
+    def kill():
+        p.kill()
+        p.wait(10)
+
+    r = S.server_death(kill, extra={"mode": "standalone", "socket_dir": sock, "timeout_ms": 2000,
+                                    "lookup_timeout_ms": 200})
+    assert r["matched"][1] == 0
+    assert r["seconds"] < 60
+
+
+# ---- options ---------------------------------------------------------------------------------
+
+
+def _parse(extra):
+    from umbp.vllm.options import ConnectorOptions
+
+    return ConnectorOptions.parse(extra)
+
+
+@pytest.mark.parametrize("extra,msg", [
+    ({"capacty_bytes": "1GiB"}, "unknown option 'capacty_bytes' (did you mean 'capacity_bytes'?)"),
+    ({"foo": 1, "bar": 2}, "unknown options 'foo', 'bar'"),
+    ({"mode": "cluster"}, "mode: must be one of 'embedded', 'standalone', 'distributed'"),
+    ({"mode": "distributed"}, "mode: 'distributed' is not supported"),
+    ({"load_async": "yes"}, "load_async: must be true or false, got 'yes'"),
+    ({"lookup_timeout_ms": 0}, "lookup_timeout_ms: must be between 1 and 60000, got 0"),
+    ({"lookup_timeout_ms": 1.5}, "lookup_timeout_ms: must be an integer"),
+    ({"capacity_bytes": "lots"}, "capacity_bytes: must be a size"),
+    ({"capacity_bytes": 0}, "capacity_bytes: must be a positive size"),
+    ({"capacity_bytes": 1 << 30, "total_capacity_bytes": 1 << 31}, "mutually exclusive"),
+    ({"dram_high_watermark": 0.5, "dram_low_watermark": 0.6}, "dram_low_watermark (0.6) must be below"),
+    ({"dram_high_watermark": 2}, "dram_high_watermark: must be between 0.01 and 1.0, got 2"),
+    ({"dram_shm_name": "x"}, "dram_shm_name: needs dram_use_shared_memory=true"),
+    ({"load_failure_quarantine_ms": -1}, "load_failure_quarantine_ms: must be between 0 and 3600000"),
+    ({"lookup_instance": "a/b"}, "lookup_instance: only letters"),
+    ({"lookup_dir": "rel/dir"}, "lookup_dir: must be an absolute directory path"),
+    ({"socket_dir": "/tmp/x"}, "socket_dir: only an option in standalone mode"),
+    ({"mode": "standalone", "capacity_bytes": "1GiB"}, "only with auto_start=true"),
+    ({"mode": "standalone", "dram_use_hugepages": True}, "dram_use_hugepages: not an option in standalone mode"),
+    ({"mode": "standalone", "lookup_dir": "/tmp"}, "lookup_dir: not an option in standalone mode"),
+    ({"mode": "standalone", "endpoint": "tcp://h:1"}, "endpoint: must be unix:///<dir>/umbp-dp<N>"),
+    ({"mode": "standalone", "endpoint": "/run/umbp/umbp-dp0.sock", "socket_dir": "/x"}, "mutually exclusive"),
+    ({"enable_partial_hash_hits": True}, "enable_partial_hash_hits: not supported"),
+    ({"backend": "memory"}, "backend: not supported"),
+    ({"master_address": "h:1"}, "distributed mode is not supported"),
+    ({"rank": 1}, "rank: not supported by the umbp connector: set by the connector"),
+    ({"namespace": "t"}, "tenant_namespace"),
+    ({"num_workers": 2, "copy_threads": 2}, "same option"),
+    ({"capacity_bytes": None}, "capacity_bytes: null is not a value"),
+])
+def test_bad_options_are_refused_naming_them(extra, msg):
+    from umbp.vllm.options import UMBPConfigError
+
+    with pytest.raises(UMBPConfigError) as ei:
+        _parse(extra)
+    assert msg in str(ei.value)
+
+
+def test_options_map_to_the_runtime():
+    o = _parse({"capacity_bytes": "2GiB", "dram_use_hugepages": True, "timeout_ms": 500, "num_workers": 3,
+                "load_failure_quarantine_ms": 1000, "enable_events": True, "lookup_instance": "a",
+                "key_namespace": "fleet", "load_async": False})
+    cfg = o.runtime_config(rank=1, world_size=2, gpu_backend="host")
+    assert cfg == {"mode": "embedded", "rank": 1, "world_size": 2, "capacity_bytes": "2GiB",
+                   "dram_use_hugepages": True, "timeout_ms": 500, "copy_threads": 3,
+                   "load_failure_quarantine_ms": 1000, "enable_events": True, "lookup_timeout_ms": 100,
+                   "gpu_backend": "host"}
+    umbp.Runtime(dict(cfg, capacity_bytes="8MiB", dram_use_hugepages=False)).close()  # the runtime accepts it
+    s = _parse({"mode": "standalone", "endpoint": "unix:///run/umbp/umbp-dp3-llama.sock", "engine_id": "e1",
+                "tenant_namespace": "t"})
+    assert (s.socket_dir, s.dp_rank, s.lookup_instance) == ("/run/umbp", 3, "llama")
+    rc = s.runtime_config(rank=0, world_size=1, role="lookup")
+    assert rc["role"] == "lookup" and rc["namespace"] == "t" and rc["socket_dir"] == "/run/umbp"
+    assert _parse({"mode": "standalone", "dp_rank": "auto"}).runtime_config(rank=0, world_size=1,
+                                                                            dp_rank=5)["dp_rank"] == 5
+
+
+def test_unknown_options_warn_with_strict_options_false(caplog):
+    o = _parse({"strict_options": False, "capacty_bytes": 1})
+    assert "capacty_bytes" not in o.given
+    assert any("capacty_bytes" in r.getMessage() for r in caplog.records)
+
+
+def test_the_connector_refuses_bad_options_at_construction():
+    from umbp.vllm.options import UMBPConfigError
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm_harness.config import HarnessConfig
+
+    import umbp.vllm.connector as mod
+
+    cfg = HarnessConfig(extra={"lookup_timout_ms": 5})
+    with pytest.raises(UMBPConfigError, match="lookup_timout_ms"):
+        mod.UMBPConnector(cfg.vllm_config(), KVConnectorRole.SCHEDULER, cfg.kv_cache_config())
+    cfg = HarnessConfig(kv_role="kv_sometimes")
+    with pytest.raises(UMBPConfigError, match="kv_role"):
+        mod.UMBPConnector(cfg.vllm_config(), KVConnectorRole.SCHEDULER, cfg.kv_cache_config())
+
+
+# ---- class surface, metadata, stats, metrics --------------------------------------------------
+
+
+def test_class_surface():
+    import umbp.vllm.connector as mod
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA, supports_hma
+
+    C = mod.UMBPConnector
+    assert supports_hma(C) and issubclass(C, SupportsHMA)
+    assert not getattr(C, "__abstractmethods__", None)
+    assert C.get_required_kvcache_layout(None) is None
+    assert C.requires_piecewise_for_cudagraph({"load_async": False}) is True
+    assert C.requires_piecewise_for_cudagraph({}) is False
+    assert mod.__doc__ and "003df2961dd8" in mod.__doc__ and "13f4ad0f55b0" in mod.__doc__
+
+
+def test_import_umbp_vllm_without_vllm():
+    code = ("import sys; sys.modules['vllm'] = None; import umbp, umbp.vllm, umbp.vllm.options, "
+            "umbp.vllm.identity; print(umbp.vllm.CONNECTOR_NAME)")
+    p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=CONNECTOR),
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "UMBPConnector"
+
+
+def test_metadata_pickles():
+    from umbp.vllm.metadata import LoadPlan, StorePlan, UMBPConnectorMetadata, UMBPWorkerMetadata
+
+    m = UMBPConnectorMetadata(step=3, loads=[LoadPlan("r", 0, b"x" * 64, 32, [1, 2], [1, 2], True)],
+                              stores=[StorePlan(7, "r", 0, b"y" * 32, 32, [3], True)],
+                              delayed_free_req_ids={"q"}, flush_plan_ids={7}, load_error_ids={"r": {1}})
+    assert pickle.loads(pickle.dumps(m)) == m
+    a = UMBPWorkerMetadata(stores_done={7: 1}, failed_loads=[(0, b"h")], clears_done={1: 1})
+    b = UMBPWorkerMetadata(stores_done={7: 1, 8: 1}, stores_failed_blocks={8: 2}, clears_done={1: 1})
+    c = a.aggregate(b)
+    assert c.stores_done == {7: 2, 8: 1} and c.stores_failed_blocks == {8: 2} and c.clears_done == {1: 2}
+    assert pickle.loads(pickle.dumps(c)) == c
+
+
+def test_stats_and_prometheus():
+    import prometheus_client
+
+    import umbp.vllm.connector as mod
+
+    st = mod.UMBPConnector.build_kv_connector_stats({"lookups": 2, "lookup_query_tokens": 100,
+                                                     "lookup_hit_tokens": 50, "load_blocks_ok": 3})
+    other = mod.UMBPConnector.build_kv_connector_stats({"lookups": 1, "store_blocks_ok": 4, "store_bytes": 4096})
+    st.aggregate(other)
+    red = st.reduce()
+    assert red["Lookups"] == 3 and red["Lookup hit rate (tokens)"] == 0.5 and red["Stored blocks"] == 4
+    assert not st.is_empty() and mod.UMBPConnector.build_kv_connector_stats().is_empty()
+    assert pickle.loads(pickle.dumps(st)).data == st.data
+
+    reg = prometheus_client.CollectorRegistry()
+    types = {c: functools.partial(c, registry=reg) for c in
+             (prometheus_client.Gauge, prometheus_client.Counter, prometheus_client.Histogram)}
+    from vllm_harness.config import HarnessConfig
+
+    pm = mod.UMBPConnector.build_prom_metrics(HarnessConfig().vllm_config(), types, ["engine"], {0: ["0"]})
+    assert pm is not None
+    pm.observe(st.data, engine_idx=0)
+    assert reg.get_sample_value("vllm:umbp_store_blocks_total", {"engine": "0"}) == 4
+    assert reg.get_sample_value("vllm:umbp_lookup_hit_tokens_total", {"engine": "0"}) == 50
+
+
+def test_stats_flow_from_an_engine():
+    with S.engine() as e:
+        e.add("A", S.PROMPT, 2)
+        e.run()
+        e.add("B", S.PROMPT, 2)
+        seen = []
+        orig = e.sched.update_from_output
+
+        def spy(so, out):
+            if out["kv"].kv_connector_stats is not None:
+                seen.append(dict(out["kv"].kv_connector_stats.data))
+            return orig(so, out)
+
+        e.sched.update_from_output = spy
+        e.run()
+        e.check_clean()
+    assert sum(d.get("load_blocks_ok", 0) for d in seen) == 6
+    assert sum(d.get("load_bytes", 0) for d in seen) > 0
+    st = e.conn.get_kv_connector_stats()  # the scheduler's own (lookups); taken once
+    assert st is None or st.data["lookups"] >= 1

@@ -1,0 +1,1 @@
+"""Engine-order harness for the UMBP vLLM connector (see README.md)."""

@@ -1,0 +1,80 @@
+"""One harness engine's configuration, and the vLLM config objects it implies."""
+from __future__ import annotations
+
+import dataclasses
+
+FULL, SWA, MAMBA = "full", "sliding_window", "mamba"
+
+
+@dataclasses.dataclass
+class HarnessConfig:
+    #: KV cache groups: (kind, number of layers, sliding window in tokens)
+    groups: list = dataclasses.field(default_factory=lambda: [(FULL, 2, 0)])
+    block_size: int = 16
+    num_blocks: int = 64  # GPU blocks per group pool (shared by all groups, block 0 is the null block)
+    tp: int = 1
+    extra: dict = dataclasses.field(default_factory=dict)  # kv_connector_extra_config
+    kv_role: str = "kv_both"
+    max_num_batched_tokens: int = 64
+    max_num_seqs: int = 8
+    async_scheduling: bool = False
+    local_prefix_cache: bool = False
+    api: str = "new"  # engine call conventions: "new" (metadata handle_preemptions, worker meta) or "old"
+    processes: bool = False  # TP workers in their own processes
+    heads: int = 2
+    dim: int = 4
+    conv_size: int = 6
+    ssm_shape: tuple = (2, 5)
+    model: str = "fake/model-7b"
+    load_failure_policy: str = "recompute"
+
+    def layers(self) -> list:
+        """[(name, group index, kind, layer index)] in model order (groups interleaved)."""
+        out, counts = [], [0] * len(self.groups)
+        idx = 0
+        while any(counts[g] < self.groups[g][1] for g in range(len(self.groups))):
+            for g, (kind, n, _w) in enumerate(self.groups):
+                if counts[g] < n:
+                    counts[g] += 1
+                    suffix = "mixer" if kind == MAMBA else "self_attn.attn"
+                    out.append((f"model.layers.{idx}.{suffix}", g, kind, idx))
+                    idx += 1
+        return out
+
+    def kv_cache_config(self):
+        from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                                KVCacheTensor, MambaSpec, SlidingWindowSpec)
+
+        groups = []
+        layers = self.layers()
+        for g, (kind, _n, w) in enumerate(self.groups):
+            names = [name for name, gi, _k, _i in layers if gi == g]
+            if kind == FULL:
+                spec = FullAttentionSpec(block_size=self.block_size, num_kv_heads=self.heads,
+                                         head_size=self.dim, dtype="float32")
+            elif kind == SWA:
+                spec = SlidingWindowSpec(block_size=self.block_size, num_kv_heads=self.heads,
+                                         head_size=self.dim, dtype="float32", sliding_window=w)
+            else:
+                spec = MambaSpec(block_size=self.block_size, shapes=((self.conv_size,), tuple(self.ssm_shape)),
+                                 dtypes=("float32", "float32"))
+            groups.append(KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec))
+        tensors = [KVCacheTensor(size=0, shared_by=[name]) for name, *_ in layers]
+        return KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
+
+    def vllm_config(self, rank: int = 0):
+        from vllm.config import (CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                                 VllmConfig)
+
+        return VllmConfig(
+            model_config=ModelConfig(model=self.model, dtype="float32"),
+            cache_config=CacheConfig(block_size=self.block_size, cache_dtype="auto", num_gpu_blocks=self.num_blocks),
+            parallel_config=ParallelConfig(tensor_parallel_size=self.tp, rank=rank),
+            scheduler_config=SchedulerConfig(max_num_batched_tokens=self.max_num_batched_tokens,
+                                             max_num_seqs=self.max_num_seqs,
+                                             async_scheduling=self.async_scheduling),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="UMBPConnector", kv_connector_module_path="umbp.vllm.connector",
+                kv_role=self.kv_role, kv_connector_extra_config=dict(self.extra),
+                kv_load_failure_policy=self.load_failure_policy),
+        )

@@ -1,0 +1,407 @@
+"""The engine-order scenarios.  Each builds an Engine, runs requests through
+the real connector and runtime, checks its own claims (HarnessError on
+failure) and ends with Engine.check_clean(): every block back in the pool,
+every job completed and released, nothing held.  They return a dict of what
+they saw, for the tests to check further.
+
+They run in the test process, or (old vLLM API) in a subprocess started with
+FAKE_VLLM_API=old via ``python -m vllm_harness.scenarios NAME JSON``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+
+from .config import FULL, MAMBA, SWA, HarnessConfig
+from .engine import Engine, HarnessError
+
+PROMPT = list(range(1, 100))  # 99 tokens: 6 full blocks of 16, hit capped at 96 tokens
+
+
+def _cfg(**kw) -> HarnessConfig:
+    given = dict(kw.pop("extra", {}) or {})
+    extra = {} if given.get("mode") == "standalone" else {"capacity_bytes": "16MiB"}
+    extra.update(given)
+    groups = kw.pop("groups", None)
+    if groups is not None:
+        kw["groups"] = [tuple(g) for g in groups]
+    return HarnessConfig(extra=extra, **kw)
+
+
+@contextlib.contextmanager
+def engine(**kw):
+    e = Engine(_cfg(**kw))
+    try:
+        yield e
+    finally:
+        e.shutdown()
+
+
+def _needed(e, k):
+    """Positions of each group a hit of k blocks loads (identity.GroupInfo.needed)."""
+    from umbp.vllm.identity import describe_groups
+
+    gi = describe_groups(e.cfg.kv_cache_config(), e.cfg.vllm_config().cache_config)
+    return {g.index: list(g.needed(0, k)) for g in gi}
+
+
+def _run_until_loaded(e, rid):
+    """Steps until rid's load has completed and before its blocks can change
+    (sliding-window and Mamba blocks are freed as it computes on): after the
+    step that ran a synchronous load, or once an async load is reported."""
+    planned = []
+
+    def note(so):
+        meta = so.kv_connector_metadata
+        planned.append(any(p.req_id == rid for p in meta.loads))
+
+    for _ in range(200):
+        so = e.step(before_execute=note)
+        req = e.sched.requests.get(rid)
+        if req is None:
+            raise HarnessError(f"{rid} finished before its load was seen")
+        if rid in e.sched.finished_recving:
+            return
+        if planned[-1] and not any(p.is_async for p in so.kv_connector_metadata.loads if p.req_id == rid):
+            return
+        if so.total_num_scheduled_tokens == 0:
+            time.sleep(0.001)
+    raise HarnessError(f"{rid} never loaded")
+
+
+def _check_restored_bytes(e, rid, k, hashes):
+    """Every block restored for rid equals the pool's object byte for byte, on every rank."""
+    tables = e.sched.req_blocks[rid]
+    checked = 0
+    for g, pos in _needed(e, k).items():
+        for w in e.workers:
+            objs = w.object_bytes(g, [hashes[p] for p in pos])
+            for p, obj in zip(pos, objs):
+                if obj is None:
+                    raise HarnessError(f"{rid}: object of group {g} position {p} missing on rank")
+                got = w.block_bytes(g, tables[g][p])
+                if got != obj:
+                    raise HarnessError(f"{rid}: group {g} block {p} restored bytes differ from the stored object")
+                checked += 1
+    return checked
+
+
+def restore(**kw):
+    """Cache hit restore: A stores its prompt; every KV byte is poisoned; B
+    (same prompt) restores it; B's restored blocks equal the stored objects
+    exactly and both generate the model's tokens."""
+    mt = kw.pop("max_tokens", 6)
+    with engine(**kw) as e:
+        a = e.add("A", PROMPT, mt)
+        e.run()
+        e.check_clean()
+        for w in e.workers:
+            w.poison()
+        e.add("B", PROMPT, mt)
+        _run_until_loaded(e, "B")
+        nbytes = _check_restored_bytes(e, "B", 6, list(a.block_hashes))
+        e.run()
+        e.check_outputs({"A": PROMPT, "B": PROMPT}, mt)
+        m = e.matched("B")
+        if m is None or m[1] != 96:
+            raise HarnessError(f"B matched {m}, expected 96 external tokens")
+        if e.bad:
+            raise HarnessError(f"forward passes saw wrong KV: {e.bad}")
+        c = e.check_clean()
+        return {"matched": m, "checked_blocks": nbytes, "counters": c, "steps": e.steps}
+
+
+def partial(**kw):
+    """Partial hits: B shares A's first 3 blocks; with a local prefix-cache hit
+    of 1 block, the connector answers only the 2 blocks beyond it."""
+    local = kw.pop("local_prefix_cache", False)
+    with engine(local_prefix_cache=local, **kw) as e:
+        a = e.add("A", PROMPT, 3)
+        e.run()
+        shared = PROMPT[:48]
+        pb = shared + [500 + i for i in range(40)]
+        if local:
+            keep = a.block_hashes[0]
+            for h in list(e.sched.pool.cached):
+                if h != keep:
+                    b = e.sched.pool.cached.pop(h)
+                    e.sched.pool.block_hash.pop(b, None)
+        keep_blocks = [e.sched.pool.cached[a.block_hashes[0]]] if local else []
+        for w in e.workers:
+            w.poison(-7.0, keep_blocks)  # the locally cached block keeps A's data
+        e.add("B", pb, 3)
+        e.run()
+        e.check_outputs({"A": PROMPT, "B": pb}, 3)
+        m = e.matched("B")
+        want = (16, 32) if local else (0, 48)
+        if m is None or (m[0], m[1]) != want:
+            raise HarnessError(f"B matched {m}, expected local/external {want}")
+        loaded = sum(w.counters()["blocks_loaded_by_group"].get(0, 0) for w in e.workers)
+        if loaded != (want[1] // 16) * len(e.workers):
+            raise HarnessError(f"{loaded} blocks loaded, expected {want[1] // 16} per rank")
+        return {"matched": m, "counters": e.check_clean()}
+
+
+def preemption(**kw):
+    """Two requests outgrow the block pool while decoding: one is preempted
+    (handle_preemptions sees it, in-flight stores of it are waited for), resumes
+    with its stored prefix restored from umbp, and both finish correctly."""
+    kw.setdefault("num_blocks", 14)
+    kw.setdefault("max_num_batched_tokens", 128)
+    mt = kw.pop("max_tokens", 44)  # 2 x 7 blocks > 13: one is preempted, and resumed ones cannot wedge the pool
+    with engine(**kw) as e:
+        pa, pb = list(range(1, 61)), list(range(1000, 1060))
+        e.add("A", pa, mt)
+        e.add("B", pb, mt)
+        e.run()
+        e.check_outputs({"A": pa, "B": pb}, mt)
+        if e.sched.preempted_total == 0:
+            raise HarnessError("no preemption happened")
+        pre = [r for what, r, _ in e.sched.log if what == "preempted"]
+        seen = set()
+        for w in e.workers:
+            for _kind, ids in w.get_preemption_args():
+                seen |= ids
+        if not set(pre) <= seen:
+            raise HarnessError(f"handle_preemptions saw {seen}, preempted {pre}")
+        resumed = [v for what, r, v in e.sched.log if what == "matched" and r in pre and v[1]]
+        if not resumed:
+            raise HarnessError("the preempted request restored nothing from umbp on resume")
+        if e.bad:
+            raise HarnessError(f"forward passes saw wrong KV: {e.bad}")
+        return {"preempted": pre, "resumed_matches": resumed, "counters": e.check_clean()}
+
+
+def abort(**kw):
+    """Aborts: B aborted while its async load is in flight (freed on
+    finished_recving); C aborted mid-prefill with its stores in flight
+    (request_finished says delay; freed once every worker reports the store)."""
+    kw.setdefault("max_num_batched_tokens", 32)
+    with engine(**kw) as e:
+        e.add("A", PROMPT, 2)
+        e.run()
+        e.add("B", PROMPT, 2)
+
+        def abort_b(so):
+            meta = so.kv_connector_metadata
+            if any(p.req_id == "B" for p in meta.loads):
+                e.abort("B")
+
+        e.step(before_execute=abort_b)
+        fin = [v for what, r, v in e.sched.log if what == "request_finished" and r == "B"]
+        if fin != [True]:
+            raise HarnessError(f"request_finished(B) during its load returned {fin}, expected delay")
+        e.run()
+        for w in e.workers:
+            w.hold_stores(True)
+        e.add("C", list(range(3000, 3099)), 2)
+        e.step()
+        e.step()
+        e.abort("C")
+        fin = [v for what, r, v in e.sched.log if what == "request_finished" and r == "C"]
+        if fin != [True]:
+            raise HarnessError(f"request_finished(C) with stores in flight returned {fin}")
+        for _ in range(3):
+            e.step()
+        if "C" not in e.sched.delayed:
+            raise HarnessError("C's blocks were released while its stores were held in flight")
+        for w in e.workers:
+            w.hold_stores(False)
+        e.run()
+        return {"counters": e.check_clean()}
+
+
+def store_inflight(**kw):
+    """A store still in flight at request_finished: delay_free is True, the
+    blocks stay allocated until every worker reports the store done."""
+    with engine(**kw) as e:
+        for w in e.workers:
+            w.hold_stores(True)
+        e.add("A", PROMPT, 2)
+        for _ in range(6):
+            e.step()
+        if "A" not in e.sched.delayed:
+            raise HarnessError(f"A not held: log {e.sched.log[-4:]}")
+        held_blocks = e.cfg.num_blocks - 1 - e.sched.pool.num_free()
+        if held_blocks == 0:
+            raise HarnessError("A's blocks were returned while its stores were in flight")
+        inflight = [w.counters()["jobs_inflight"] for w in e.workers]
+        for w in e.workers:
+            w.hold_stores(False)
+        e.run()
+        e.check_outputs({"A": PROMPT}, 2)
+        freed = [v for what, r, v in e.sched.log if what == "freed" and r == "A"]
+        return {"held_blocks": held_blocks, "inflight_while_held": inflight, "freed_step": freed,
+                "counters": e.check_clean()}
+
+
+def reset(**kw):
+    """reset_cache(): the pool is cleared; the same prompt then misses.
+    via_workers: the scheduler cannot clear it itself (separate processes):
+    the workers clear on the next step and lookups miss until they have."""
+    via_workers = kw.pop("via_workers", False)
+    with engine(**kw) as e:
+        e.add("A", PROMPT, 2)
+        e.run()
+        sch = e.conn._scheduler
+        if via_workers:
+            sch.backend.clear = lambda: None
+        if e.conn.reset_cache() is not True:
+            raise HarnessError("reset_cache() did not return True")
+        e.add("B", PROMPT, 2)
+        e.run()
+        m = e.matched("B")
+        if m is None or m[1] != 0:
+            raise HarnessError(f"B matched {m} after reset_cache")
+        e.check_outputs({"A": PROMPT, "B": PROMPT}, 2)
+        e.add("C", PROMPT, 2)  # B stored it again
+        e.run()
+        m2 = e.matched("C")
+        if m2 is None or m2[1] != 96:
+            raise HarnessError(f"C matched {m2} after B stored the prompt again")
+        return {"counters": e.check_clean()}
+
+
+def failed_load(**kw):
+    """A failed load: between B's lookup and its load the objects of blocks
+    >= keep disappear from one rank's pool; that rank reports their block ids
+    (get_block_ids_with_load_errors), vLLM truncates and recomputes, B's
+    tokens are right, and B stores the blocks again.  With a quarantine, C
+    (same prompt) counts the failed blocks as misses even though B stored them
+    again; without, C hits everything."""
+    keep = kw.pop("keep", 2)
+    fail_rank = kw.pop("fail_rank", -1)
+    with engine(**kw) as e:
+        a = e.add("A", PROMPT, 3)
+        e.run()
+        e.add("B", PROMPT, 3)
+        hashes = list(a.block_hashes[:6])
+        done = []
+
+        def sabotage(so):
+            meta = so.kv_connector_metadata
+            if not done and any(p.req_id == "B" for p in meta.loads):
+                w = e.workers[fail_rank]
+                shared = e.cfg.extra.get("mode") == "standalone"
+                for g in range(len(e.cfg.groups)):
+                    w.remove_objects(g, hashes, keep, list(range(e.cfg.tp)) if shared else None)
+                done.append(so._harness_step)
+
+        e.run(before_execute=sabotage)
+        if not done:
+            raise HarnessError("B never planned a load")
+        e.check_outputs({"A": PROMPT, "B": PROMPT}, 3)
+        trunc = [v for what, r, v in e.sched.log if what == "truncated" and r == "B"]
+        if not trunc or trunc[0][1] != keep * 16:
+            raise HarnessError(f"B truncated {trunc}, expected to {keep * 16} tokens")
+        e.add("C", PROMPT, 3)
+        e.run()
+        e.check_outputs({"C": PROMPT}, 3)
+        m = e.matched("C")
+        wm = [w.counters() for w in e.workers]
+        return {"truncated": trunc, "matched_C": m, "workers": wm, "counters": e.check_clean()}
+
+
+def hybrid(**kw):
+    """Full + sliding-window + Mamba groups: a restore loads only the window's
+    blocks of the SWA group and one state block of the Mamba group; stores write
+    only the window (+1) of each step's end and block-aligned Mamba states."""
+    kw.setdefault("groups", [(FULL, 2, 0), (SWA, 2, 32), (MAMBA, 1, 0)])
+    out = restore(**kw)
+    loaded = [w["blocks_loaded_by_group"] for w in out["counters"]["workers"]]
+    stored = [w["blocks_stored_by_group"] for w in out["counters"]["workers"]]
+    out["loaded"], out["stored"] = loaded, stored
+    return out
+
+
+def events(**kw):
+    """KV events from the runtime's events: BlockStored once every rank holds a
+    block, BlockRemoved after reset_cache clears it."""
+    kw.setdefault("extra", {})
+    kw["extra"] = dict(kw["extra"], enable_events=True)
+    with engine(**kw) as e:
+        a = e.add("A", PROMPT, 2)
+        e.run()
+        stored = [ev for ev in e.sched.events if type(ev).__name__ == "BlockStored"]
+        hs = list(a.block_hashes[:6])
+        got = [ev.block_hashes[0] for ev in stored]
+        if got != hs:
+            raise HarnessError(f"BlockStored for {len(got)} blocks, expected A's 6 in order")
+        for i, ev in enumerate(stored):
+            if ev.parent_block_hash != (hs[i - 1] if i else None) or list(ev.token_ids) != PROMPT[16 * i:16 * i + 16]:
+                raise HarnessError(f"BlockStored {i}: parent/token_ids wrong: {ev}")
+            if ev.block_size != 16:
+                raise HarnessError(f"BlockStored {i}: block_size {ev.block_size}")
+        e.conn.reset_cache()
+        e.add("B", [7] * 20, 1)  # a step, so that the workers drain the clear's events
+        e.run()
+        removed = [ev.block_hashes[0] for ev in e.sched.events if type(ev).__name__ == "BlockRemoved"]
+        if set(hs) - set(removed):
+            raise HarnessError(f"BlockRemoved missing for {len(set(hs) - set(removed))} blocks")
+        return {"stored": len(stored), "removed": len(removed), "counters": e.check_clean()}
+
+
+def lookup_async(**kw):
+    """lookup_async: get_num_new_matched_tokens answers (None, False) until the
+    lookup finished on the pool; the request is asked again and restores."""
+    kw.setdefault("extra", {})
+    kw["extra"] = dict(kw["extra"], lookup_async=True)
+    with engine(**kw) as e:
+        e.add("A", PROMPT, 2)
+        e.run()
+        e.add("B", PROMPT, 2)
+        e.run()
+        e.check_outputs({"A": PROMPT, "B": PROMPT}, 2)
+        answers = [v for what, r, v in e.sched.log if what == "matched" and r == "B"]
+        if not answers or answers[0][1] is not None or answers[-1][1] != 96:
+            raise HarnessError(f"B's answers {answers}: expected None first, then 96")
+        return {"answers": answers, "counters": e.check_clean()}
+
+
+def roles(**kw):
+    """kv_consumer loads but never stores; kv_producer stores but never looks up."""
+    out = {}
+    for role in ("kv_producer", "kv_consumer"):
+        with engine(kv_role=role, **kw) as e:
+            e.add("A", PROMPT, 2)
+            e.run()
+            e.add("B", PROMPT, 2)
+            e.run()
+            e.check_outputs({"A": PROMPT, "B": PROMPT}, 2)
+            c = e.check_clean()
+            out[role] = {"matched": e.matched("B"),
+                         "stored": sum(sum(w["blocks_stored_by_group"].values()) for w in c["workers"])}
+    return out
+
+
+def server_death(kill, **kw):
+    """Standalone: the server dies after A stored its prompt.  B's lookups miss
+    (it recomputes), stores fail without raising, nothing hangs."""
+    with engine(**kw) as e:
+        e.add("A", PROMPT, 2)
+        e.run()
+        kill()
+        t0 = time.monotonic()
+        e.add("B", PROMPT, 2)
+        e.run()
+        e.check_outputs({"A": PROMPT, "B": PROMPT}, 2)
+        m = e.matched("B")
+        if m is None or m[1] != 0:
+            raise HarnessError(f"B matched {m} with the server dead")
+        return {"matched": m, "seconds": time.monotonic() - t0, "counters": e.check_clean()}
+
+
+SCENARIOS = {f.__name__: f for f in (restore, partial, preemption, abort, store_inflight, reset, failed_load,
+                                     hybrid, events, lookup_async, roles)}
+
+
+def main(argv):
+    name, kw = argv[1], json.loads(argv[2]) if len(argv) > 2 else {}
+    res = SCENARIOS[name](**kw)
+    print("SCENARIO-RESULT " + json.dumps(res, default=repr))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

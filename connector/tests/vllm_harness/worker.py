@@ -1,0 +1,316 @@
+"""A stand-in vLLM worker: CPU torch KV caches, the REAL connector (WORKER
+role) over the REAL runtime, and a fake model forward that checks every value
+it attends to (model.py).  The calls follow vLLM's worker order
+(connector-api.md §1.4):
+
+    new API (V2 runner): bind_connector_metadata -> handle_preemptions(meta) -> start_load_kv
+    old API:             handle_preemptions(set) if any -> bind_connector_metadata -> start_load_kv
+    then per layer wait_for_layer_load / (attention) / save_kv_layer; wait_for_save (if a forward ran);
+    get_transfer_results (new) or get_finished; get_block_ids_with_load_errors; get_kv_connector_stats;
+    get_kv_connector_kv_cache_events; build_connector_worker_meta (new); clear_connector_metadata.
+
+``worker_main`` runs one in its own process (TP=2 across processes).
+"""
+from __future__ import annotations
+
+import importlib
+import traceback
+
+import numpy as np
+import torch
+
+from . import model
+from .config import FULL, MAMBA, SWA
+
+
+class HarnessWorker:
+    def __init__(self, cfg, rank: int):
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+        self.cfg = cfg
+        self.rank = rank
+        self.B = cfg.block_size
+        self.layers = cfg.layers()
+        mod = importlib.import_module("umbp.vllm.connector")
+        self.conn = mod.UMBPConnector(cfg.vllm_config(rank), KVConnectorRole.WORKER, cfg.kv_cache_config())
+        self.kv = {}
+        for name, g, kind, _i in self.layers:
+            if kind == MAMBA:
+                self.kv[name] = [torch.zeros(cfg.num_blocks, cfg.conv_size),
+                                 torch.zeros((cfg.num_blocks,) + tuple(cfg.ssm_shape))]
+            else:
+                self.kv[name] = torch.zeros(2, cfg.num_blocks, self.B, cfg.heads, cfg.dim)
+        self.conn.register_kv_caches(dict(self.kv))
+        self.reqs = {}  # rid -> per-group block ids
+        self.digest_cache = {}  # rid -> (tokens, digests)
+        self.calls = []  # connector calls of the last step, for order checks
+        self.preemption_args = []
+
+    # ---- helpers ------------------------------------------------------------------
+
+    def _digests(self, rid, tokens):
+        prev = self.digest_cache.get(rid)
+        if prev is not None and len(prev[0]) <= len(tokens) and tokens[:len(prev[0])] == prev[0]:
+            d = list(prev[1])
+            model.digests(tokens, d)
+        else:
+            d = model.digests(tokens)
+        self.digest_cache[rid] = (list(tokens), d)
+        return d
+
+    def _pos_index(self, ids, positions):
+        blocks = np.asarray([ids[p // self.B] for p in positions], dtype=np.int64)
+        offs = np.asarray([p % self.B for p in positions], dtype=np.int64)
+        return blocks, offs
+
+    def _update_states(self, so):
+        for rid in so.finished_req_ids:
+            self.reqs.pop(rid, None)
+            self.digest_cache.pop(rid, None)
+        for nr in so.scheduled_new_reqs:
+            self.reqs[nr.req_id] = [list(x) for x in nr.block_ids]
+        c = so.scheduled_cached_reqs
+        for i, rid in enumerate(c.req_ids):
+            nb = c.new_block_ids[i]
+            if rid in c.resumed_req_ids or rid not in self.reqs:
+                self.reqs[rid] = [list(x) for x in nb] if nb else [[] for _ in self.cfg.groups]
+            elif nb:
+                for g, x in enumerate(nb):
+                    self.reqs[rid][g].extend(x)
+
+    # ---- the fake forward ------------------------------------------------------------
+
+    def _forward(self, so, tokens, work):
+        """work: [(rid, c, n)].  Returns {rid: token or GARBAGE} for requests
+        that complete their known tokens, and the set of rids that failed a check."""
+        bad = set()
+        dig = {rid: np.asarray(self._digests(rid, tokens[rid][:c + n]), dtype=np.uint64) for rid, c, n in work}
+        cfg = self.cfg
+        for name, g, kind, li in self.layers:
+            self.conn.wait_for_layer_load(name)
+            self.calls.append(("wait_for_layer_load", name))
+            t = self.kv[name]
+            for rid, c, n in work:
+                ids = self.reqs[rid][g]
+                d = dig[rid]
+                if kind == MAMBA:
+                    if c > 0:
+                        b = ids[(c - 1) // self.B]
+                        for which, st in enumerate(t):
+                            exp = model.state_values(int(d[c - 1]), self.rank, li, which, st[0].numel())
+                            if not np.array_equal(st[b].reshape(-1).numpy(), exp):
+                                bad.add(rid)
+                    b = ids[(c + n - 1) // self.B]
+                    for which, st in enumerate(t):
+                        st[b] = torch.from_numpy(model.state_values(int(d[c + n - 1]), self.rank, li, which,
+                                                                   st[0].numel())).reshape(st[b].shape)
+                    continue
+                lo = 0 if kind == FULL else max(0, c - cfg.groups[g][2] + 1)
+                if c > lo:
+                    pos = range(lo, c)
+                    blk, off = self._pos_index(ids, pos)
+                    got = t[:, blk, off].numpy()  # (2, m, H, D)
+                    exp = model.kv_values(d[lo:c], self.rank, li, cfg.heads, cfg.dim)
+                    if not np.array_equal(got, exp):
+                        bad.add(rid)
+                pos = range(c, c + n)
+                blk, off = self._pos_index(ids, pos)
+                t[:, blk, off] = torch.from_numpy(model.kv_values(d[c:c + n], self.rank, li, cfg.heads, cfg.dim))
+            self.conn.save_kv_layer(name, t, None)
+        out = {}
+        for rid, c, n in work:
+            if c + n == len(tokens[rid]):
+                out[rid] = model.GARBAGE if rid in bad else model.next_token(int(dig[rid][c + n - 1]))
+        return out, bad
+
+    def execute(self, so, tokens):
+        from vllm.forward_context import ForwardContext
+        from vllm.v1.outputs import KVConnectorOutput
+
+        conn = self.conn
+        self.calls = []
+        meta = so.kv_connector_metadata
+        if self.cfg.api == "new":
+            conn.bind_connector_metadata(meta)
+            conn.handle_preemptions(meta)
+            self.preemption_args.append(("meta", set(getattr(meta, "preempted_req_ids", ()))))
+            self.calls += [("bind_connector_metadata",), ("handle_preemptions",)]
+        else:
+            if so.preempted_req_ids:
+                conn.handle_preemptions(set(so.preempted_req_ids))
+                self.preemption_args.append(("set", set(so.preempted_req_ids)))
+                self.calls.append(("handle_preemptions",))
+            conn.bind_connector_metadata(meta)
+            self.calls.append(("bind_connector_metadata",))
+        self._update_states(so)
+        ctx = ForwardContext()
+        conn.start_load_kv(ctx)
+        self.calls.append(("start_load_kv",))
+        sampled, bad = {}, set()
+        if so.total_num_scheduled_tokens > 0:
+            work = [(nr.req_id, nr.num_computed_tokens, so.num_scheduled_tokens[nr.req_id])
+                    for nr in so.scheduled_new_reqs]
+            c = so.scheduled_cached_reqs
+            work += [(rid, c.num_computed_tokens[i], so.num_scheduled_tokens[rid]) for i, rid in enumerate(c.req_ids)]
+            sampled, bad = self._forward(so, tokens, work)
+            conn.wait_for_save()
+            self.calls.append(("wait_for_save",))
+            self.inflight_after_save = conn.debug_counters()["jobs_inflight"]
+        if self.cfg.api == "new" and hasattr(conn, "get_transfer_results"):
+            res = conn.get_transfer_results(so.finished_req_ids)
+            fs, fr = res.finished_sending or None, res.finished_recving or None
+            self.calls.append(("get_transfer_results",))
+        else:
+            fs, fr = conn.get_finished(so.finished_req_ids)
+            self.calls.append(("get_finished",))
+        invalid = conn.get_block_ids_with_load_errors()
+        stats = conn.get_kv_connector_stats()
+        events = conn.get_kv_connector_kv_cache_events()
+        wmeta = conn.build_connector_worker_meta() if self.cfg.api == "new" else None
+        conn.clear_connector_metadata()
+        self.calls.append(("clear_connector_metadata",))
+        out = KVConnectorOutput(finished_sending=fs, finished_recving=fr, kv_connector_stats=stats,
+                                kv_cache_events=events, kv_connector_worker_meta=wmeta,
+                                invalid_block_ids=set(invalid))
+        return {"sampled": sampled, "bad": bad, "kv": out, "rank": self.rank}
+
+    # ---- test controls ---------------------------------------------------------------
+
+    def poison(self, value=-7.0, keep_blocks=()):
+        """Fills every KV byte (but the blocks in keep_blocks) with value."""
+        keep = sorted(set(keep_blocks))
+        for name, _g, kind, _i in self.layers:
+            v = self.kv[name]
+            saved = [(t, t[:, keep].clone() if kind != MAMBA else t[keep].clone())
+                     for t in (v if isinstance(v, list) else [v])] if keep else []
+            for t in (v if isinstance(v, list) else [v]):
+                t.fill_(value)
+            for t, s in saved:
+                if kind == MAMBA:
+                    t[keep] = s
+                else:
+                    t[:, keep] = s
+
+    def get_preemption_args(self):
+        return list(self.preemption_args)
+
+    def snapshot(self, group: int, block_ids):
+        """Bytes of these blocks of every layer of the group, in layer order."""
+        out = []
+        for name, g, kind, _i in self.layers:
+            if g != group:
+                continue
+            t = self.kv[name]
+            idx = torch.as_tensor(list(block_ids), dtype=torch.long)
+            if kind == MAMBA:
+                out.extend(x[idx].numpy().tobytes() for x in t)
+            else:
+                out.append(t[:, idx].numpy().tobytes())
+        return out
+
+    def block_bytes(self, group: int, block_id: int) -> bytes:
+        """One GPU block of a group laid out as umbp's object: per layer (model
+        order) the K chunk then the V chunk; a Mamba layer's state tensors."""
+        out = []
+        for name, g, kind, _i in self.layers:
+            if g != group:
+                continue
+            t = self.kv[name]
+            if kind == MAMBA:
+                out.extend(x[block_id].numpy().tobytes() for x in t)
+            else:
+                out += [t[0, block_id].numpy().tobytes(), t[1, block_id].numpy().tobytes()]
+        return b"".join(out)
+
+    def object_bytes(self, group: int, hashes) -> list:
+        """The pool's objects of these block hashes (None where absent)."""
+        rt = self.runtime()
+        size = self.conn._worker.kv[group].object_size
+        keys = self.keys_of(group, hashes)
+        buf = np.zeros((len(keys), size), dtype=np.uint8)
+        ptrs = buf.ctypes.data + np.arange(len(keys), dtype=np.uint64) * np.uint64(size)
+        j = rt.get(keys, ptrs, size)
+        assert j.wait(5000)
+        st = j.statuses.copy()
+        j.release()
+        return [buf[i].tobytes() if st[i] == 0 else None for i in range(len(keys))]
+
+    def counters(self):
+        return self.conn.debug_counters()
+
+    def hold_stores(self, on: bool):
+        self.conn._worker.hold_store_completions = bool(on)
+
+    def runtime(self):
+        return self.conn._worker.rt
+
+    def keys_of(self, group: int, hashes):
+        w = self.conn._worker
+        import umbp
+
+        return umbp.derive_keys(w.ns, rank=w.rank_id, group=group, hashes=list(hashes))
+
+    def remove_objects(self, group: int, hashes, keep_first: int, ranks=None):
+        """Makes the objects of hashes[keep_first:] disappear from this rank's
+        pool (the objects of hashes[:keep_first] survive): get the survivors,
+        clear, put them back.  A failed load between lookup and load.  ranks:
+        whose survivors to keep (a standalone pool holds every rank's)."""
+        import umbp
+
+        rt = self.runtime()
+        w = self.conn._worker
+        size = w.kv[group].object_size
+        keys = self.keys_of(group, hashes)
+        keep = keys[:keep_first]
+        if ranks is not None:
+            keep = np.concatenate([umbp.derive_keys(w.ns, rank=w.topo.rank_id(r), group=group,
+                                                    hashes=list(hashes[:keep_first])) for r in ranks])
+        buf = np.zeros((max(1, len(keep)), size), dtype=np.uint8)
+        if len(keep):
+            ptrs = buf.ctypes.data + np.arange(len(keep), dtype=np.uint64) * np.uint64(size)
+            j = rt.get(keep, ptrs, size)
+            assert j.wait(5000) and j.num_ok == len(keep), j.statuses
+            j.release()
+        rt.clear()
+        if len(keep):
+            j = rt.put(keep, ptrs, size)
+            assert j.wait(5000) and j.num_ok == len(keep), j.statuses
+            j.release()
+        _, present = rt.lookup(keys)
+        return present.tolist()
+
+    def clear_pool(self):
+        self.runtime().clear()
+
+    def shutdown(self):
+        self.conn.shutdown()
+        return self.conn.debug_counters()
+
+
+def worker_main(conn, cfg, rank, env):
+    """Entry of a worker process: serves HarnessWorker methods over a Pipe."""
+    import os
+    import sys
+
+    os.environ.update(env)
+    for p in env.get("HARNESS_SYS_PATH", "").split(os.pathsep):
+        if p and p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        w = HarnessWorker(cfg, rank)
+        conn.send(("ok", None))
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("err", "".join(traceback.format_exception(e))))
+        return
+    while True:
+        try:
+            name, args = conn.recv()
+        except EOFError:
+            break
+        try:
+            res = getattr(w, name)(*args)
+            conn.send(("ok", res))
+        except BaseException as e:  # noqa: BLE001
+            conn.send(("err", "".join(traceback.format_exception(e))))
+        if name == "shutdown":
+            break

@@ -1,0 +1,208 @@
+"""Version-guarded imports of vLLM for the UMBP connector.
+
+Only the three base names of ``vllm.distributed.kv_transfer.kv_connector.v1.base``
+(KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole) are required; every
+other vLLM name is optional and has a fallback here, because they moved or
+appeared between versions (see connector.py's docstring for the versions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import logging
+import os
+from typing import Any
+
+# ---- required ---------------------------------------------------------------
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: F401
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from vllm.distributed.kv_transfer.kv_connector.v1 import base as _base
+
+# ---- logger -----------------------------------------------------------------
+
+try:
+    from vllm.logger import init_logger as _init_logger
+
+    def get_logger(name: str):
+        return _init_logger(name)
+
+except Exception:  # pragma: no cover - depends on the vLLM build
+
+    def get_logger(name: str):
+        return logging.getLogger(name)
+
+
+# ---- optional base names ----------------------------------------------------
+
+SupportsHMA = getattr(_base, "SupportsHMA", None)
+HAS_SUPPORTS_HMA = SupportsHMA is not None
+if SupportsHMA is None:  # vLLM before the hybrid allocator met connectors
+
+    class SupportsHMA:  # type: ignore[no-redef]
+        """Stand-in: this vLLM has no SupportsHMA mixin."""
+
+        def request_finished_all_groups(self, request, block_ids):
+            raise NotImplementedError
+
+
+KVConnectorWorkerMetadata = getattr(_base, "KVConnectorWorkerMetadata", None)
+HAS_WORKER_METADATA = KVConnectorWorkerMetadata is not None
+if KVConnectorWorkerMetadata is None:  # absent in base.py@13f4ad0f
+
+    class KVConnectorWorkerMetadata:  # type: ignore[no-redef]
+        """Stand-in: this vLLM carries no worker->scheduler metadata."""
+
+        def aggregate(self, other):
+            raise NotImplementedError
+
+
+KVConnectorTransferResults = getattr(_base, "KVConnectorTransferResults", None)
+HAS_TRANSFER_RESULTS = KVConnectorTransferResults is not None and hasattr(
+    KVConnectorBase_V1, "get_transfer_results"
+)
+
+# ---- stats and metrics ------------------------------------------------------
+
+KVConnectorStats = None
+KVConnectorPromMetrics = None
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1 import metrics as _metrics
+
+    KVConnectorStats = getattr(_metrics, "KVConnectorStats", None)
+    KVConnectorPromMetrics = getattr(_metrics, "KVConnectorPromMetrics", None)
+except Exception:
+    _metrics = None
+
+HAS_STATS = KVConnectorStats is not None
+if KVConnectorStats is None:
+
+    @dataclasses.dataclass
+    class KVConnectorStats:  # type: ignore[no-redef]
+        """Stand-in with the interface of vLLM's KVConnectorStats."""
+
+        data: dict = dataclasses.field(default_factory=dict)
+
+# ---- KV events --------------------------------------------------------------
+
+BlockStored = None
+BlockRemoved = None
+KVConnectorKVEvents = None
+try:
+    from vllm.distributed import kv_events as _kv_events
+
+    BlockStored = getattr(_kv_events, "BlockStored", None)
+    BlockRemoved = getattr(_kv_events, "BlockRemoved", None)
+    KVConnectorKVEvents = getattr(_kv_events, "KVConnectorKVEvents", None)
+except Exception:
+    _kv_events = None
+
+HAS_VLLM_EVENTS = BlockStored is not None and BlockRemoved is not None
+if BlockStored is None or BlockRemoved is None:
+
+    @dataclasses.dataclass
+    class BlockStored:  # type: ignore[no-redef]
+        """Stand-in for vllm.distributed.kv_events.BlockStored."""
+
+        block_hashes: list
+        parent_block_hash: Any
+        token_ids: list
+        block_size: int
+        lora_id: Any = None
+        medium: Any = None
+
+    @dataclasses.dataclass
+    class BlockRemoved:  # type: ignore[no-redef]
+        """Stand-in for vllm.distributed.kv_events.BlockRemoved."""
+
+        block_hashes: list
+        medium: Any = None
+
+
+HAS_KV_EVENTS_CLASS = KVConnectorKVEvents is not None
+if KVConnectorKVEvents is None:
+
+    class KVConnectorKVEvents:  # type: ignore[no-redef]
+        """Stand-in: this vLLM has no worker KV-event container."""
+
+
+def _accepted_params(cls) -> set[str] | None:
+    """Field names a class's constructor accepts (None: anything)."""
+    try:
+        if dataclasses.is_dataclass(cls):
+            return {f.name for f in dataclasses.fields(cls) if f.init}
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    return set(params)
+
+
+_STORED_PARAMS = _accepted_params(BlockStored)
+_REMOVED_PARAMS = _accepted_params(BlockRemoved)
+#: whether this vLLM's events name the KV cache group (newer HMA-aware events)
+EVENTS_HAVE_GROUP = _STORED_PARAMS is None or "group_idx" in (_STORED_PARAMS or ())
+
+
+def _filtered(params: set[str] | None, kw: dict) -> dict:
+    if params is None:
+        return kw
+    return {k: v for k, v in kw.items() if k in params}
+
+
+def make_block_stored(**kw):
+    return BlockStored(**_filtered(_STORED_PARAMS, kw))
+
+
+def make_block_removed(**kw):
+    return BlockRemoved(**_filtered(_REMOVED_PARAMS, kw))
+
+
+# ---- parallel ranks and layout ----------------------------------------------
+
+
+def parallel_ranks() -> dict | None:
+    """This worker's (tp, pp, pcp, dcp) ranks from vLLM's parallel state, or
+    None when the groups are not initialised (scheduler process, tests)."""
+    try:
+        from vllm.distributed import parallel_state as ps
+    except Exception:
+        return None
+    try:
+        out = {"tp": ps.get_tensor_model_parallel_rank()}
+        out["pp"] = ps.get_pp_group().rank_in_group
+        get_pcp = getattr(ps, "get_pcp_group", None)
+        out["pcp"] = get_pcp().rank_in_group if get_pcp else 0
+        get_dcp = getattr(ps, "get_dcp_group", None)
+        out["dcp"] = get_dcp().rank_in_group if get_dcp else 0
+        return out
+    except Exception:
+        return None
+
+
+def kv_cache_layout() -> str:
+    """vLLM's KV cache layout ("NHD" or "HND"), as its attention backends see it."""
+    for mod in ("vllm.v1.attention.backends.utils", "vllm.attention.backends.utils"):
+        try:
+            m = __import__(mod, fromlist=["get_kv_cache_layout"])
+            fn = getattr(m, "get_kv_cache_layout", None)
+            if fn is not None:
+                v = fn()
+                if v:
+                    return str(v)
+        except Exception:
+            continue
+    return os.environ.get("VLLM_KV_CACHE_LAYOUT") or "NHD"
+
+
+def enum_name(x) -> str:
+    if isinstance(x, enum.Enum):
+        return x.name
+    return str(x)

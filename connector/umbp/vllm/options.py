@@ -1,0 +1,404 @@
+"""``kv_connector_extra_config`` of the UMBP connector: every option, its default
+and its validation.  No vLLM import: usable to check a config offline::
+
+    python3 -c 'import json,sys; from umbp.vllm.options import ConnectorOptions; \
+        print(ConnectorOptions.parse(json.load(sys.stdin)))' < extra.json
+
+Option names follow AMD's UMBP connector where it has the option (connector-api.md
+§3.4); the rest are umbp's own (docs/configuration.md), passed through to
+``umbp.Runtime``.  Each bad value is refused with a :class:`UMBPConfigError`
+naming the option, the accepted range and the value.  Unknown names are refused
+too (with the closest known name), unless ``strict_options`` is false, in which
+case they are logged and ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import re
+from typing import Any, Callable
+
+log = logging.getLogger("umbp.vllm")
+
+
+class UMBPConfigError(ValueError):
+    """A bad ``kv_connector_extra_config``; the message names the option."""
+
+
+_SIZE_RE = re.compile(r"^\s*\d+(\.\d+)?\s*([kKmMgGtTpP](i?[bB])?|[bB])?\s*$")
+
+# ---- value checkers -----------------------------------------------------------
+
+
+def _bool(name, v):
+    if isinstance(v, bool):
+        return v
+    raise UMBPConfigError(f"{name}: must be true or false, got {v!r}")
+
+
+def _int(lo, hi):
+    def check(name, v):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise UMBPConfigError(f"{name}: must be an integer between {lo} and {hi}, got {v!r}")
+        if not lo <= v <= hi:
+            raise UMBPConfigError(f"{name}: must be between {lo} and {hi}, got {v}")
+        return v
+
+    return check
+
+
+def _number(lo, hi):
+    def check(name, v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise UMBPConfigError(f"{name}: must be a number between {lo} and {hi}, got {v!r}")
+        if not lo <= v <= hi:
+            raise UMBPConfigError(f"{name}: must be between {lo} and {hi}, got {v}")
+        return v
+
+    return check
+
+
+def _size(positive=False):
+    def check(name, v):
+        if isinstance(v, bool):
+            raise UMBPConfigError(f"{name}: must be a size (bytes or e.g. \"64GiB\"), got {v!r}")
+        if isinstance(v, int):
+            if v < 0 or (positive and v == 0):
+                raise UMBPConfigError(
+                    f"{name}: must be a {'positive' if positive else 'non-negative'} size, got {v}"
+                )
+            return v
+        if isinstance(v, str) and _SIZE_RE.match(v):
+            if positive and float(re.match(r"\s*(\d+(\.\d+)?)", v).group(1)) == 0:
+                raise UMBPConfigError(f"{name}: must be a positive size, got {v!r}")
+            return v.strip()
+        raise UMBPConfigError(
+            f"{name}: must be a size: an integer of bytes or a string like \"512MiB\", \"64GiB\", got {v!r}"
+        )
+
+    return check
+
+
+def _string(maxlen, allow_empty=True):
+    def check(name, v):
+        if not isinstance(v, str):
+            raise UMBPConfigError(f"{name}: must be a string, got {v!r}")
+        if not allow_empty and not v:
+            raise UMBPConfigError(f"{name}: must not be empty")
+        if len(v) > maxlen:
+            raise UMBPConfigError(f"{name}: at most {maxlen} characters, got {len(v)}")
+        return v
+
+    return check
+
+
+def _choice(*values):
+    def check(name, v):
+        if v not in values:
+            raise UMBPConfigError(f"{name}: must be one of {', '.join(map(repr, values))}, got {v!r}")
+        return v
+
+    return check
+
+
+def _instance(name, v):
+    v = _string(31)(name, v)
+    if v and not re.fullmatch(r"[A-Za-z0-9._-]+", v):
+        raise UMBPConfigError(f"{name}: only letters, digits, '.', '_' and '-' are allowed, got {v!r}")
+    return v
+
+
+def _dp_rank(name, v):
+    if v == "auto":
+        return v
+    return _int(0, 65535)(name, v)
+
+
+def _hash_block_size(name, v):
+    if v == "auto":
+        return v
+    return _int(1, 1 << 20)(name, v)
+
+
+def _abs_dir(name, v):
+    v = _string(107)(name, v)
+    if v and not v.startswith("/"):
+        raise UMBPConfigError(f"{name}: must be an absolute directory path, got {v!r}")
+    return v
+
+
+# ---- the table ----------------------------------------------------------------
+
+EMB, STA = "embedded", "standalone"
+BOTH = (EMB, STA)
+
+
+@dataclasses.dataclass(frozen=True)
+class Opt:
+    name: str
+    check: Callable[[str, Any], Any]
+    default: Any
+    modes: tuple = BOTH
+    runtime: str | None = None  # name of the umbp.Runtime option it sets
+    doc: str = ""
+
+
+OPTIONS: dict[str, Opt] = {
+    o.name: o
+    for o in [
+        # -- connector behaviour (UMBP's names) --
+        Opt("mode", _choice(EMB, STA, "distributed"), EMB, doc="embedded | standalone"),
+        Opt("key_namespace", _string(4096), "auto",
+            doc="\"auto\" derives the key namespace from the model and layout; any other string is the namespace"),
+        Opt("load_async", _bool, True,
+            doc="load between scheduler steps (forced on with Mamba groups)"),
+        Opt("lookup_async", _bool, False,
+            doc="lookups on a thread pool; get_num_new_matched_tokens answers None until done"),
+        Opt("lookup_workers", _int(1, 64), 2, doc="threads of the async lookup pool"),
+        Opt("enable_lookup", _bool, True, doc="false: store only, never load"),
+        Opt("save_decode_cache", _bool, False, doc="also store blocks filled by decode"),
+        Opt("lazy_offload", _bool, False,
+            doc="false: store newly full blocks every step (eager); true: store a request's blocks when it finishes"),
+        Opt("hash_block_size", _hash_block_size, "auto",
+            doc="tokens per engine block hash; auto = the engine's"),
+        Opt("load_failure_quarantine_ms", _int(0, 3_600_000), 0, runtime="load_failure_quarantine_ms",
+            doc="a key whose load failed counts as a miss this long (0 = off)"),
+        Opt("timeout_ms", _int(1, 3_600_000), None, runtime="timeout_ms",
+            doc="bound on every transfer (runtime default 10000)"),
+        Opt("lookup_timeout_ms", _int(1, 60000), 100, runtime="lookup_timeout_ms",
+            doc="bound on one scheduler lookup (all ranks)"),
+        Opt("enable_events", _bool, False, runtime="enable_events",
+            doc="emit BlockStored/BlockRemoved KV events from the runtime's events"),
+        Opt("lookup_instance", _instance, "", runtime="lookup_instance",
+            doc="separates engines (embedded lookup sockets) or servers (standalone) on one host"),
+        Opt("num_workers", _int(1, 64), None, runtime="copy_threads",
+            doc="UMBP's transfer threads: umbp's copy_threads"),
+        Opt("prefer_cross_layer_blocks", _bool, False,
+            doc="ask vLLM for one cross-layer KV tensor (register_cross_layers_kv_cache) when layers are uniform"),
+        Opt("strict_options", _bool, True, doc="false: unknown options are logged and ignored"),
+        # -- embedded: lookup sockets and the pool --
+        Opt("lookup_dir", _abs_dir, "", modes=(EMB,),
+            doc="directory of the workers' lookup sockets (\"\" = the library's default)"),
+        Opt("capacity_bytes", _size(True), None, modes=(EMB, STA), runtime="capacity_bytes",
+            doc="pool per worker rank (runtime default 1GiB)"),
+        Opt("total_capacity_bytes", _size(True), None, modes=(EMB, STA), runtime="total_capacity_bytes",
+            doc="pool per engine, split over the ranks"),
+        Opt("dram_use_shared_memory", _bool, None, modes=(EMB,), runtime="dram_use_shared_memory"),
+        Opt("dram_shm_name", _string(255, allow_empty=False), None, modes=(EMB,), runtime="dram_shm_name"),
+        Opt("dram_use_hugepages", _bool, None, modes=(EMB,), runtime="dram_use_hugepages"),
+        Opt("dram_hugepage_size", _size(True), None, modes=(EMB,), runtime="dram_hugepage_size"),
+        Opt("dram_numa_node", _int(-1, 1023), None, modes=(EMB,), runtime="dram_numa_node"),
+        Opt("dram_prefault", _bool, None, modes=(EMB,), runtime="dram_prefault"),
+        Opt("dram_high_watermark", _number(0.01, 1.0), None, modes=(EMB,), runtime="dram_high_watermark"),
+        Opt("dram_low_watermark", _number(0.0, 0.99), None, modes=(EMB,), runtime="dram_low_watermark"),
+        # -- standalone: where the server is --
+        Opt("endpoint", _string(200, allow_empty=False), None, modes=(STA,),
+            doc="UMBP's name: the server socket, unix:///dir/umbp-dp<N>[-<instance>].sock"),
+        Opt("socket_dir", _abs_dir, None, modes=(STA,), runtime="socket_dir"),
+        Opt("dp_rank", _dp_rank, 0, modes=(STA,), runtime="dp_rank",
+            doc="server index in the socket path; \"auto\" = the engine's data-parallel rank"),
+        Opt("auto_start", _bool, None, modes=(STA,), runtime="auto_start"),
+        Opt("server_path", _string(255, allow_empty=False), None, modes=(STA,), runtime="server_path"),
+        Opt("startup_timeout_ms", _int(1, 600000), None, modes=(STA,), runtime="startup_timeout_ms"),
+        Opt("reconnect_max_ms", _int(10, 60000), None, modes=(STA,), runtime="reconnect_max_ms"),
+        Opt("engine_id", _string(63), None, modes=(STA,), runtime="engine_id"),
+        Opt("tenant_namespace", _string(63), None, modes=(STA,), runtime="namespace",
+            doc="the server's quota namespace (umbp option `namespace`)"),
+        # -- runtime tuning, both modes --
+        Opt("put_wait_ms", _int(0, 3_600_000), None, runtime="put_wait_ms"),
+        Opt("lease_ttl_ms", _int(10, 3_600_000), None, runtime="lease_ttl_ms"),
+        Opt("max_inflight_ops", _int(4, 1 << 20), None, runtime="max_inflight_ops"),
+        Opt("copy_threads", _int(1, 64), None, runtime="copy_threads"),
+        Opt("event_queue_size", _int(16, 1 << 24), None, runtime="event_queue_size"),
+        Opt("log_level", _choice("error", "warn", "info", "debug"), None, runtime="log_level"),
+        Opt("poll_wait", _choice("auto", "on", "off"), None, runtime="poll_wait"),
+        Opt("gpu_backend", _choice("auto", "cuda", "hip", "host"), None, runtime="gpu_backend",
+            doc="auto picks host for CPU KV tensors"),
+        Opt("gpu_max_ctas", _int(1, 1024), None, runtime="gpu_max_ctas"),
+        Opt("gpu_staging_bytes", _size(True), None, runtime="gpu_staging_bytes"),
+        Opt("gpu_store_slice_blocks", _int(0, 1 << 24), None, runtime="gpu_store_slice_blocks"),
+    ]
+}
+
+#: UMBP options this connector knows but does not support, and why.
+UNSUPPORTED = {
+    "backend": "UMBP's in-process 'memory' validation runtime; use gpu_backend=\"host\" with CPU tensors instead",
+    "enable_partial_hash_hits": "partial-block hits are not supported (hits are whole blocks)",
+    "lazy_offload_max_blocks": "lazy offload stores a request's blocks at request_finished; there is no block-pool scan to bound",
+    "layerwise_load": "loads are per KV cache group, not per layer stage",
+    "layerwise_load_stages": "loads are per KV cache group, not per layer stage",
+    "master_address": "distributed mode is not supported by this connector yet",
+    "peer_service_port": "distributed mode is not supported by this connector yet",
+    "node_address": "distributed mode is not supported by this connector yet",
+    "node_id": "distributed mode is not supported by this connector yet",
+    "io_engine_host": "distributed mode is not supported by this connector yet",
+    "io_engine_port": "distributed mode is not supported by this connector yet",
+    "dram_page_size": "distributed mode is not supported by this connector yet",
+    "ranged_scratch_size": "distributed mode is not supported by this connector yet",
+    "cache_remote_fetches": "distributed mode is not supported by this connector yet",
+    "local_first": "distributed mode is not supported by this connector yet",
+    "rank": "set by the connector from the worker's parallel rank",
+    "world_size": "set by the connector from the parallel sizes",
+    "role": "set by the connector (workers: worker, scheduler: lookup)",
+    "namespace": "umbp's tenant namespace is `tenant_namespace` here (`key_namespace` is the key namespace)",
+    "gpu_device": "set by the connector from the KV tensors' device",
+    "tier": "test-only umbp option",
+}
+
+_ENDPOINT_RE = re.compile(r"^(?:unix://)?(/.*)/umbp-dp(\d+)(?:-([A-Za-z0-9._-]{1,31}))?\.sock$")
+
+
+@dataclasses.dataclass
+class ConnectorOptions:
+    """The validated options; ``values`` holds every option (defaults filled)."""
+
+    values: dict
+    given: frozenset
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    # ---- parsing --------------------------------------------------------------
+
+    @classmethod
+    def parse(cls, extra: dict | None) -> "ConnectorOptions":
+        extra = dict(extra or {})
+        if not isinstance(extra, dict):
+            raise UMBPConfigError(f"kv_connector_extra_config must be an object, got {type(extra).__name__}")
+        strict = extra.get("strict_options", True)
+        _bool("strict_options", strict)
+
+        errors, unknown = [], []
+        for name in list(extra):
+            if not isinstance(name, str):
+                raise UMBPConfigError(f"kv_connector_extra_config: option names must be strings, got {name!r}")
+            if name in UNSUPPORTED:
+                if name == "enable_partial_hash_hits" and extra[name] is False:
+                    del extra[name]
+                    continue
+                raise UMBPConfigError(f"{name}: not supported by the umbp connector: {UNSUPPORTED[name]}")
+            if name not in OPTIONS:
+                close = difflib.get_close_matches(name, list(OPTIONS), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                errors.append(f"{name!r}{hint}")
+                unknown.append(name)
+        if errors:
+            msg = (f"kv_connector_extra_config: unknown option{'s' if len(errors) > 1 else ''} "
+                   f"{', '.join(errors)}; docs/vllm.md lists every option")
+            if strict:
+                raise UMBPConfigError(msg)
+            log.warning("umbp: %s (ignored: strict_options is false)", msg)
+            for name in unknown:
+                extra.pop(name, None)
+
+        mode = OPTIONS["mode"].check("mode", extra.get("mode", EMB))
+        if mode == "distributed":
+            raise UMBPConfigError(
+                "mode: 'distributed' is not supported by this connector yet; use 'embedded' or 'standalone'"
+            )
+        values = {}
+        for name, opt in OPTIONS.items():
+            if name in extra:
+                v = extra[name]
+                if v is None:
+                    raise UMBPConfigError(f"{name}: null is not a value; leave the option out for its default")
+                if mode not in opt.modes:
+                    raise UMBPConfigError(cls._wrong_mode(name, mode))
+                values[name] = opt.check(name, v)
+            else:
+                values[name] = opt.default
+        given = frozenset(extra)
+        self = cls(values=values, given=given)
+        self._cross_checks()
+        return self
+
+    @staticmethod
+    def _wrong_mode(name, mode):
+        if mode == STA and (name.startswith("dram_") or name == "lookup_dir"):
+            what = ("the pool belongs to umbp-server: set it in the server's config or UMBP_DRAM_* environment"
+                    if name.startswith("dram_") else "standalone lookups go to the server's socket")
+            return f"{name}: not an option in standalone mode ({what})"
+        return f"{name}: only an option in {' or '.join(OPTIONS[name].modes)} mode (mode is {mode!r})"
+
+    def _cross_checks(self):
+        v, given = self.values, self.given
+        if "capacity_bytes" in given and "total_capacity_bytes" in given:
+            raise UMBPConfigError("capacity_bytes and total_capacity_bytes are mutually exclusive; set one")
+        if v["mode"] == STA:
+            if ("capacity_bytes" in given or "total_capacity_bytes" in given) and not v["auto_start"]:
+                raise UMBPConfigError(
+                    "capacity_bytes/total_capacity_bytes: in standalone mode the pool belongs to umbp-server "
+                    "(set it in the server's config); they are accepted here only with auto_start=true"
+                )
+            if "endpoint" in given:
+                m = _ENDPOINT_RE.match(v["endpoint"])
+                if not m:
+                    raise UMBPConfigError(
+                        "endpoint: must be unix:///<dir>/umbp-dp<N>[-<instance>].sock (the path umbp-server "
+                        f"serves: socket_dir, dp_rank, lookup_instance), got {v['endpoint']!r}"
+                    )
+                for o in ("socket_dir", "dp_rank", "lookup_instance"):
+                    if o in given:
+                        raise UMBPConfigError(f"endpoint and {o} are mutually exclusive; endpoint names all three")
+                v["socket_dir"], v["dp_rank"], v["lookup_instance"] = m.group(1), int(m.group(2)), m.group(3) or ""
+        hi = v["dram_high_watermark"] if v["dram_high_watermark"] is not None else 0.9
+        lo = v["dram_low_watermark"] if v["dram_low_watermark"] is not None else 0.7
+        if (v["dram_high_watermark"] is not None or v["dram_low_watermark"] is not None) and not lo < hi:
+            raise UMBPConfigError(
+                f"dram_low_watermark ({lo}) must be below dram_high_watermark ({hi})"
+            )
+        if v["dram_shm_name"] is not None and not v["dram_use_shared_memory"]:
+            raise UMBPConfigError("dram_shm_name: needs dram_use_shared_memory=true")
+        if "copy_threads" in given and "num_workers" in given:
+            raise UMBPConfigError("num_workers (UMBP's name) and copy_threads are the same option; set one")
+
+    # ---- what the runtime gets --------------------------------------------------
+
+    def runtime_config(self, *, rank: int, world_size: int, dp_rank: int = 0, role: str | None = None,
+                       gpu_backend: str | None = None, gpu_device: int | None = None) -> dict:
+        """The umbp.Runtime option dict of one worker rank (or, with role="lookup",
+        of a standalone scheduler's lookup session)."""
+        v = self.values
+        cfg: dict = {"mode": v["mode"], "rank": rank, "world_size": world_size}
+        for name, opt in OPTIONS.items():
+            if opt.runtime is None or v.get(name) is None:
+                continue
+            if v["mode"] not in opt.modes:
+                continue
+            if name == "lookup_instance" and v["mode"] == EMB:
+                continue  # embedded: part of the lookup socket path only
+            if name == "dp_rank":
+                cfg["dp_rank"] = dp_rank if v[name] == "auto" else v[name]
+                continue
+            if name in ("load_failure_quarantine_ms",) and v[name] == 0:
+                continue
+            cfg[opt.runtime] = v[name]
+        if role is not None and v["mode"] == STA:
+            cfg["role"] = role
+        if gpu_backend is not None and v["gpu_backend"] is None:
+            cfg["gpu_backend"] = gpu_backend
+        if gpu_device is not None:
+            cfg["gpu_device"] = gpu_device
+        if role == "lookup":
+            for k in ("capacity_bytes", "total_capacity_bytes", "auto_start", "gpu_backend", "gpu_device"):
+                cfg.pop(k, None)
+        return cfg
+
+    def __repr__(self):
+        shown = {k: self.values[k] for k in sorted(self.given) if k in self.values}
+        return f"ConnectorOptions(mode={self.values['mode']!r}, {shown})"
+
+
+def requires_piecewise(extra: dict | None) -> bool:
+    """Whether layer-wise hooks are in use (synchronous loads wait in
+    wait_for_layer_load, which CUDA graphs would skip)."""
+    try:
+        opts = ConnectorOptions.parse(extra)
+    except UMBPConfigError:
+        return False
+    return opts.enable_lookup and not opts.load_async

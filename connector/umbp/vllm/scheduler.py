@@ -1,0 +1,602 @@
+"""The scheduler half of the UMBP connector: lookups, load and store planning,
+delayed frees, quarantine, KV events.  Runs in vLLM's scheduler process; owns
+no pool (embedded: it asks the workers' lookup sockets; standalone: a lookup
+session of umbp-server).
+
+Semantics (docs/vllm.md has the user's view):
+
+- A block at position i counts as a hit only if every worker rank holds the
+  object of every group that position needs: full attention [local_k, k),
+  sliding window the window before k, Mamba the state at k.  The hit is capped
+  so that the last prompt token is computed, and block-aligned.
+- Stores are eager by default: each step, the blocks that became full in that
+  step (prompt blocks; decode blocks too with save_decode_cache) are stored
+  after the forward pass.  With lazy_offload, a request's blocks are stored
+  when it finishes.  Blocks hit locally or loaded are not stored again.
+- request_finished returns (True, None) while a store of the request is in
+  flight (or a lazy store is queued), so vLLM keeps its GPU blocks until every
+  worker reports the request in get_finished()'s sending set; and while an
+  async load is in flight (vLLM then frees on finished_recving).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+import numpy as np
+
+from . import _compat
+from .events import EventBuilder, UMBPKVEvents
+from .identity import (FULL, MAMBA, NULL_BLOCK_ID, Topology, derive_namespace, describe_groups,
+                       hash_bytes, hash_scale, resolve_hash_block_size)
+from .lookup import EmbeddedLookup, LookupBackend, StandaloneLookup
+from .metadata import LoadPlan, StorePlan, UMBPConnectorMetadata, UMBPWorkerMetadata
+from .stats import UMBPConnectorStats
+
+log = _compat.get_logger("umbp.vllm.scheduler")
+
+
+def block_ids_tuple(ids) -> tuple:
+    """KVCacheBlocks.get_block_ids() (tuple of lists per group) or an old
+    single-group list, as a tuple of lists."""
+    if ids is None:
+        return ()
+    if hasattr(ids, "get_block_ids"):
+        ids = ids.get_block_ids()
+        if ids is None:
+            return ()
+    ids = tuple(ids)
+    if ids and not isinstance(ids[0], (list, tuple)):
+        return (list(ids),)
+    return tuple(list(x) for x in ids)
+
+
+class _Req:
+    __slots__ = ("request", "block_ids", "stored_upto", "started", "inflight", "load_state", "finished",
+                 "hashes", "keys", "epoch", "load_range")
+
+    def __init__(self, request):
+        self.request = request
+        self.block_ids: list | None = None  # per vLLM group: the request's GPU block ids
+        self.stored_upto = 0  # block positions below are stored, hit, or skipped
+        self.started = False
+        self.inflight: set = set()  # store plan ids not yet done on every worker
+        self.load_state: str | None = None  # async load: "queued" -> "sent" -> None
+        self.finished = False
+        self.hashes: list = []  # identity hash per block position
+        self.keys: dict = {}  # (rank, group index) -> np uint8 (n, 32)
+        self.epoch = 0  # bumped when a load of the request failed (see StorePlan.epoch)
+        self.load_range = None  # (local_k, k, group-0 block ids) of the last load
+
+
+class UMBPScheduler:
+    def __init__(self, umbp, opts, vllm_config, kv_cache_config, kv_role: str):
+        self.umbp = umbp
+        self.opts = opts
+        self.vllm_config = vllm_config
+        cc = getattr(vllm_config, "cache_config", None)
+        self.groups = describe_groups(kv_cache_config, cc)
+        self.block_size = self.groups[0].block_size
+        hbs = resolve_hash_block_size(opts.hash_block_size, vllm_config, self.block_size)
+        self.scale = hash_scale(self.block_size, hbs)
+        self.topo = Topology.from_vllm_config(vllm_config)
+        self.world = self.topo.world_size
+        self.layout = _compat.kv_cache_layout()
+        self.ns = derive_namespace(umbp, vllm_config, self.groups, self.topo, opts.key_namespace, self.layout)
+        self.rank_ids = [self.topo.rank_id(r) for r in range(self.world)]
+        self.num_vllm_groups = len(getattr(kv_cache_config, "kv_cache_groups", None) or [None])
+
+        self.load_enabled = bool(opts.enable_lookup) and kv_role != "kv_producer"
+        self.store_enabled = kv_role != "kv_consumer"
+        self.has_mamba = any(g.kind == MAMBA for g in self.groups)
+        self.load_async = bool(opts.load_async) or self.has_mamba
+        if self.has_mamba and not opts.load_async:
+            log.info("umbp: load_async forced on: a synchronous Mamba load would read stale state")
+        self.lazy = bool(opts.lazy_offload)
+        self.quarantine_s = opts.load_failure_quarantine_ms / 1000.0
+        prompt_cap = not opts.save_decode_cache
+        self.prompt_cap = prompt_cap
+
+        self.backend: LookupBackend = self._make_backend()
+        self.stats = UMBPConnectorStats()
+        self.events = EventBuilder(self.world, self.block_size, self.groups) if opts.enable_events else None
+
+        self.reqs: dict[str, _Req] = {}
+        self.plans: dict[int, tuple] = {}  # store plan id -> (req_id, group id, positions)
+        self.plan_counts: dict[int, int] = {}
+        self.next_plan_id = 1
+        self.step = 0
+        self.queued_loads: list = []
+        self.queued_stores: list = []  # lazy stores planned at request_finished
+        self.queued_async_ids: set = set()
+        self.queued_load_errors: dict = {}
+        self.delayed_free: set = set()  # announced to workers in the next metadata
+        self.held: dict[str, str] = {}  # req_id -> "send" | "recv": we said delay_free
+        self.quarantine: dict = {}  # (group id, hash) -> monotonic expiry
+        self.pending_match: dict = {}  # req_id -> (local_k, k)
+        self.lookups: dict = {}  # req_id -> ((local_k, kmax, epoch), future)
+        self.pool = (concurrent.futures.ThreadPoolExecutor(opts.lookup_workers, thread_name_prefix="umbp-lookup")
+                     if opts.lookup_async and self.load_enabled else None)
+        self.clear_epoch = 0  # reset_cache() count
+        self.clear_sent = 0  # epoch the workers were asked to clear
+        self.clear_acked = 0
+        self.clear_counts: dict = {}
+        self.lock = threading.Lock()
+        self.keys_lock = threading.Lock()
+        self.warned_lookup = False
+        log.info("umbp connector (scheduler): mode=%s namespace=%s groups=%s world=%d load=%s(%s) store=%s(%s)",
+                 opts.mode, self.ns.hex, [(g.index, g.kind) for g in self.groups], self.world,
+                 self.load_enabled, "async" if self.load_async else "sync", self.store_enabled,
+                 "lazy" if self.lazy else "eager")
+
+    # ---- lookups ---------------------------------------------------------------
+
+    def _make_backend(self) -> LookupBackend:
+        if not self.load_enabled:
+            return LookupBackend()
+        o = self.opts
+        if o.mode == "standalone":
+            cfg = o.runtime_config(rank=0, world_size=self.world, dp_rank=self.topo.dp_rank, role="lookup")
+            return StandaloneLookup(self.umbp.Runtime(cfg))
+        return EmbeddedLookup(self.umbp, self.ns.hex, self.world, self.topo.dp_rank, o.lookup_dir,
+                              o.lookup_instance, o.lookup_timeout_ms)
+
+    def _identity(self, st: _Req, upto: int) -> list:
+        """Identity hashes of block positions [0, upto) (extends the cache)."""
+        hs = st.hashes
+        if len(hs) < upto:
+            bh = st.request.block_hashes
+            s = self.scale
+            for i in range(len(hs), upto):
+                hs.append(hash_bytes(bh[(i + 1) * s - 1]))
+        return hs
+
+    def _num_blocks_hashed(self, request) -> int:
+        return len(getattr(request, "block_hashes", None) or ()) // self.scale
+
+    def _keys(self, st: _Req, rank: int, gi: int, upto: int) -> np.ndarray:
+        k = st.keys.get((rank, gi))
+        have = 0 if k is None else k.shape[0]
+        if have < upto:
+            new = self.umbp.derive_keys(self.ns, rank=self.rank_ids[rank], group=self.groups[gi].index,
+                                        hashes=st.hashes[have:upto])
+            k = new if k is None else np.concatenate([k, new])
+            st.keys[(rank, gi)] = k
+        return k
+
+    def _match(self, st: _Req, local_k: int, kmax: int) -> tuple:
+        """Longest k in [local_k, kmax] such that every rank holds every block
+        each group needs for a hit at k; returns (k, lookup failed, blocks
+        quarantined).  May run on the lookup pool."""
+        n = kmax - local_k
+        G = len(self.groups)
+        rows = np.empty((self.world * G, n, self.umbp.KEY_SIZE), dtype=np.uint8)
+        row_rank = np.repeat(np.arange(self.world, dtype=np.int32), G)
+        with self.keys_lock:
+            for r in range(self.world):
+                for gi in range(G):
+                    rows[r * G + gi] = self._keys(st, r, gi, kmax)[local_k:kmax]
+        try:
+            present, rc = self.backend.query(rows, row_rank)
+        except Exception as e:  # any failure is a miss
+            if not self.warned_lookup:
+                log.warning("umbp: lookup failed (%s); counted as a miss", e)
+                self.warned_lookup = True
+            present, rc = np.zeros(rows.shape[:2], dtype=bool), -1
+        ok = np.asarray(present, dtype=bool).reshape(self.world, G, n).all(axis=0)
+        nq = self._apply_quarantine(st, ok, local_k, kmax) if self.quarantine else 0
+        return self._best_k(ok, local_k, kmax), rc < 0, nq
+
+    def _apply_quarantine(self, st, ok, local_k, kmax) -> int:
+        now = time.monotonic()
+        with self.lock:
+            for k, t in list(self.quarantine.items()):
+                if t <= now:
+                    del self.quarantine[k]
+            q = dict(self.quarantine)
+        nq = 0
+        for gi, g in enumerate(self.groups):
+            for p in range(local_k, kmax):
+                if ok[gi, p - local_k] and (g.index, st.hashes[p]) in q:
+                    ok[gi, p - local_k] = False
+                    nq += 1
+        return nq
+
+    def _best_k(self, ok: np.ndarray, local_k: int, kmax: int) -> int:
+        limit = kmax
+        for gi, g in enumerate(self.groups):
+            if g.kind == FULL:
+                row = ok[gi]
+                bad = np.flatnonzero(~row)
+                limit = min(limit, local_k + (int(bad[0]) if bad.size else row.size))
+        others = [(gi, g) for gi, g in enumerate(self.groups) if g.kind != FULL]
+        for k in range(limit, local_k, -1):
+            if all(ok[gi, g.needed(local_k, k).start - local_k:k - local_k].all() for gi, g in others):
+                return k
+        return local_k
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        if not self.load_enabled:
+            return 0, False
+        B = self.block_size
+        if num_computed_tokens % B:
+            return 0, False
+        rid = request.request_id
+        num_tokens = getattr(request, "num_tokens", None)
+        if num_tokens is None:
+            num_tokens = len(request.all_token_ids)
+        local_k = num_computed_tokens // B
+        kmax = min((num_tokens - 1) // B, self._num_blocks_hashed(request))
+        if kmax <= local_k or self.clear_sent > self.clear_acked:
+            self.pending_match.pop(rid, None)
+            return 0, False
+        st = self.reqs.get(rid)
+        if st is None:
+            st = self.reqs[rid] = _Req(request)
+        st.request = request
+        self._identity(st, kmax)
+        if self.pool is not None:
+            key = (local_k, kmax, self.clear_epoch)
+            cur = self.lookups.get(rid)
+            if cur is None or cur[0] != key:
+                fut = self.pool.submit(self._match, st, local_k, kmax)
+                self.lookups[rid] = (key, fut)
+                return None, False
+            if not cur[1].done():
+                return None, False
+            try:
+                k, failed, nq = cur[1].result()
+            except Exception as e:
+                log.warning("umbp: async lookup failed (%s); counted as a miss", e)
+                k, failed, nq = local_k, True, 0
+        else:
+            k, failed, nq = self._match(st, local_k, kmax)
+        self.stats.add("lookups")
+        self.stats.add("lookup_errors", int(failed))
+        self.stats.add("quarantined_blocks", nq)
+        self.stats.add("lookup_query_tokens", (kmax - local_k) * B)
+        self.stats.add("lookup_hit_tokens", (k - local_k) * B)
+        if k <= local_k:
+            self.pending_match.pop(rid, None)
+            return 0, False
+        self.pending_match[rid] = (local_k, k)
+        return (k - local_k) * B, self.load_async
+
+    # ---- loads -----------------------------------------------------------------
+
+    def _report_id(self, ids: tuple, p: int, local_k: int) -> int:
+        """The block id vLLM must see as failed when position p fails: vLLM
+        scans the request's group-0 block ids and recomputes from the first
+        reported one, so report group 0's block at p, or the nearest real one
+        before it; the null block when there is none (recomputes from the
+        first null position: more than needed, never wrong)."""
+        g0 = ids[0] if ids else []
+        for j in range(min(p, len(g0) - 1), local_k - 1, -1):
+            if g0[j] != NULL_BLOCK_ID:
+                return g0[j]
+        return NULL_BLOCK_ID
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        rid = request.request_id
+        st = self.reqs.get(rid)
+        if st is None:
+            st = self.reqs[rid] = _Req(request)
+        st.request = request
+        self.lookups.pop(rid, None)
+        match = self.pending_match.pop(rid, None)
+        if num_external_tokens <= 0 or match is None:
+            return
+        B = self.block_size
+        local_k, k = match
+        k = min(k, local_k + num_external_tokens // B)
+        if k <= local_k:
+            return
+        ids = block_ids_tuple(blocks)
+        hs = self._identity(st, k)
+        hl = len(hs[0])
+        is_async = self.load_async
+        for g in self.groups:
+            gids = ids[g.index] if g.index < len(ids) else []
+            pos, dst, rep = [], [], []
+            for p in g.needed(local_k, k):
+                if p >= len(gids) or gids[p] == NULL_BLOCK_ID:
+                    # a block the hit needs has no GPU block: recompute from it
+                    self.queued_load_errors.setdefault(rid, set()).add(self._report_id(ids, p, local_k))
+                    continue
+                pos.append(p)
+                dst.append(int(gids[p]))
+                rep.append(int(self._report_id(ids, p, local_k)))
+            if pos:
+                self.queued_loads.append(LoadPlan(rid, g.index, b"".join(hs[p] for p in pos), hl, dst, rep,
+                                                  is_async, st.epoch))
+        if is_async:
+            st.load_state = "queued"
+            self.queued_async_ids.add(rid)
+        st.stored_upto = max(st.stored_upto, k)
+        st.load_range = (local_k, k, list(ids[0]) if ids else [])
+
+    # ---- stores ----------------------------------------------------------------
+
+    def _plan_stores(self, st: _Req, rid: str, total: int, ids, out: list, seen: set, after_forward: bool):
+        req = st.request
+        B = self.block_size
+        hi = min(total // B, self._num_blocks_hashed(req))
+        if self.prompt_cap:
+            hi = min(hi, getattr(req, "num_prompt_tokens", total) // B)
+        lo = st.stored_upto
+        if hi <= lo or not ids:
+            return
+        hs = self._identity(st, hi)
+        hl = len(hs[0])
+        for g in self.groups:
+            gids = ids[g.index] if g.index < len(ids) else []
+            pos, dst = [], []
+            for p in g.to_store(lo, hi, total):
+                if p >= len(gids) or gids[p] == NULL_BLOCK_ID or (g.index, hs[p]) in seen:
+                    continue
+                seen.add((g.index, hs[p]))
+                pos.append(p)
+                dst.append(int(gids[p]))
+            if not pos:
+                continue
+            pid = self.next_plan_id
+            self.next_plan_id += 1
+            out.append(StorePlan(pid, rid, g.index, b"".join(hs[p] for p in pos), hl, dst, after_forward,
+                                 st.epoch))
+            st.inflight.add(pid)
+            self.plans[pid] = (rid, g.index, pos)
+            if self.events is not None:
+                toks = getattr(req, "all_token_ids", None)
+                if toks is None:
+                    toks = getattr(req, "prompt_token_ids", None) or []
+                lora = getattr(getattr(req, "lora_request", None), "lora_int_id", None)
+                for p in pos:
+                    self.events.note_store(g.index, hs[p], hs[p - 1] if p else None,
+                                           list(toks[p * B:(p + 1) * B]), lora)
+        st.stored_upto = hi
+
+    def build_connector_meta(self, so) -> UMBPConnectorMetadata:
+        self.step += 1
+        meta = UMBPConnectorMetadata(step=self.step, clear_epoch=self.clear_sent)
+        seen: set = set()
+        eager = self.store_enabled and not self.lazy
+        nst = getattr(so, "num_scheduled_tokens", None) or {}
+        for nr in getattr(so, "scheduled_new_reqs", None) or ():
+            st = self.reqs.get(nr.req_id)
+            if st is None:
+                continue
+            st.block_ids = [list(x) for x in block_ids_tuple(nr.block_ids)]
+            nct = int(nr.num_computed_tokens)
+            if not st.started:
+                st.started = True
+                st.stored_upto = max(st.stored_upto, nct // self.block_size)
+            if eager:
+                self._plan_stores(st, nr.req_id, nct + nst.get(nr.req_id, 0), st.block_ids, meta.stores, seen,
+                                  True)
+        for rid, new_ids, nct, resumed in self._cached(getattr(so, "scheduled_cached_reqs", None)):
+            st = self.reqs.get(rid)
+            if st is None:
+                continue
+            new_ids = block_ids_tuple(new_ids) if new_ids is not None else None
+            if resumed or st.block_ids is None:
+                st.block_ids = [list(x) for x in new_ids] if new_ids else [[] for _ in range(self.num_vllm_groups)]
+            elif new_ids:
+                while len(st.block_ids) < len(new_ids):
+                    st.block_ids.append([])
+                for gi, x in enumerate(new_ids):
+                    st.block_ids[gi].extend(x)
+            if not st.started:
+                st.started = True
+                st.stored_upto = max(st.stored_upto, int(nct) // self.block_size)
+            if eager:
+                self._plan_stores(st, rid, int(nct) + nst.get(rid, 0), st.block_ids, meta.stores, seen, True)
+        meta.flush_plan_ids = self._flush(so, nst)
+        pre = set(getattr(so, "preempted_req_ids", None) or ())
+        for rid in pre:
+            st = self.reqs.get(rid)
+            if st is not None:
+                st.block_ids = None  # freed by the scheduler; new ones come on resume
+        meta.preempted_req_ids = pre
+        meta.loads, self.queued_loads = self.queued_loads, []
+        for rid in self.queued_async_ids:
+            st = self.reqs.get(rid)
+            if st is not None and st.load_state == "queued":
+                st.load_state = "sent"
+        meta.async_load_req_ids, self.queued_async_ids = self.queued_async_ids, set()
+        meta.load_error_ids, self.queued_load_errors = self.queued_load_errors, {}
+        meta.stores.extend(self.queued_stores)
+        self.queued_stores = []
+        meta.delayed_free_req_ids, self.delayed_free = self.delayed_free, set()
+        if not _compat.HAS_WORKER_METADATA and self.clear_sent > self.clear_acked:
+            self.clear_acked = self.clear_sent  # no way to hear back: best effort
+        return meta
+
+    def _flush(self, so, nst) -> set:
+        """Store plans whose source blocks vLLM may free before this step's
+        forward: sliding-window blocks that leave the window of a scheduled
+        request (vLLM's remove_skipped_blocks at allocation: blocks below
+        num_computed_tokens - sliding_window + 1; one block of margin here) and
+        every Mamba state block (its manager frees old state blocks)."""
+        if not self.plans or all(g.kind == FULL for g in self.groups):
+            return set()
+        kinds = {g.index: g for g in self.groups}
+        computed = {}
+        for nr in getattr(so, "scheduled_new_reqs", None) or ():
+            computed[nr.req_id] = int(nr.num_computed_tokens)
+        for rid, _ids, nct, _res in self._cached(getattr(so, "scheduled_cached_reqs", None)):
+            computed[rid] = int(nct)
+        out = set()
+        B = self.block_size
+        for pid, (rid, gid, pos) in self.plans.items():
+            g = kinds.get(gid)
+            if g is None or g.kind == FULL:
+                continue
+            if g.kind == MAMBA:
+                out.add(pid)
+                continue
+            c = computed.get(rid)
+            if c is not None and pos and (pos[0] + 1) * B <= c - g.window + 1 + B:
+                out.add(pid)
+        return out
+
+    @staticmethod
+    def _cached(cached):
+        """(req_id, new_block_ids, num_computed_tokens, resumed) of
+        CachedRequestData (one object of lists; or a list of per-request objects
+        in old vLLM)."""
+        if cached is None:
+            return
+        if isinstance(cached, (list, tuple)):
+            for c in cached:
+                yield (c.req_id, getattr(c, "new_block_ids", None), c.num_computed_tokens,
+                       bool(getattr(c, "resumed_from_preemption", False)))
+            return
+        resumed_set = getattr(cached, "resumed_req_ids", None)
+        resumed_list = getattr(cached, "resumed_from_preemption", None)
+        for i, rid in enumerate(cached.req_ids):
+            if resumed_set is not None:
+                resumed = rid in resumed_set
+            elif resumed_list is not None:
+                resumed = bool(resumed_list[i])
+            else:
+                resumed = False
+            yield rid, cached.new_block_ids[i], cached.num_computed_tokens[i], resumed
+
+    # ---- completion ------------------------------------------------------------
+
+    def request_finished(self, request, block_ids) -> tuple:
+        rid = request.request_id
+        self.pending_match.pop(rid, None)
+        cur = self.lookups.pop(rid, None)
+        if cur is not None:
+            cur[1].cancel()
+        st = self.reqs.get(rid)
+        if st is None:
+            return False, None
+        st.finished = True
+        if self.lazy and self.store_enabled:
+            ids = block_ids_tuple(block_ids)
+            if ids:
+                total = int(getattr(request, "num_computed_tokens", 0))
+                self._plan_stores(st, rid, total, ids, self.queued_stores, set(), False)
+        if st.load_state is not None:
+            self.held[rid] = "recv"  # vLLM frees on finished_recving
+            return True, None
+        if st.inflight:
+            self.held[rid] = "send"
+            self.delayed_free.add(rid)
+            return True, None
+        self._drop(rid)
+        return False, None
+
+    def _drop(self, rid: str):
+        st = self.reqs.pop(rid, None)
+        self.held.pop(rid, None)
+        if st is not None:
+            for pid in st.inflight:
+                self.plans.pop(pid, None)
+                self.plan_counts.pop(pid, None)
+
+    def update_connector_output(self, out):
+        wm = getattr(out, "kv_connector_worker_meta", None)
+        if isinstance(wm, UMBPWorkerMetadata):
+            for pid, n in wm.stores_done.items():
+                if pid not in self.plans:
+                    continue
+                c = self.plan_counts.get(pid, 0) + n
+                if c >= self.world:
+                    self.plan_counts.pop(pid, None)
+                    rid = self.plans.pop(pid)[0]
+                    st = self.reqs.get(rid)
+                    if st is not None:
+                        st.inflight.discard(pid)
+                else:
+                    self.plan_counts[pid] = c
+            if wm.failed_loads and self.quarantine_s > 0:
+                until = time.monotonic() + self.quarantine_s
+                with self.lock:
+                    for g, h in wm.failed_loads:
+                        self.quarantine[(g, h)] = until  # a later store does not lift it
+            for ep, n in wm.clears_done.items():
+                c = self.clear_counts[ep] = self.clear_counts.get(ep, 0) + n
+                if c >= self.world:
+                    self.clear_acked = max(self.clear_acked, ep)
+                    self.clear_counts = {e: v for e, v in self.clear_counts.items() if e > ep}
+        inv = getattr(out, "invalid_block_ids", None)
+        if inv:
+            self._on_load_errors(set(inv))
+        ev = getattr(out, "kv_cache_events", None)
+        if self.events is not None and isinstance(ev, UMBPKVEvents):
+            self.events.feed(ev.get_all_events())
+        for rid in getattr(out, "finished_recving", None) or ():
+            st = self.reqs.get(rid)
+            if st is not None:
+                st.load_state = None
+            if self.held.get(rid) == "recv":
+                self._drop(rid)
+        for rid in getattr(out, "finished_sending", None) or ():
+            if self.held.get(rid) == "send":
+                self._drop(rid)
+
+    def _on_load_errors(self, invalid: set):
+        """vLLM recomputes from the first failed block: store those blocks
+        again once recomputed (rewind stored_upto), and bump the epoch so the
+        workers skip stores planned from the bad KV (StorePlan.epoch)."""
+        for st in self.reqs.values():
+            if st.load_range is None:
+                continue
+            local_k, k, ids0 = st.load_range
+            bad = [p for p in range(local_k, min(k, len(ids0))) if ids0[p] in invalid]
+            if not bad and NULL_BLOCK_ID in invalid:
+                bad = [local_k]
+            if bad:
+                st.epoch += 1
+                st.stored_upto = min(st.stored_upto, bad[0])
+                st.load_range = None
+
+    # ---- the rest --------------------------------------------------------------
+
+    def take_events(self):
+        return self.events.take() if self.events is not None else ()
+
+    def reset_cache(self) -> bool:
+        self.clear_epoch += 1
+        with self.lock:
+            self.quarantine.clear()
+        for _, fut in self.lookups.values():
+            fut.cancel()
+        self.lookups.clear()
+        self.pending_match.clear()
+        try:
+            done = self.backend.clear()
+        except Exception as e:
+            log.warning("umbp: reset_cache: clearing through the %s lookup path failed (%s); the workers "
+                        "clear their pools on the next step", self.backend.name, e)
+            done = None
+        if done is None:
+            self.clear_sent = self.clear_epoch  # workers clear; lookups miss until they have
+        return True
+
+    def get_kv_connector_stats(self):
+        return self.stats.take()
+
+    def counters(self) -> dict:
+        return {
+            "requests_tracked": len(self.reqs),
+            "held_requests": len(self.held),
+            "store_plans_inflight": len(self.plans),
+            "queued_loads": len(self.queued_loads),
+            "queued_stores": len(self.queued_stores),
+            "pending_lookups": len(self.lookups),
+            "pending_matches": len(self.pending_match),
+            "async_loads_inflight": sum(1 for s in self.reqs.values() if s.load_state is not None),
+            "quarantined": len(self.quarantine),
+            "clear_pending": int(self.clear_sent > self.clear_acked),
+        }
+
+    def shutdown(self):
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        self.backend.close()
