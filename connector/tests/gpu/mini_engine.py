@@ -265,9 +265,11 @@ def standin_llama_class():
 def build_model(mc, device, seed, use_hf):
     """fp32 model with random weights from ``seed`` (the same in every process)."""
     torch.manual_seed(seed)
+    # RoPE base: 10000, the default of every transformers version (rope_theta in 4.x, rope_parameters'
+    # default_theta in 5.x), so it is not passed: 5.x's strict configs take no rope_theta
     kw = dict(vocab_size=mc["vocab"], hidden_size=mc["hidden"], intermediate_size=mc["inter"],
               num_hidden_layers=mc["layers"], num_attention_heads=mc["heads"],
-              num_key_value_heads=mc["kv_heads"], head_dim=mc["head_dim"], rope_theta=10000.0,
+              num_key_value_heads=mc["kv_heads"], head_dim=mc["head_dim"],
               rms_norm_eps=1e-5, max_position_embeddings=max(16384, mc["prompt"] + mc["decode"] + 64),
               tie_word_embeddings=False, initializer_range=0.02)
     if use_hf:
@@ -282,7 +284,8 @@ def build_model(mc, device, seed, use_hf):
         if hd != mc["head_dim"]:
             raise RuntimeError(f"transformers built head_dim {hd}, wanted {mc['head_dim']}")
     else:
-        model = standin_llama_class()(SimpleNamespace(**kw)).to(device=device, dtype=torch.float32)
+        model = standin_llama_class()(SimpleNamespace(rope_theta=10000.0, **kw)).to(device=device,
+                                                                                    dtype=torch.float32)
     return model.eval()
 
 
@@ -1052,6 +1055,8 @@ def setup(sc):
     mc = spec["model_cfg"]
     dev = torch.device(spec["device"])
     if dev.type == "cuda":
+        if dev.index is None:  # set_device wants an index
+            dev = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -1543,6 +1548,7 @@ def main(argv=None):
     ap.add_argument("--decode-tokens", type=int)
     ap.add_argument("--runs", type=int, help="timed runs per phase (plus one warm-up)")
     ap.add_argument("--layers", type=int)
+    ap.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], help="model and KV dtype")
     ap.add_argument("--max-batched-tokens", type=int, default=16384,
                     help="prefill chunk budget (vLLM's max_num_batched_tokens)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -1577,7 +1583,7 @@ def main(argv=None):
         return 1
     mc = dict(PRESETS[args.preset or ("gpu" if args.device.startswith("cuda") else "cpu-small")])
     for k, v in (("prompt", args.prompt_tokens), ("decode", args.decode_tokens), ("runs", args.runs),
-                 ("layers", args.layers)):
+                 ("layers", args.layers), ("dtype", args.dtype)):
         if v is not None:
             mc[k] = v
     if args.preset is None:
