@@ -66,6 +66,25 @@ def test_cache_hit_restore_is_byte_exact(async_scheduling, load_async, tp):
     assert r["checked_blocks"] == 6 * tp
 
 
+@SCHED
+@pytest.mark.parametrize("groups", [None, [(FULL, 2, 0), (SWA, 2, 32)]], ids=["full", "full+swa"])
+def test_lazy_offload_stores_at_request_finished(async_scheduling, groups):
+    kw = {"groups": groups} if groups else {}
+    r = S.restore(async_scheduling=async_scheduling, extra={"lazy_offload": True}, **kw)
+    assert r["matched"] == (0, 96, True)
+
+
+@pytest.mark.parametrize("option", ["auto", 4], ids=["option-auto-from-config", "option-given"])
+def test_hash_block_size_below_the_block_size(option, monkeypatch):
+    """Hybrid vLLMs hash at a finer granularity than the block (connector-api.md
+    §1.5): a block's identity is the hash of its last sub-block."""
+    if option == "auto":
+        from vllm.config import CacheConfig
+        monkeypatch.setattr(CacheConfig, "hash_block_size", 4, raising=False)
+    r = S.restore(hash_block_size=4, extra={"hash_block_size": option})
+    assert r["matched"] == (0, 96, True)
+
+
 @pytest.mark.parametrize("local", [False, True], ids=["no-local-hit", "local-hit"])
 @SCHED
 def test_partial_hits_subtract_the_local_prefix(local, async_scheduling):
@@ -105,6 +124,19 @@ def test_failed_load_is_recomputed(async_scheduling, load_async, tp, fail_rank):
                       extra={"load_async": load_async})
     assert r["truncated"][0][1] == 32
     assert r["matched_C"][1] == 96  # B stored the recomputed blocks again, no quarantine
+
+
+@SCHED
+@LOADS
+@TP
+def test_blocks_computed_from_a_failed_load_are_never_stored(async_scheduling, load_async, tp):
+    """B's load fails on the last rank after block 2 while its step also
+    computes two more full blocks: with TP those are bad on every rank (the
+    all-reduce), so no rank may store them; C (B's prompt) must then restore
+    only good blocks and generate the right tokens."""
+    r = S.failed_load(async_scheduling=async_scheduling, tp=tp, fail_rank=tp - 1, keep=2, extend=40,
+                      extra={"load_async": load_async})
+    assert r["matched_C"][1] == 128  # B recomputed and stored everything: C hits 8 blocks
 
 
 def test_failed_load_quarantine_outlives_a_later_store():
@@ -184,6 +216,50 @@ def test_worker_call_order_and_wait_for_save_does_not_wait():
         assert names[-1] == "clear_connector_metadata"
         e.run()
         e.check_clean()
+
+
+@SCHED
+def test_cross_layer_kv_cache(async_scheduling):
+    r = S.restore(cross_layer=True, async_scheduling=async_scheduling,
+                  extra={"prefer_cross_layer_blocks": True})
+    assert r["matched"] == (0, 96, True) and r["checked_blocks"] == 6
+
+
+def test_shutdown_releases_jobs_in_flight():
+    e = S.Engine(S._cfg())
+    w = e.workers[0]
+    w.hold_stores(True)
+    e.add("A", S.PROMPT, 4)
+    e.step()
+    assert w.counters()["jobs_inflight"] >= 1
+    rt = w.runtime()
+    [c] = e.shutdown()
+    assert c["jobs_inflight"] == 0 and c["jobs_released"] == c["jobs_submitted"] >= 1
+    assert rt.closed and w.conn._worker.rt is None
+
+
+GPU = [pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+       pytest.mark.skipif("cuda" not in umbp.gpu_backends_built(), reason="libumbp built without CUDA")]
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("restore", {}),
+    ("restore", {"async_scheduling": True}),
+    ("restore", {"extra": {"load_async": False}}),
+    ("restore", {"async_scheduling": True, "tp": 2, "extra": {"load_async": False}}),
+    ("restore", {"cross_layer": True, "extra": {"prefer_cross_layer_blocks": True}}),
+    ("hybrid", {"async_scheduling": True}),
+    ("failed_load", {"tp": 2, "fail_rank": 1, "extra": {"load_async": False}}),
+    ("preemption", {"async_scheduling": True, "extra": {"save_decode_cache": True}}),
+    ("store_inflight", {}),
+    ("abort", {}),
+], ids=lambda x: x if isinstance(x, str) else json.dumps(x, separators=(",", ":")))
+@pytest.mark.parametrize("_gpu", [pytest.param(0, marks=GPU)], ids=["cuda"])
+def test_gpu_scenarios(name, kw, _gpu):
+    """The scenarios with CUDA KV tensors: the connector records torch.cuda
+    events on the compute stream and the runtime's CUDA copy engine waits for
+    them (stores after the forward's writes, loads after the poisoning)."""
+    getattr(S, name)(device="cuda", **kw)
 
 
 # ---- the old vLLM API (handle_preemptions(set), no worker metadata, ...) ---------------------
@@ -351,6 +427,15 @@ def test_options_map_to_the_runtime():
     assert rc["role"] == "lookup" and rc["namespace"] == "t" and rc["socket_dir"] == "/run/umbp"
     assert _parse({"mode": "standalone", "dp_rank": "auto"}).runtime_config(rank=0, world_size=1,
                                                                             dp_rank=5)["dp_rank"] == 5
+
+
+def test_docs_name_every_option():
+    from umbp.vllm.options import OPTIONS, UNSUPPORTED
+
+    with open(os.path.join(os.path.dirname(CONNECTOR), "docs", "vllm.md")) as f:
+        doc = f.read()
+    missing = [n for n in list(OPTIONS) + list(UNSUPPORTED) if f"`{n}`" not in doc]
+    assert not missing, f"docs/vllm.md does not name {missing}"
 
 
 def test_unknown_options_warn_with_strict_options_false(caplog):

@@ -11,6 +11,7 @@ class HarnessConfig:
     #: KV cache groups: (kind, number of layers, sliding window in tokens)
     groups: list = dataclasses.field(default_factory=lambda: [(FULL, 2, 0)])
     block_size: int = 16
+    hash_block_size: int = 0  # tokens per request.block_hashes entry (0: block_size)
     num_blocks: int = 64  # GPU blocks per group pool (shared by all groups, block 0 is the null block)
     tp: int = 1
     extra: dict = dataclasses.field(default_factory=dict)  # kv_connector_extra_config
@@ -21,6 +22,8 @@ class HarnessConfig:
     local_prefix_cache: bool = False
     api: str = "new"  # engine call conventions: "new" (metadata handle_preemptions, worker meta) or "old"
     processes: bool = False  # TP workers in their own processes
+    device: str = "cpu"  # where the KV tensors live ("cuda" on the GPU machine)
+    cross_layer: bool = False  # one (nb, L, 2, bs, H, D) tensor when the connector prefers cross-layer blocks
     heads: int = 2
     dim: int = 4
     conv_size: int = 6

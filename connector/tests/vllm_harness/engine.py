@@ -607,7 +607,8 @@ class Engine:
     def add(self, rid, prompt, max_tokens=4):
         from vllm.v1.request import Request, SamplingParams
 
-        req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens), block_size=self.cfg.block_size)
+        req = Request(rid, prompt, SamplingParams(max_tokens=max_tokens), block_size=self.cfg.block_size,
+                      hash_block_size=self.cfg.hash_block_size or None)
         self.sched.add_request(req)
         return req
 
@@ -618,7 +619,10 @@ class Engine:
         so, tokens = self.sched.schedule()
         if before_execute is not None:
             before_execute(so)
-        outs = [w.execute(so, tokens) for w in self.workers]
+        # TP: every rank loads and checks its context, then (the all-reduce)
+        # every rank writes from what all ranks saw
+        bad = set().union(*[w.execute_check(so, tokens) for w in self.workers])
+        outs = [w.execute_finish(bad) for w in self.workers]
         out = self.agg.aggregate(outs)
         self.bad.extend((so._harness_step, r) for r in out["bad"])
         self.steps += 1

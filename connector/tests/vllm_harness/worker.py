@@ -34,13 +34,23 @@ class HarnessWorker:
         mod = importlib.import_module("umbp.vllm.connector")
         self.conn = mod.UMBPConnector(cfg.vllm_config(rank), KVConnectorRole.WORKER, cfg.kv_cache_config())
         self.kv = {}
-        for name, g, kind, _i in self.layers:
-            if kind == MAMBA:
-                self.kv[name] = [torch.zeros(cfg.num_blocks, cfg.conv_size),
-                                 torch.zeros((cfg.num_blocks,) + tuple(cfg.ssm_shape))]
-            else:
-                self.kv[name] = torch.zeros(2, cfg.num_blocks, self.B, cfg.heads, cfg.dim)
-        self.conn.register_kv_caches(dict(self.kv))
+        self.cross = None
+        dev = self.dev = torch.device(cfg.device)
+        if cfg.cross_layer and self.conn.prefer_cross_layer_blocks:
+            # vLLM's cross-layer layout (num_blocks, L, 2, bs, H, D); each layer sees a
+            # (2, num_blocks, bs, H, D) view of it
+            self.cross = torch.zeros(cfg.num_blocks, len(self.layers), 2, self.B, cfg.heads, cfg.dim, device=dev)
+            for name, _g, _kind, i in self.layers:
+                self.kv[name] = self.cross[:, i].transpose(0, 1)
+            self.conn.register_cross_layers_kv_cache(self.cross, None)
+        else:
+            for name, g, kind, _i in self.layers:
+                if kind == MAMBA:
+                    self.kv[name] = [torch.zeros(cfg.num_blocks, cfg.conv_size, device=dev),
+                                     torch.zeros((cfg.num_blocks,) + tuple(cfg.ssm_shape), device=dev)]
+                else:
+                    self.kv[name] = torch.zeros(2, cfg.num_blocks, self.B, cfg.heads, cfg.dim, device=dev)
+            self.conn.register_kv_caches(dict(self.kv))
         self.reqs = {}  # rid -> per-group block ids
         self.digest_cache = {}  # rid -> (tokens, digests)
         self.calls = []  # connector calls of the last step, for order checks
@@ -59,9 +69,12 @@ class HarnessWorker:
         return d
 
     def _pos_index(self, ids, positions):
-        blocks = np.asarray([ids[p // self.B] for p in positions], dtype=np.int64)
-        offs = np.asarray([p % self.B for p in positions], dtype=np.int64)
+        blocks = torch.as_tensor([ids[p // self.B] for p in positions], dtype=torch.long, device=self.dev)
+        offs = torch.as_tensor([p % self.B for p in positions], dtype=torch.long, device=self.dev)
         return blocks, offs
+
+    def _put(self, x):
+        return torch.from_numpy(x).to(self.dev)
 
     def _update_states(self, so):
         for rid in so.finished_req_ids:
@@ -80,11 +93,12 @@ class HarnessWorker:
 
     # ---- the fake forward ------------------------------------------------------------
 
-    def _forward(self, so, tokens, work):
-        """work: [(rid, c, n)].  Returns {rid: token or GARBAGE} for requests
-        that complete their known tokens, and the set of rids that failed a check."""
+    def _check(self, tokens, work):
+        """Phase 1 of a forward: every layer waits for its loads and checks the
+        context each request attends to.  Returns the rids that saw wrong KV."""
         bad = set()
-        dig = {rid: np.asarray(self._digests(rid, tokens[rid][:c + n]), dtype=np.uint64) for rid, c, n in work}
+        self._dig = {rid: np.asarray(self._digests(rid, tokens[rid][:c + n]), dtype=np.uint64)
+                     for rid, c, n in work}
         cfg = self.cfg
         for name, g, kind, li in self.layers:
             self.conn.wait_for_layer_load(name)
@@ -92,41 +106,55 @@ class HarnessWorker:
             t = self.kv[name]
             for rid, c, n in work:
                 ids = self.reqs[rid][g]
-                d = dig[rid]
+                d = self._dig[rid]
                 if kind == MAMBA:
                     if c > 0:
                         b = ids[(c - 1) // self.B]
                         for which, st in enumerate(t):
                             exp = model.state_values(int(d[c - 1]), self.rank, li, which, st[0].numel())
-                            if not np.array_equal(st[b].reshape(-1).numpy(), exp):
+                            if not np.array_equal(st[b].reshape(-1).cpu().numpy(), exp):
                                 bad.add(rid)
-                    b = ids[(c + n - 1) // self.B]
-                    for which, st in enumerate(t):
-                        st[b] = torch.from_numpy(model.state_values(int(d[c + n - 1]), self.rank, li, which,
-                                                                   st[0].numel())).reshape(st[b].shape)
                     continue
                 lo = 0 if kind == FULL else max(0, c - cfg.groups[g][2] + 1)
                 if c > lo:
-                    pos = range(lo, c)
-                    blk, off = self._pos_index(ids, pos)
-                    got = t[:, blk, off].numpy()  # (2, m, H, D)
-                    exp = model.kv_values(d[lo:c], self.rank, li, cfg.heads, cfg.dim)
-                    if not np.array_equal(got, exp):
+                    blk, off = self._pos_index(ids, range(lo, c))
+                    got = t[:, blk, off].cpu().numpy()  # (2, m, H, D)
+                    if not np.array_equal(got, model.kv_values(d[lo:c], self.rank, li, cfg.heads, cfg.dim)):
                         bad.add(rid)
-                pos = range(c, c + n)
-                blk, off = self._pos_index(ids, pos)
-                t[:, blk, off] = torch.from_numpy(model.kv_values(d[c:c + n], self.rank, li, cfg.heads, cfg.dim))
+        return bad
+
+    def _write(self, tokens, work, bad):
+        """Phase 2: every layer writes the new positions' KV (Mamba: the new
+        state).  A request whose context was wrong on ANY rank gets garbage, as
+        tensor parallelism spreads it (the all-reduce); its next token is GARBAGE."""
+        cfg = self.cfg
+        for name, g, kind, li in self.layers:
+            t = self.kv[name]
+            for rid, c, n in work:
+                ids = self.reqs[rid][g]
+                d = self._dig[rid]
+                if kind == MAMBA:
+                    b = ids[(c + n - 1) // self.B]
+                    for which, st in enumerate(t):
+                        v = model.state_values(int(d[c + n - 1]), self.rank, li, which, st[0].numel())
+                        st[b] = self._put(v + 3.0 if rid in bad else v).reshape(st[b].shape)
+                    continue
+                blk, off = self._pos_index(ids, range(c, c + n))
+                v = model.kv_values(d[c:c + n], self.rank, li, cfg.heads, cfg.dim)
+                t[:, blk, off] = self._put(v + 3.0 if rid in bad else v)
             self.conn.save_kv_layer(name, t, None)
         out = {}
         for rid, c, n in work:
             if c + n == len(tokens[rid]):
-                out[rid] = model.GARBAGE if rid in bad else model.next_token(int(dig[rid][c + n - 1]))
-        return out, bad
+                out[rid] = model.GARBAGE if rid in bad else model.next_token(int(self._dig[rid][c + n - 1]))
+        return out
 
     def execute(self, so, tokens):
-        from vllm.forward_context import ForwardContext
-        from vllm.v1.outputs import KVConnectorOutput
+        """Both phases at once (TP=1, or tests that call a worker alone)."""
+        bad = self.execute_check(so, tokens)
+        return self.execute_finish(bad)
 
+    def execute_check(self, so, tokens):
         conn = self.conn
         self.calls = []
         meta = so.kv_connector_metadata
@@ -143,16 +171,28 @@ class HarnessWorker:
             conn.bind_connector_metadata(meta)
             self.calls.append(("bind_connector_metadata",))
         self._update_states(so)
-        ctx = ForwardContext()
-        conn.start_load_kv(ctx)
+        from vllm.forward_context import ForwardContext
+
+        conn.start_load_kv(ForwardContext())
         self.calls.append(("start_load_kv",))
-        sampled, bad = {}, set()
+        self._so, self._tokens = so, tokens
+        self._work = []
         if so.total_num_scheduled_tokens > 0:
-            work = [(nr.req_id, nr.num_computed_tokens, so.num_scheduled_tokens[nr.req_id])
-                    for nr in so.scheduled_new_reqs]
             c = so.scheduled_cached_reqs
-            work += [(rid, c.num_computed_tokens[i], so.num_scheduled_tokens[rid]) for i, rid in enumerate(c.req_ids)]
-            sampled, bad = self._forward(so, tokens, work)
+            self._work = [(nr.req_id, nr.num_computed_tokens, so.num_scheduled_tokens[nr.req_id])
+                          for nr in so.scheduled_new_reqs]
+            self._work += [(rid, c.num_computed_tokens[i], so.num_scheduled_tokens[rid])
+                           for i, rid in enumerate(c.req_ids)]
+            return self._check(tokens, self._work)
+        return set()
+
+    def execute_finish(self, bad_all):
+        from vllm.v1.outputs import KVConnectorOutput
+
+        conn, so = self.conn, self._so
+        sampled = {}
+        if so.total_num_scheduled_tokens > 0:
+            sampled = self._write(self._tokens, self._work, set(bad_all))
             conn.wait_for_save()
             self.calls.append(("wait_for_save",))
             self.inflight_after_save = conn.debug_counters()["jobs_inflight"]
@@ -172,7 +212,7 @@ class HarnessWorker:
         out = KVConnectorOutput(finished_sending=fs, finished_recving=fr, kv_connector_stats=stats,
                                 kv_cache_events=events, kv_connector_worker_meta=wmeta,
                                 invalid_block_ids=set(invalid))
-        return {"sampled": sampled, "bad": bad, "kv": out, "rank": self.rank}
+        return {"sampled": sampled, "bad": set(bad_all), "kv": out, "rank": self.rank}
 
     # ---- test controls ---------------------------------------------------------------
 
@@ -201,11 +241,11 @@ class HarnessWorker:
             if g != group:
                 continue
             t = self.kv[name]
-            idx = torch.as_tensor(list(block_ids), dtype=torch.long)
+            idx = torch.as_tensor(list(block_ids), dtype=torch.long, device=self.dev)
             if kind == MAMBA:
-                out.extend(x[idx].numpy().tobytes() for x in t)
+                out.extend(x[idx].cpu().numpy().tobytes() for x in t)
             else:
-                out.append(t[:, idx].numpy().tobytes())
+                out.append(t[:, idx].cpu().numpy().tobytes())
         return out
 
     def block_bytes(self, group: int, block_id: int) -> bytes:
@@ -217,9 +257,9 @@ class HarnessWorker:
                 continue
             t = self.kv[name]
             if kind == MAMBA:
-                out.extend(x[block_id].numpy().tobytes() for x in t)
+                out.extend(x[block_id].cpu().numpy().tobytes() for x in t)
             else:
-                out += [t[0, block_id].numpy().tobytes(), t[1, block_id].numpy().tobytes()]
+                out += [t[0, block_id].cpu().numpy().tobytes(), t[1, block_id].cpu().numpy().tobytes()]
         return b"".join(out)
 
     def object_bytes(self, group: int, hashes) -> list:

@@ -112,6 +112,15 @@ class EventBuilder:
         return _compat.EVENTS_HAVE_GROUP or group == self.group_ids[0]
 
     def feed(self, events):
+        try:
+            self._feed(events)
+        except Exception as e:  # an event class of another vLLM: events are best effort
+            if not self.lost:
+                _compat.get_logger("umbp.vllm.events").warning(
+                    "umbp: KV events disabled: building vLLM's event objects failed (%s)", e)
+            self.lost += 1
+
+    def _feed(self, events):
         for rank, t, group, h in events:
             k = (group, h)
             if t == STORED:

@@ -55,7 +55,7 @@ def block_ids_tuple(ids) -> tuple:
 
 class _Req:
     __slots__ = ("request", "block_ids", "stored_upto", "started", "inflight", "load_state", "finished",
-                 "hashes", "keys", "epoch", "load_range")
+                 "hashes", "keys", "epoch", "load_range", "park_until", "park_epoch", "parked")
 
     def __init__(self, request):
         self.request = request
@@ -69,6 +69,11 @@ class _Req:
         self.keys: dict = {}  # (rank, group index) -> np uint8 (n, 32)
         self.epoch = 0  # bumped when a load of the request failed (see StorePlan.epoch)
         self.load_range = None  # (local_k, k, group-0 block ids) of the last load
+        # a synchronous load: stores built before step park_until wait in
+        # `parked` until the scheduler has seen that step's load errors
+        self.park_until = 0
+        self.park_epoch = 0
+        self.parked: list = []
 
 
 class UMBPScheduler:
@@ -149,8 +154,11 @@ class UMBPScheduler:
         if len(hs) < upto:
             bh = st.request.block_hashes
             s = self.scale
-            for i in range(len(hs), upto):
-                hs.append(hash_bytes(bh[(i + 1) * s - 1]))
+            new = bh[len(hs):upto] if s == 1 else bh[len(hs) * s + s - 1:upto * s:s]
+            if new and isinstance(new[0], bytes) and 1 <= len(new[0]) <= 64:
+                hs.extend(new)  # vLLM's BlockHash is bytes: no per-hash work
+            else:
+                hs.extend(hash_bytes(h) for h in new)
         return hs
 
     def _num_blocks_hashed(self, request) -> int:
@@ -316,6 +324,15 @@ class UMBPScheduler:
             self.queued_async_ids.add(rid)
         st.stored_upto = max(st.stored_upto, k)
         st.load_range = (local_k, k, list(ids[0]) if ids else [])
+        if not is_async:
+            # With TP, a rank whose own load succeeded computes this step (and,
+            # with async scheduling, the next one) from every rank's KV: if
+            # another rank's load failed, those blocks are bad everywhere.  Their
+            # stores wait until the step's output (its load errors) has been
+            # seen: two metadata builds later under either scheduling.
+            st.park_until = self.step + 1 + 2
+            st.park_epoch = st.epoch
+            st.parked = []
 
     # ---- stores ----------------------------------------------------------------
 
@@ -329,7 +346,6 @@ class UMBPScheduler:
         if hi <= lo or not ids:
             return
         hs = self._identity(st, hi)
-        hl = len(hs[0])
         for g in self.groups:
             gids = ids[g.index] if g.index < len(ids) else []
             pos, dst = [], []
@@ -341,21 +357,45 @@ class UMBPScheduler:
                 dst.append(int(gids[p]))
             if not pos:
                 continue
-            pid = self.next_plan_id
-            self.next_plan_id += 1
-            out.append(StorePlan(pid, rid, g.index, b"".join(hs[p] for p in pos), hl, dst, after_forward,
-                                 st.epoch))
-            st.inflight.add(pid)
-            self.plans[pid] = (rid, g.index, pos)
-            if self.events is not None:
-                toks = getattr(req, "all_token_ids", None)
-                if toks is None:
-                    toks = getattr(req, "prompt_token_ids", None) or []
-                lora = getattr(getattr(req, "lora_request", None), "lora_int_id", None)
-                for p in pos:
-                    self.events.note_store(g.index, hs[p], hs[p - 1] if p else None,
-                                           list(toks[p * B:(p + 1) * B]), lora)
+            if after_forward and self.step < st.park_until:
+                st.parked.append((g, pos, dst))
+                continue
+            self._emit_store(st, rid, g, pos, dst, out, after_forward)
         st.stored_upto = hi
+
+    def _emit_store(self, st: _Req, rid: str, g, pos, dst, out: list, after_forward: bool):
+        req = st.request
+        B = self.block_size
+        hs = st.hashes
+        pid = self.next_plan_id
+        self.next_plan_id += 1
+        out.append(StorePlan(pid, rid, g.index, b"".join(hs[p] for p in pos), len(hs[0]), dst, after_forward,
+                             st.epoch))
+        st.inflight.add(pid)
+        self.plans[pid] = (rid, g.index, pos)
+        if self.events is not None:
+            toks = getattr(req, "all_token_ids", None)
+            if toks is None:
+                toks = getattr(req, "prompt_token_ids", None) or []
+            lora = getattr(getattr(req, "lora_request", None), "lora_int_id", None)
+            for p in pos:
+                self.events.note_store(g.index, hs[p], hs[p - 1] if p else None,
+                                       list(toks[p * B:(p + 1) * B]), lora)
+
+    def _release_parked(self, out: list, pre: set):
+        """Parked stores of synchronously loaded requests whose load step's
+        output has been seen: emit them if no load error came (full-attention
+        blocks only: sliding-window and Mamba blocks may have been freed
+        meanwhile), else drop them (recomputed blocks are stored anew)."""
+        for rid, st in self.reqs.items():
+            if not st.parked or self.step < st.park_until:
+                continue
+            parked, st.parked = st.parked, []
+            if st.epoch != st.park_epoch or rid in pre or st.block_ids is None or st.finished:
+                continue
+            for g, pos, dst in parked:
+                if g.kind == FULL:
+                    self._emit_store(st, rid, g, pos, dst, out, False)
 
     def build_connector_meta(self, so) -> UMBPConnectorMetadata:
         self.step += 1
@@ -392,12 +432,14 @@ class UMBPScheduler:
                 st.stored_upto = max(st.stored_upto, int(nct) // self.block_size)
             if eager:
                 self._plan_stores(st, rid, int(nct) + nst.get(rid, 0), st.block_ids, meta.stores, seen, True)
-        meta.flush_plan_ids = self._flush(so, nst)
         pre = set(getattr(so, "preempted_req_ids", None) or ())
+        self._release_parked(meta.stores, pre)
+        meta.flush_plan_ids = self._flush(so, nst)
         for rid in pre:
             st = self.reqs.get(rid)
             if st is not None:
                 st.block_ids = None  # freed by the scheduler; new ones come on resume
+                st.parked = []
         meta.preempted_req_ids = pre
         meta.loads, self.queued_loads = self.queued_loads, []
         for rid in self.queued_async_ids:
@@ -555,6 +597,7 @@ class UMBPScheduler:
                 st.epoch += 1
                 st.stored_upto = min(st.stored_upto, bad[0])
                 st.load_range = None
+                st.parked, st.park_until = [], 0  # planned from bad KV; what comes next is recomputed
 
     # ---- the rest --------------------------------------------------------------
 
