@@ -553,17 +553,21 @@ class NullConnector:
 
 
 class Timed:
-    """A connector with timestamps: when start_load_kv was last entered, how
-    long each get_num_new_matched_tokens took.  Everything else passes through."""
+    """A connector with instruments, for both roles; every call passes through.
+    Scheduler role: how long each get_num_new_matched_tokens took.  Worker
+    role: when start_load_kv was last entered, how long each load took (sync
+    loads: noted by the forward once the first layer's wait returns; async:
+    from start_load_kv to the results reporting the request in finished
+    recving), the stats the worker reported; the --inject faults."""
 
     def __init__(self, conn):
         self._conn = conn
+        self.meta = None
         self.t_start_load = None
         self.lookup_s = []
-
-    def start_load_kv(self, forward_context, **kw):
-        self.t_start_load = now()
-        return self._conn.start_load_kv(forward_context, **kw)
+        self.load_s = []  # (rid, seconds, blocks)
+        self.stats = collections.Counter()
+        self._async = None
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         t = now()
@@ -572,8 +576,53 @@ class Timed:
         finally:
             self.lookup_s.append(now() - t)
 
+    def bind_connector_metadata(self, meta):
+        self.meta = meta
+        if INJECT == "rotate-loads":  # self-test: every restored block lands one position off
+            for p in getattr(meta, "loads", None) or ():
+                p.block_ids = list(p.block_ids[1:]) + list(p.block_ids[:1])
+        return self._conn.bind_connector_metadata(meta)
+
+    def start_load_kv(self, forward_context, **kw):
+        self.t_start_load = now()
+        mine = [p for p in (getattr(self.meta, "loads", None) or ()) if p.is_async]
+        if mine:
+            self._async = (mine[0].req_id, self.t_start_load, sum(len(p.block_ids) for p in mine))
+        return self._conn.start_load_kv(forward_context, **kw)
+
+    def _note(self, recving):
+        if self._async is not None and self._async[0] in (recving or ()):
+            rid, t0, nblk = self._async
+            self.load_s.append((rid, now() - t0, nblk))
+            self._async = None
+
+    def take_stats(self):
+        out, self.stats = dict(self.stats), collections.Counter()
+        return out
+
     def __getattr__(self, name):
-        return getattr(self._conn, name)
+        attr = getattr(self._conn, name)  # AttributeError where the connector has no such member
+        if name == "get_finished":
+            def get_finished(*a, **kw):
+                res = attr(*a, **kw)
+                self._note(res[1])
+                return res
+            return get_finished
+        if name == "get_transfer_results":
+            def get_transfer_results(*a, **kw):
+                res = attr(*a, **kw)
+                self._note(res.finished_recving)
+                return res
+            return get_transfer_results
+        if name == "get_kv_connector_stats":
+            def get_kv_connector_stats():
+                st = attr()
+                for k, v in (getattr(st, "data", None) or {}).items():
+                    if isinstance(v, (int, float)):
+                        self.stats[k] += v
+                return st
+            return get_kv_connector_stats
+        return attr
 
 
 class DirectConnector:
@@ -855,25 +904,36 @@ def load_harness():
             return n
 
     class MiniWorker(HarnessWorker):
-        """The harness's worker order (execute) around the paged forward of a
-        real model."""
+        """The harness's worker order around the paged forward of a real model:
+        ``_write`` (the harness's two-phase step: execute_check, execute_finish)
+        or ``_forward`` (its one-phase execute) runs the forward, whose layers
+        call wait_for_layer_load and save_kv_layer as vLLM's attention layers
+        do.  ``_check`` is empty: a real model cannot check what it attends to;
+        the scenarios compare outcomes instead."""
 
         def __init__(self, cfg, pm, conn):  # noqa: super().__init__ builds the fake model's tensors
-            self.cfg, self.rank, self.B, self.pm = cfg, 0, cfg.block_size, pm
+            self.cfg, self.rank, self.B, self.pm, self.dev, self.cross = cfg, 0, cfg.block_size, pm, pm.device, None
             self.layers = cfg.layers()
-            self.conn = conn
+            self.conn = conn  # a Timed connector
             self.kv = {name: pm.kv[i] for i, (name, *_r) in enumerate(self.layers)}
             self.reqs, self.digest_cache, self.calls, self.preemption_args = {}, {}, [], []
+            self._so = None
             self.first = {}  # rid -> (time of the first token, its logits)
             self.token_t = collections.defaultdict(list)
-            self.load_s = []  # (rid, seconds, blocks) of each load
-            self.stats = collections.Counter()
             self._sync_load = None
-            self._async_load = None
+            self._loaded_ids = []
+
+        def _check(self, tokens, work):
+            return set()
+
+        def _write(self, tokens, work, bad):
+            return self._run(self._so, tokens, work)
 
         def _forward(self, so, tokens, work):
-            meta = so.kv_connector_metadata
-            loads = list(getattr(meta, "loads", None) or ())
+            return self._run(so, tokens, work), set()
+
+        def _run(self, so, tokens, work):
+            loads = list(getattr(so.kv_connector_metadata, "loads", None) or ())
             out = {}
             for rid, c, n in work:
                 mine = [p for p in loads if p.req_id == rid and not p.is_async]
@@ -889,13 +949,13 @@ def load_harness():
                     self.token_t[rid].append(t)
                     if rid not in self.first:
                         self.first[rid] = (t, logits[-1].clone())
-            return out, set()
+            return out
 
         def before_attention(self, i):
             self.conn.wait_for_layer_load(self.layers[i][0])
             if i == 0 and self._sync_load is not None:
                 rid, nblk = self._sync_load
-                self.load_s.append((rid, now() - self.conn.t_start_load, nblk))
+                self.conn.load_s.append((rid, now() - self.conn.t_start_load, nblk))
                 self._sync_load = None
                 lost = {"lose-restore": self._loaded_ids,
                         "lose-one-block": self._loaded_ids[len(self._loaded_ids) // 2:][:1]}.get(INJECT)
@@ -907,30 +967,6 @@ def load_harness():
         def after_attention(self, i):
             name = self.layers[i][0]
             self.conn.save_kv_layer(name, self.kv[name], None)
-
-        def execute(self, so, tokens):
-            meta = so.kv_connector_metadata
-            if INJECT == "rotate-loads":  # self-test: every restored block lands one position off
-                for p in getattr(meta, "loads", None) or ():
-                    p.block_ids = list(p.block_ids[1:]) + list(p.block_ids[:1])
-            mine = [p for p in (getattr(meta, "loads", None) or ()) if p.is_async]
-            res = super().execute(so, tokens)
-            if mine:
-                self._async_load = (mine[0].req_id, self.conn.t_start_load, sum(len(p.block_ids) for p in mine))
-            kvo = res["kv"]
-            if self._async_load is not None and self._async_load[0] in (kvo.finished_recving or ()):
-                rid, t0, nblk = self._async_load
-                self.load_s.append((rid, now() - t0, nblk))
-                self._async_load = None
-            st = kvo.kv_connector_stats
-            for k, v in (getattr(st, "data", None) or {}).items():
-                if isinstance(v, (int, float)):
-                    self.stats[k] += v
-            return res
-
-        def take_stats(self):
-            out, self.stats = dict(self.stats), collections.Counter()
-            return out
 
     class MiniEngine(he.Engine):
         """The harness's Engine (add, step, run, matched, check_clean,
@@ -965,7 +1001,8 @@ def make_engine(H, spec, pm, kind, seed):
 
     cfg = H.MiniConfig(groups=[(H.FULL, pm.L, 0)], block_size=BLOCK, num_blocks=pm.num_blocks, tp=1,
                        extra={}, max_num_batched_tokens=spec["max_batched"], max_num_seqs=1,
-                       async_scheduling=False, heads=pm.Hkv, dim=pm.D, model=spec["model_name"], dtype=spec["dtype"])
+                       async_scheduling=False, heads=pm.Hkv, dim=pm.D, model=spec["model_name"], dtype=spec["dtype"],
+                       device=str(pm.device))
     names = [n for n, *_ in cfg.layers()]
     if kind == "none":
         sc = wc = NullConnector()
@@ -1013,7 +1050,7 @@ def run_request(E, pm, rid, prompt, n_out):
     """One request through engine E, from the scheduler's queue to its blocks'
     release (a held request is stepped until its stores finished)."""
     w = E.workers[0]
-    nl, nk = len(w.load_s), len(E.conn.lookup_s)
+    nl, nk = len(w.conn.load_s), len(E.conn.lookup_s)
     pm.sync()
     E.add(rid, prompt, n_out)  # (the request's block hashes are computed here, outside TTFT)
     t0 = now()
@@ -1022,12 +1059,12 @@ def run_request(E, pm, rid, prompt, n_out):
     t_first, logits = w.first.pop(rid)
     tt = w.token_t.pop(rid)
     m = E.matched(rid)
-    loads = [x for x in w.load_s[nl:] if x[0] == rid]
+    loads = [x for x in w.conn.load_s[nl:] if x[0] == rid]
     return Gen(rid=rid, tokens=list(E.sched.outputs[rid]), hit_tokens=int(m[1]) if m else 0,
                blocks=list(E.sched.finished_blocks[rid][0]), ttft_s=t_first - t0, total_s=t_end - t0,
                decode_s_per_token=(tt[-1] - tt[0]) / max(1, len(tt) - 1),
                lookup_s=sum(E.conn.lookup_s[nk:]), load_s=sum(x[1] for x in loads) if loads else None,
-               loaded_blocks=sum(x[2] for x in loads), first_logits=logits, stats=w.take_stats(),
+               loaded_blocks=sum(x[2] for x in loads), first_logits=logits, stats=w.conn.take_stats(),
                truncated=[x for x in E.sched.log if x[0] == "truncated" and x[1] == rid])
 
 
