@@ -286,6 +286,14 @@ def build_model(mc, device, seed, use_hf):
     else:
         model = standin_llama_class()(SimpleNamespace(rope_theta=10000.0, **kw)).to(device=device,
                                                                                     dtype=torch.float32)
+    # the weights from the seed alone, whatever a transformers version's own init does:
+    # N(0, initializer_range) as LlamaPreTrainedModel._init_weights draws them, norms 1
+    torch.manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, kw["initializer_range"])
     return model.eval()
 
 
