@@ -112,6 +112,7 @@ F = None
 nn = None
 TAG = "mini"
 INJECT = None  # --inject: a fault the checks must catch (self-test)
+DEADLINE = float("inf")  # perf_counter() by which the orchestrator stops waiting for its processes
 
 
 def log(msg):
@@ -1408,7 +1409,7 @@ class Child:
 
     def wait(self):
         try:
-            rc = self.p.wait(max(1, self.spec["timeout"] - (now() - self.t0)))
+            rc = self.p.wait(max(1, min(self.spec["timeout"] - (now() - self.t0), DEADLINE - now())))
         except subprocess.TimeoutExpired:
             self.p.kill()
             self.p.wait()
@@ -1527,6 +1528,8 @@ def summary_rows(results):
             "scenario": r["name"], "path": r["path"], "checks": f"{sum(c['ok'] for c in r['checks'])}/{len(r['checks'])}",
             "hit_tokens": t.get("hit_tokens"), "ttft_full_ms": full, "prefill_one_step_ms": median(t.get("prefill_one_step_ms")),
             "ttft_restore_ms": rest, "speedup": round(full / rest, 2) if full and rest else None,
+            "speedup_vs_one_step": round(median(t["prefill_one_step_ms"]) / rest, 2)
+            if t.get("prefill_one_step_ms") and rest else None,
             "lookup_ms": median(t.get("lookup_ms")), "load_ms": median(t.get("load_ms")),
             "restore_gbps": median(t.get("restore_gbps")), "restored_mb": round(t["restored_bytes"] / 1e6, 1)
             if t.get("restored_bytes") else None,
@@ -1550,8 +1553,10 @@ def print_table(rows):
             s = str(v)
         return s.rjust(w) if not isinstance(v, str) else s.ljust(w)
 
-    print("\nmedians; times in ms (TTFT full: prefill with the last block in its own step; 1-step: the whole prompt "
-          "in one forward; TTFT rest: lookup + load + last block; GB/s: restored bytes / load time)")
+    print("\nmedians; times in ms.  TTFT full: the engine's prefill (the last block in a step of its own) to the "
+          "first token; 1-step: one forward of the whole prompt;\nTTFT rest: lookup + restore + the last block to the "
+          "first token; load: start_load_kv to the first layer's wait_for_layer_load returning (keys, submission, "
+          "copy);\nGB/s: restored bytes / load; dec/tok: decode time per token after a restore")
     print("  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (_k, h, w) in enumerate(cols)))
     for r in rows:
         print("  ".join(fmt(r[k], w) for k, _h, w in cols))
@@ -1599,6 +1604,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--server", help="umbp-server binary (default $UMBP_SERVER, else build/server/umbp-server)")
     ap.add_argument("--timeout", type=int, help="seconds per process")
+    ap.add_argument("--deadline", type=int, default=540,
+                    help="seconds for the whole run (the GPU tool's commands get 600); scenarios not started "
+                         "by then fail as not run")
     ap.add_argument("--out", help="result JSON (default $OUT/mini_engine.json when OUT is set)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--only", help="comma-separated scenario names (embedded, embedded-hnd-async, "
@@ -1662,11 +1670,23 @@ def main(argv=None):
     if args.only:
         want = set(args.only.split(","))
         plan = [x for x in plan if x[0] in want]
+    global DEADLINE
+    DEADLINE = now() + args.deadline
     results = []
     t0 = now()
+    meta = {"path": path, "connector": where, "preset": args.preset, "model_cfg": mc, "model": args.model,
+            "device": args.device, "umbp_library": umbp.library_path, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:
         for name, fn, kw in plan:
+            if DEADLINE - now() < 30:
+                results.append({"name": name, "mode": "-", "path": kw.get("path", path), "layout": "-",
+                                "load_async": None, "ok": False, "errors": [], "timings": {}, "info": {},
+                                "checks": [{"name": "run", "ok": False,
+                                            "detail": f"not started: the run's deadline ({args.deadline} s)"}]})
+                continue
             results.append(fn(args, mc, name, work, env, **kw))
+            write_json(out, dict(meta, ok=False, partial=True, skipped=None, summary=summary_rows(results),
+                                 scenarios=results))
     finally:
         ok = bool(results) and all(r["ok"] for r in results)
         rows = summary_rows(results)
@@ -1681,9 +1701,7 @@ def main(argv=None):
         npass = sum(c["ok"] for r in results for c in r["checks"])
         print(f"\n{'PASS' if ok else 'FAIL'}: {npass}/{n} checks in {len(results)} scenarios "
               f"({now() - t0:.0f} s)", flush=True)
-        write_json(out, {"ok": ok, "skipped": None, "path": path, "connector": where, "preset": args.preset,
-                         "model_cfg": mc, "model": args.model, "device": args.device, "umbp_library": umbp.library_path,
-                         "summary": rows, "scenarios": results, "date": time.strftime("%Y-%m-%d %H:%M:%S")})
+        write_json(out, dict(meta, ok=ok, partial=False, skipped=None, summary=rows, scenarios=results))
         if ok and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
