@@ -1556,7 +1556,8 @@ def print_table(rows):
     print("\nmedians; times in ms.  TTFT full: the engine's prefill (the last block in a step of its own) to the "
           "first token; 1-step: one forward of the whole prompt;\nTTFT rest: lookup + restore + the last block to the "
           "first token; load: start_load_kv to the first layer's wait_for_layer_load returning (keys, submission, "
-          "copy);\nGB/s: restored bytes / load; dec/tok: decode time per token after a restore")
+          "copy;\nasync loads: to the step that reports them finished); GB/s: restored bytes / load; dec/tok: decode "
+          "time per token after a restore")
     print("  ".join(h.ljust(w) if i < 3 else h.rjust(w) for i, (_k, h, w) in enumerate(cols)))
     for r in rows:
         print("  ".join(fmt(r[k], w) for k, _h, w in cols))
