@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The miniature engine of issue 7 on a GPU machine (mini_engine.py says what it
+# does): embedded and standalone scenarios, exit status 0 only if every check
+# passed, or "skipped: ..." and 0 where there is no CUDA device or no
+# transformers (CI).
+#
+#   connector/tests/gpu/run_mini_engine.sh [mini_engine.py options]   (default: --mode all)
+#
+# Environment: UMBP_LIBRARY (default build/libumbp.so), UMBP_SERVER (default
+# build/server/umbp-server), both relative to the repository unless absolute;
+# PYTHON (default python3); OUT: the results go to $OUT/mini_engine.json.
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../../.." && pwd)
+abs() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$repo/$1" ;; esac; }
+UMBP_LIBRARY=$(abs "${UMBP_LIBRARY:-build/libumbp.so}")
+UMBP_SERVER=$(abs "${UMBP_SERVER:-build/server/umbp-server}")
+export UMBP_LIBRARY UMBP_SERVER
+export PYTHONPATH="$repo/connector${PYTHONPATH:+:$PYTHONPATH}"
+py=${PYTHON:-python3}
+if ! command -v "$py" >/dev/null 2>&1; then
+  echo "skipped: no $py"
+  exit 0
+fi
+mode=0
+for a in "$@"; do
+  case $a in --mode | --mode=*) mode=1 ;; esac
+done
+[ "$mode" = 1 ] || set -- --mode all "$@"
+exec "$py" "$here/mini_engine.py" "$@"
