@@ -2,6 +2,10 @@
 send back.  Plain dataclasses of ints, strs, bytes, lists, sets and dicts, so
 vLLM may pickle or msgpack them across processes (no tensors, no handles).
 
+A plan's per-block data is packed in bytes, one object per field, so that
+neither side builds per-block Python objects: block hashes (n * hash_len
+bytes) and block ids (n int64).
+
 Block hashes travel, not keys: every worker derives its own rank's keys
 (one ``umbp.derive_keys`` call per plan), so the metadata does not grow with TP.
 """
@@ -10,33 +14,52 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ._compat import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 
+def ids_of(x) -> np.ndarray:
+    """Block ids of a plan field as int64: bytes of int64 (what the scheduler
+    sends) or a list of ints."""
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return np.frombuffer(x, dtype=np.int64)
+    return np.asarray(x, dtype=np.int64).reshape(-1)
+
+
+class _Plan:
+    @property
+    def num_blocks(self) -> int:
+        return len(self.hashes) // self.hash_len if self.hash_len else 0
+
+    def block_id_array(self) -> np.ndarray:
+        return ids_of(self.block_ids)
+
+
 @dataclasses.dataclass
-class LoadPlan:
-    """Restore ``len(block_ids)`` blocks of one request and KV cache group."""
+class LoadPlan(_Plan):
+    """Restore ``num_blocks`` blocks of one request and KV cache group."""
 
     req_id: str
     group: int  # vLLM group id (index into kv_cache_groups)
     hashes: bytes  # identity hashes, n * hash_len bytes
     hash_len: int
-    block_ids: list  # destination GPU block ids
-    report_ids: list  # block id to report (group 0's, see scheduler.py) when a position fails
+    block_ids: bytes  # destination GPU block ids: n int64 (or a list of ints)
+    report_ids: bytes  # per block, the id to report (group 0's, see scheduler.py) when it fails: n int64 (or a list)
     is_async: bool  # load between steps (reported in get_finished) or within this step
     epoch: int = 0  # the request's epoch (see StorePlan.epoch)
 
 
 @dataclasses.dataclass
-class StorePlan:
-    """Store ``len(block_ids)`` blocks of one request and group."""
+class StorePlan(_Plan):
+    """Store ``num_blocks`` blocks of one request and group."""
 
     plan_id: int
     req_id: str
     group: int
     hashes: bytes
     hash_len: int
-    block_ids: list
+    block_ids: bytes  # source GPU block ids: n int64 (or a list of ints)
     after_forward: bool  # True: written by this step's forward (submit in wait_for_save)
     #: the request's epoch: a worker whose load of the request failed skips the
     #: request's stores up to that load's epoch (their source blocks were
