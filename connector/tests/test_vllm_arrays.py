@@ -143,6 +143,24 @@ def test_block_ids_arrays_accepts_every_form():
     assert SCH.block_ids_arrays(None) == []
 
 
+def test_plan_keys_equal_the_workers_derivation():
+    import umbp
+    from umbp.vllm.metadata import StorePlan
+
+    ns = umbp.Namespace.derive("m", "", 16, "NHD", "float32")
+    hs = np.frombuffer(os.urandom(10 * 32), dtype=np.uint8).reshape(10, 32)
+    keys = [umbp.derive_keys(ns, rank=(r, 0, 0, 0), group=1, hashes=hs) for r in range(2)]
+    plan = StorePlan(1, "r", 1, hs.tobytes(), 32, np.arange(10, dtype=np.int64).tobytes(), True,
+                     keys=np.stack(keys).tobytes())
+    for r in range(2):
+        assert (plan.keys_of(r, 2) == keys[r]).all()
+    assert plan.keys_of(0, 4) is None  # another world size: derive
+    assert plan.num_blocks == 10 and plan.block_id_array().tolist() == list(range(10))
+    import pickle
+
+    assert pickle.loads(pickle.dumps(plan)) == plan
+
+
 # ---- harness scenarios ----------------------------------------------------------------
 
 NB = 40
@@ -240,3 +258,12 @@ def test_keys_are_derived_once_from_the_first_lookups_local_k():
         for (r, gi), w in want.items():
             assert (s._keys(st, r, gi, lo, hi) == w[lo:hi]).all()
     assert sum(derived) == 20 * 4  # each key of each (rank, group) once
+    assert s._plan_keys(st, 1, slice(3, 8)) == want[(0, 1)][3:8].tobytes() + want[(1, 1)][3:8].tobytes()
+    idx = np.array([1, 4, 19])
+    assert s._plan_keys(st, 0, idx) == want[(0, 0)][idx].tobytes() + want[(1, 0)][idx].tobytes()
+    st2 = SCH._Req(None)
+    st2.hashes = st.hashes
+    s._keys(st2, 0, 0, 5, 10)
+    s._keys(st2, 1, 0, 5, 10)
+    assert s._plan_keys(st2, 0, slice(4, 8)) is None and s._plan_keys(st2, 0, slice(5, 11)) is None
+    assert s._plan_keys(st2, 0, slice(5, 10)) is not None and s._plan_keys(st2, 1, slice(5, 10)) is None

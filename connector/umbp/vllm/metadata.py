@@ -4,10 +4,13 @@ vLLM may pickle or msgpack them across processes (no tensors, no handles).
 
 A plan's per-block data is packed in bytes, one object per field, so that
 neither side builds per-block Python objects: block hashes (n * hash_len
-bytes) and block ids (n int64).
+bytes), block ids (n int64), and the keys when the scheduler has them.
 
-Block hashes travel, not keys: every worker derives its own rank's keys
-(one ``umbp.derive_keys`` call per plan), so the metadata does not grow with TP.
+Block hashes always travel; keys travel when the scheduler's lookups have
+already derived them for the plan's blocks (every rank's: world * n * 32
+bytes), so a worker does not derive them again (loads of a hit, stores of
+blocks looked up); otherwise each worker derives its own rank's keys (one
+``umbp.derive_keys`` call per plan).
 """
 
 from __future__ import annotations
@@ -35,6 +38,16 @@ class _Plan:
     def block_id_array(self) -> np.ndarray:
         return ids_of(self.block_ids)
 
+    def keys_of(self, rank: int, world: int):
+        """uint8 (n, 32) of this rank from ``keys``, or None (derive them)."""
+        if self.keys is None:
+            return None
+        n = self.num_blocks
+        a = np.frombuffer(self.keys, dtype=np.uint8)
+        if a.size != world * n * 32:
+            return None
+        return a.reshape(world, n, 32)[rank]
+
 
 @dataclasses.dataclass
 class LoadPlan(_Plan):
@@ -48,6 +61,7 @@ class LoadPlan(_Plan):
     report_ids: bytes  # per block, the id to report (group 0's, see scheduler.py) when it fails: n int64 (or a list)
     is_async: bool  # load between steps (reported in get_finished) or within this step
     epoch: int = 0  # the request's epoch (see StorePlan.epoch)
+    keys: bytes | None = None  # every rank's keys, (world, n, 32) uint8; None: workers derive them
 
 
 @dataclasses.dataclass
@@ -66,6 +80,7 @@ class StorePlan(_Plan):
     #: computed from bad KV); the scheduler bumps the epoch once it has seen
     #: the failure and recomputes
     epoch: int = 0
+    keys: bytes | None = None  # as LoadPlan.keys
 
 
 @dataclasses.dataclass

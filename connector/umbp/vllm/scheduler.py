@@ -161,6 +161,11 @@ def _sel_first(sel) -> int:
     return sel.start if isinstance(sel, slice) else int(sel[0])
 
 
+def _sel_end(sel) -> int:
+    """One past the last position."""
+    return sel.stop if isinstance(sel, slice) else int(sel[-1]) + 1
+
+
 def _sel_list(sel):
     return range(sel.start, sel.stop) if isinstance(sel, slice) else sel.tolist()
 
@@ -307,6 +312,21 @@ class UMBPScheduler:
         if end < hi:
             k.extend(derive(end, hi))
         return k.buf[lo - k.base:hi - k.base]
+
+    def _plan_keys(self, st: _Req, gi: int, sel):
+        """Every rank's keys of positions sel of group index gi, as bytes of
+        (world, n, 32), when the lookups already derived them; else None (each
+        worker derives its own)."""
+        first, end = _sel_first(sel), _sel_end(sel)
+        with self.keys_lock:
+            ks = [st.keys.get((r, gi)) for r in range(self.world)]
+            if any(k is None or k.base > first or k.base + k.n < end for k in ks):
+                return None
+            out = []
+            for k in ks:
+                i = slice(sel.start - k.base, sel.stop - k.base) if isinstance(sel, slice) else sel - k.base
+                out.append(k.buf[i].tobytes())
+            return out[0] if len(out) == 1 else b"".join(out)
 
     def _match(self, st: _Req, local_k: int, kmax: int) -> tuple:
         """Longest k in [local_k, kmax] such that every rank holds every block
@@ -467,7 +487,7 @@ class UMBPScheduler:
                     continue
                 sel, dst, rep = idx + a, dst[idx], rep[idx]
             self.queued_loads.append(LoadPlan(rid, g.index, hs[sel].tobytes(), hl, dst.tobytes(), rep.tobytes(),
-                                              is_async, st.epoch))
+                                              is_async, st.epoch, keys=self._plan_keys(st, gi, sel)))
         if is_async:
             st.load_state = "queued"
             self.queued_async_ids.add(rid)
@@ -537,7 +557,7 @@ class UMBPScheduler:
         pid = self.next_plan_id
         self.next_plan_id += 1
         out.append(StorePlan(pid, rid, g.index, hs[sel].tobytes(), hs.shape[1], dst.tobytes(), after_forward,
-                             st.epoch))
+                             st.epoch, keys=self._plan_keys(st, gi, sel)))
         st.inflight.add(pid)
         self.plans[pid] = (rid, g.index, _sel_first(sel))
         if self.events is not None:

@@ -214,6 +214,11 @@ class UMBPWorker:
         return ev
 
     def _keys(self, plan):
+        """This rank's keys of a plan: the scheduler's (derived for its
+        lookups) when the plan carries them, else derived here."""
+        k = plan.keys_of(self.rank, self.topo.world_size)
+        if k is not None:
+            return k
         return self.umbp.derive_keys(self.ns, rank=self.rank_id, group=plan.group, hashes=plan.hashes,
                                      hash_len=plan.hash_len)
 
