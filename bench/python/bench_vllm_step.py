@@ -28,7 +28,7 @@ plan, lookup, load); only the hooks whose work grows with the number of
 blocks are held to it.
 
 Usage: /usr/bin/python3 bench/python/bench_vllm_step.py [--blocks 512] [--rounds 30]
-       [--tp 1,2] [--load sync|async] [--profile HOOK]
+       [--tp 1,2] [--load sync|async] [--lookup-async] [--profile HOOK]
 """
 import argparse
 import collections
@@ -135,13 +135,14 @@ def _wrap(name):
     setattr(C.UMBPConnector, name, g)
 
 
-def run(tp, nb, rounds, warmup, load, profile):
+def run(tp, nb, rounds, warmup, load, profile, lookup_async=False):
     times.clear()
     c_by_name.clear()
     state["profile"] = profile
     state["prof"] = cProfile.Profile() if profile else None
     cfg = HarnessConfig(groups=[(FULL, 2, 0)], num_blocks=nb * 2 + 8, max_num_batched_tokens=nb * 16 + 64,
-                        tp=tp, extra={"capacity_bytes": "512MiB", "load_async": load == "async"})
+                        tp=tp, extra={"capacity_bytes": "512MiB", "load_async": load == "async",
+                                      "lookup_async": lookup_async})
     e = Engine(cfg)
     rng = random.Random(1)
     try:
@@ -174,6 +175,8 @@ def main():
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--load", choices=("async", "sync"), default="async",
                     help="load_async option (default: async, the connector's default)")
+    ap.add_argument("--lookup-async", action="store_true",
+                    help="lookup_async option: lookups on the connector's thread pool")
     ap.add_argument("--profile", metavar="HOOK", help="cProfile this hook (counted calls) and print the top")
     args = ap.parse_args()
     for h in HOOKS:
@@ -182,10 +185,11 @@ def main():
     _wrap_c()
     print(f"umbp vLLM connector, Python time per hook call: {args.blocks}-block request "
           f"({args.blocks * 16} tokens, block size 16), load_async={args.load == 'async'}, "
+          f"lookup_async={args.lookup_async}, "
           f"{args.rounds - args.warmup} rounds; library {umbp.library_path}")
     worst = {}
     for tp in (int(x) for x in args.tp.split(",")):
-        t, prof = run(tp, args.blocks, args.rounds, args.warmup, args.load, args.profile)
+        t, prof = run(tp, args.blocks, args.rounds, args.warmup, args.load, args.profile, args.lookup_async)
         print(f"\nTP={tp} (in-process workers)")
         print(f"  {'phase':5s} {'hook':34s} {'calls/rnd':>9s} {'median':>8s} {'heaviest':>9s} {'of it C':>8s} "
               f"{'max':>8s}  target")
