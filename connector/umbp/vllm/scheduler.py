@@ -269,7 +269,15 @@ class UMBPScheduler:
 
     def _identity(self, st: _Req, upto: int) -> np.ndarray:
         """Identity hashes of block positions [0, upto), uint8 (n >= upto,
-        hash_len): only the hashes new since the last call are appended."""
+        hash_len): only the hashes new since the last call are appended
+        (under keys_lock: a lookup on the pool may extend them too)."""
+        hs = st.hashes
+        if hs.n < upto:
+            with self.keys_lock:
+                self._extend_identity(st, upto)
+        return hs.a
+
+    def _extend_identity(self, st: _Req, upto: int):
         hs = st.hashes
         if hs.n < upto:
             bh = st.request.block_hashes
@@ -287,7 +295,6 @@ class UMBPScheduler:
                     if len(buf) != hl * len(new):
                         raise ValueError("umbp: a request's block hashes differ in length")
                 hs.extend(np.frombuffer(buf, dtype=np.uint8).reshape(len(new), hl))
-        return hs.a
 
     def _num_blocks_hashed(self, request) -> int:
         return len(getattr(request, "block_hashes", None) or ()) // self.scale
@@ -334,6 +341,7 @@ class UMBPScheduler:
         quarantined).  May run on the lookup pool."""
         n = kmax - local_k
         G = len(self.groups)
+        self._identity(st, kmax)
         with self.keys_lock:
             parts = [self._keys(st, r, gi, local_k, kmax) for r in range(self.world) for gi in range(G)]
         rows = parts[0][None] if len(parts) == 1 else np.stack(parts)  # (ranks x groups, n, 32)
@@ -413,7 +421,6 @@ class UMBPScheduler:
         if st is None:
             st = self.reqs[rid] = _Req(request)
         st.request = request
-        self._identity(st, kmax)
         if self.pool is not None:
             key = (local_k, kmax, self.clear_epoch)
             cur = self.lookups.get(rid)
