@@ -151,10 +151,13 @@ def test_plan_keys_equal_the_workers_derivation():
     hs = np.frombuffer(os.urandom(10 * 32), dtype=np.uint8).reshape(10, 32)
     keys = [umbp.derive_keys(ns, rank=(r, 0, 0, 0), group=1, hashes=hs) for r in range(2)]
     plan = StorePlan(1, "r", 1, hs.tobytes(), 32, np.arange(10, dtype=np.int64).tobytes(), True,
-                     keys=np.stack(keys).tobytes())
+                     keys=np.stack(keys).tobytes(), key_blocks=10)
     for r in range(2):
         assert (plan.keys_of(r, 2) == keys[r]).all()
     assert plan.keys_of(0, 4) is None  # another world size: derive
+    part = StorePlan(2, "r", 1, hs.tobytes(), 32, b"", True, keys=np.stack([k[:7] for k in keys]).tobytes(),
+                     key_blocks=7)
+    assert (part.keys_of(1, 2) == keys[1][:7]).all()
     assert plan.num_blocks == 10 and plan.block_id_array().tolist() == list(range(10))
     import pickle
 
@@ -258,12 +261,45 @@ def test_keys_are_derived_once_from_the_first_lookups_local_k():
         for (r, gi), w in want.items():
             assert (s._keys(st, r, gi, lo, hi) == w[lo:hi]).all()
     assert sum(derived) == 20 * 4  # each key of each (rank, group) once
-    assert s._plan_keys(st, 1, slice(3, 8)) == want[(0, 1)][3:8].tobytes() + want[(1, 1)][3:8].tobytes()
+    def pk(*a):
+        d = s._plan_keys(*a)
+        return d and (d["keys"], d["key_blocks"])
+
+    assert pk(st, 1, slice(3, 8)) == (want[(0, 1)][3:8].tobytes() + want[(1, 1)][3:8].tobytes(), 5)
     idx = np.array([1, 4, 19])
-    assert s._plan_keys(st, 0, idx) == want[(0, 0)][idx].tobytes() + want[(1, 0)][idx].tobytes()
+    assert pk(st, 0, idx) == (want[(0, 0)][idx].tobytes() + want[(1, 0)][idx].tobytes(), 3)
     st2 = SCH._Req(None)
     st2.hashes = st.hashes
     s._keys(st2, 0, 0, 5, 10)
     s._keys(st2, 1, 0, 5, 10)
-    assert s._plan_keys(st2, 0, slice(4, 8)) is None and s._plan_keys(st2, 0, slice(5, 11)) is None
-    assert s._plan_keys(st2, 0, slice(5, 10)) is not None and s._plan_keys(st2, 1, slice(5, 10)) is None
+    # only rank 0 and 1 of group 0, positions [5, 10): the leading covered part
+    w0 = {r: umbp.derive_keys(ns, rank=s.rank_ids[r], group=0, hashes=st.hashes.a) for r in range(2)}
+    assert pk(st2, 0, slice(4, 8)) == {}  # its first block has no key
+    assert pk(st2, 0, slice(5, 12)) == (w0[0][5:10].tobytes() + w0[1][5:10].tobytes(), 5)
+    assert pk(st2, 0, np.array([6, 9, 11])) == (w0[0][[6, 9]].tobytes() + w0[1][[6, 9]].tobytes(), 2)
+    assert pk(st2, 0, slice(10, 12)) == {}
+    assert pk(st2, 1, slice(5, 10)) == {}  # group 1 was never looked up
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2-inproc"])
+def test_a_plan_with_keys_of_its_first_blocks_only(tp):
+    """A 96-token prompt is looked up for 5 blocks (the last token is always
+    computed) but stores 6: its store plan carries the keys of 5, each worker
+    derives the 6th; a later request finds all 6."""
+    prompt = S.PROMPT[:96]
+    plans = []
+
+    def note(so):
+        plans.extend(so.kv_connector_metadata.stores)
+
+    with S.engine(tp=tp) as e:
+        e.add("A", prompt, 2)
+        e.run(before_execute=note)
+        assert [(p.num_blocks, p.key_blocks) for p in plans] == [(4, 4), (2, 1)]  # two prefill chunks of 64
+        for w in e.workers:
+            w.poison(-7.0)
+        e.add("B", prompt + [7, 8, 9], 2)
+        e.run()
+        e.check_outputs({"A": prompt, "B": prompt + [7, 8, 9]}, 2)
+        assert e.matched("B")[1] == 96 and not e.bad
+        e.check_clean()

@@ -6,11 +6,11 @@ A plan's per-block data is packed in bytes, one object per field, so that
 neither side builds per-block Python objects: block hashes (n * hash_len
 bytes), block ids (n int64), and the keys when the scheduler has them.
 
-Block hashes always travel; keys travel when the scheduler's lookups have
-already derived them for the plan's blocks (every rank's: world * n * 32
-bytes), so a worker does not derive them again (loads of a hit, stores of
-blocks looked up); otherwise each worker derives its own rank's keys (one
-``umbp.derive_keys`` call per plan).
+Block hashes always travel.  Keys travel for the leading blocks of a plan
+whose keys the scheduler's lookups already derived (every rank's: world * m
+* 32 bytes), so a worker does not derive them again (loads of a hit, stores
+of blocks looked up); a worker derives its own rank's keys of the rest (one
+``umbp.derive_keys`` call per plan, none when all came).
 """
 
 from __future__ import annotations
@@ -39,14 +39,13 @@ class _Plan:
         return ids_of(self.block_ids)
 
     def keys_of(self, rank: int, world: int):
-        """uint8 (n, 32) of this rank from ``keys``, or None (derive them)."""
-        if self.keys is None:
+        """This rank's keys of the plan's first key_blocks blocks: uint8
+        (key_blocks, 32) (the worker derives the rest); None when the plan
+        carries none (or was built for another world size)."""
+        m = self.key_blocks
+        if not self.keys or not 0 < m <= self.num_blocks or len(self.keys) != world * m * 32:
             return None
-        n = self.num_blocks
-        a = np.frombuffer(self.keys, dtype=np.uint8)
-        if a.size != world * n * 32:
-            return None
-        return a.reshape(world, n, 32)[rank]
+        return np.frombuffer(self.keys, dtype=np.uint8).reshape(world, m, 32)[rank]
 
 
 @dataclasses.dataclass
@@ -61,7 +60,10 @@ class LoadPlan(_Plan):
     report_ids: bytes  # per block, the id to report (group 0's, see scheduler.py) when it fails: n int64 (or a list)
     is_async: bool  # load between steps (reported in get_finished) or within this step
     epoch: int = 0  # the request's epoch (see StorePlan.epoch)
-    keys: bytes | None = None  # every rank's keys, (world, n, 32) uint8; None: workers derive them
+    #: every rank's keys of the first key_blocks blocks, (world, key_blocks,
+    #: 32) uint8; workers derive the others (all of them when None)
+    keys: bytes | None = None
+    key_blocks: int = 0
 
 
 @dataclasses.dataclass
@@ -81,7 +83,7 @@ class StorePlan(_Plan):
     #: the failure and recomputes
     epoch: int = 0
     keys: bytes | None = None  # as LoadPlan.keys
-
+    key_blocks: int = 0
 
 @dataclasses.dataclass
 class UMBPConnectorMetadata(KVConnectorMetadata):

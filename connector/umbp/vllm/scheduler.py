@@ -161,11 +161,6 @@ def _sel_first(sel) -> int:
     return sel.start if isinstance(sel, slice) else int(sel[0])
 
 
-def _sel_end(sel) -> int:
-    """One past the last position."""
-    return sel.stop if isinstance(sel, slice) else int(sel[-1]) + 1
-
-
 def _sel_list(sel):
     return range(sel.start, sel.stop) if isinstance(sel, slice) else sel.tolist()
 
@@ -320,20 +315,29 @@ class UMBPScheduler:
             k.extend(derive(end, hi))
         return k.buf[lo - k.base:hi - k.base]
 
-    def _plan_keys(self, st: _Req, gi: int, sel):
-        """Every rank's keys of positions sel of group index gi, as bytes of
-        (world, n, 32), when the lookups already derived them; else None (each
-        worker derives its own)."""
-        first, end = _sel_first(sel), _sel_end(sel)
+    def _plan_keys(self, st: _Req, gi: int, sel) -> dict:
+        """Every rank's keys of the leading positions of sel (group index gi)
+        that the lookups already derived: the plan fields keys (bytes of
+        (world, m, 32)) and key_blocks (m); empty when there are none (each
+        worker derives what a plan lacks)."""
+        first = _sel_first(sel)
         with self.keys_lock:
             ks = [st.keys.get((r, gi)) for r in range(self.world)]
-            if any(k is None or k.base > first or k.base + k.n < end for k in ks):
-                return None
-            out = []
-            for k in ks:
-                i = slice(sel.start - k.base, sel.stop - k.base) if isinstance(sel, slice) else sel - k.base
-                out.append(k.buf[i].tobytes())
-            return out[0] if len(out) == 1 else b"".join(out)
+            if any(k is None or k.base > first for k in ks):
+                return {}
+            cover = min(k.base + k.n for k in ks)  # positions below are derived for every rank
+            if isinstance(sel, slice):
+                m = min(sel.stop, cover) - first
+                if m <= 0:
+                    return {}
+                parts = [k.buf[first - k.base:first - k.base + m] for k in ks]
+            else:
+                m = int(np.searchsorted(sel, cover))
+                if not m:
+                    return {}
+                parts = [k.buf[sel[:m] - k.base] for k in ks]
+            keys = parts[0].tobytes() if len(parts) == 1 else b"".join([x.tobytes() for x in parts])
+            return {"keys": keys, "key_blocks": m}
 
     def _match(self, st: _Req, local_k: int, kmax: int) -> tuple:
         """Longest k in [local_k, kmax] such that every rank holds every block
@@ -494,7 +498,7 @@ class UMBPScheduler:
                     continue
                 sel, dst, rep = idx + a, dst[idx], rep[idx]
             self.queued_loads.append(LoadPlan(rid, g.index, hs[sel].tobytes(), hl, dst.tobytes(), rep.tobytes(),
-                                              is_async, st.epoch, keys=self._plan_keys(st, gi, sel)))
+                                              is_async, st.epoch, **self._plan_keys(st, gi, sel)))
         if is_async:
             st.load_state = "queued"
             self.queued_async_ids.add(rid)
@@ -564,7 +568,7 @@ class UMBPScheduler:
         pid = self.next_plan_id
         self.next_plan_id += 1
         out.append(StorePlan(pid, rid, g.index, hs[sel].tobytes(), hs.shape[1], dst.tobytes(), after_forward,
-                             st.epoch, keys=self._plan_keys(st, gi, sel)))
+                             st.epoch, **self._plan_keys(st, gi, sel)))
         st.inflight.add(pid)
         self.plans[pid] = (rid, g.index, _sel_first(sel))
         if self.events is not None:

@@ -215,12 +215,15 @@ class UMBPWorker:
 
     def _keys(self, plan):
         """This rank's keys of a plan: the scheduler's (derived for its
-        lookups) when the plan carries them, else derived here."""
+        lookups) for the blocks the plan carries keys of, derived here for
+        the rest."""
         k = plan.keys_of(self.rank, self.topo.world_size)
-        if k is not None:
+        m = 0 if k is None else len(k)
+        if m == plan.num_blocks:
             return k
-        return self.umbp.derive_keys(self.ns, rank=self.rank_id, group=plan.group, hashes=plan.hashes,
-                                     hash_len=plan.hash_len)
+        rest = self.umbp.derive_keys(self.ns, rank=self.rank_id, group=plan.group,
+                                     hashes=plan.hashes[m * plan.hash_len:], hash_len=plan.hash_len)
+        return rest if not m else np.concatenate([k, rest])
 
     def _handle_clear(self, meta):
         if meta.clear_epoch > self.cleared_epoch:
