@@ -132,6 +132,15 @@ def test_rows_grow():
     assert ids.a.tolist() == [3, 4, 5] and ids.a.dtype == np.int64
 
 
+def test_block_ids_convert_only_what_is_new():
+    ids = SCH._Ids([4, 5])
+    assert ids.array().tolist() == [4, 5]
+    ids.lst.extend([6])
+    a = ids.array()
+    assert a.tolist() == [4, 5, 6] and a.dtype == np.int64 and ids.arr.n == 3
+    assert SCH._Ids().array().tolist() == []
+
+
 def test_block_ids_arrays_accepts_every_form():
     class Blocks:
         def get_block_ids(self):

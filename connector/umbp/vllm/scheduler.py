@@ -22,6 +22,7 @@ Semantics (docs/vllm.md has the user's view):
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import threading
 import time
 
@@ -51,10 +52,10 @@ def ids_array(x) -> np.ndarray:
     return np.fromiter(x, dtype=np.int64, count=len(x))
 
 
-def block_ids_arrays(ids) -> list:
-    """KVCacheBlocks.get_block_ids() (a tuple of lists, one per vLLM group),
-    such a tuple, or an old single-group list: a list of int64 arrays, one
-    per group."""
+def _group_lists(ids) -> list:
+    """A request's block ids as vLLM hands them (KVCacheBlocks, a tuple of
+    lists per group, or an old single-group list): a list of per-group
+    sequences (not copied)."""
     if ids is None:
         return []
     if hasattr(ids, "get_block_ids"):
@@ -62,8 +63,14 @@ def block_ids_arrays(ids) -> list:
         if ids is None:
             return []
     if len(ids) and not isinstance(ids[0], (list, tuple, np.ndarray)):
-        return [ids_array(ids)]  # an old single-group list
-    return [ids_array(x) for x in ids]
+        return [ids]  # an old single-group list
+    return list(ids)
+
+
+def block_ids_arrays(ids) -> list:
+    """A request's block ids as vLLM hands them: a list of int64 arrays, one
+    per group."""
+    return [ids_array(x) for x in _group_lists(ids)]
 
 
 class Rows:
@@ -99,6 +106,24 @@ class Rows:
             self.buf = buf
         self.buf[self.n:self.n + m] = x
         self.n += m
+
+
+class _Ids:
+    """One group's block ids of a request: vLLM's list (appended to as the
+    request grows) and its int64 array, converted when a plan needs it and
+    then only for the ids added since (decode steps add one at a time)."""
+
+    __slots__ = ("lst", "arr")
+
+    def __init__(self, x=()):
+        self.lst = list(x)
+        self.arr = Rows(_EMPTY_IDS)
+
+    def array(self) -> np.ndarray:
+        n, have = len(self.lst), self.arr.n
+        if have < n:
+            self.arr.extend(np.fromiter(itertools.islice(self.lst, have, None), dtype=np.int64, count=n - have))
+        return self.arr.a
 
 
 def _fold64(rows: np.ndarray) -> np.ndarray:
@@ -171,7 +196,7 @@ class _Req:
 
     def __init__(self, request):
         self.request = request
-        self.block_ids: list | None = None  # per vLLM group: Rows of the request's GPU block ids
+        self.block_ids: list | None = None  # per vLLM group: _Ids of the request's GPU block ids
         self.stored_upto = 0  # block positions below are stored, hit, or skipped
         self.started = False
         self.inflight: set = set()  # store plan ids not yet done on every worker
@@ -531,7 +556,7 @@ class UMBPScheduler:
             ids = st.block_ids
             if hi <= lo or not ids:
                 return
-            ids = [x.a for x in ids]
+            ids = [x.array() for x in ids]
         if hi <= lo or not ids:
             return
         hs = self._identity(st, hi)
@@ -595,17 +620,17 @@ class UMBPScheduler:
                 if self.groups[gi].kind == FULL:
                     self._emit_store(st, rid, gi, sel, dst, out, False)
 
-    def _set_block_ids(self, st: _Req, ids):
+    def _set_block_ids(self, st: _Req, groups):
         """The request's block ids from a scheduled request's (all of them)."""
-        st.block_ids = [Rows(ids_array(x)) for x in ids]
+        st.block_ids = [_Ids(x) for x in groups]
 
-    def _add_block_ids(self, st: _Req, new_ids):
+    def _add_block_ids(self, st: _Req, groups):
         """Appends a cached request's new block ids (per group)."""
-        while len(st.block_ids) < len(new_ids):
-            st.block_ids.append(Rows(_EMPTY_IDS))
-        for gi, x in enumerate(new_ids):
+        while len(st.block_ids) < len(groups):
+            st.block_ids.append(_Ids())
+        for gi, x in enumerate(groups):
             if len(x):
-                st.block_ids[gi].extend(ids_array(x))
+                st.block_ids[gi].lst.extend(x)
 
     def build_connector_meta(self, so) -> UMBPConnectorMetadata:
         self.step += 1
@@ -617,7 +642,7 @@ class UMBPScheduler:
             st = self.reqs.get(nr.req_id)
             if st is None:
                 continue
-            self._set_block_ids(st, block_ids_arrays(nr.block_ids))
+            self._set_block_ids(st, _group_lists(nr.block_ids))
             nct = int(nr.num_computed_tokens)
             if not st.started:
                 st.started = True
@@ -628,9 +653,9 @@ class UMBPScheduler:
             st = self.reqs.get(rid)
             if st is None:
                 continue
-            new_ids = block_ids_arrays(new_ids) if new_ids is not None else None
+            new_ids = _group_lists(new_ids) if new_ids is not None else None
             if resumed or st.block_ids is None:
-                self._set_block_ids(st, new_ids if new_ids else [_EMPTY_IDS] * self.num_vllm_groups)
+                self._set_block_ids(st, new_ids if new_ids else [()] * self.num_vllm_groups)
             elif new_ids:
                 self._add_block_ids(st, new_ids)
             if not st.started:
