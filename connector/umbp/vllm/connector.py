@@ -49,7 +49,7 @@ from . import _compat
 from ._compat import (KVConnectorBase_V1, KVConnectorRole, SupportsHMA, get_logger)
 from .metadata import UMBPConnectorMetadata
 from .options import ConnectorOptions, UMBPConfigError, requires_piecewise
-from .scheduler import UMBPScheduler, block_ids_tuple
+from .scheduler import UMBPScheduler
 from .stats import UMBPConnectorStats, UMBPPromMetrics
 from .worker import UMBPWorker
 
@@ -194,10 +194,10 @@ class UMBPConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler.update_connector_output(connector_output)
 
     def request_finished(self, request, block_ids):
-        return self._scheduler.request_finished(request, block_ids_tuple(block_ids))
+        return self._scheduler.request_finished(request, block_ids)
 
     def request_finished_all_groups(self, request, block_ids):
-        return self._scheduler.request_finished(request, block_ids_tuple(block_ids))
+        return self._scheduler.request_finished(request, block_ids)
 
     def take_events(self):
         return self._scheduler.take_events() if self._scheduler is not None else ()

@@ -2,48 +2,88 @@
 send back.  Plain dataclasses of ints, strs, bytes, lists, sets and dicts, so
 vLLM may pickle or msgpack them across processes (no tensors, no handles).
 
-Block hashes travel, not keys: every worker derives its own rank's keys
-(one ``umbp.derive_keys`` call per plan), so the metadata does not grow with TP.
+A plan's per-block data is packed in bytes, one object per field, so that
+neither side builds per-block Python objects: block hashes (n * hash_len
+bytes), block ids (n int64), and the keys when the scheduler has them.
+
+Block hashes always travel.  Keys travel for the leading blocks of a plan
+whose keys the scheduler's lookups already derived (every rank's: world * m
+* 32 bytes), so a worker does not derive them again (loads of a hit, stores
+of blocks looked up); a worker derives its own rank's keys of the rest (one
+``umbp.derive_keys`` call per plan, none when all came).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ._compat import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 
+def ids_of(x) -> np.ndarray:
+    """Block ids of a plan field as int64: bytes of int64 (what the scheduler
+    sends) or a list of ints."""
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return np.frombuffer(x, dtype=np.int64)
+    return np.asarray(x, dtype=np.int64).reshape(-1)
+
+
+class _Plan:
+    @property
+    def num_blocks(self) -> int:
+        return len(self.hashes) // self.hash_len if self.hash_len else 0
+
+    def block_id_array(self) -> np.ndarray:
+        return ids_of(self.block_ids)
+
+    def keys_of(self, rank: int, world: int):
+        """This rank's keys of the plan's first key_blocks blocks: uint8
+        (key_blocks, 32) (the worker derives the rest); None when the plan
+        carries none (or was built for another world size)."""
+        m = self.key_blocks
+        if not self.keys or not 0 < m <= self.num_blocks or len(self.keys) != world * m * 32:
+            return None
+        return np.frombuffer(self.keys, dtype=np.uint8).reshape(world, m, 32)[rank]
+
+
 @dataclasses.dataclass
-class LoadPlan:
-    """Restore ``len(block_ids)`` blocks of one request and KV cache group."""
+class LoadPlan(_Plan):
+    """Restore ``num_blocks`` blocks of one request and KV cache group."""
 
     req_id: str
     group: int  # vLLM group id (index into kv_cache_groups)
     hashes: bytes  # identity hashes, n * hash_len bytes
     hash_len: int
-    block_ids: list  # destination GPU block ids
-    report_ids: list  # block id to report (group 0's, see scheduler.py) when a position fails
+    block_ids: bytes  # destination GPU block ids: n int64 (or a list of ints)
+    report_ids: bytes  # per block, the id to report (group 0's, see scheduler.py) when it fails: n int64 (or a list)
     is_async: bool  # load between steps (reported in get_finished) or within this step
     epoch: int = 0  # the request's epoch (see StorePlan.epoch)
+    #: every rank's keys of the first key_blocks blocks, (world, key_blocks,
+    #: 32) uint8; workers derive the others (all of them when None)
+    keys: bytes | None = None
+    key_blocks: int = 0
 
 
 @dataclasses.dataclass
-class StorePlan:
-    """Store ``len(block_ids)`` blocks of one request and group."""
+class StorePlan(_Plan):
+    """Store ``num_blocks`` blocks of one request and group."""
 
     plan_id: int
     req_id: str
     group: int
     hashes: bytes
     hash_len: int
-    block_ids: list
+    block_ids: bytes  # source GPU block ids: n int64 (or a list of ints)
     after_forward: bool  # True: written by this step's forward (submit in wait_for_save)
     #: the request's epoch: a worker whose load of the request failed skips the
     #: request's stores up to that load's epoch (their source blocks were
     #: computed from bad KV); the scheduler bumps the epoch once it has seen
     #: the failure and recomputes
     epoch: int = 0
-
+    keys: bytes | None = None  # as LoadPlan.keys
+    key_blocks: int = 0
 
 @dataclasses.dataclass
 class UMBPConnectorMetadata(KVConnectorMetadata):

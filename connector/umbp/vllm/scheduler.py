@@ -22,6 +22,7 @@ Semantics (docs/vllm.md has the user's view):
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import threading
 import time
 
@@ -38,19 +39,155 @@ from .stats import UMBPConnectorStats
 log = _compat.get_logger("umbp.vllm.scheduler")
 
 
-def block_ids_tuple(ids) -> tuple:
-    """KVCacheBlocks.get_block_ids() (tuple of lists per group) or an old
-    single-group list, as a tuple of lists."""
+_EMPTY_IDS = np.zeros(0, dtype=np.int64)
+
+
+def ids_array(x) -> np.ndarray:
+    """One group's block ids (a list of ints from vLLM) as an int64 array:
+    one np.fromiter, no per-id Python work."""
+    if isinstance(x, np.ndarray):
+        return x.astype(np.int64, copy=False)
+    if not x:
+        return _EMPTY_IDS
+    return np.fromiter(x, dtype=np.int64, count=len(x))
+
+
+def _group_lists(ids) -> list:
+    """A request's block ids as vLLM hands them (KVCacheBlocks, a tuple of
+    lists per group, or an old single-group list): a list of per-group
+    sequences (not copied)."""
     if ids is None:
-        return ()
+        return []
     if hasattr(ids, "get_block_ids"):
         ids = ids.get_block_ids()
         if ids is None:
-            return ()
-    ids = tuple(ids)
-    if ids and not isinstance(ids[0], (list, tuple)):
-        return (list(ids),)
-    return tuple(list(x) for x in ids)
+            return []
+    if len(ids) and not isinstance(ids[0], (list, tuple, np.ndarray)):
+        return [ids]  # an old single-group list
+    return list(ids)
+
+
+def block_ids_arrays(ids) -> list:
+    """A request's block ids as vLLM hands them: a list of int64 arrays, one
+    per group."""
+    return [ids_array(x) for x in _group_lists(ids)]
+
+
+class Rows:
+    """An array grown along its first axis (capacity doubles): a request's
+    identity hashes (n, hash_len), its keys of one (rank, group) (n, 32), or
+    one group's block ids (n,).  ``a`` is the filled part (a view); row 0 is
+    block position ``base``."""
+
+    __slots__ = ("buf", "n", "base")
+
+    def __init__(self, a: np.ndarray | None = None, base: int = 0):
+        self.buf = a
+        self.n = 0 if a is None else len(a)
+        self.base = base
+
+    @property
+    def a(self) -> np.ndarray:
+        # n before buf: extend() replaces buf before it raises n, so a reader
+        # on another thread (the lookup pool) never sees n rows of a shorter buf
+        n = self.n
+        buf = self.buf
+        return buf[:n] if buf is not None else _EMPTY_IDS
+
+    def extend(self, x: np.ndarray):
+        m = len(x)
+        if not m:
+            return
+        if self.buf is None:
+            self.buf = np.empty((max(m, 16),) + x.shape[1:], dtype=x.dtype)
+        elif self.n + m > len(self.buf):
+            buf = np.empty((max(2 * len(self.buf), self.n + m),) + self.buf.shape[1:], dtype=self.buf.dtype)
+            buf[:self.n] = self.buf[:self.n]
+            self.buf = buf
+        self.buf[self.n:self.n + m] = x
+        self.n += m
+
+
+class _Ids:
+    """One group's block ids of a request: vLLM's list (appended to as the
+    request grows) and its int64 array, converted when a plan needs it and
+    then only for the ids added since (decode steps add one at a time)."""
+
+    __slots__ = ("lst", "arr")
+
+    def __init__(self, x=()):
+        self.lst = list(x)
+        self.arr = Rows(_EMPTY_IDS)
+
+    def array(self) -> np.ndarray:
+        n, have = len(self.lst), self.arr.n
+        if have < n:
+            self.arr.extend(np.fromiter(itertools.islice(self.lst, have, None), dtype=np.int64, count=n - have))
+        return self.arr.a
+
+
+def _fold64(rows: np.ndarray) -> np.ndarray:
+    """uint64 per row of a uint8 (n, w) array: its 8-byte words XORed."""
+    n, w = rows.shape
+    if w % 8:
+        pad = np.zeros((n, w + 8 - w % 8), dtype=np.uint8)
+        pad[:, :w] = rows
+        rows = pad
+    return np.bitwise_xor.reduce(np.ascontiguousarray(rows).view(np.uint64), axis=1)
+
+
+def rows_in(h: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """bool (len(h),): whether each row of h (uint8 (n, w)) is a row of s
+    (uint8 (m, w)); exact (candidates found by a 64-bit fold, then compared
+    byte for byte)."""
+    out = np.zeros(len(h), dtype=bool)
+    if not len(h) or not len(s):
+        return out
+    fh, fs = _fold64(h), _fold64(s)
+    order = np.argsort(fs, kind="stable")
+    fs = fs[order]
+    cand = np.flatnonzero(np.isin(fh, fs))
+    if not cand.size:
+        return out
+    lo = np.searchsorted(fs, fh[cand], "left")
+    hi = np.searchsorted(fs, fh[cand], "right")
+    if (hi - lo != 1).any():  # rows of s that share a fold: compare whole rows (slow, never seen)
+        v = np.dtype((np.void, h.shape[1]))
+        out[cand] = np.isin(np.ascontiguousarray(h[cand]).view(v).ravel(), np.ascontiguousarray(s).view(v).ravel())
+        return out
+    out[cand] = (h[cand] == s[order[lo]]).all(axis=1)
+    return out
+
+
+def report_ids(g0: np.ndarray, pos: np.ndarray, local_k: int) -> np.ndarray:
+    """The block id vLLM must see as failed when position p (each of pos,
+    all >= local_k) fails: vLLM scans the request's group-0 block ids and
+    recomputes from the first reported one, so report group 0's block at p,
+    or the nearest real one before it (not below local_k); the null block
+    when there is none (recomputes from the first null position: more than
+    needed, never wrong).  A running "last real index" (maximum.accumulate)."""
+    out = np.full(pos.shape, NULL_BLOCK_ID, dtype=np.int64)
+    n0 = len(g0)
+    if n0 <= local_k or not pos.size:
+        return out
+    seg = g0[local_k:min(n0, int(pos.max()) + 1)]
+    idx = np.arange(seg.size)
+    last = np.maximum.accumulate(np.where(seg != NULL_BLOCK_ID, idx, -1))
+    j = last[np.minimum(pos, n0 - 1) - local_k]
+    real = j >= 0
+    out[real] = seg[j[real]]
+    return out
+
+
+# A plan's block positions: a slice when they are a contiguous run (the
+# common case: numpy views, no index arrays), else an ascending int64 array.
+
+def _sel_first(sel) -> int:
+    return sel.start if isinstance(sel, slice) else int(sel[0])
+
+
+def _sel_list(sel):
+    return range(sel.start, sel.stop) if isinstance(sel, slice) else sel.tolist()
 
 
 class _Req:
@@ -59,16 +196,16 @@ class _Req:
 
     def __init__(self, request):
         self.request = request
-        self.block_ids: list | None = None  # per vLLM group: the request's GPU block ids
+        self.block_ids: list | None = None  # per vLLM group: _Ids of the request's GPU block ids
         self.stored_upto = 0  # block positions below are stored, hit, or skipped
         self.started = False
         self.inflight: set = set()  # store plan ids not yet done on every worker
         self.load_state: str | None = None  # async load: "queued" -> "sent" -> None
         self.finished = False
-        self.hashes: list = []  # identity hash per block position
-        self.keys: dict = {}  # (rank, group index) -> np uint8 (n, 32)
+        self.hashes = Rows()  # identity hash per block position: uint8 (n, hash_len)
+        self.keys: dict = {}  # (rank, group index) -> Rows uint8 (n, 32) of positions [base, base + n)
         self.epoch = 0  # bumped when a load of the request failed (see StorePlan.epoch)
-        self.load_range = None  # (local_k, k, group-0 block ids) of the last load
+        self.load_range = None  # (local_k, k, group-0 block ids array) of the last load
         # a synchronous load: stores built before step park_until wait in
         # `parked` until the scheduler has seen that step's load errors
         self.park_until = 0
@@ -131,6 +268,8 @@ class UMBPScheduler:
         self.lock = threading.Lock()
         self.keys_lock = threading.Lock()
         self.warned_lookup = False
+        self.full_gis = [gi for gi, g in enumerate(self.groups) if g.kind == FULL]
+        self.row_rank = np.repeat(np.arange(self.world, dtype=np.uint32), len(self.groups))
         log.info("umbp connector (scheduler): mode=%s namespace=%s groups=%s world=%d load=%s(%s) store=%s(%s)",
                  opts.mode, self.ns.hex, [(g.index, g.kind) for g in self.groups], self.world,
                  self.load_enabled, "async" if self.load_async else "sync", self.store_enabled,
@@ -148,31 +287,82 @@ class UMBPScheduler:
         return EmbeddedLookup(self.umbp, self.ns.hex, self.world, self.topo.dp_rank, o.lookup_dir,
                               o.lookup_instance, o.lookup_timeout_ms)
 
-    def _identity(self, st: _Req, upto: int) -> list:
-        """Identity hashes of block positions [0, upto) (extends the cache)."""
+    def _identity(self, st: _Req, upto: int) -> np.ndarray:
+        """Identity hashes of block positions [0, upto), uint8 (n >= upto,
+        hash_len): only the hashes new since the last call are appended
+        (under keys_lock: a lookup on the pool may extend them too)."""
         hs = st.hashes
-        if len(hs) < upto:
+        if hs.n < upto:
+            with self.keys_lock:
+                self._extend_identity(st, upto)
+        return hs.a
+
+    def _extend_identity(self, st: _Req, upto: int):
+        hs = st.hashes
+        if hs.n < upto:
             bh = st.request.block_hashes
             s = self.scale
-            new = bh[len(hs):upto] if s == 1 else bh[len(hs) * s + s - 1:upto * s:s]
-            if new and isinstance(new[0], bytes) and 1 <= len(new[0]) <= 64:
-                hs.extend(new)  # vLLM's BlockHash is bytes: no per-hash work
-            else:
-                hs.extend(hash_bytes(h) for h in new)
-        return hs
+            new = bh[hs.n:upto] if s == 1 else bh[hs.n * s + s - 1:upto * s:s]
+            if new:
+                h0 = new[0]
+                hl = hs.buf.shape[1] if hs.buf is not None else (
+                    len(h0) if isinstance(h0, bytes) and 1 <= len(h0) <= 64 else len(hash_bytes(h0)))
+                buf = b""
+                if isinstance(h0, bytes):
+                    buf = b"".join(new)  # vLLM's BlockHash is bytes: no per-hash Python work
+                if len(buf) != hl * len(new):  # not bytes (old vLLM), or not all of length hl
+                    buf = b"".join([hash_bytes(h) for h in new])
+                    if len(buf) != hl * len(new):
+                        raise ValueError("umbp: a request's block hashes differ in length")
+                hs.extend(np.frombuffer(buf, dtype=np.uint8).reshape(len(new), hl))
 
     def _num_blocks_hashed(self, request) -> int:
         return len(getattr(request, "block_hashes", None) or ()) // self.scale
 
-    def _keys(self, st: _Req, rank: int, gi: int, upto: int) -> np.ndarray:
+    def _keys(self, st: _Req, rank: int, gi: int, lo: int, hi: int) -> np.ndarray:
+        """Keys of (rank, group index gi) for positions [lo, hi); derives only
+        those not derived before (never the locally cached prefix below the
+        first lookup's local_k).  Called under keys_lock."""
         k = st.keys.get((rank, gi))
-        have = 0 if k is None else k.shape[0]
-        if have < upto:
-            new = self.umbp.derive_keys(self.ns, rank=self.rank_ids[rank], group=self.groups[gi].index,
-                                        hashes=st.hashes[have:upto])
-            k = new if k is None else np.concatenate([k, new])
-            st.keys[(rank, gi)] = k
-        return k
+
+        def derive(a, b):
+            return self.umbp.derive_keys(self.ns, rank=self.rank_ids[rank], group=self.groups[gi].index,
+                                         hashes=st.hashes.a[a:b])
+
+        if k is None or k.n == 0:
+            k = st.keys[(rank, gi)] = Rows(base=lo)
+        elif lo < k.base:  # a later lookup from a lower local_k (e.g. after a preemption)
+            new = Rows(derive(lo, k.base), base=lo)
+            new.extend(k.a)
+            k = st.keys[(rank, gi)] = new
+        end = k.base + k.n
+        if end < hi:
+            k.extend(derive(end, hi))
+        return k.buf[lo - k.base:hi - k.base]
+
+    def _plan_keys(self, st: _Req, gi: int, sel) -> dict:
+        """Every rank's keys of the leading positions of sel (group index gi)
+        that the lookups already derived: the plan fields keys (bytes of
+        (world, m, 32)) and key_blocks (m); empty when there are none (each
+        worker derives what a plan lacks)."""
+        first = _sel_first(sel)
+        with self.keys_lock:
+            ks = [st.keys.get((r, gi)) for r in range(self.world)]
+            if any(k is None or k.base > first for k in ks):
+                return {}
+            cover = min(k.base + k.n for k in ks)  # positions below are derived for every rank
+            if isinstance(sel, slice):
+                m = min(sel.stop, cover) - first
+                if m <= 0:
+                    return {}
+                parts = [k.buf[first - k.base:first - k.base + m] for k in ks]
+            else:
+                m = int(np.searchsorted(sel, cover))
+                if not m:
+                    return {}
+                parts = [k.buf[sel[:m] - k.base] for k in ks]
+            keys = parts[0].tobytes() if len(parts) == 1 else b"".join([x.tobytes() for x in parts])
+            return {"keys": keys, "key_blocks": m}
 
     def _match(self, st: _Req, local_k: int, kmax: int) -> tuple:
         """Longest k in [local_k, kmax] such that every rank holds every block
@@ -180,14 +370,12 @@ class UMBPScheduler:
         quarantined).  May run on the lookup pool."""
         n = kmax - local_k
         G = len(self.groups)
-        rows = np.empty((self.world * G, n, self.umbp.KEY_SIZE), dtype=np.uint8)
-        row_rank = np.repeat(np.arange(self.world, dtype=np.int32), G)
+        self._identity(st, kmax)
         with self.keys_lock:
-            for r in range(self.world):
-                for gi in range(G):
-                    rows[r * G + gi] = self._keys(st, r, gi, kmax)[local_k:kmax]
+            parts = [self._keys(st, r, gi, local_k, kmax) for r in range(self.world) for gi in range(G)]
+        rows = parts[0][None] if len(parts) == 1 else np.stack(parts)  # (ranks x groups, n, 32)
         try:
-            present, rc = self.backend.query(rows, row_rank)
+            present, rc = self.backend.query(rows, self.row_rank)
         except Exception as e:  # any failure is a miss
             if not self.warned_lookup:
                 log.warning("umbp: lookup failed (%s); counted as a miss", e)
@@ -203,27 +391,45 @@ class UMBPScheduler:
             for k, t in list(self.quarantine.items()):
                 if t <= now:
                     del self.quarantine[k]
-            q = dict(self.quarantine)
+            q = list(self.quarantine)
+        hs = st.hashes.a[local_k:kmax]
+        hl = hs.shape[1]
         nq = 0
         for gi, g in enumerate(self.groups):
-            for p in range(local_k, kmax):
-                if ok[gi, p - local_k] and (g.index, st.hashes[p]) in q:
-                    ok[gi, p - local_k] = False
-                    nq += 1
+            qh = [h for gid, h in q if gid == g.index and len(h) == hl]
+            if not qh:
+                continue
+            m = ok[gi] & rows_in(hs, np.frombuffer(b"".join(qh), dtype=np.uint8).reshape(len(qh), hl))
+            ok[gi, m] = False
+            nq += int(m.sum())
         return nq
 
     def _best_k(self, ok: np.ndarray, local_k: int, kmax: int) -> int:
         limit = kmax
-        for gi, g in enumerate(self.groups):
-            if g.kind == FULL:
-                row = ok[gi]
-                bad = np.flatnonzero(~row)
-                limit = min(limit, local_k + (int(bad[0]) if bad.size else row.size))
+        for gi in self.full_gis:
+            row = ok[gi]
+            if not row.all():
+                limit = min(limit, local_k + int(row.argmin()))  # the first miss
+        if limit <= local_k:
+            return local_k
         others = [(gi, g) for gi, g in enumerate(self.groups) if g.kind != FULL]
-        for k in range(limit, local_k, -1):
-            if all(ok[gi, g.needed(local_k, k).start - local_k:k - local_k].all() for gi, g in others):
-                return k
-        return local_k
+        if not others:
+            return limit
+        # a hit at k needs, for each other group, ok over its needed(local_k, k):
+        # the run of held blocks ending at k - 1 must be that long
+        ks = np.arange(local_k + 1, limit + 1)
+        good = np.ones(ks.size, dtype=bool)
+        idx = np.arange(limit - local_k)
+        for gi, g in others:
+            row = ok[gi, :limit - local_k]
+            run = idx - np.maximum.accumulate(np.where(row, -1, idx))  # held blocks ending at each index
+            if g.kind == MAMBA:
+                start = ks - 1
+            else:
+                start = np.maximum(local_k, ks - g.window_blocks)
+            good &= run[ks - 1 - local_k] >= ks - start
+        hit = np.flatnonzero(good)
+        return int(ks[hit[-1]]) if hit.size else local_k
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         if not self.load_enabled:
@@ -244,7 +450,6 @@ class UMBPScheduler:
         if st is None:
             st = self.reqs[rid] = _Req(request)
         st.request = request
-        self._identity(st, kmax)
         if self.pool is not None:
             key = (local_k, kmax, self.clear_epoch)
             cur = self.lookups.get(rid)
@@ -274,18 +479,6 @@ class UMBPScheduler:
 
     # ---- loads -----------------------------------------------------------------
 
-    def _report_id(self, ids: tuple, p: int, local_k: int) -> int:
-        """The block id vLLM must see as failed when position p fails: vLLM
-        scans the request's group-0 block ids and recomputes from the first
-        reported one, so report group 0's block at p, or the nearest real one
-        before it; the null block when there is none (recomputes from the
-        first null position: more than needed, never wrong)."""
-        g0 = ids[0] if ids else []
-        for j in range(min(p, len(g0) - 1), local_k - 1, -1):
-            if g0[j] != NULL_BLOCK_ID:
-                return g0[j]
-        return NULL_BLOCK_ID
-
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         rid = request.request_id
         st = self.reqs.get(rid)
@@ -301,29 +494,41 @@ class UMBPScheduler:
         k = min(k, local_k + num_external_tokens // B)
         if k <= local_k:
             return
-        ids = block_ids_tuple(blocks)
+        ids = block_ids_arrays(blocks)
         hs = self._identity(st, k)
-        hl = len(hs[0])
+        hl = hs.shape[1]
         is_async = self.load_async
-        for g in self.groups:
-            gids = ids[g.index] if g.index < len(ids) else []
-            pos, dst, rep = [], [], []
-            for p in g.needed(local_k, k):
-                if p >= len(gids) or gids[p] == NULL_BLOCK_ID:
-                    # a block the hit needs has no GPU block: recompute from it
-                    self.queued_load_errors.setdefault(rid, set()).add(self._report_id(ids, p, local_k))
+        g0 = ids[0] if ids else _EMPTY_IDS
+        seg0 = g0[local_k:k]
+        all0 = len(seg0) == k - local_k and bool((seg0 != NULL_BLOCK_ID).all())
+        # each position reports its own group-0 block when that is real
+        rep_all = seg0 if all0 else report_ids(g0, np.arange(local_k, k), local_k)
+        for gi, g in enumerate(self.groups):
+            r = g.needed(local_k, k)
+            if not r:
+                continue
+            a, b = r.start, r.stop
+            gids = ids[g.index] if g.index < len(ids) else _EMPTY_IDS
+            rep = rep_all[a - local_k:b - local_k]
+            dst = gids[a:b]
+            if len(dst) == b - a and (all0 and g.index == 0 or (dst != NULL_BLOCK_ID).all()):
+                sel = slice(a, b)
+            else:
+                have = np.zeros(b - a, dtype=bool)
+                have[:len(dst)] = dst != NULL_BLOCK_ID
+                # a block the hit needs has no GPU block: recompute from it
+                self.queued_load_errors.setdefault(rid, set()).update(rep[~have].tolist())
+                idx = np.flatnonzero(have)
+                if not idx.size:
                     continue
-                pos.append(p)
-                dst.append(int(gids[p]))
-                rep.append(int(self._report_id(ids, p, local_k)))
-            if pos:
-                self.queued_loads.append(LoadPlan(rid, g.index, b"".join(hs[p] for p in pos), hl, dst, rep,
-                                                  is_async, st.epoch))
+                sel, dst, rep = idx + a, dst[idx], rep[idx]
+            self.queued_loads.append(LoadPlan(rid, g.index, hs[sel].tobytes(), hl, dst.tobytes(), rep.tobytes(),
+                                              is_async, st.epoch, **self._plan_keys(st, gi, sel)))
         if is_async:
             st.load_state = "queued"
             self.queued_async_ids.add(rid)
         st.stored_upto = max(st.stored_upto, k)
-        st.load_range = (local_k, k, list(ids[0]) if ids else [])
+        st.load_range = (local_k, k, g0)
         if not is_async:
             # With TP, a rank whose own load succeeded computes this step (and,
             # with async scheduling, the next one) from every rank's KV: if
@@ -336,50 +541,68 @@ class UMBPScheduler:
 
     # ---- stores ----------------------------------------------------------------
 
-    def _plan_stores(self, st: _Req, rid: str, total: int, ids, out: list, seen: set, after_forward: bool):
+    def _plan_stores(self, st: _Req, rid: str, total: int, ids, out: list, seen: dict, after_forward: bool):
+        """Plans the stores of positions [stored_upto, hi) that each group
+        stores (ids: int64 block ids per vLLM group; None: the request's).
+        seen: vLLM group id -> [hash rows planned in this step]: a block
+        another request of the step already stores is skipped."""
         req = st.request
         B = self.block_size
         hi = min(total // B, self._num_blocks_hashed(req))
         if self.prompt_cap:
             hi = min(hi, getattr(req, "num_prompt_tokens", total) // B)
         lo = st.stored_upto
+        if ids is None:
+            ids = st.block_ids
+            if hi <= lo or not ids:
+                return
+            ids = [x.array() for x in ids]
         if hi <= lo or not ids:
             return
         hs = self._identity(st, hi)
-        for g in self.groups:
-            gids = ids[g.index] if g.index < len(ids) else []
-            pos, dst = [], []
-            for p in g.to_store(lo, hi, total):
-                if p >= len(gids) or gids[p] == NULL_BLOCK_ID or (g.index, hs[p]) in seen:
+        for gi, g in enumerate(self.groups):
+            gids = ids[g.index] if g.index < len(ids) else _EMPTY_IDS
+            r = g.to_store(lo, hi, total)
+            a, b = r.start, min(r.stop, len(gids))
+            if b <= a:
+                continue
+            dst = gids[a:b]
+            keep = dst != NULL_BLOCK_ID
+            prev = seen.get(g.index)
+            if prev:
+                keep &= ~rows_in(hs[a:b], prev[0] if len(prev) == 1 else np.concatenate(prev))
+            if keep.all():
+                sel = slice(a, b)
+            else:
+                idx = np.flatnonzero(keep)
+                if not idx.size:
                     continue
-                seen.add((g.index, hs[p]))
-                pos.append(p)
-                dst.append(int(gids[p]))
-            if not pos:
-                continue
+                sel, dst = idx + a, dst[idx]
+            seen.setdefault(g.index, []).append(hs[sel])
             if after_forward and self.step < st.park_until:
-                st.parked.append((g, pos, dst))
+                st.parked.append((gi, sel, dst))
                 continue
-            self._emit_store(st, rid, g, pos, dst, out, after_forward)
+            self._emit_store(st, rid, gi, sel, dst, out, after_forward)
         st.stored_upto = hi
 
-    def _emit_store(self, st: _Req, rid: str, g, pos, dst, out: list, after_forward: bool):
+    def _emit_store(self, st: _Req, rid: str, gi: int, sel, dst: np.ndarray, out: list, after_forward: bool):
+        g = self.groups[gi]
         req = st.request
         B = self.block_size
-        hs = st.hashes
+        hs = st.hashes.a
         pid = self.next_plan_id
         self.next_plan_id += 1
-        out.append(StorePlan(pid, rid, g.index, b"".join(hs[p] for p in pos), len(hs[0]), dst, after_forward,
-                             st.epoch))
+        out.append(StorePlan(pid, rid, g.index, hs[sel].tobytes(), hs.shape[1], dst.tobytes(), after_forward,
+                             st.epoch, **self._plan_keys(st, gi, sel)))
         st.inflight.add(pid)
-        self.plans[pid] = (rid, g.index, pos)
+        self.plans[pid] = (rid, g.index, _sel_first(sel))
         if self.events is not None:
             toks = getattr(req, "all_token_ids", None)
             if toks is None:
                 toks = getattr(req, "prompt_token_ids", None) or []
             lora = getattr(getattr(req, "lora_request", None), "lora_int_id", None)
-            for p in pos:
-                self.events.note_store(g.index, hs[p], hs[p - 1] if p else None,
+            for p in _sel_list(sel):  # vLLM's events are per-block objects
+                self.events.note_store(g.index, hs[p].tobytes(), hs[p - 1].tobytes() if p else None,
                                        list(toks[p * B:(p + 1) * B]), lora)
 
     def _release_parked(self, out: list, pre: set):
@@ -393,45 +616,53 @@ class UMBPScheduler:
             parked, st.parked = st.parked, []
             if st.epoch != st.park_epoch or rid in pre or st.block_ids is None or st.finished:
                 continue
-            for g, pos, dst in parked:
-                if g.kind == FULL:
-                    self._emit_store(st, rid, g, pos, dst, out, False)
+            for gi, sel, dst in parked:
+                if self.groups[gi].kind == FULL:
+                    self._emit_store(st, rid, gi, sel, dst, out, False)
+
+    def _set_block_ids(self, st: _Req, groups):
+        """The request's block ids from a scheduled request's (all of them)."""
+        st.block_ids = [_Ids(x) for x in groups]
+
+    def _add_block_ids(self, st: _Req, groups):
+        """Appends a cached request's new block ids (per group)."""
+        while len(st.block_ids) < len(groups):
+            st.block_ids.append(_Ids())
+        for gi, x in enumerate(groups):
+            if len(x):
+                st.block_ids[gi].lst.extend(x)
 
     def build_connector_meta(self, so) -> UMBPConnectorMetadata:
         self.step += 1
         meta = UMBPConnectorMetadata(step=self.step, clear_epoch=self.clear_sent)
-        seen: set = set()
+        seen: dict = {}
         eager = self.store_enabled and not self.lazy
         nst = getattr(so, "num_scheduled_tokens", None) or {}
         for nr in getattr(so, "scheduled_new_reqs", None) or ():
             st = self.reqs.get(nr.req_id)
             if st is None:
                 continue
-            st.block_ids = [list(x) for x in block_ids_tuple(nr.block_ids)]
+            self._set_block_ids(st, _group_lists(nr.block_ids))
             nct = int(nr.num_computed_tokens)
             if not st.started:
                 st.started = True
                 st.stored_upto = max(st.stored_upto, nct // self.block_size)
             if eager:
-                self._plan_stores(st, nr.req_id, nct + nst.get(nr.req_id, 0), st.block_ids, meta.stores, seen,
-                                  True)
+                self._plan_stores(st, nr.req_id, nct + nst.get(nr.req_id, 0), None, meta.stores, seen, True)
         for rid, new_ids, nct, resumed in self._cached(getattr(so, "scheduled_cached_reqs", None)):
             st = self.reqs.get(rid)
             if st is None:
                 continue
-            new_ids = block_ids_tuple(new_ids) if new_ids is not None else None
+            new_ids = _group_lists(new_ids) if new_ids is not None else None
             if resumed or st.block_ids is None:
-                st.block_ids = [list(x) for x in new_ids] if new_ids else [[] for _ in range(self.num_vllm_groups)]
+                self._set_block_ids(st, new_ids if new_ids else [()] * self.num_vllm_groups)
             elif new_ids:
-                while len(st.block_ids) < len(new_ids):
-                    st.block_ids.append([])
-                for gi, x in enumerate(new_ids):
-                    st.block_ids[gi].extend(x)
+                self._add_block_ids(st, new_ids)
             if not st.started:
                 st.started = True
                 st.stored_upto = max(st.stored_upto, int(nct) // self.block_size)
             if eager:
-                self._plan_stores(st, rid, int(nct) + nst.get(rid, 0), st.block_ids, meta.stores, seen, True)
+                self._plan_stores(st, rid, int(nct) + nst.get(rid, 0), None, meta.stores, seen, True)
         pre = set(getattr(so, "preempted_req_ids", None) or ())
         self._release_parked(meta.stores, pre)
         meta.flush_plan_ids = self._flush(so, nst)
@@ -471,7 +702,7 @@ class UMBPScheduler:
             computed[rid] = int(nct)
         out = set()
         B = self.block_size
-        for pid, (rid, gid, pos) in self.plans.items():
+        for pid, (rid, gid, p0) in self.plans.items():
             g = kinds.get(gid)
             if g is None or g.kind == FULL:
                 continue
@@ -479,7 +710,7 @@ class UMBPScheduler:
                 out.add(pid)
                 continue
             c = computed.get(rid)
-            if c is not None and pos and (pos[0] + 1) * B <= c - g.window + 1 + B:
+            if c is not None and (p0 + 1) * B <= c - g.window + 1 + B:
                 out.add(pid)
         return out
 
@@ -519,10 +750,10 @@ class UMBPScheduler:
             return False, None
         st.finished = True
         if self.lazy and self.store_enabled:
-            ids = block_ids_tuple(block_ids)
+            ids = block_ids_arrays(block_ids)
             if ids:
                 total = int(getattr(request, "num_computed_tokens", 0))
-                self._plan_stores(st, rid, total, ids, self.queued_stores, set(), False)
+                self._plan_stores(st, rid, total, ids, self.queued_stores, {}, False)
         if st.load_state is not None:
             self.held[rid] = "recv"  # vLLM frees on finished_recving
             return True, None
@@ -586,16 +817,17 @@ class UMBPScheduler:
         """vLLM recomputes from the first failed block: store those blocks
         again once recomputed (rewind stored_upto), and bump the epoch so the
         workers skip stores planned from the bad KV (StorePlan.epoch)."""
+        inv = np.fromiter(invalid, dtype=np.int64, count=len(invalid))
         for st in self.reqs.values():
             if st.load_range is None:
                 continue
             local_k, k, ids0 = st.load_range
-            bad = [p for p in range(local_k, min(k, len(ids0))) if ids0[p] in invalid]
-            if not bad and NULL_BLOCK_ID in invalid:
-                bad = [local_k]
-            if bad:
+            seg = ids0[local_k:min(k, len(ids0))]
+            bad = np.flatnonzero(np.isin(seg, inv)) if seg.size else seg
+            first = local_k + int(bad[0]) if bad.size else (local_k if NULL_BLOCK_ID in invalid else None)
+            if first is not None:
                 st.epoch += 1
-                st.stored_upto = min(st.stored_upto, bad[0])
+                st.stored_upto = min(st.stored_upto, first)
                 st.load_range = None
                 st.parked, st.park_until = [], 0  # planned from bad KV; what comes next is recomputed
 

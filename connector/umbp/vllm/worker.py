@@ -20,7 +20,7 @@ from . import _compat
 from .events import KeyMap, UMBPKVEvents
 from .identity import MAMBA, Topology, derive_namespace, describe_groups
 from .lookup import register_local, unregister_local
-from .metadata import UMBPWorkerMetadata
+from .metadata import UMBPWorkerMetadata, ids_of
 from .stats import UMBPConnectorStats
 
 log = _compat.get_logger("umbp.vllm.worker")
@@ -214,8 +214,16 @@ class UMBPWorker:
         return ev
 
     def _keys(self, plan):
-        return self.umbp.derive_keys(self.ns, rank=self.rank_id, group=plan.group, hashes=plan.hashes,
-                                     hash_len=plan.hash_len)
+        """This rank's keys of a plan: the scheduler's (derived for its
+        lookups) for the blocks the plan carries keys of, derived here for
+        the rest."""
+        k = plan.keys_of(self.rank, self.topo.world_size)
+        m = 0 if k is None else len(k)
+        if m == plan.num_blocks:
+            return k
+        rest = self.umbp.derive_keys(self.ns, rank=self.rank_id, group=plan.group,
+                                     hashes=plan.hashes[m * plan.hash_len:], hash_len=plan.hash_len)
+        return rest if not m else np.concatenate([k, rest])
 
     def _handle_clear(self, meta):
         if meta.clear_epoch > self.cleared_epoch:
@@ -251,21 +259,20 @@ class UMBPWorker:
             err = f"group {plan.group} not registered"
         else:
             try:
-                job = self.rt.load_blocks(kv, self._keys(plan), np.asarray(plan.block_ids, dtype=np.int64),
-                                          wait_event=ev)
+                job = self.rt.load_blocks(kv, self._keys(plan), plan.block_id_array(), wait_event=ev)
             except self.umbp.UmbpError as e:
                 err = e
         if err is not None:
             log.warning("umbp: rank %d: load of %d blocks of %s not submitted: %s", self.rank,
-                        len(plan.block_ids), plan.req_id, err)
+                        plan.num_blocks, plan.req_id, err)
             self.stats.add("submit_errors")
-            self.stats.add("load_blocks_failed", len(plan.block_ids))
-            self.failed_block_ids.update(plan.report_ids)
+            self.stats.add("load_blocks_failed", plan.num_blocks)
+            self.failed_block_ids.update(ids_of(plan.report_ids).tolist())
             self._taint(plan)
             if plan.is_async:
                 self.failed_recving.add(plan.req_id)
             return
-        j = _Job("load", plan, job, kv.object_size * len(plan.block_ids), ev, sync=not plan.is_async)
+        j = _Job("load", plan, job, kv.object_size * plan.num_blocks, ev, sync=not plan.is_async)
         self.jobs.append(j)
         self.n_submitted += 1
         if j.sync:
@@ -275,8 +282,8 @@ class UMBPWorker:
         if plan.epoch <= self.tainted.get(plan.req_id, -1):
             # planned before the scheduler saw this worker's failed load of the
             # request: the source blocks were computed from bad KV
-            self.stats.add("store_blocks_failed", len(plan.block_ids))
-            self._store_done(plan, len(plan.block_ids))
+            self.stats.add("store_blocks_failed", plan.num_blocks)
+            self._store_done(plan, plan.num_blocks)
             return
         kv = self.kv.get(plan.group)
         err = None
@@ -285,19 +292,19 @@ class UMBPWorker:
         else:
             try:
                 keys = self._keys(plan)
-                job = self.rt.store_blocks(kv, keys, np.asarray(plan.block_ids, dtype=np.int64), wait_event=ev)
+                job = self.rt.store_blocks(kv, keys, plan.block_id_array(), wait_event=ev)
             except self.umbp.UmbpError as e:
                 err = e
         if err is not None:
             log.warning("umbp: rank %d: store of %d blocks of %s not submitted: %s", self.rank,
-                        len(plan.block_ids), plan.req_id, err)
+                        plan.num_blocks, plan.req_id, err)
             self.stats.add("submit_errors")
-            self.stats.add("store_blocks_failed", len(plan.block_ids))
-            self._store_done(plan, len(plan.block_ids))
+            self.stats.add("store_blocks_failed", plan.num_blocks)
+            self._store_done(plan, plan.num_blocks)
             return
         if self.keymap is not None:
             self.keymap.add(keys, plan.group, _split_hashes(plan))
-        self.jobs.append(_Job("store", plan, job, kv.object_size * len(plan.block_ids), ev))
+        self.jobs.append(_Job("store", plan, job, kv.object_size * plan.num_blocks, ev))
         self.n_submitted += 1
 
     def _taint(self, plan):
@@ -351,7 +358,7 @@ class UMBPWorker:
         nok = int(ok.sum())
         nfail = int(ok.size - nok)
         dt = time.monotonic() - j.t0
-        per = j.nbytes // max(1, len(j.plan.block_ids))
+        per = j.nbytes // max(1, j.plan.num_blocks)
         if j.kind == "load":
             self.stats.add("load_jobs")
             self.stats.add("load_blocks_ok", nok)
@@ -360,12 +367,12 @@ class UMBPWorker:
             self.stats.add("load_seconds", dt)
             self.blocks_loaded_by_group[j.group] = self.blocks_loaded_by_group.get(j.group, 0) + nok
             if nfail:
-                hashes = _split_hashes(j.plan)
-                not_data = {self.umbp.E_NOT_ATTEMPTED, self.umbp.E_TIMEOUT}
-                for i in np.flatnonzero(~ok):
-                    self.failed_block_ids.add(j.plan.report_ids[i])
-                    if int(st[i]) not in not_data:
-                        self.wmeta.failed_loads.append((j.group, hashes[i]))
+                bad = np.flatnonzero(~ok)
+                self.failed_block_ids.update(ids_of(j.plan.report_ids)[bad].tolist())
+                data = bad[(st[bad] != self.umbp.E_NOT_ATTEMPTED) & (st[bad] != self.umbp.E_TIMEOUT)]
+                if data.size:  # quarantined by the scheduler
+                    h = np.frombuffer(j.plan.hashes, dtype=np.uint8).reshape(-1, j.plan.hash_len)
+                    self.wmeta.failed_loads.extend((j.group, x.tobytes()) for x in h[data])
                 self._taint(j.plan)
                 if j.plan.is_async:
                     self.failed_recving.add(j.req_id)
