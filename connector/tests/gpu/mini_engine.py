@@ -598,14 +598,15 @@ class Timed:
         self.meta = meta
         if INJECT == "rotate-loads":  # self-test: every restored block lands one position off
             for p in getattr(meta, "loads", None) or ():
-                p.block_ids = list(p.block_ids[1:]) + list(p.block_ids[:1])
+                ids = [int(b) for b in _plan_ids(p)]
+                p.block_ids = ids[1:] + ids[:1]
         return self._conn.bind_connector_metadata(meta)
 
     def start_load_kv(self, forward_context, **kw):
         self.t_start_load = now()
         mine = [p for p in (getattr(self.meta, "loads", None) or ()) if p.is_async]
         if mine:
-            self._async = (mine[0].req_id, self.t_start_load, sum(len(p.block_ids) for p in mine))
+            self._async = (mine[0].req_id, self.t_start_load, sum(len(_plan_ids(p)) for p in mine))
         return self._conn.start_load_kv(forward_context, **kw)
 
     def _note(self, recving):
@@ -955,8 +956,8 @@ def load_harness():
             out = {}
             for rid, c, n in work:
                 mine = [p for p in loads if p.req_id == rid and not p.is_async]
-                self._sync_load = (rid, sum(len(p.block_ids) for p in mine)) if mine else None
-                self._loaded_ids = [b for p in mine for b in p.block_ids]
+                self._sync_load = (rid, sum(len(_plan_ids(p)) for p in mine)) if mine else None
+                self._loaded_ids = [int(b) for p in mine for b in _plan_ids(p)]
                 table = torch.tensor(self.reqs[rid][0], dtype=torch.long, device=self.pm.device)
                 toks = torch.tensor(tokens[rid][c:c + n], dtype=torch.long, device=self.pm.device)
                 logits = self.pm.forward(toks, c, table, hooks=self)
@@ -1062,6 +1063,13 @@ class Gen:
     first_logits: object
     stats: dict
     truncated: list
+
+
+def _plan_ids(p):
+    """A load plan's block ids as ints: the connector sends them as bytes of
+    int64 (metadata.ids_of), older plans as a list."""
+    f = getattr(p, "block_id_array", None)
+    return f().tolist() if f else list(p.block_ids)
 
 
 def run_request(E, pm, rid, prompt, n_out):
