@@ -7,7 +7,7 @@ helpers SGLang's generic path and its zero-copy metadata use
 (``get_data_page``, ``set_from_flat_data_page``, ``get_dummy_flat_data_page``,
 ``get_page_buffer_meta``), re-implemented from the description of
 ``MHATokenToKVPoolHost`` / ``MLATokenToKVPoolHost`` in
-/work/shared/reference/connector-api.md §4.3 (pool_host/mha.py, mla.py):
+the project's reference notes on SGLang (connector-api.md §4.3; pool_host/mha.py, mla.py):
 
 - MHA: layer_first (2, L, size, H, D); page_first (2, size, L, H, D);
   page_first_direct (2, P, L, page_size, H, D); page_head (2, P, H, page_size, L, D)
