@@ -61,6 +61,25 @@ standalone  an umbp-server started here; process A stores and waits; process B1
             exited (and is timed).  B compares with A's digests, tokens and
             weights through a file.
 
+Tensor parallelism (``--tp 2``)
+-------------------------------
+Each engine process (the scheduler and its UMBPConnector, SCHEDULER role)
+starts two rank processes (spawn; TPRank): each builds the same weights and
+keeps its Megatron shard (q/k/v_proj by heads: rank r's attention and KV heads
+[r*H/2, (r+1)*H/2); o_proj and down_proj row-parallel; gate/up_proj
+column-parallel; embeddings, norms, lm_head replicated), all-reduces (sum,
+fp32) after o_proj and down_proj with torch.distributed (nccl with ``--gpus
+2``, rank r on cuda:r; gloo otherwise), and holds a paged KV cache of its KV
+heads only, (2, nb, 16, Hkv/2, D), under its own UMBPConnector (WORKER role,
+its rank's keys).  A step goes to both ranks at once; their outputs are
+aggregated as vLLM's KVOutputAggregator does.  Scenarios embedded-tp2 and
+standalone-tp2 add to the checks above: the TP=2 paged forward equals the
+model's TP=1 forward (fp32), both ranks sample the same tokens from the same
+logits, digests cover every rank's bytes, and (partial) after rank 1 lost its
+objects of the second half of the blocks a fresh request's hit shrinks to the
+first half (a block counts only where every rank holds it), restores it and
+decodes the reference's tokens.
+
 Prints a summary table and writes every check and timing to ``--out``
 (default ``$OUT/mini_engine.json`` when OUT is set).  Exit status 0 only if every
 check passed; 0 with "skipped: ..." where there is no CUDA or no transformers
@@ -1467,6 +1486,7 @@ class TPRank:
             torch.backends.cudnn.allow_tf32 = False
         self.dev = dev
         self.backend = "nccl" if per_gpu else "gloo"
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (the lent machines' rule)
         t = now()
         dist.init_process_group(self.backend, init_method=pg_init, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=max(60, spec["timeout"])))
