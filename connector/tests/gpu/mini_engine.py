@@ -61,6 +61,25 @@ standalone  an umbp-server started here; process A stores and waits; process B1
             exited (and is timed).  B compares with A's digests, tokens and
             weights through a file.
 
+Tensor parallelism (``--tp 2``)
+-------------------------------
+Each engine process (the scheduler and its UMBPConnector, SCHEDULER role)
+starts two rank processes (spawn; TPRank): each builds the same weights and
+keeps its Megatron shard (q/k/v_proj by heads: rank r's attention and KV heads
+[r*H/2, (r+1)*H/2); o_proj and down_proj row-parallel; gate/up_proj
+column-parallel; embeddings, norms, lm_head replicated), all-reduces (sum,
+fp32) after o_proj and down_proj with torch.distributed (nccl with ``--gpus
+2``, rank r on cuda:r; gloo otherwise), and holds a paged KV cache of its KV
+heads only, (2, nb, 16, Hkv/2, D), under its own UMBPConnector (WORKER role,
+its rank's keys).  A step goes to both ranks at once; their outputs are
+aggregated as vLLM's KVOutputAggregator does.  Scenarios embedded-tp2 and
+standalone-tp2 add to the checks above: the TP=2 paged forward equals the
+model's TP=1 forward (fp32), both ranks sample the same tokens from the same
+logits, digests cover every rank's bytes, and (partial) after rank 1 lost its
+objects of the second half of the blocks a fresh request's hit shrinks to the
+first half (a block counts only where every rank holds it), restores it and
+decodes the reference's tokens.
+
 Prints a summary table and writes every check and timing to ``--out``
 (default ``$OUT/mini_engine.json`` when OUT is set).  Exit status 0 only if every
 check passed; 0 with "skipped: ..." where there is no CUDA or no transformers
@@ -355,13 +374,21 @@ class Rope:
 # =============================================================================
 
 
+def _identity(x):
+    return x
+
+
 class PagedLlama:
     """The model's modules over a vLLM-layout paged KV cache."""
 
-    def __init__(self, model, mc, device, dtype, layout, num_blocks):
+    def __init__(self, model, mc, device, dtype, layout, num_blocks, tp=None):
         c = model.config
         self.model, self.device, self.dtype, self.layout = model, device, dtype, layout
         self.L, self.H, self.Hkv = c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads
+        # tp: (rank, world, all-reduce) of a model shard_model() sharded: this rank's heads, and
+        # the sum over ranks after the row-parallel o_proj and down_proj
+        self.tp_rank, self.tp_world, self.reduce = tp if tp is not None else (0, 1, _identity)
+        self.H, self.Hkv = self.H // self.tp_world, self.Hkv // self.tp_world
         self.D, self.B, self.num_blocks = mc["head_dim"], BLOCK, num_blocks
         self.layers = model.model.layers
         self.rope = Rope(model, self.D, device)
@@ -448,8 +475,8 @@ class PagedLlama:
             cache[1][blk, off] = v
             K = cache[0].index_select(0, ctx_blocks).reshape(-1, self.Hkv, self.D)[:end]
             V = cache[1].index_select(0, ctx_blocks).reshape(-1, self.Hkv, self.D)[:end]
-            h = h + a.o_proj(self._attend(q, K, V, start))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + self.reduce(a.o_proj(self._attend(q, K, V, start)))
+            h = h + self.reduce(layer.mlp(layer.post_attention_layernorm(h)))
             if hooks is not None:
                 hooks.after_attention(i)  # vLLM: save_kv_layer
         if not all_logits:
@@ -468,12 +495,13 @@ class PagedLlama:
         return out
 
 
-def validate(model, mc, device, dtype, prompt, C, strict):
+def validate(model, mc, device, dtype, prompt, C, strict, paged=None, what="paged forward = the model's forward"):
     """The paged forward (two prefill chunks, the second after a prefix, then
     teacher-forced decode steps) against the model's own forward on a short
-    prompt that does not end on a block boundary."""
+    prompt that does not end on a block boundary.  paged: a function making
+    the PagedLlama under test (TP: this rank's shard of the model)."""
     name = str(dtype).replace("torch.", "")
-    pm = PagedLlama(model, mc, device, dtype, "NHD", 8)
+    pm = paged() if paged is not None else PagedLlama(model, mc, device, dtype, "NHD", 8)
     p0, steps, c1 = min(45, len(prompt) - 1), 8, 21
     seq = list(prompt[:p0])
     for _ in range(steps):  # the model's own greedy decode (full forward each step)
@@ -492,11 +520,10 @@ def validate(model, mc, device, dtype, prompt, C, strict):
     agree = sum(int(a == b) for a, b in zip(greedy, seq[p0:]))
     src = f"rope from {pm.rope.source}; {p0}-token prompt in chunks of {c1}+{p0 - c1}, {steps} decode steps"
     if strict:
-        C.add(f"paged forward = the model's forward ({name}): logits", err < 1e-3, f"max rel err {err:.2e}; {src}")
-        C.add(f"paged forward = the model's forward ({name}): greedy tokens", greedy == seq[p0:],
-              f"{agree}/{steps} tokens agree")
+        C.add(f"{what} ({name}): logits", err < 1e-3, f"max rel err {err:.2e}; {src}")
+        C.add(f"{what} ({name}): greedy tokens", greedy == seq[p0:], f"{agree}/{steps} tokens agree")
     else:
-        C.add(f"paged forward = the model's forward ({name}): logits within bf16 rounding", err < 0.1,
+        C.add(f"{what} ({name}): logits within bf16 rounding", err < 0.1,
               f"max rel err {err:.2e}; greedy {agree}/{steps} tokens agree (informational in {name})")
     del pm
 
@@ -997,8 +1024,66 @@ def load_harness():
             self.agg = he.Aggregator(1)
             self.prev, self.bad, self.steps, self.closed = None, [], 0, False
 
+    class MiniTPEngine(he.Engine):
+        """TP: the harness's Engine over the MiniWorkers of a TPGroup's rank
+        processes (engine ``eid`` in each).  A step goes to every rank at once
+        (their forwards meet in the all-reduces) and the outputs are
+        aggregated as vLLM's KVOutputAggregator does.  ``front`` is what
+        run_request reads of a worker: rank 0's first tokens and timings."""
+
+        def __init__(self, cfg, grp, eid, conn, seed):  # noqa: super().__init__ builds fake workers
+            self.cfg, self.conn, self.grp, self.eid = cfg, conn, grp, eid
+            self.workers = [TPWorkerProxy(grp, r, eid) for r in range(grp.world)]
+            self.sched = MiniScheduler(cfg, conn, seed)
+            self.agg = he.Aggregator(grp.world)
+            self.prev, self.bad, self.steps, self.closed = None, [], 0, False
+            self.front = SimpleNamespace(first={}, token_t=collections.defaultdict(list),
+                                         conn=SimpleNamespace(load_s=[], take_stats=self._take_stats))
+            self.disagree = []  # (step, rid): ranks sampled different tokens or saw different logits
+
+        def _take_stats(self):
+            per = self.grp.call_all("take_stats", self.eid)
+            out = {}
+            for k in set().union(*per):
+                vals = [st.get(k, 0) for st in per]
+                out[k] = min(vals) if k.endswith("_ok") else max(vals)  # what every rank did
+            out["per_rank"] = per
+            return out
+
+        def step(self, before_execute=None):
+            so, tokens = self.sched.schedule()
+            if before_execute is not None:
+                before_execute(so)
+            outs = self.grp.call_all("execute", self.eid, so, tokens)
+            minis = [o.pop("mini") for o in outs]
+            f = self.front
+            for rid, (t, lg) in minis[0]["first"].items():
+                f.first[rid] = (t, lg)
+                if any(not torch.equal(lg, m["first"][rid][1]) for m in minis[1:] if rid in m["first"]):
+                    self.disagree.append((so._harness_step, rid))
+            for rid, ts in minis[0]["token_t"].items():
+                f.token_t[rid].extend(ts)
+            for x in zip(*[m["load_s"] for m in minis]):  # the slowest rank's load
+                f.conn.load_s.append((x[0][0], max(y[1] for y in x), x[0][2]))
+            if any(o["sampled"] != outs[0]["sampled"] for o in outs[1:]):
+                self.disagree.append((so._harness_step, "sampled"))
+            out = self.agg.aggregate(outs)
+            self.bad.extend((so._harness_step, r) for r in out["bad"])
+            self.steps += 1
+            self.sched.update_from_output(so, out)
+            return so
+
+        def shutdown(self):
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                self.conn.shutdown()
+            finally:
+                self.grp.call_all("shutdown_engine", self.eid)
+
     return SimpleNamespace(he=he, FULL=FULL, MiniConfig=MiniConfig, MiniWorker=MiniWorker, MiniEngine=MiniEngine,
-                           HarnessError=he.HarnessError)
+                           MiniTPEngine=MiniTPEngine, HarnessError=he.HarnessError)
 
 
 def connector_available():
@@ -1075,7 +1160,7 @@ def _plan_ids(p):
 def run_request(E, pm, rid, prompt, n_out):
     """One request through engine E, from the scheduler's queue to its blocks'
     release (a held request is stepped until its stores finished)."""
-    w = E.workers[0]
+    w = getattr(E, "front", None) or E.workers[0]  # TP: the ranks' workers seen as one
     nl, nk = len(w.conn.load_s), len(E.conn.lookup_s)
     pm.sync()
     E.add(rid, prompt, n_out)  # (the request's block hashes are computed here, outside TTFT)
@@ -1338,7 +1423,565 @@ def role_restore(sc):
     finish(sc, ("reference", ref_E), ("B", E))
 
 
+# =============================================================================
+# Tensor parallelism (--tp 2): rank processes holding shards of the model
+# =============================================================================
+
+
+def shard_model(model, rank, world):
+    """Megatron-style shards of a (copy of a) Llama, in place: q/k/v_proj
+    column-parallel by heads (rank r: attention heads and KV heads
+    [r*H/world, (r+1)*H/world)), o_proj row-parallel; gate/up_proj
+    column-parallel, down_proj row-parallel; embeddings, norms and lm_head
+    replicated.  The partial sums of o_proj and down_proj are all-reduced by
+    PagedLlama (tp=)."""
+    c = model.config
+    H, Hkv, D = c.num_attention_heads, c.num_key_value_heads, c.head_dim if getattr(c, "head_dim", None) else \
+        c.hidden_size // c.num_attention_heads
+    inter = model.model.layers[0].mlp.gate_proj.out_features
+    if H % world or Hkv % world or inter % world:
+        raise ValueError(f"heads {H}, kv heads {Hkv}, intermediate {inter} not divisible by TP {world}")
+
+    def cut(lin, dim, lo, hi):
+        if getattr(lin, "bias", None) is not None:
+            raise ValueError("shard_model: biased projections are not supported")
+        w = lin.weight.data
+        w = w[lo:hi] if dim == 0 else w[:, lo:hi]
+        lin.weight = nn.Parameter(w.contiguous(), requires_grad=False)
+        lin.out_features, lin.in_features = lin.weight.shape
+
+    hq, hk, ic = H // world * D, Hkv // world * D, inter // world
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        cut(a.q_proj, 0, rank * hq, (rank + 1) * hq)
+        cut(a.k_proj, 0, rank * hk, (rank + 1) * hk)
+        cut(a.v_proj, 0, rank * hk, (rank + 1) * hk)
+        cut(a.o_proj, 1, rank * hq, (rank + 1) * hq)
+        cut(m.gate_proj, 0, rank * ic, (rank + 1) * ic)
+        cut(m.up_proj, 0, rank * ic, (rank + 1) * ic)
+        cut(m.down_proj, 1, rank * ic, (rank + 1) * ic)
+    return model
+
+
+class TPRank:
+    """One TP rank's process state: its device, the process group, its shard
+    of the model over its paged KV cache (its KV heads only), and its
+    engines' workers (eid -> MiniWorker with the connector's WORKER role for
+    this rank)."""
+
+    def __init__(self, spec, rank, world, pg_init):
+        import copy
+        import datetime
+
+        import torch.distributed as dist
+
+        self.spec, self.rank, self.world, self.dist = spec, rank, world, dist
+        mc = spec["model_cfg"]
+        dev = torch.device(spec["device"])
+        per_gpu = dev.type == "cuda" and spec.get("gpus", 1) >= world
+        if dev.type == "cuda":
+            dev = torch.device("cuda", rank if per_gpu else (dev.index or 0))
+            torch.cuda.set_device(dev)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        self.dev = dev
+        self.backend = "nccl" if per_gpu else "gloo"
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (the lent machines' rule)
+        t = now()
+        dist.init_process_group(self.backend, init_method=pg_init, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=max(60, spec["timeout"])))
+        log(f"process group up: {self.backend}, rank {rank}/{world}, device {dev}")
+        self.C = Checks()
+        full = build_model(mc, dev, spec["seed"], spec["model"] == "hf")
+        self.info = dict(weights=weights_digest(full), device=str(dev), backend=self.backend,
+                         params_full=sum(p.numel() for p in full.parameters()))
+        shard = shard_model(copy.deepcopy(full), rank, world)
+        prompt = make_prompt(mc["vocab"], mc["prompt"], spec["seed"])
+        tp = (rank, world, self._all_reduce)
+        what = f"TP={world} paged forward (rank {rank}'s shard, all-reduced) = the model's TP=1 forward"
+        if spec["validate"]:
+            validate(full, mc, dev, torch.float32, prompt, self.C, strict=True, what=what,
+                     paged=lambda: PagedLlama(shard, mc, dev, torch.float32, "NHD", 8, tp=tp))
+        dtype = getattr(torch, spec["dtype"])
+        if spec["validate"] and dtype != torch.float32:
+            full, shard = full.to(dtype), shard.to(dtype)
+            validate(full, mc, dev, dtype, prompt, self.C, strict=False, what=what,
+                     paged=lambda: PagedLlama(shard, mc, dev, dtype, "NHD", 8, tp=tp))
+        del full
+        self.model = shard.to(dtype)
+        self.pm = PagedLlama(self.model, mc, dev, dtype, spec["layout"], spec["num_blocks"], tp=tp)
+        self.info.update(params_shard=sum(p.numel() for p in self.model.parameters()), L=self.pm.L,
+                         H=self.pm.H, Hkv=self.pm.Hkv, D=self.pm.D, object_bytes=self.pm.object_size,
+                         rope=self.pm.rope.source, setup_s=round(now() - t, 2), kv_shape=list(self.pm.kv[0].shape))
+        self.H = load_harness()
+        self.engines = {}
+
+    def _all_reduce(self, x):
+        """The sum over ranks, in fp32 (two addends: the same on every rank, in every run)."""
+        y = x.float()
+        if y.is_cuda and self.backend == "gloo":
+            y = y.cpu()
+        elif y is x:
+            y = y.clone()
+        self.dist.all_reduce(y)
+        return y.to(device=x.device, dtype=x.dtype)
+
+    def hello(self):
+        return {"info": self.info, "checks": self.C.items}
+
+    # -- engines --
+    def make(self, eid, kind, cfg_kw):
+        H = self.H
+        cfg = H.MiniConfig(**cfg_kw)
+        if kind == "none":
+            conn = NullConnector()
+        else:
+            from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+            from umbp.vllm.connector import UMBPConnector
+
+            conn = UMBPConnector(cfg.vllm_config(self.rank), KVConnectorRole.WORKER, cfg.kv_cache_config())
+            conn.register_kv_caches(dict(zip([n for n, *_ in cfg.layers()], self.pm.kv)))
+        w = H.MiniWorker(cfg, self.pm, Timed(conn))
+        w.rank = self.rank
+        self.engines[eid] = w
+        return True
+
+    def execute(self, eid, so, tokens):
+        w = self.engines[eid]
+        nl = len(w.conn.load_s)
+        out = w.execute(so, tokens)
+        first = {rid: (t, lg.float().cpu()) for rid, (t, lg) in w.first.items()}
+        w.first.clear()
+        tt = {rid: list(v) for rid, v in w.token_t.items()}
+        w.token_t.clear()
+        out["mini"] = {"first": first, "token_t": tt, "load_s": list(w.conn.load_s[nl:])}
+        return out
+
+    def take_stats(self, eid):
+        return self.engines[eid].conn.take_stats()
+
+    def counters(self, eid):
+        return self.engines[eid].conn.debug_counters()
+
+    def shutdown_engine(self, eid):
+        w = self.engines.pop(eid)
+        w.conn.shutdown()
+        return True
+
+    # -- the paged model --
+    def wipe(self):
+        self.pm.wipe()
+        return True
+
+    def digests(self, ids):
+        return self.pm.digests(list(ids))
+
+    def forward(self, tokens, start, table, all_logits):
+        toks = torch.tensor(tokens, dtype=torch.long, device=self.dev)
+        tab = torch.tensor(table, dtype=torch.long, device=self.dev)
+        return self.pm.forward(toks, start, tab, all_logits=all_logits).cpu()
+
+    # -- test controls --
+    def _worker(self, eid):
+        return self.engines[eid].conn._conn._worker
+
+    def present(self, eid, hashes):
+        """Which of these blocks this rank's objects are in the pool of (its lookup)."""
+        import umbp
+
+        wk = self._worker(eid)
+        _, present = wk.rt.lookup(umbp.derive_keys(wk.ns, rank=wk.rank_id, group=0, hashes=list(hashes)))
+        return [bool(x) for x in present.tolist()]
+
+    def drop(self, eid, hashes, keep_first, shared):
+        """This rank's objects of hashes[keep_first:] disappear (the binding
+        has no per-key delete: the survivors are read, the pool cleared, the
+        survivors put back, as the harness's remove_objects does).  shared: a
+        standalone server's pool, where every other rank's objects of these
+        hashes survive too."""
+        import numpy as np
+
+        import umbp
+
+        wk = self._worker(eid)
+        rt, size = wk.rt, wk.kv[0].object_size
+        mine = umbp.derive_keys(wk.ns, rank=wk.rank_id, group=0, hashes=list(hashes))
+        keep = [mine[:keep_first]]
+        if shared:
+            keep += [umbp.derive_keys(wk.ns, rank=wk.topo.rank_id(r), group=0, hashes=list(hashes))
+                     for r in range(self.world) if r != self.rank]
+        keep = np.concatenate(keep)
+        buf = np.zeros((max(1, len(keep)), size), dtype=np.uint8)
+        ptrs = buf.ctypes.data + np.arange(len(keep), dtype=np.uint64) * np.uint64(size)
+        if len(keep):
+            j = rt.get(keep, ptrs, size)
+            if not (j.wait(30000) and j.num_ok == len(keep)):
+                raise RuntimeError(f"drop: reading the survivors failed: {j.statuses}")
+            j.release()
+        rt.clear()
+        if len(keep):
+            j = rt.put(keep, ptrs, size)
+            if not (j.wait(30000) and j.num_ok == len(keep)):
+                raise RuntimeError(f"drop: putting the survivors back failed: {j.statuses}")
+            j.release()
+        return self.present(eid, hashes)
+
+    def close(self):
+        for eid in list(self.engines):
+            try:
+                self.shutdown_engine(eid)
+            except Exception:  # noqa: BLE001
+                pass
+        try:
+            self.dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _orphan_watch(ppid):
+    """A rank process ends when the process that started it is gone."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != ppid:
+            os._exit(3)
+
+
+def tp_worker_main(conn, spec, rank, world, pg_init, ppid):
+    """Entry of a TP rank process (spawn): serves TPRank methods over a Pipe."""
+    global TAG
+    TAG = f"{spec['tag']}/{spec['role']}/rank{rank}"
+    threading.Thread(target=_orphan_watch, args=(ppid,), daemon=True).start()
+    _import_torch()
+    try:
+        st = TPRank(spec, rank, world, pg_init)
+        conn.send(("ok", st.hello()))
+    except BaseException:  # noqa: BLE001
+        conn.send(("err", traceback.format_exc()))
+        return
+    while True:
+        try:
+            name, args = conn.recv()
+        except (EOFError, OSError):
+            break
+        if name == "exit":
+            st.close()
+            conn.send(("ok", None))
+            break
+        try:
+            res = getattr(st, name)(*args)
+            conn.send(("ok", res))
+        except BaseException:  # noqa: BLE001
+            conn.send(("err", traceback.format_exc()))
+    os._exit(0)  # (no interpreter teardown: the runtime and the process group are closed)
+
+
+class TPGroup:
+    """The rank processes of one engine process; every wait has a timeout."""
+
+    def __init__(self, spec, world, work_prefix):
+        import multiprocessing as mp
+
+        self.world, self.timeout = world, spec["timeout"]
+        ctx = mp.get_context("spawn")
+        pg_init = f"file://{work_prefix}.pg"
+        if os.path.exists(f"{work_prefix}.pg"):
+            os.unlink(f"{work_prefix}.pg")
+        self.pg_file = f"{work_prefix}.pg"
+        self.conns, self.procs = [], []
+        for r in range(world):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=tp_worker_main, args=(child, spec, r, world, pg_init, os.getpid()), daemon=True)
+            p.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(p)
+        self.hello = self._recv_all()
+
+    def _recv(self, r, timeout=None):
+        c = self.conns[r]
+        if not c.poll(timeout or self.timeout):
+            raise RuntimeError(f"TP rank {r} did not answer in {timeout or self.timeout} s")
+        try:
+            st, res = c.recv()
+        except EOFError:
+            raise RuntimeError(f"TP rank {r} exited (status {self.procs[r].exitcode})") from None
+        if st != "ok":
+            raise RuntimeError(f"TP rank {r} failed:\n{res}")
+        return res
+
+    def _recv_all(self):
+        out, errs = [], []
+        for r in range(self.world):
+            try:
+                out.append(self._recv(r))
+            except Exception as e:  # noqa: BLE001
+                out.append(None)
+                errs.append(str(e))
+        if errs:
+            raise RuntimeError("\n".join(errs))
+        return out
+
+    def call_all(self, name, *args):
+        for c in self.conns:
+            c.send((name, args))
+        return self._recv_all()
+
+    def call(self, r, name, *args):
+        self.conns[r].send((name, args))
+        return self._recv(r)
+
+    def close(self):
+        for r, p in enumerate(self.procs):
+            if p.is_alive():
+                try:
+                    self.conns[r].send(("exit", ()))
+                    self._recv(r, timeout=20)
+                except Exception:  # noqa: BLE001
+                    pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        for c in self.conns:
+            c.close()
+        if os.path.exists(self.pg_file):
+            os.unlink(self.pg_file)
+
+
+class TPWorkerProxy:
+    """What Engine.check_clean and shutdown ask of a worker, for one rank."""
+
+    def __init__(self, grp, rank, eid):
+        self.grp, self.rank, self.eid = grp, rank, eid
+
+    def counters(self):
+        return self.grp.call(self.rank, "counters", self.eid)
+
+
+class TPPaged:
+    """The PagedLlama of the ranks seen from the engine process: a forward
+    runs on every rank (rank 0's logits returned), a block's digest is every
+    rank's digest of its own KV heads."""
+
+    def __init__(self, grp):
+        i = grp.hello[0]["info"]
+        self.grp, self.device, self.layout = grp, torch.device("cpu"), None
+        self.L, self.D, self.Hkv, self.H = i["L"], i["D"], i["Hkv"] * grp.world, i["H"] * grp.world
+        self.num_blocks = i["kv_shape"][1]
+        self.object_size = sum(h["info"]["object_bytes"] for h in grp.hello)  # all ranks' objects of a block
+        self.rank_object_size = i["object_bytes"]
+
+    def sync(self):
+        pass
+
+    def wipe(self):
+        self.grp.call_all("wipe")
+
+    def digests(self, block_ids):
+        return ["|".join(x) for x in zip(*self.grp.call_all("digests", list(block_ids)))]
+
+    def forward(self, tokens, start, table, hooks=None, all_logits=False):
+        return self.grp.call_all("forward", tokens.tolist(), int(start), table.tolist(), all_logits)[0]
+
+
+def setup_tp(sc):
+    spec, C = sc.spec, sc.C
+    mc, world = spec["model_cfg"], spec["tp"]
+    t = now()
+    grp = TPGroup(spec, world, os.path.splitext(spec["result"])[0])
+    for r, h in enumerate(grp.hello):
+        for c in h["checks"]:
+            C.add(f"rank {r}: {c['name']}", c["ok"], c["detail"])
+    infos = [h["info"] for h in grp.hello]
+    C.add(f"TP={world}: every rank built the same weights before sharding",
+          len({i["weights"] for i in infos}) == 1, [i["weights"] for i in infos])
+    C.add(f"TP={world}: each rank's paged KV cache holds its KV heads only",
+          all(i["kv_shape"][3] == mc["kv_heads"] // world for i in infos) and spec["layout"] == "NHD",
+          f"per-rank KV cache {infos[0]['kv_shape']} ({mc['kv_heads']} KV heads in all)")
+    pm = TPPaged(grp)
+    prompt = make_prompt(mc["vocab"], mc["prompt"], spec["seed"])
+    sc.info.update(model=("transformers.LlamaForCausalLM" if spec["model"] == "hf" else "stand-in Llama"),
+                   params=infos[0]["params_full"], params_per_rank=infos[0]["params_shard"],
+                   weights=infos[0]["weights"], tp=world, ranks=infos,
+                   prompt_sha=hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:32],
+                   object_bytes=pm.object_size, rank_object_bytes=pm.rank_object_size, setup_s=round(now() - t, 2))
+    log(f"TP={world} ({infos[0]['backend']}): model {sc.info['model']} {sc.info['params'] / 1e6:.0f}M params, "
+        f"{infos[0]['params_shard'] / 1e6:.0f}M per rank, per-rank KV {infos[0]['kv_shape']}, prompt {len(prompt)} "
+        f"tokens (setup {sc.info['setup_s']} s)")
+    return grp, pm, prompt
+
+
+def make_engine_tp(H, spec, grp, pm, kind, seed, eid):
+    """make_engine at TP: the workers in the rank processes (engine eid there),
+    the scheduler's connector here, after them (their pools serve its lookups)."""
+    extra = {}
+    if kind == "connector":
+        extra = {"mode": spec["mode"], "load_async": bool(spec["load_async"]), "timeout_ms": 30000}
+        if spec["mode"] == "embedded":
+            extra.update(capacity_bytes=spec["capacity"], lookup_dir=spec["lookup_dir"])
+        else:
+            extra["socket_dir"] = spec["socket_dir"]
+    elif kind != "none":
+        raise ValueError(f"TP engines: no connector kind {kind!r} (connector or none)")
+    cfg_kw = dict(groups=[(H.FULL, pm.L, 0)], block_size=BLOCK, num_blocks=pm.num_blocks, tp=grp.world, extra=extra,
+                  max_num_batched_tokens=spec["max_batched"], max_num_seqs=1, async_scheduling=False,
+                  heads=pm.Hkv // grp.world, dim=pm.D, model=spec["model_name"], dtype=spec["dtype"],
+                  device=spec["device"], processes=True)
+    cfg = H.MiniConfig(**cfg_kw)
+    grp.call_all("make", eid, kind, cfg_kw)
+    if kind == "none":
+        sc = NullConnector()
+    else:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+        from umbp.vllm.connector import UMBPConnector
+
+        sc = UMBPConnector(cfg.vllm_config(0), KVConnectorRole.SCHEDULER, cfg.kv_cache_config())
+    return H.MiniTPEngine(cfg, grp, eid, Timed(sc), seed)
+
+
+def prompt_hashes(H, prompt):
+    from vllm.v1.request import Request, SamplingParams
+
+    return list(Request("hashes", prompt, SamplingParams(max_tokens=1), block_size=BLOCK).block_hashes)
+
+
+def partial_phase(sc, H, E, pm, prompt, ref, a_digests):
+    """A block counts as cached only when every rank holds it: rank 1 loses
+    its objects of blocks >= keep; a fresh request's hit must shrink to the
+    blocks both ranks hold, and its decode must still be the reference's."""
+    spec, C = sc.spec, sc.C
+    N, B, P = spec["model_cfg"]["decode"], BLOCK, len(prompt)
+    k = (P - 1) // B
+    keep = max(1, k // 2)
+    hashes = prompt_hashes(H, prompt)[:k]
+    grp = E.grp
+    last = grp.world - 1
+    left = grp.call(last, "drop", E.eid, hashes, keep, spec["mode"] == "standalone")
+    others = [grp.call(r, "present", E.eid, hashes) for r in range(last)]
+    C.add(f"partial: rank {last} holds blocks [0, {keep}) only, the other ranks all {k}",
+          left == [True] * keep + [False] * (k - keep) and all(o == [True] * k for o in others),
+          f"rank {last}: {sum(left)} of {k}; others: {[sum(o) for o in others]}")
+    pm.wipe()
+    r = run_request(E, pm, f"{spec['tag']}-partial", prompt, N)
+    C.add(f"partial: the scheduler's hit shrinks to what every rank holds ({keep * B} tokens)",
+          r.hit_tokens == keep * B, f"hit {r.hit_tokens} tokens")
+    C.add("partial: the greedy decode = the reference's, token for token", r.tokens == ref.tokens,
+          f"{r.tokens} vs {ref.tokens}")
+    scale = max(1.0, float(ref.first_logits.abs().max()))
+    d = float((r.first_logits - ref.first_logits).abs().max())
+    C.add("partial: the first token's logits = the reference's", d <= 1e-3 * scale, f"max |diff| {d:.3g}")
+    kk = min(keep, r.hit_tokens // B)
+    got = pm.digests(r.blocks[:kk]) if kk else []
+    C.add("partial: the restored blocks are A's bytes on every rank",
+          kk == keep and got == list(a_digests[:kk]), f"{sum(g == a for g, a in zip(got, a_digests))} of {keep}")
+    okl, badl = r.stats.get("load_blocks_ok", 0), r.stats.get("load_blocks_failed", 0)
+    C.add("partial: every rank loaded the shrunk hit, nothing failed, nothing truncated",
+          okl == keep and badl == 0 and not r.truncated, f"loaded {okl}, failed {badl}, truncations {r.truncated}")
+    sc.info["partial"] = {"keep": keep, "of": k, "hit_tokens": r.hit_tokens, "first_logits_max_diff": d,
+                          "ttft_ms": round(r.ttft_s * 1e3, 3)}
+
+
+def tp_consistency(sc, *engines):
+    for name, E in engines:
+        sc.C.add(f"{name}: every rank sampled the same tokens from the same logits (the all-reduce agrees)",
+                 not E.disagree, E.disagree[:5])
+
+
+def role_embedded_tp(sc):
+    spec = sc.spec
+    grp, pm, prompt = setup_tp(sc)
+    engines = []
+    try:
+        H = load_harness()
+        ref_E = make_engine_tp(H, spec, grp, pm, "none", spec["seed"] + 101, "ref")
+        engines.append(("reference", ref_E))
+        E = make_engine_tp(H, spec, grp, pm, "connector", spec["seed"] + 1, "umbp")
+        engines.append(("umbp", E))
+        ref = reference_phase(sc, ref_E, pm, prompt)
+        a, dig = store_phase(sc, E, pm, prompt, ref.tokens)
+        restore_phase(sc, E, pm, prompt, ref, None, dig, a.blocks, ref_E)
+        partial_phase(sc, H, E, pm, prompt, ref, dig)
+        tp_consistency(sc, *engines)
+        finish(sc, *engines)
+    finally:
+        for _n, e in engines:
+            with contextlib.suppress(Exception):
+                e.shutdown()
+        grp.close()
+
+
+def role_store_tp(sc):
+    spec = sc.spec
+    grp, pm, prompt = setup_tp(sc)
+    engines = []
+    try:
+        H = load_harness()
+        E = make_engine_tp(H, spec, grp, pm, "connector", spec["seed"] + 1, "umbp")
+        engines.append(("A", E))
+        a, dig = store_phase(sc, E, pm, prompt)
+        data = {"tokens": a.tokens, "blocks": a.blocks[:len(dig)], "digests": dig, "weights": sc.info["weights"],
+                "prompt_sha": sc.info["prompt_sha"], "pid": os.getpid(), "rank_pids": [p.pid for p in grp.procs]}
+        tmp = spec["a_data"] + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.rename(tmp, spec["a_data"])
+        log(f"stored; waiting for {spec['release']}")
+        deadline = now() + spec["timeout"]
+        while not os.path.exists(spec["release"]):
+            if now() > deadline:
+                sc.C.add("A: released by the orchestrator in time", False)
+                break
+            time.sleep(0.05)
+        tp_consistency(sc, *engines)
+        finish(sc, *engines)
+    finally:
+        for _n, e in engines:
+            with contextlib.suppress(Exception):
+                e.shutdown()
+        grp.close()
+
+
+def role_restore_tp(sc):
+    spec, C = sc.spec, sc.C
+    with open(spec["a_data"]) as f:
+        a = json.load(f)
+    grp, pm, prompt = setup_tp(sc)
+    engines = []
+    try:
+        C.add("B: the same weights as A", sc.info["weights"] == a["weights"], f"{sc.info['weights']} vs {a['weights']}")
+        C.add("B: the same prompt as A", sc.info["prompt_sha"] == a["prompt_sha"])
+        if spec.get("a_exited"):
+            alive = []
+            for pid in [a["pid"]] + a.get("rank_pids", []):
+                try:
+                    os.kill(pid, 0)
+                    alive.append(pid)
+                except ProcessLookupError:
+                    pass
+            C.add("B: A's process (and its rank processes) have exited", not alive, f"alive: {alive}")
+        H = load_harness()
+        ref_E = make_engine_tp(H, spec, grp, pm, "none", spec["seed"] + 102, "ref")
+        engines.append(("reference", ref_E))
+        E = make_engine_tp(H, spec, grp, pm, "connector", spec["seed"] + spec["pool_seed"], "umbp")
+        engines.append(("B", E))
+        ref = reference_phase(sc, ref_E, pm, prompt)
+        restore_phase(sc, E, pm, prompt, ref, a["tokens"], a["digests"], a["blocks"], ref_E)
+        if spec.get("partial"):
+            partial_phase(sc, H, E, pm, prompt, ref, a["digests"])
+        tp_consistency(sc, *engines)
+        finish(sc, *engines)
+    finally:
+        for _n, e in engines:
+            with contextlib.suppress(Exception):
+                e.shutdown()
+        grp.close()
+
+
 ROLES = {"embedded": role_embedded, "store": role_store, "restore": role_restore}
+TP_ROLES = {"embedded": role_embedded_tp, "store": role_store_tp, "restore": role_restore_tp}
 
 
 def child_main(args):
@@ -1361,7 +2004,7 @@ def child_main(args):
     os.environ["VLLM_KV_CACHE_LAYOUT"] = spec["layout"]  # what the connector's namespace records
     err = None
     try:
-        ROLES[spec["role"]](sc)
+        (TP_ROLES if spec.get("tp", 1) > 1 else ROLES)[spec["role"]](sc)
     except Exception:  # noqa: BLE001
         err = traceback.format_exc()
         log(err)
@@ -1455,7 +2098,8 @@ def base_spec(args, mc, name, role, work, **kw):
                 max_batched=args.max_batched_tokens, runs=mc["runs"], validate=False, layout="NHD",
                 load_async=False, path="connector", mode="embedded", timeout=args.timeout or mc["timeout"],
                 model_name=f"mini-llama/{args.preset}-L{mc['layers']}-seed{args.seed}/{name}", inject=args.inject,
-                lookup_dir=os.path.join(work, "lk"), socket_dir=os.path.join(work, "s"), pool_seed=2)
+                lookup_dir=os.path.join(work, "lk"), socket_dir=os.path.join(work, "s"), pool_seed=2,
+                tp=args.tp, gpus=args.gpus)
     spec.update(kw)
     d = os.path.join(work, f"{name}-{role}{kw.get('suffix', '')}")
     spec.update(spec_path=d + ".spec.json", result=d + ".result.json")
@@ -1511,7 +2155,7 @@ def run_standalone(args, mc, name, work, env, **kw):
             a.kill()
             return merge(name, "standalone", [("A: ", a.wait())], spec)
         b1_spec = base_spec(args, mc, name, "restore", work, suffix="-alive", a_data=a_data, pool_seed=3,
-                            tag=f"{name}-alive", **dict(kw, runs=0, validate=False))
+                            tag=f"{name}-alive", **dict(kw, runs=0, validate=False, partial=False))
         b1 = Child(b1_spec, env)
         r_b1 = b1.wait()
         open(release, "w").close()
@@ -1593,6 +2237,12 @@ def skip_reason(args):
     return None
 
 
+def torch_cuda_count():
+    import torch as _t
+
+    return _t.cuda.device_count()
+
+
 def write_json(path, obj):
     if not path:
         return
@@ -1629,6 +2279,11 @@ def main(argv=None):
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--only", help="comma-separated scenario names (embedded, embedded-hnd-async, "
                     "embedded-direct, standalone)")
+    ap.add_argument("--tp", type=int, choices=[1, 2], default=1,
+                    help="tensor parallelism: 2 runs the model's shards in two rank processes (embedded-tp2, "
+                         "standalone-tp2)")
+    ap.add_argument("--gpus", type=int, choices=[1, 2], default=1,
+                    help="with --tp 2 on CUDA: 2 puts rank r on cuda:r (NCCL), 1 both ranks on one GPU (gloo)")
     ap.add_argument("--inject", choices=["rotate-loads", "lose-restore", "lose-one-block"], help=argparse.SUPPRESS)
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
@@ -1678,12 +2333,30 @@ def main(argv=None):
     work = tempfile.mkdtemp(prefix="umbp-mini-", dir="/tmp")
     os.makedirs(os.path.join(work, "lk"))
     plan = []
-    if args.mode in ("embedded", "all"):
+    if args.tp > 1:
+        for k, v in (("heads", mc["heads"]), ("kv_heads", mc["kv_heads"]), ("inter", mc["inter"])):
+            if v % args.tp:
+                print(f"FAIL: --tp {args.tp}: {k} {v} is not divisible by it", flush=True)
+                return 1
+        if path != "connector":
+            print(f"FAIL: --tp {args.tp} runs through the vLLM connector only, which does not import here ({where})",
+                  flush=True)
+            return 1
+        if args.device.startswith("cuda") and args.gpus > 1 and torch_cuda_count() < args.gpus:
+            print(f"FAIL: --gpus {args.gpus}, but this machine has {torch_cuda_count()} CUDA device(s)", flush=True)
+            return 1
+    if args.tp > 1:
+        if args.mode in ("embedded", "all"):
+            plan.append(("embedded-tp2", run_embedded, dict(path=path, validate=True)))
+        if args.mode in ("standalone", "all"):
+            plan.append(("standalone-tp2", run_standalone, dict(path=path, validate=args.mode == "standalone",
+                                                                 partial=True)))
+    elif args.mode in ("embedded", "all"):
         plan.append(("embedded", run_embedded, dict(path=path, validate=True)))
         plan.append(("embedded-hnd-async", run_embedded, dict(path=path, layout="HND", load_async=True, runs=0)))
         if path == "connector" and args.path == "auto":
             plan.append(("embedded-direct", run_embedded, dict(path="direct")))
-    if args.mode in ("standalone", "all"):
+    if args.mode in ("standalone", "all") and args.tp == 1:
         plan.append(("standalone", run_standalone, dict(path=path, validate=args.mode == "standalone")))
     if args.only:
         want = set(args.only.split(","))

@@ -6,6 +6,14 @@
 #
 #   connector/tests/gpu/run_mini_engine.sh [mini_engine.py options]   (default: --mode all)
 #
+# Tensor parallelism: --tp 2 runs the model's Megatron shards in two rank
+# processes per engine (scenarios embedded-tp2 and standalone-tp2: TP=2 forward
+# = TP=1 forward, exact restores per rank, a hit only where both ranks hold a
+# block); --gpus 2 puts rank r on cuda:r with NCCL (a 2-GPU machine), without
+# it both ranks share one GPU over gloo:
+#
+#   connector/tests/gpu/run_mini_engine.sh --tp 2 --gpus 2
+#
 # Environment: UMBP_LIBRARY (default build/libumbp.so), UMBP_SERVER (default
 # build/server/umbp-server), both relative to the repository unless absolute;
 # PYTHON (default python3); OUT: the results go to $OUT/mini_engine.json.
