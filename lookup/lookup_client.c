@@ -304,24 +304,7 @@ static int rank_frame(struct umbp_lookup_client *c, struct lk_rank *r,
 
 static int in_room(struct lk_rank *r)
 {
-    if (r->in_off == r->in_len)
-        r->in_off = r->in_len = 0;
-    if (r->in_cap - r->in_len >= IN_CHUNK)
-        return 0;
-    if (r->in_off) {
-        memmove(r->in, r->in + r->in_off, r->in_len - r->in_off);
-        r->in_len -= r->in_off;
-        r->in_off = 0;
-    }
-    if (r->in_cap - r->in_len >= IN_CHUNK)
-        return 0;
-    size_t cap = r->in_cap ? r->in_cap * 2 : 2 * IN_CHUNK;
-    uint8_t *p = realloc(r->in, cap);
-    if (!p)
-        return -ENOMEM;
-    r->in = p;
-    r->in_cap = cap;
-    return 0;
+    return proto_in_reserve(&r->in, &r->in_off, &r->in_len, &r->in_cap, IN_CHUNK);
 }
 
 /* Reads what has arrived (without waiting) and handles its frames.  0 (the

@@ -52,7 +52,6 @@
 
 #define LK_MAX_CONNS 64
 #define IN_INITIAL (64u << 10)
-#define IN_MAX ((size_t)PROTO_HDR_SIZE + PROTO_MAX_BODY)
 #define OUT_PAUSE (1u << 20)
 #define ACCEPT_BATCH 16
 #define ACCEPT_RETRY_S 0.1
@@ -380,23 +379,10 @@ static int conn_process(struct lk_conn *c)
     return rc < 0 ? rc : frc;
 }
 
-/* Room for more input: doubling up to one largest frame (the parser's len
- * check guarantees it is enough); an empty buffer that grew shrinks back. */
+/* Room for more input (proto_in_room). */
 static int in_room(struct lk_conn *c)
 {
-    size_t cap = c->in_cap;
-    if (c->in_len == 0 && cap > IN_INITIAL)
-        cap = IN_INITIAL;
-    else if (c->in_len == cap)
-        cap = cap * 2 > IN_MAX ? IN_MAX : cap * 2;
-    if (cap == c->in_cap)
-        return c->in_len < cap ? 0 : -ENOBUFS;
-    uint8_t *p = realloc(c->in, cap);
-    if (!p)
-        return c->in_len < c->in_cap ? 0 : -ENOMEM;
-    c->in = p;
-    c->in_cap = cap;
-    return 0;
+    return proto_in_room(&c->in, c->in_len, &c->in_cap, IN_INITIAL);
 }
 
 static void read_cb(struct ev_loop *loop, ev_io *w, int revents)

@@ -29,7 +29,6 @@
 #include "srv.h"
 #include "util.h"
 
-#define IN_MAX ((size_t)PROTO_HDR_SIZE + PROTO_MAX_BODY)
 
 static void read_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void write_cb(struct ev_loop *loop, ev_io *w, int revents);
@@ -231,24 +230,10 @@ static int session_process(struct srv_session *ss)
     return frc;
 }
 
-/* Room for more input: a full buffer grows (doubling, up to one largest
- * frame, which the parser's len check guarantees is enough); an empty one
- * that grew shrinks back. */
+/* Room for more input (proto_in_room). */
 static int in_room(struct srv_session *ss)
 {
-    size_t cap = ss->in_cap;
-    if (ss->in_len == 0 && cap > SRV_IN_INITIAL)
-        cap = SRV_IN_INITIAL;
-    else if (ss->in_len == cap)
-        cap = cap * 2 > IN_MAX ? IN_MAX : cap * 2;
-    if (cap == ss->in_cap)
-        return ss->in_len < cap ? 0 : -ENOBUFS;
-    uint8_t *p = realloc(ss->in, cap);
-    if (!p)
-        return ss->in_len < ss->in_cap ? 0 : -ENOMEM;
-    ss->in = p;
-    ss->in_cap = cap;
-    return 0;
+    return proto_in_room(&ss->in, ss->in_len, &ss->in_cap, SRV_IN_INITIAL);
 }
 
 /* One non-blocking read.  1: got bytes; 0: none yet; < 0: end (why set). */

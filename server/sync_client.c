@@ -16,7 +16,6 @@
 #include "sync_client.h"
 
 #define IN_INITIAL (64u << 10)
-#define IN_MAX ((size_t)PROTO_HDR_SIZE + PROTO_MAX_BODY)
 
 static void set_timeouts(int fd, int timeout_ms)
 {
@@ -75,14 +74,9 @@ int sync_client_send(struct sync_client *c, const void *buf, size_t len)
 /* One read into the buffer (growing it when full). */
 static int read_more(struct sync_client *c, char *err, size_t errlen)
 {
-    if (c->in_len == c->in_cap) {
-        size_t cap = c->in_cap * 2 > IN_MAX ? IN_MAX : c->in_cap * 2;
-        uint8_t *p = cap > c->in_cap ? realloc(c->in, cap) : NULL;
-        if (!p)
-            return -ENOMEM;
-        c->in = p;
-        c->in_cap = cap;
-    }
+    int rc = proto_in_room(&c->in, c->in_len, &c->in_cap, IN_INITIAL);
+    if (rc < 0)
+        return rc;
     int fd = -1;
     long n = proto_recv_with_fd(c->fd, c->in + c->in_len, c->in_cap - c->in_len, &fd);
     if (fd >= 0) {

@@ -1346,3 +1346,47 @@ long proto_recv_with_fd(int sock, void *buf, size_t len, int *fd)
     rc = take_fds(&msg, fd);
     return rc ? rc : (long)r;
 }
+
+/* ---- input buffers ----------------------------------------------------------- */
+
+int proto_in_room(uint8_t **buf, size_t len, size_t *cap, size_t initial)
+{
+    const size_t max = (size_t)PROTO_HDR_SIZE + PROTO_MAX_BODY;
+    size_t want = *cap;
+    if (len == 0 && want > initial)
+        want = initial;
+    else if (len == want)
+        want = want * 2 > max ? max : want * 2;
+    if (want == *cap)
+        return len < want ? 0 : -ENOBUFS;
+    uint8_t *p = realloc(*buf, want);
+    if (!p)
+        return len < *cap ? 0 : -ENOMEM;
+    *buf = p;
+    *cap = want;
+    return 0;
+}
+
+int proto_in_reserve(uint8_t **buf, size_t *off, size_t *len, size_t *cap, size_t chunk)
+{
+    if (*off == *len)
+        *off = *len = 0;
+    if (*cap - *len >= chunk)
+        return 0;
+    if (*off) {
+        memmove(*buf, *buf + *off, *len - *off);
+        *len -= *off;
+        *off = 0;
+    }
+    if (*cap - *len >= chunk)
+        return 0;
+    size_t want = *cap ? *cap * 2 : 2 * chunk;
+    while (want - *len < chunk)
+        want *= 2;
+    uint8_t *p = realloc(*buf, want);
+    if (!p)
+        return -ENOMEM;
+    *buf = p;
+    *cap = want;
+    return 0;
+}

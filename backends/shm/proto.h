@@ -334,4 +334,20 @@ int proto_send_with_fd(int sock, const void *buf, size_t len, int fd);
  * non-blocking socket; -EINVAL for len 0). */
 long proto_recv_with_fd(int sock, void *buf, size_t len, int *fd);
 
+/* ---- input buffers ----------------------------------------------------------- */
+
+/* The two shapes every reader of frames keeps its input in.
+ *
+ * proto_in_room (a peer that reads whole frames into [0, *len), parses from
+ * 0 and moves the rest down): a full buffer doubles, up to one largest frame
+ * (the parser's len check guarantees that is enough); an empty one that grew
+ * shrinks back to `initial`.  -ENOBUFS when full at the largest frame,
+ * -ENOMEM when it cannot grow and is full.
+ *
+ * proto_in_reserve (a peer that parses at *off): drops what was parsed,
+ * then makes room for at least `chunk` more bytes (compacting first,
+ * doubling after).  -ENOMEM. */
+int proto_in_room(uint8_t **buf, size_t len, size_t *cap, size_t initial);
+int proto_in_reserve(uint8_t **buf, size_t *off, size_t *len, size_t *cap, size_t chunk);
+
 #endif /* UMBP_SHM_PROTO_H */

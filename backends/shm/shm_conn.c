@@ -35,26 +35,7 @@ static double ms_to_s(uint64_t ms) { return (double)ms / 1000.0; }
 
 static int in_room(struct shm_tier *st)
 {
-    if (st->in_off == st->in_len)
-        st->in_off = st->in_len = 0;
-    if (st->in_cap - st->in_len >= IN_CHUNK)
-        return 0;
-    if (st->in_off) {
-        memmove(st->in, st->in + st->in_off, st->in_len - st->in_off);
-        st->in_len -= st->in_off;
-        st->in_off = 0;
-    }
-    if (st->in_cap - st->in_len >= IN_CHUNK)
-        return 0;
-    size_t cap = st->in_cap ? st->in_cap * 2 : 2 * IN_CHUNK;
-    while (cap - st->in_len < IN_CHUNK)
-        cap *= 2;
-    uint8_t *p = realloc(st->in, cap);
-    if (!p)
-        return -ENOMEM;
-    st->in = p;
-    st->in_cap = cap;
-    return 0;
+    return proto_in_reserve(&st->in, &st->in_off, &st->in_len, &st->in_cap, IN_CHUNK);
 }
 
 long shm_in_read(struct shm_tier *st)

@@ -1356,3 +1356,63 @@ Test(proto_socket, partial_writes_carry_the_fd_once)
     free(in);
     free(out);
 }
+
+/* ---- input buffers --------------------------------------------------------------- */
+
+Test(proto_in, room_grows_to_one_frame_then_refuses_and_shrinks_when_empty)
+{
+    const size_t max = (size_t)PROTO_HDR_SIZE + PROTO_MAX_BODY, initial = 4096;
+    size_t cap = initial, len = 0;
+    uint8_t *buf = malloc(cap);
+    cr_assert_eq(proto_in_room(&buf, len, &cap, initial), 0);
+    cr_assert_eq(cap, initial, "room left: no growth");
+    for (size_t i = 0; i < initial; i++)
+        buf[i] = (uint8_t)(i * 7);
+    len = initial;
+    cr_assert_eq(proto_in_room(&buf, len, &cap, initial), 0);
+    cr_assert_eq(cap, 2 * initial, "a full buffer doubles");
+    for (size_t i = 0; i < initial; i++)
+        cr_assert_eq(buf[i], (uint8_t)(i * 7), "byte %zu kept", i);
+    while (cap < max) {
+        len = cap;
+        cr_assert_eq(proto_in_room(&buf, len, &cap, initial), 0);
+        cr_assert_leq(cap, max);
+    }
+    len = cap;
+    cr_assert_eq(proto_in_room(&buf, len, &cap, initial), -ENOBUFS,
+                 "full at one largest frame: nothing more can be a frame");
+    len = 0;
+    cr_assert_eq(proto_in_room(&buf, len, &cap, initial), 0);
+    cr_assert_eq(cap, initial, "an empty buffer that grew shrinks back");
+    free(buf);
+}
+
+Test(proto_in, reserve_drops_parsed_bytes_compacts_then_doubles)
+{
+    const size_t chunk = 1024;
+    uint8_t *buf = NULL;
+    size_t off = 0, len = 0, cap = 0;
+    cr_assert_eq(proto_in_reserve(&buf, &off, &len, &cap, chunk), 0);
+    cr_assert_geq(cap - len, chunk);
+    size_t first = cap;
+    for (size_t i = 0; i < cap; i++)
+        buf[i] = (uint8_t)i;
+    len = cap;
+    off = cap - 100; /* 100 unparsed bytes at the end */
+    cr_assert_eq(proto_in_reserve(&buf, &off, &len, &cap, chunk), 0);
+    cr_assert_eq(off, 0);
+    cr_assert_eq(len, 100);
+    cr_assert_eq(cap, first, "compacting made room: no growth");
+    for (size_t i = 0; i < 100; i++)
+        cr_assert_eq(buf[i], (uint8_t)(first - 100 + i), "unparsed byte %zu moved intact", i);
+    len = cap; /* full and nothing parsed */
+    cr_assert_eq(proto_in_reserve(&buf, &off, &len, &cap, chunk), 0);
+    cr_assert_geq(cap - len, chunk);
+    for (size_t i = 0; i < 100; i++)
+        cr_assert_eq(buf[i], (uint8_t)(first - 100 + i));
+    off = len; /* everything parsed */
+    cr_assert_eq(proto_in_reserve(&buf, &off, &len, &cap, chunk), 0);
+    cr_assert_eq(off, 0);
+    cr_assert_eq(len, 0);
+    free(buf);
+}
