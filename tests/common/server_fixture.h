@@ -149,23 +149,11 @@ static inline void tu_server_start(struct tu_server *s, const char *json)
     tu_server_json(s, cfg, sizeof(cfg), json ? json : "{}");
     char log[160];
     snprintf(log, sizeof(log), "%s/server.log", s->dir);
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent)
-            _exit(1);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
 #ifdef UMBP_SERVER_BIN
-        execl(UMBP_SERVER_BIN, "umbp-server", "--json", cfg, (char *)NULL);
+    pid_t pid = tu_spawn_server(UMBP_SERVER_BIN, cfg, log);
+#else
+    pid_t pid = tu_spawn_server("/nonexistent/umbp-server", cfg, log);
 #endif
-        _exit(127);
-    }
     s->pid = pid;
     uint64_t end = tu_now_ms() + TU_WAIT_MS;
     while (!tu_server_answers(s->sock)) {

@@ -15,6 +15,7 @@
 #define UMBP_TEST_UTIL_H
 
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -24,7 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "umbp/umbp.h"
 
@@ -526,6 +529,29 @@ static inline int tu_present(umbp_runtime_t *rt, umbp_key_t key)
     cr_assert(p == 0 || p == 1);
     cr_assert_eq(prefix, (size_t)p);
     return p;
+}
+
+/* Starts `bin --json json` with stdout and stderr appended to `log` (mode
+ * 0600); PR_SET_PDEATHSIG kills it if the test process dies first, so a
+ * failed test leaves no server behind.  Returns the child's pid. */
+static inline pid_t tu_spawn_server(const char *bin, const char *json, const char *log)
+{
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork failed");
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1); /* the parent died before the prctl */
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(bin, "umbp-server", "--json", json, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
 }
 
 #endif /* UMBP_TEST_UTIL_H */

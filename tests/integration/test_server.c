@@ -75,19 +75,7 @@ static bool log_has(const struct srv *s, const char *needle)
 
 static pid_t spawn(const char *json, const char *log)
 {
-    pid_t pid = fork();
-    cr_assert(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test leaves no server behind */
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(UMBP_SERVER_BIN, "umbp-server", "--json", json, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return tu_spawn_server(UMBP_SERVER_BIN, json, log);
 }
 
 /* The config every test uses, plus `extra` (JSON members, or ""). */
