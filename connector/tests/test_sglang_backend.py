@@ -536,6 +536,37 @@ def test_standalone_server_gone_means_misses_not_exceptions(server):
         st.close()
 
 
+def test_standalone_stalled_server_means_bounded_misses_then_recovers(server):
+    """SIGSTOP the server: every call returns within its bound, as a miss or
+    a failed store, and writes nothing into the pool; after SIGCONT the same
+    backend reads the bytes it stored before the stall, exactly."""
+    pool = FakeHostPool("page_first")
+    pool.fill_random(seed=5)
+    src = pool.page_bytes(0)
+    st = make_store(pool, server.options())
+    try:
+        assert st.batch_set_v1([hkey(1)], page_indices(pool, [0])) == [True]
+        pool.poison(0x5A)
+        poisoned = pool.page_bytes(1 * pool.page_size)
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            assert st.batch_exists([hkey(1)]) == 0
+            assert st.batch_get_v1([hkey(1)], page_indices(pool, [1])) == [False]
+            assert st.batch_set_v1([hkey(2)], page_indices(pool, [2])) == [False]
+            assert time.monotonic() - t0 < 30  # lookup_timeout_ms + timeout_ms each: never hangs
+            assert pool.page_bytes(1 * pool.page_size) == poisoned, "a stalled get wrote the pool"
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 15
+        while st.batch_get_v1([hkey(1)], page_indices(pool, [1])) != [True]:
+            assert time.monotonic() < deadline, "no answers within 15 s of SIGCONT"
+            time.sleep(0.05)
+        assert pool.page_bytes(1 * pool.page_size) == src
+    finally:
+        st.close()
+
+
 def test_standalone_unreachable_server_fails_at_creation():
     d = tempfile.mkdtemp(prefix="umbp-sgl-none-")
     try:
