@@ -362,6 +362,26 @@ def test_standalone_server_death_means_misses(server):
     assert r["seconds"] < 60
 
 
+def test_standalone_server_stall_means_misses(server):
+    """SIGSTOP instead of a kill: B's lookup times out (a miss, recomputed),
+    its stores time out and release their blocks, its output is exact and
+    nothing hangs; SIGCONT afterwards.  timeout_ms is short because B's
+    blocks stay held until its stores end at that deadline, and the harness
+    gives up after 500 idle steps of about 1 ms."""
+    p, sock = server
+
+    def stop():
+        p.send_signal(signal.SIGSTOP)
+
+    try:
+        r = S.server_death(stop, extra={"mode": "standalone", "socket_dir": sock, "timeout_ms": 300,
+                                        "lookup_timeout_ms": 200})
+    finally:
+        p.send_signal(signal.SIGCONT)
+    assert r["matched"][1] == 0
+    assert r["seconds"] < 60
+
+
 # ---- options ---------------------------------------------------------------------------------
 
 
