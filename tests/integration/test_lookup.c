@@ -936,6 +936,72 @@ Test(lookup, standalone_prefix_across_rows, .timeout = 120)
     row_free(&b);
 }
 
+/* Standalone: a stalled (SIGSTOPped) server costs one lookup_timeout_ms,
+ * later queries miss at once without asking, and after SIGCONT the answers
+ * are exact again. */
+Test(lookup, standalone_stalled_server_single_flight, .timeout = 120)
+{
+    if (!tu_server_built())
+        cr_skip_test("umbp-server was not built (no server/ target)");
+    struct tu_rng g;
+    tu_rng_seed(&g, tu_time_seed());
+    tu_server_start(&srv, "{\"capacity_bytes\": \"64MiB\", \"log_level\": \"error\"}");
+    struct row a, b;
+    row_make(&a, &g, 64, 20);
+    row_make(&b, &g, 64, 30);
+    umbp_runtime_t *w = tu_create("{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+                                  "\"log_level\": \"error\"}", srv.dir);
+    cr_assert_eq(put_keys(w, a.held, a.nheld), 0);
+    cr_assert_eq(put_keys(w, b.held, b.nheld), 0);
+    char json[512];
+    snprintf(json, sizeof(json), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+             "\"num_ranks\": 2, \"lookup_timeout_ms\": %d, \"engine_id\": \"sched\"}",
+             srv.dir, TIMEOUT_MS);
+    umbp_lookup_client_t *c = NULL;
+    cr_assert_eq(umbp_lookup_client_create(json, &c), 0, "%s", umbp_last_error());
+    struct row *ab[] = {&a, &b};
+    expect_query(c, ab, 2, NULL);
+
+    tu_server_signal(&srv, SIGSTOP);
+    /* both rows come from the one server: a failure leaves all of them absent */
+    umbp_key_t keys[2 * 64];
+    uint8_t present[2 * 64];
+    memcpy(keys, a.keys, 64 * sizeof(umbp_key_t));
+    memcpy(keys + 64, b.keys, 64 * sizeof(umbp_key_t));
+    for (int round = 0; round < 2; round++) {
+        size_t prefix = 99;
+        memset(present, 7, sizeof(present));
+        uint64_t t0 = tu_now_ms();
+        int rc = umbp_lookup_client_query(c, keys, 64, 2, NULL, present, &prefix);
+        uint64_t ms = tu_now_ms() - t0;
+        cr_log_info("stalled server, query %d: %s after %llu ms", round, umbp_strerror(rc),
+                    (unsigned long long)ms);
+        cr_assert_lt(rc, 0, "a stalled server answered");
+        if (round == 1)
+            cr_assert_eq(rc, UMBP_E_NOT_ATTEMPTED, "asked again while one was due: %s",
+                         umbp_strerror(rc));
+        cr_assert_lt(ms, 10 * TIMEOUT_MS, "a stalled server held the query %llu ms",
+                     (unsigned long long)ms);
+        cr_assert_eq(prefix, 0);
+        for (size_t i = 0; i < sizeof(present); i++)
+            cr_assert_eq(present[i], 0, "key %zu present while the server is stalled", i);
+    }
+    tu_server_signal(&srv, SIGCONT);
+    uint64_t ms;
+    int rc;
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while ((rc = timed_query(c, &a, &b, &ms)) != 0) {
+        cr_assert_lt(tu_now_ms(), end, "the resumed server never answered: %s", umbp_strerror(rc));
+        tu_sleep_ms(10);
+    }
+    expect_query(c, ab, 2, NULL);
+    umbp_lookup_client_destroy(c);
+    umbp_runtime_destroy(w);
+    tu_server_cleanup(&srv);
+    row_free(&a);
+    row_free(&b);
+}
+
 Test(lookup, standalone_without_server_fails_at_create)
 {
     mk_dir();
