@@ -65,7 +65,11 @@ const struct umbp_option umbp_core_options[] = {
      NULL, "device staging buffer of the staged copy method"},
     {"gpu_store_slice_blocks", UMBP_OPT_INT, OFF(gpu_store_slice_blocks), "128", 0, 1 << 24, 0, NULL,
      "umbp_kv_store batches larger than this run as slices that overlap reservation "
-     "and publish with copying (0: never split; loads stay one transfer)"},
+     "and publish with copying (0: never split)"},
+    {"gpu_load_head_blocks", UMBP_OPT_INT, OFF(gpu_load_head_blocks), "32", 0, 1 << 24, 0, NULL,
+     "standalone: an umbp_kv_load of at least 8 times this many blocks, submitted while "
+     "nothing else is in flight, copies its first this many while the server grants the "
+     "rest (0: one transfer)"},
     {.name = NULL},
 };
 

@@ -349,11 +349,21 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     kv_remap(rt);
     enum op_kind kind = store ? OP_PUT : OP_GET;
     /* Stores are sliced: reserving and publishing one slice overlaps the
-     * copy of another.  Loads stay one transfer: the staged restore pipeline
-     * pays a fill and a drain per transfer, which measured more than the
-     * overlap gains (docs/benchmarks.md). */
+     * copy of another.  A load from a remote tier (the server's acquire is
+     * a round trip) of at least 8 heads that finds nothing else in flight
+     * starts with a head of gpu_load_head_blocks keys: its copy starts as
+     * soon as the head's leases are granted and overlaps the acquire of the
+     * rest, the second and last child.  The second transfer costs a
+     * pipeline fill and drain (about 40 us on an H200 host), which the
+     * acquire of fewer keys does not win back, and with other work in flight
+     * the GPU is busy anyway; more load slices would each pay one
+     * (docs/benchmarks.md). */
     size_t slice = store ? (size_t)rt->core->gpu_store_slice_blocks : 0;
     size_t nchild = slice && n > slice ? (n + slice - 1) / slice : 0;
+    size_t head = 0;
+    if (!store && (rt->tier->ops->caps & UMBP_TIER_CAP_REMOTE) &&
+        atomic_load_explicit(&rt->inflight, memory_order_relaxed) == 0)
+        head = (size_t)rt->core->gpu_load_head_blocks;
     /* At most a quarter of the op pool (and 64) as children, so a parent and
      * its children always fit a pool that is not busy; the slice grows to
      * match.  Fewer than two children is no split at all. */
@@ -363,6 +373,10 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     if (nchild > max_children) {
         slice = max_children ? (n + max_children - 1) / max_children : n;
         nchild = (n + slice - 1) / slice;
+    }
+    if (head && n >= 8 * head && max_children >= 2) {
+        nchild = 2;
+        slice = head; /* child 0: [0, head), child 1: [head, n) */
     }
     if (nchild < 2)
         nchild = 0;
@@ -379,6 +393,8 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
         goto fail;
     for (; got < nchild; got++) {
         size_t base = got * slice, m = n - base < slice ? n - base : slice;
+        if (head && got + 1 == nchild)
+            m = n - base; /* a load's tail: everything after the head */
         if (!(child[got] = op_get(rt, kind))) {
             rc = -EAGAIN;
             goto fail;

@@ -103,13 +103,32 @@ static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
 static void adopt_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
 #define SRV_POLL_NS 200000ull
+/* While a session holds reservations its publish is coming, after a copy
+ * of up to a few ms (a GPU slice): keep polling that long, so the publish
+ * that ends a store is not delayed by a wake-up. */
+#define SRV_POLL_PENDING_NS 5000000ull
+#define SRV_POLL_RECHECK_NS 50000ull
+
+static bool reservations_held(const struct umbp_server *s)
+{
+    for (const struct srv_session *ss = s->sessions; ss; ss = ss->next)
+        if (ss->reservations.n)
+            return true;
+    return false;
+}
 
 static void poll_cb(struct ev_loop *loop, ev_idle *w, int revents)
 {
     struct umbp_server *s = umbp_container_of(w, struct umbp_server, poll_w);
     (void)revents;
-    if (umbp_now_ns() - s->last_request_ns > SRV_POLL_NS)
-        ev_idle_stop(loop, w);
+    uint64_t now = umbp_now_ns(), quiet = now - s->last_request_ns;
+    if (quiet <= SRV_POLL_NS || now < s->poll_recheck_ns)
+        return;
+    if (quiet <= SRV_POLL_PENDING_NS && reservations_held(s)) {
+        s->poll_recheck_ns = now + SRV_POLL_RECHECK_NS; /* walk the sessions rarely */
+        return;
+    }
+    ev_idle_stop(loop, w);
 }
 
 void srv_note_request(struct umbp_server *s)
@@ -117,6 +136,7 @@ void srv_note_request(struct umbp_server *s)
     if (!s->may_spin)
         return;
     s->last_request_ns = umbp_now_ns();
+    s->poll_recheck_ns = 0;
     if (!ev_is_active(&s->poll_w))
         ev_idle_start(s->loop, &s->poll_w);
 }

@@ -118,10 +118,13 @@ struct umbp_server {
     /* poll_wait (core option): for SRV_POLL_NS after a request the loop
      * polls instead of sleeping, so a client's next request (the publish
      * after a reserve, the release after an acquire) is taken without a
-     * wake-up; only where cores are to spare */
+     * wake-up, and for up to SRV_POLL_PENDING_NS while any session holds
+     * reservations (its publishes follow its copies); only where cores are
+     * to spare */
     ev_idle poll_w;
     bool may_spin;
     uint64_t last_request_ns;
+    uint64_t poll_recheck_ns;        /* next walk of the sessions */
     ev_prepare flush_w;              /* events out, once per loop iteration */
     bool evicting;                   /* above high: evicting down to low */
     struct srv_session *sessions;

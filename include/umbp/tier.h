@@ -103,6 +103,7 @@ struct umbp_core_config {
     int64_t gpu_max_ctas;
     uint64_t gpu_staging_bytes;
     int64_t gpu_store_slice_blocks;
+    int64_t gpu_load_head_blocks;
     char poll_wait[8];               /* auto, on, off */
 };
 

@@ -331,6 +331,48 @@ Test(standalone, kv_store_in_one_process_load_in_another)
     tu_server_cleanup(&srv);
 }
 
+/* A load split into a head of 2 keys and the rest (gpu_load_head_blocks):
+ * a miss in the head (key 1) and one in the tail (key 9) fail at their own
+ * keys, every hit is restored byte-exact, and no other block is written. */
+Test(standalone, kv_load_with_a_head_statuses_and_bytes)
+{
+    setenv("UMBP_GPU_LOAD_HEAD_BLOCKS", "2", 1); /* 16 keys: 8 heads */
+    start_server(NULL);
+    cr_assert_eq(in_child(child_kv_store, NULL), 0, "the storing process failed");
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, false), 0, "KV setup: %s", umbp_last_error());
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i == 1 || i == 9 ? 100 + i : i), (uint64_t)(NB - 1 - i)};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    cr_assert_eq(umbp_op_wait(op, TU_WAIT_MS), 0);
+    cr_assert_eq(umbp_op_num_keys(op), KV_BLOCKS);
+    for (size_t i = 0; i < KV_BLOCKS; i++)
+        cr_assert_eq(umbp_op_key_status(op, i), i == 1 || i == 9 ? -ENOENT : 0, "key %zu: %s", i,
+                     umbp_strerror(umbp_op_key_status(op, i)));
+    cr_assert_eq(umbp_op_num_ok(op), KV_BLOCKS - 2);
+    umbp_op_release(op);
+    for (int l = 0; l < L; l++) {
+        const uint8_t *p = k.dev[l];
+        for (int kvh = 0; kvh < 2; kvh++)
+            for (int blk = 0; blk < NB; blk++) {
+                int i = NB - 1 - blk; /* the key restored into blk */
+                bool loaded = i < KV_BLOCKS && i != 1 && i != 9;
+                size_t at = ((size_t)kvh * NB + (size_t)blk) * CHUNK;
+                size_t src = ((size_t)kvh * NB + (size_t)i) * CHUNK;
+                for (size_t o = 0; o < CHUNK; o++) {
+                    uint8_t want = loaded ? expected_byte(l, src + o) : TU_POISON;
+                    cr_assert_eq(p[at + o], want, "layer %d %s block %d byte %zu", l,
+                                 kvh ? "V" : "K", blk, o);
+                }
+            }
+    }
+    kv_close(&k);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* A server restarted without a named pool hands out a new pool: the KV
  * path registers it with the GPU and carries on (before, every transfer
  * failed with UMBP_E_GPU_UNREGISTERED until the engine restarted). */

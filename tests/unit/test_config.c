@@ -168,6 +168,7 @@ static const struct {
     {"gpu_max_ctas", "8"},
     {"gpu_staging_bytes", "67108864"},
     {"gpu_store_slice_blocks", "128"},
+    {"gpu_load_head_blocks", "32"},
     {"dram_use_shared_memory", "false"},
     {"dram_shm_name", ""},
     {"dram_use_hugepages", "false"},

@@ -219,6 +219,7 @@ OPTIONS: dict[str, Opt] = {
         Opt("gpu_max_ctas", _int(1, 1024), None, runtime="gpu_max_ctas"),
         Opt("gpu_staging_bytes", _size(True), None, runtime="gpu_staging_bytes"),
         Opt("gpu_store_slice_blocks", _int(0, 1 << 24), None, runtime="gpu_store_slice_blocks"),
+        Opt("gpu_load_head_blocks", _int(0, 1 << 24), None, runtime="gpu_load_head_blocks"),
     ]
 }
 
