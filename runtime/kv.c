@@ -411,10 +411,12 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     atomic_store(&op->children_left, (uint32_t)nchild);
     /* The mailbox has room for every op of the pool, so posting the
      * children (or the op itself) cannot fail once they are taken. */
+    struct msg_hdr *msgs[64];
     for (size_t c = 0; c < nchild; c++) {
         child[c]->hdr.type = store ? MSG_PUT_SUBMIT : MSG_GET_SUBMIT;
-        rt_post(rt, &child[c]->hdr);
+        msgs[c] = &child[c]->hdr;
     }
+    rt_post_many(rt, msgs, nchild);
     if (!nchild) {
         op->hdr.type = store ? MSG_PUT_SUBMIT : MSG_GET_SUBMIT;
         rt_post(rt, &op->hdr);

@@ -70,3 +70,23 @@ int rt_post(struct umbp_runtime *rt, struct msg_hdr *m)
 {
     return mailbox_post(&rt->mb[msg_actor((enum msg_type)m->type)], m);
 }
+
+int rt_post_many(struct umbp_runtime *rt, struct msg_hdr **m, size_t n)
+{
+    if (!n)
+        return 0;
+    /* one doorbell for the batch: a wake-up per message would let the loop
+     * thread take each one as it arrives, a system call and a context
+     * switch apiece on a small machine */
+    struct mailbox *mb = &rt->mb[msg_actor((enum msg_type)m[0]->type)];
+    size_t i = 0;
+    for (; i < n; i++) {
+        if (&rt->mb[msg_actor((enum msg_type)m[i]->type)] != mb)
+            break;
+        atomic_store_explicit(&m[i]->posted, 1, memory_order_release);
+        if (!ck_ring_enqueue_mpsc(&mb->ring, mb->buf, m[i]))
+            break;
+    }
+    ev_async_send(rt->loop, &mb->doorbell);
+    return i == n ? 0 : -EAGAIN;
+}

@@ -54,6 +54,10 @@ void mailbox_fini(struct mailbox *mb);
 int mailbox_post(struct mailbox *mb, struct msg_hdr *m);
 /* Posts to the actor that receives m->type. */
 int rt_post(struct umbp_runtime *rt, struct msg_hdr *m);
+/* Posts n messages for one actor with one doorbell: 0, or -EAGAIN when the
+ * ring filled (the messages from the first that did not fit are not
+ * posted) or one is for another actor (the same). */
+int rt_post_many(struct umbp_runtime *rt, struct msg_hdr **m, size_t n);
 
 /* ---- operations -------------------------------------------------------- */
 
