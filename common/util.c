@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <xxhash.h>
 
@@ -85,3 +86,20 @@ const char *umbp_strerror(int err)
     return "unknown umbp error";
 }
 
+
+int umbp_accept_batch(int listen_fd, int batch, void (*one)(void *ctx, int fd), void *ctx)
+{
+    for (int i = 0; i < batch; i++) {
+        int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            one(ctx, fd);
+            continue;
+        }
+        if (errno == EINTR || errno == ECONNABORTED)
+            continue;
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+            return -errno;
+        return 0; /* EAGAIN: drained */
+    }
+    return 0;
+}

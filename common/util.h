@@ -15,4 +15,12 @@ void umbp_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void umbp_log_set_level(enum umbp_log_level l);
 int umbp_log_level_parse(const char *s, enum umbp_log_level *out);
 
+/* Accepts up to `batch` connections from a non-blocking listening socket
+ * (non-blocking, close-on-exec) and hands each to one(ctx, fd).  0 when the
+ * backlog is empty or the batch is done; -errno when the process is out of
+ * descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), where a
+ * level-triggered caller pauses its watcher instead of spinning on the
+ * backlog.  Used by umbp-server and the workers' lookup service. */
+int umbp_accept_batch(int listen_fd, int batch, void (*one)(void *ctx, int fd), void *ctx);
+
 #endif

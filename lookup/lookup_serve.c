@@ -433,8 +433,9 @@ static void refuse(struct lookup_service *s, int fd, const struct ucred *cr, con
     close(fd);
 }
 
-static void accept_one(struct lookup_service *s, int fd)
+static void accept_one(void *ctx, int fd)
 {
+    struct lookup_service *s = ctx;
     struct ucred cr;
     socklen_t len = sizeof(cr);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
@@ -475,22 +476,12 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
     struct lookup_service *s = umbp_container_of(w, struct lookup_service, accept_w);
     (void)revents;
-    for (int i = 0; i < ACCEPT_BATCH; i++) {
-        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd >= 0) {
-            accept_one(s, fd);
-            continue;
-        }
-        if (errno == EINTR || errno == ECONNABORTED)
-            continue;
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            /* level-triggered: pause instead of spinning on the backlog */
-            umbp_log(UMBP_LOG_WARN, "lookup service %s: accept: %s; new connections wait "
-                     "%.1f s", s->path, strerror(errno), ACCEPT_RETRY_S);
-            ev_io_stop(loop, &s->accept_w);
-            ev_timer_start(loop, &s->accept_retry_w);
-        }
-        return;
+    int rc = umbp_accept_batch(s->listen_fd, ACCEPT_BATCH, accept_one, s);
+    if (rc < 0) {
+        umbp_log(UMBP_LOG_WARN, "lookup service %s: accept: %s; new connections wait "
+                 "%.1f s", s->path, strerror(-rc), ACCEPT_RETRY_S);
+        ev_io_stop(loop, &s->accept_w);
+        ev_timer_start(loop, &s->accept_retry_w);
     }
 }
 

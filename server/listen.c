@@ -307,8 +307,9 @@ static void refuse(struct umbp_server *s, int fd, const struct ucred *cr, const 
     close(fd);
 }
 
-static void accept_one(struct umbp_server *s, int fd)
+static void accept_one(void *ctx, int fd)
 {
+    struct umbp_server *s = ctx;
     struct ucred cr;
     socklen_t len = sizeof(cr);
     char why[96];
@@ -333,23 +334,13 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
     struct umbp_server *s = umbp_container_of(w, struct umbp_server, accept_w);
     (void)revents;
-    for (int i = 0; i < ACCEPT_BATCH; i++) {
-        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd >= 0) {
-            accept_one(s, fd);
-            continue;
-        }
-        if (errno == EINTR || errno == ECONNABORTED)
-            continue;
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            /* level-triggered: pause instead of spinning on the backlog */
-            umbp_log(UMBP_LOG_WARN, "accept: %s; new connections wait %.1f s (raise the "
-                     "descriptor limit, ulimit -n, or lower max_sessions)", strerror(errno),
-                     ACCEPT_RETRY_S);
-            ev_io_stop(loop, &s->accept_w);
-            ev_timer_start(loop, &s->accept_retry_w);
-        }
-        return;
+    int rc = umbp_accept_batch(s->listen_fd, ACCEPT_BATCH, accept_one, s);
+    if (rc < 0) {
+        umbp_log(UMBP_LOG_WARN, "accept: %s; new connections wait %.1f s (raise the "
+                 "descriptor limit, ulimit -n, or lower max_sessions)", strerror(-rc),
+                 ACCEPT_RETRY_S);
+        ev_io_stop(loop, &s->accept_w);
+        ev_timer_start(loop, &s->accept_retry_w);
     }
 }
 
