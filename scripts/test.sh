@@ -64,7 +64,7 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   build-tsan/bench/bench_lookup 200 | tail -1
   build-tsan/bench/bench_putget 64 1 | tail -1
   # key derivation on the caller's parallel-for (runtime/par.c) and its helpers
-  build-tsan/bench/bench_py_baseline 50 | tail -1
+  UMBP_PAR_THREADS=2 build-tsan/bench/bench_py_baseline 50 | tail -1
   # standalone: the server and its clients (lookups, put/get, 8 clients'
   # metadata traffic), both built with TSan
   build-tsan/bench/bench_standalone "" 0.05 2>/dev/null | tail -1
