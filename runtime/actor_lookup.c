@@ -61,6 +61,22 @@ static void lookup_arrive(struct umbp_runtime *rt, struct umbp_op *op)
                 lookup_done, op);
 }
 
+bool lookup_run_inline(struct umbp_runtime *rt, struct umbp_op *op)
+{
+    /* a local tier answers inside its call; a remote one would complete on
+     * the loop thread from its socket watcher, so it is posted */
+    if (rt->tier->ops->caps & UMBP_TIER_CAP_REMOTE)
+        return false;
+    if (pthread_mutex_trylock(&rt->loop_lock) != 0)
+        return false; /* the loop is working: it takes the message soon */
+    /* the loop thread sleeps in its poll and cannot run before the unlock:
+     * this thread is the loop thread meanwhile (a stopping runtime is
+     * refused here, as lookup_arrive would) */
+    lookup_arrive(rt, op);
+    pthread_mutex_unlock(&rt->loop_lock);
+    return true;
+}
+
 #define LOAD(f) atomic_load_explicit(&rt->cnt.f, memory_order_relaxed)
 
 static void stats_fill(struct umbp_runtime *rt, struct umbp_op *op)

@@ -54,6 +54,10 @@ void mailbox_fini(struct mailbox *mb);
 int mailbox_post(struct mailbox *mb, struct msg_hdr *m);
 /* Posts to the actor that receives m->type. */
 int rt_post(struct umbp_runtime *rt, struct msg_hdr *m);
+/* Runs the lookup actor's handling of a posted-equivalent op on the
+ * caller's thread when the loop sleeps and the tier is local (true), or
+ * does nothing (false: post it).  actor_lookup.c. */
+bool lookup_run_inline(struct umbp_runtime *rt, struct umbp_op *op);
 /* Posts n messages for one actor with one doorbell: 0, or -EAGAIN when the
  * ring filled (the messages from the first that did not fit are not
  * posted) or one is for another actor (the same). */
@@ -300,6 +304,13 @@ struct umbp_runtime {
 
     struct ev_loop *loop;
     pthread_t loop_thread;
+    /* The loop lock: the loop thread holds it except while it sleeps in the
+     * backend poll (libev's release/acquire callbacks), so a caller that
+     * takes it with trylock owns everything the loop thread owns and may run
+     * a local tier's lookup itself instead of waking the loop (see
+     * umbp_lookup).  Never waited for by a caller. */
+    pthread_mutex_t loop_lock;
+    bool loop_lock_ready;
     ev_async stop_async;
     struct mailbox mb[ACTOR_COUNT];
 

@@ -23,10 +23,27 @@
 #include "rt.h"
 #include "tier_call.h"
 
+static void loop_release(struct ev_loop *loop)
+{
+    struct umbp_runtime *rt = ev_userdata(loop);
+    pthread_mutex_unlock(&rt->loop_lock);
+}
+
+static void loop_acquire(struct ev_loop *loop)
+{
+    struct umbp_runtime *rt = ev_userdata(loop);
+    pthread_mutex_lock(&rt->loop_lock);
+}
+
 static void *loop_main(void *arg)
 {
     struct umbp_runtime *rt = arg;
+    /* held while the loop works; released only around the backend poll */
+    pthread_mutex_lock(&rt->loop_lock);
+    ev_set_userdata(rt->loop, rt);
+    ev_set_loop_release_cb(rt->loop, loop_release, loop_acquire);
     ev_run(rt->loop, 0);
+    pthread_mutex_unlock(&rt->loop_lock);
     return NULL;
 }
 
@@ -188,6 +205,8 @@ static void free_runtime(struct umbp_runtime *rt)
     free(rt->events.v);
     free(rt->memreg.v);
     quarantine_free(rt->quarantine);
+    if (rt->loop_lock_ready)
+        pthread_mutex_destroy(&rt->loop_lock);
     pthread_mutex_destroy(&rt->events.lock);
     pthread_mutex_destroy(&rt->memreg.lock);
     config_free(rt->cfg);
@@ -222,6 +241,12 @@ int umbp_runtime_create(const char *json_config, umbp_runtime_t **out)
                    (strcmp(cfg->core.poll_wait, "auto") == 0 &&
                     sysconf(_SC_NPROCESSORS_ONLN) >= 8);
     kv_init(rt);
+    if (pthread_mutex_init(&rt->loop_lock, NULL) != 0) {
+        umbp_set_error("cannot create the loop lock");
+        rc = -ENOMEM;
+        goto fail;
+    }
+    rt->loop_lock_ready = true;
     rt->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
     if (!rt->loop) {
         umbp_set_error("libev: cannot create an event loop");
