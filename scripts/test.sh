@@ -15,6 +15,10 @@ if leaked=$(nm -D --defined-only build/libumbp.so | awk '{print $3}' | grep -v '
   echo "scripts/test.sh: libumbp.so exports symbols outside the umbp_ API:" $leaked >&2
   exit 1
 fi
+# two engine processes sharing one umbp-server, host backend: a prefix stored
+# by one is restored byte-exact by the other (the GPU run is bench_kv_engines
+# with cuda on a machine with GPUs)
+build/bench/bench_kv_engines 2 host 1 2 4 4 2>/dev/null | grep "every byte verified"
 # the Python package against the library just built (Debian's python3: it
 # has numpy, pytest and torch)
 UMBP_LIBRARY="$PWD/build/libumbp.so" UMBP_SERVER="$PWD/build/server/umbp-server" \
