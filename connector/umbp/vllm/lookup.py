@@ -5,8 +5,9 @@ groups, one round trip per batch).  Three ways to answer it:
 
 - ``ClientLookup``: ``umbp.LookupClient`` over the workers' lookup sockets
   (embedded mode; each worker serves its pool with ``rt.serve_lookups``).
-- ``LocalLookup``: the workers' runtimes live in this process (TP=1 with
-  VLLM_ENABLE_V1_MULTIPROCESSING=0, or the harness): ask them directly.
+- ``LocalLookup``: the workers' runtimes live in this process (TP=1 under
+  vLLM's single-process executor, which runs the worker in the engine-core
+  process beside the scheduler; the harness): ask them directly.
 - ``StandaloneLookup``: a ``role: lookup`` session of umbp-server; every rank's
   objects are in the one shared pool, so one ``rt.lookup`` answers all rows.
 
