@@ -67,8 +67,11 @@ bool lookup_run_inline(struct umbp_runtime *rt, struct umbp_op *op)
      * the loop thread from its socket watcher, so it is posted */
     if (rt->tier->ops->caps & UMBP_TIER_CAP_REMOTE)
         return false;
-    if (pthread_mutex_trylock(&rt->loop_lock) != 0)
-        return false; /* the loop is working: it takes the message soon */
+    /* the loop is waking up (it goes first) or working: it takes the
+     * message soon */
+    if (atomic_load_explicit(&rt->loop_waiting, memory_order_relaxed) ||
+        pthread_mutex_trylock(&rt->loop_lock) != 0)
+        return false;
     /* the loop thread sleeps in its poll and cannot run before the unlock:
      * this thread is the loop thread meanwhile (a stopping runtime is
      * refused here, as lookup_arrive would) */

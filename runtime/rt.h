@@ -311,6 +311,7 @@ struct umbp_runtime {
      * umbp_lookup).  Never waited for by a caller. */
     pthread_mutex_t loop_lock;
     bool loop_lock_ready;
+    _Atomic bool loop_waiting;  /* the loop thread waits for loop_lock */
     ev_async stop_async;
     struct mailbox mb[ACTOR_COUNT];
 

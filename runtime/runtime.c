@@ -32,7 +32,11 @@ static void loop_release(struct ev_loop *loop)
 static void loop_acquire(struct ev_loop *loop)
 {
     struct umbp_runtime *rt = ev_userdata(loop);
+    /* callers stop taking the lock while the loop waits for it, so lookups
+     * in a tight loop cannot starve the loop (a mutex is not fair) */
+    atomic_store_explicit(&rt->loop_waiting, true, memory_order_relaxed);
     pthread_mutex_lock(&rt->loop_lock);
+    atomic_store_explicit(&rt->loop_waiting, false, memory_order_relaxed);
 }
 
 static void *loop_main(void *arg)
