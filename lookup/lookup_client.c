@@ -225,19 +225,9 @@ static int rank_queue(struct umbp_lookup_client *c, struct lk_rank *r, const umb
 /* Writes what the socket takes.  < 0: the connection failed. */
 static int rank_flush(struct lk_rank *r)
 {
-    while (r->out_off < r->out.len) {
-        ssize_t n = send(r->fd, r->out.data + r->out_off, r->out.len - r->out_off,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) {
-            r->out_off += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return 0;
-        return n < 0 ? -errno : -EPIPE;
-    }
+    int rc = proto_out_send(r->fd, &r->out, &r->out_off);
+    if (rc < 0 || r->out_off < r->out.len)
+        return rc;
     proto_buf_consume(&r->out, r->out.len);
     r->out_off = 0;
     return 0;

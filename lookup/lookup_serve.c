@@ -126,20 +126,10 @@ static size_t backlog(const struct lk_conn *c) { return c->out.len - c->out_off;
 static int conn_flush(struct lk_conn *c)
 {
     struct ev_loop *loop = c->svc->rt->loop;
-    while (backlog(c)) {
-        ssize_t n = send(c->fd, c->out.data + c->out_off, backlog(c),
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) {
-            c->out_off += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            break;
-        int e = n < 0 ? errno : EPIPE;
-        snprintf(c->why, sizeof(c->why), "send: %s", strerror(e));
-        return -e;
+    int rc = proto_out_send(c->fd, &c->out, &c->out_off);
+    if (rc < 0) {
+        snprintf(c->why, sizeof(c->why), "send: %s", strerror(-rc));
+        return rc;
     }
     if (c->out_off == c->out.len) {
         c->out_off = 0;

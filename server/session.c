@@ -138,20 +138,10 @@ int session_flush(struct srv_session *ss)
 {
     struct umbp_server *s = ss->srv;
 
-    while (session_backlog(ss)) {
-        ssize_t n = send(ss->fd, ss->out.data + ss->out_off, session_backlog(ss),
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) {
-            ss->out_off += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            break;
-        int e = n < 0 ? errno : EPIPE;
-        snprintf(ss->why, sizeof(ss->why), "send: %s", strerror(e));
-        return -e;
+    int rc = proto_out_send(ss->fd, &ss->out, &ss->out_off);
+    if (rc < 0) {
+        snprintf(ss->why, sizeof(ss->why), "send: %s", strerror(-rc));
+        return rc;
     }
     out_compact(ss);
     if (!session_backlog(ss)) {

@@ -1349,6 +1349,23 @@ long proto_recv_with_fd(int sock, void *buf, size_t len, int *fd)
 
 /* ---- input buffers ----------------------------------------------------------- */
 
+int proto_out_send(int sock, const struct proto_buf *b, size_t *off)
+{
+    while (*off < b->len) {
+        ssize_t n = send(sock, b->data + *off, b->len - *off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            *off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        return n < 0 ? -errno : -EPIPE;
+    }
+    return 0;
+}
+
 int proto_in_room(uint8_t **buf, size_t len, size_t *cap, size_t initial)
 {
     const size_t max = (size_t)PROTO_HDR_SIZE + PROTO_MAX_BODY;

@@ -334,6 +334,11 @@ int proto_send_with_fd(int sock, const void *buf, size_t len, int fd);
  * non-blocking socket; -EINVAL for len 0). */
 long proto_recv_with_fd(int sock, void *buf, size_t len, int *fd);
 
+/* Sends b's bytes [*off, b->len) on a non-blocking socket, advancing *off,
+ * until they are all sent or the socket would block (then *off < b->len).
+ * 0, or -errno when the peer is gone (-EPIPE for a zero-length send). */
+int proto_out_send(int sock, const struct proto_buf *b, size_t *off);
+
 /* ---- input buffers ----------------------------------------------------------- */
 
 /* The two shapes every reader of frames keeps its input in.

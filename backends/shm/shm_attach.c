@@ -324,14 +324,14 @@ static int wait_fd(int fd, short events, uint64_t deadline)
 static int flush_blocking(struct shm_tier *st, uint64_t deadline)
 {
     while (st->out.len) {
-        ssize_t n = send(st->fd, st->out.data, st->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) {
-            proto_buf_consume(&st->out, (size_t)n);
-            continue;
-        }
-        if (n < 0 && errno != EAGAIN && errno != EINTR)
-            return -errno;
-        int rc = wait_fd(st->fd, POLLOUT, deadline);
+        size_t sent = 0;
+        int rc = proto_out_send(st->fd, &st->out, &sent);
+        proto_buf_consume(&st->out, sent);
+        if (rc < 0)
+            return rc;
+        if (!st->out.len)
+            break;
+        rc = wait_fd(st->fd, POLLOUT, deadline);
         if (rc < 0)
             return rc;
     }

@@ -145,20 +145,19 @@ void shm_conn_flush(struct shm_tier *st)
 {
     if (st->fd < 0 || (st->state != SHM_HELLO && st->state != SHM_CONNECTED))
         return;
-    while (st->out.len) {
-        ssize_t n = send(st->fd, st->out.data, st->out.len, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) {
-            proto_buf_consume(&st->out, (size_t)n);
-        } else if (n < 0 && errno == EAGAIN) {
-            if (!ev_is_active(&st->wio)) {
-                ev_io_set(&st->wio, st->fd, EV_WRITE);
-                ev_io_start(st->base.env.loop, &st->wio);
-            }
-            return;
-        } else if (n < 0 && errno != EINTR) {
-            fail_soon(st, errno); /* never torn down inside a member */
-            return;
+    size_t sent = 0;
+    int rc = proto_out_send(st->fd, &st->out, &sent);
+    proto_buf_consume(&st->out, sent);
+    if (rc < 0) {
+        fail_soon(st, -rc); /* never torn down inside a member */
+        return;
+    }
+    if (st->out.len) { /* the socket is full: the write watcher sends the rest */
+        if (!ev_is_active(&st->wio)) {
+            ev_io_set(&st->wio, st->fd, EV_WRITE);
+            ev_io_start(st->base.env.loop, &st->wio);
         }
+        return;
     }
     ev_io_stop(st->base.env.loop, &st->wio);
 }
