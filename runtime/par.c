@@ -138,8 +138,11 @@ static void pool_start(void)
     if (env && *env) {
         char *end;
         long v = strtol(env, &end, 10);
-        if (*end == '\0' && v >= 0)
-            want = v > PAR_MAX_HELPERS ? PAR_MAX_HELPERS : (int)v;
+        if (*end == '\0' && v >= 0 && v <= PAR_MAX_HELPERS)
+            want = (int)v;
+        else /* no runtime to refuse it through: say so, keep the default */
+            umbp_log(UMBP_LOG_WARN, "UMBP_PAR_THREADS=%s: must be an integer 0..%d; using %d "
+                     "derivation helpers", env, PAR_MAX_HELPERS, want);
     }
     pthread_attr_t attr;
     pthread_attr_init(&attr);

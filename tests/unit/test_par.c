@@ -139,3 +139,15 @@ Test(par, forked_child_derives_without_the_parents_helpers, .init = want_helpers
     }
     cr_assert_eq(derive_check(), 0);
 }
+
+/* A bad UMBP_PAR_THREADS is reported (a warning naming it) and the default
+ * kept: none below 4 CPUs, else one fewer than the CPUs, at most 3. */
+static void bad_helpers(void) { setenv("UMBP_PAR_THREADS", "9", 1); }
+
+Test(par, bad_variable_keeps_the_default, .init = bad_helpers)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = cpus >= 4 ? (int)(cpus - 1 > 3 ? 3 : cpus - 1) : 0;
+    cr_assert_eq(par_helpers(), want);
+    run_count(1000, 32, 42); /* and jobs still run every index once */
+}
