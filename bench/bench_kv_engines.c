@@ -280,10 +280,17 @@ int main(int argc, char **argv)
     nengines = argc > 4 ? atoi(argv[4]) : 2;
     int layers = argc > 5 ? atoi(argv[5]) : 24;
     size_t chunk = (size_t)(argc > 6 ? atoi(argv[6]) : 16) << 10;
-    if (rounds < 1 || gpus < 1 || nengines < 2 || nengines > MAX_ENGINES || layers < 1 ||
-        chunk < 1024 || chunk > (1u << 20)) {
-        fprintf(stderr, "usage: bench_kv_engines [rounds] [backend] [gpus] [engines 2..%d] "
-                "[layers] [chunk_kib]\n", MAX_ENGINES);
+    const char *bad = rounds < 1                               ? "rounds must be >= 1"
+                      : gpus < 1                               ? "gpus must be >= 1"
+                      : nengines < 2 || nengines > MAX_ENGINES ? "engines must be 2..8"
+                      : layers < 1 || layers > 256             ? "layers must be 1..256"
+                      : chunk < 1024 || chunk > (1u << 20)     ? "chunk_kib must be 1..1024"
+                      : strcmp(backend, "cuda") && strcmp(backend, "hip") && strcmp(backend, "host")
+                          ? "backend must be cuda, hip or host"
+                          : NULL;
+    if (bad) {
+        fprintf(stderr, "bench_kv_engines: %s\nusage: bench_kv_engines [rounds] [backend] [gpus] "
+                "[engines 2..%d] [layers] [chunk_kib]\n", bad, MAX_ENGINES);
         return 2;
     }
     umbp_gpu_backend_t b = strcmp(backend, "hip") == 0    ? UMBP_GPU_BACKEND_HIP
