@@ -2,13 +2,14 @@
  * op.c - operation handles: a fixed pool, completion and waiting.
  *
  * Ops are allocated once at runtime creation (max_inflight_ops of them) and
- * recycled through an MPMC ck ring, so submitting never allocates; per-key
- * arrays grow only when a batch is larger than any the op has seen.
+ * recycled through a last-in-first-out free list (rt.h: struct op_free), so
+ * submitting never allocates; per-key arrays grow only when a batch is
+ * larger than any the op has seen.
  *
  * Ownership: an op carries two references, the caller's handle and the
  * runtime's.  op_complete() drops the runtime's after publishing the result;
  * umbp_op_release() drops the caller's.  Whoever drops the last returns the
- * op to the free ring.  Waiting is a futex on `done`.
+ * op to the free list.  Waiting is a futex on `done`.
  */
 #include <errno.h>
 #include <limits.h>
@@ -28,14 +29,17 @@ static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct tim
 
 struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
 {
-    void *p;
     bool control = kind != OP_PUT && kind != OP_GET;
-    if (!ck_ring_dequeue_mpmc(control ? &rt->ctl_ring : &rt->free_ring,
-                              control ? rt->ctl_buf : rt->free_buf, &p)) {
+    struct op_free *fl = control ? &rt->free_ctl : &rt->free_data;
+    struct umbp_op *op = NULL;
+    pthread_mutex_lock(&fl->lock);
+    if (fl->n)
+        op = fl->v[--fl->n];
+    pthread_mutex_unlock(&fl->lock);
+    if (!op) {
         CNT_ADD(rt, mailbox_full, 1);
         return NULL;
     }
-    struct umbp_op *op = p;
     /* pairs with the acq_rel decrement that dropped the last reference:
      * the previous user's writes happen before ours */
     (void)atomic_load_explicit(&op->refs, memory_order_acquire);
@@ -108,11 +112,11 @@ int op_reserve_keys(struct umbp_op *op, size_t n, size_t nranges)
 static void op_recycle(struct umbp_op *op)
 {
     struct umbp_runtime *rt = op->rt;
-    /* Each free ring has room for every op of its pool: this cannot fail. */
-    if (op->control)
-        ck_ring_enqueue_mpmc(&rt->ctl_ring, rt->ctl_buf, op);
-    else
-        ck_ring_enqueue_mpmc(&rt->free_ring, rt->free_buf, op);
+    /* Each free list has room for every op of its pool: this cannot fail. */
+    struct op_free *fl = op->control ? &rt->free_ctl : &rt->free_data;
+    pthread_mutex_lock(&fl->lock);
+    fl->v[fl->n++] = op;
+    pthread_mutex_unlock(&fl->lock);
 }
 
 void op_put_ref(struct umbp_op *op)

@@ -119,32 +119,23 @@ static int create_tier(struct umbp_runtime *rt)
     return 0;
 }
 
-static unsigned ring_cap(size_t n)
-{
-    unsigned cap = 2;
-    while (cap < n + 1)
-        cap <<= 1;
-    return cap;
-}
-
 static int create_ops(struct umbp_runtime *rt)
 {
     size_t ndata = (size_t)rt->core->max_inflight_ops, n = ndata + CONTROL_OPS;
     rt->ops = calloc(n, sizeof(*rt->ops));
-    rt->free_buf = calloc(ring_cap(ndata), sizeof(ck_ring_buffer_t));
-    rt->ctl_buf = calloc(ring_cap(CONTROL_OPS), sizeof(ck_ring_buffer_t));
-    if (!rt->ops || !rt->free_buf || !rt->ctl_buf)
+    rt->free_data.v = calloc(ndata, sizeof(*rt->free_data.v));
+    rt->free_ctl.v = calloc(CONTROL_OPS, sizeof(*rt->free_ctl.v));
+    pthread_mutex_init(&rt->free_data.lock, NULL);
+    pthread_mutex_init(&rt->free_ctl.lock, NULL);
+    if (!rt->ops || !rt->free_data.v || !rt->free_ctl.v)
         return -ENOMEM;
     rt->num_ops = n;
-    ck_ring_init(&rt->free_ring, ring_cap(ndata));
-    ck_ring_init(&rt->ctl_ring, ring_cap(CONTROL_OPS));
-    for (size_t i = 0; i < n; i++) {
+    /* pushed in reverse, so ops[0] is taken first */
+    for (size_t i = n; i-- > 0;) {
+        struct op_free *fl = i >= ndata ? &rt->free_ctl : &rt->free_data;
         rt->ops[i].rt = rt;
         rt->ops[i].control = i >= ndata;
-        if (rt->ops[i].control)
-            ck_ring_enqueue_mpmc(&rt->ctl_ring, rt->ctl_buf, &rt->ops[i]);
-        else
-            ck_ring_enqueue_mpmc(&rt->free_ring, rt->free_buf, &rt->ops[i]);
+        fl->v[fl->n++] = &rt->ops[i];
     }
     return 0;
 }
@@ -204,8 +195,10 @@ static void free_runtime(struct umbp_runtime *rt)
         free(op->dup_tab);
     }
     free(rt->ops);
-    free(rt->free_buf);
-    free(rt->ctl_buf);
+    free(rt->free_data.v);
+    free(rt->free_ctl.v);
+    pthread_mutex_destroy(&rt->free_data.lock);
+    pthread_mutex_destroy(&rt->free_ctl.lock);
     free(rt->events.v);
     free(rt->memreg.v);
     quarantine_free(rt->quarantine);
