@@ -312,3 +312,68 @@ def test_a_plan_with_keys_of_its_first_blocks_only(tp):
         e.check_outputs({"A": prompt, "B": prompt + [7, 8, 9]}, 2)
         assert e.matched("B")[1] == 96 and not e.bad
         e.check_clean()
+
+
+@pytest.mark.parametrize("kinds", [[FULL], [FULL, SWA], [FULL, MAMBA], [SWA], [FULL, FULL, SWA]])
+def test_match_probe_equals_one_full_query(kinds):
+    """_match asks for the first PROBE_BLOCKS positions of a long query first:
+    its answer equals _best_k over one query of every position, and a miss of
+    a full-attention block inside the probe derives no key past it."""
+    import threading
+
+    import umbp
+
+    ns = umbp.Namespace.derive("m", "", 16, "NHD", "float32")
+    rng = random.Random(hash(tuple(kinds)) & 0xffff)
+    P = SCH.PROBE_BLOCKS
+    for window in (16, 40):
+        groups = _groups(kinds, window)
+        G = len(groups)
+        for _ in range(60):
+            world = rng.choice((1, 2))
+            n_pos = rng.choice((10, 2 * P, 2 * P + 1, 3 * P + 5, 80))
+            local_k = rng.randrange(0, 4)
+            kmax = min(n_pos, local_k + rng.randrange(1, n_pos + 1))
+            if kmax <= local_k:
+                continue
+            s = _sched(groups)
+            s.world, s.rank_ids = world, [(r, 0, 0, 0) for r in range(world)]
+            s.row_rank = np.repeat(np.arange(world), G)
+            s.keys_lock = threading.Lock()
+            s.warned_lookup = False
+            st = SCH._Req(None)
+            st.hashes.extend(np.frombuffer(os.urandom(n_pos * 32), dtype=np.uint8).reshape(n_pos, 32))
+            # which (rank, group, position) the pools hold: a prefix, then holes
+            cut = rng.choice((0, 1, P - 1, P, P + 1, n_pos))
+            held = np.array([[[pos < cut or rng.random() < 0.5 for pos in range(n_pos)]
+                              for _g in groups] for _r in range(world)], dtype=bool)
+            present_keys = set()
+            for r in range(world):
+                for gi in range(G):
+                    k = umbp.derive_keys(ns, rank=s.rank_ids[r], group=gi, hashes=st.hashes.a)
+                    present_keys.update(bytes(k[pos]) for pos in range(n_pos) if held[r, gi, pos])
+
+            class Backend:
+                @staticmethod
+                def query(rows, row_rank):
+                    return np.array([[bytes(x) in present_keys for x in row] for row in rows]), 0
+
+            derived = []
+
+            class Counting:
+                KEY_SIZE = umbp.KEY_SIZE
+
+                @staticmethod
+                def derive_keys(*a, **kw):
+                    derived.append(len(kw["hashes"]))
+                    return umbp.derive_keys(*a, **kw)
+
+            s.umbp, s.ns, s.backend = Counting, ns, Backend
+            k, failed, nq = s._match(st, local_k, kmax)
+            ok = held[:, :, local_k:kmax].all(axis=0)
+            assert (k, failed, nq) == (s._best_k(ok, local_k, kmax), False, 0), (held, local_k, kmax)
+            full_miss_in_probe = any(not ok[gi, :P].all() for gi in s.full_gis)
+            if kmax - local_k > 2 * P and full_miss_in_probe:
+                assert sum(derived) == P * world * G  # nothing past the probe
+            else:
+                assert sum(derived) == (kmax - local_k) * world * G

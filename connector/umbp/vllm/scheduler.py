@@ -73,6 +73,10 @@ def block_ids_arrays(ids) -> list:
     return [ids_array(x) for x in _group_lists(ids)]
 
 
+#: positions a long lookup asks for first (UMBPScheduler._match)
+PROBE_BLOCKS = 16
+
+
 class Rows:
     """An array grown along its first axis (capacity doubles): a request's
     identity hashes (n, hash_len), its keys of one (rank, group) (n, 32), or
@@ -367,7 +371,25 @@ class UMBPScheduler:
     def _match(self, st: _Req, local_k: int, kmax: int) -> tuple:
         """Longest k in [local_k, kmax] such that every rank holds every block
         each group needs for a hit at k; returns (k, lookup failed, blocks
-        quarantined).  May run on the lookup pool."""
+        quarantined).  May run on the lookup pool.
+
+        A long query first asks for its first PROBE_BLOCKS positions only:
+        when a full-attention group misses one of them, the answer lies in
+        them (a hit needs every full-attention block before it, and other
+        groups' blocks before the hit), and the keys of the rest are never
+        derived.  A miss of a new prompt then costs the derivation of 16 keys
+        instead of all of them; a hit pays one more (short) lookup."""
+        if self.full_gis and kmax - local_k > 2 * PROBE_BLOCKS:
+            p = local_k + PROBE_BLOCKS
+            ok, failed, nq = self._present(st, local_k, p)
+            if failed or not all(ok[gi].all() for gi in self.full_gis):
+                return self._best_k(ok, local_k, p), failed, nq
+        ok, failed, nq = self._present(st, local_k, kmax)
+        return self._best_k(ok, local_k, kmax), failed, nq
+
+    def _present(self, st: _Req, local_k: int, kmax: int) -> tuple:
+        """(ok bool (groups, kmax - local_k): every rank holds the block,
+        lookup failed, blocks quarantined) for positions [local_k, kmax)."""
         n = kmax - local_k
         G = len(self.groups)
         self._identity(st, kmax)
@@ -383,7 +405,7 @@ class UMBPScheduler:
             present, rc = np.zeros(rows.shape[:2], dtype=bool), -1
         ok = np.asarray(present, dtype=bool).reshape(self.world, G, n).all(axis=0)
         nq = self._apply_quarantine(st, ok, local_k, kmax) if self.quarantine else 0
-        return self._best_k(ok, local_k, kmax), rc < 0, nq
+        return ok, rc < 0, nq
 
     def _apply_quarantine(self, st, ok, local_k, kmax) -> int:
         now = time.monotonic()
