@@ -3,7 +3,7 @@
  *
  * Threads and ownership:
  *  - caller threads (the engine's) validate arguments, take an op from the
- *    free ring, fill it and post it to an actor's mailbox; they wait on the
+ *    free list, fill it and post it to an actor's mailbox; they wait on the
  *    op's futex word.  They touch only the op they hold and atomics.
  *  - the loop thread runs libev and the five actors (lookup, store, load,
  *    evictor, lease).  It owns the tiers, the actors' lists and timers and
