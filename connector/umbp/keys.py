@@ -228,7 +228,8 @@ def _hashes_buffer(hashes, hash_len):
         if len(b) % hash_len:
             raise _einval("hashes: %d bytes is not a multiple of hash_len %d" % (len(b), hash_len))
         return b, len(b) // hash_len, hash_len
-    hashes = list(hashes)
+    if not isinstance(hashes, (list, tuple)):
+        hashes = list(hashes)
     if not hashes:
         return b"", 0, hash_len or 32
     lens = set(map(len, hashes))
@@ -245,6 +246,22 @@ def _hashes_buffer(hashes, hash_len):
     return b, len(hashes), hl
 
 
+_RANK_C = {}  # (tp, pp, pcp, dcp) of plain ints -> its RankId: a connector asks for the same few
+
+
+def _rank_c(rank):
+    """The RankId of rank (validated by _rank4), cached for tuples of ints."""
+    if type(rank) is tuple:
+        r = _RANK_C.get(rank)
+        if r is not None and all(type(v) is int for v in rank):
+            return r
+    t = _rank4(rank)
+    r = _ffi.RankId(*t)
+    if type(rank) is tuple and len(_RANK_C) < 1024 and all(type(v) is int for v in rank):
+        _RANK_C[rank] = r
+    return r
+
+
 def derive_keys(ns, rank=(0, 0, 0, 0), group=0, hashes=(), hash_len=None):
     """Keys of one rank and cache group: np.ndarray uint8 (n, 32), one C call.
 
@@ -255,8 +272,7 @@ def derive_keys(ns, rank=(0, 0, 0, 0), group=0, hashes=(), hash_len=None):
     buf, n, hl = _hashes_buffer(hashes, hash_len)
     if not 1 <= hl <= BLOCK_HASH_MAX:
         raise _einval("umbp_keys_derive: hash_len %d outside 1 .. %d" % (hl, BLOCK_HASH_MAX))
-    tp, pp, pcp, dcp = _rank4(rank)
-    r = _ffi.RankId(tp, pp, pcp, dcp)
+    r = _rank_c(rank)
     out = np.empty((n, KEY_SIZE), dtype=np.uint8)
     if n:
         src = buf.ctypes.data if isinstance(buf, np.ndarray) else buf
