@@ -87,13 +87,17 @@ def test_tp2_embedded(tmp_path):
                  "restore: into other block ids than A's",
                  "partial: rank 1 holds blocks [0, 8) only, the other ranks all 16",
                  "partial: the scheduler's hit shrinks to what every rank holds (128 tokens)",
-                 "partial: the greedy decode = the reference's, token for token",
+                 "partial: the reference engine held blocks [0, 8) in its local prefix cache",
+                 "partial: the greedy decode = the reference's with the same blocks cached, token for token",
+                 "partial: the first token's logits = that reference's",
                  "partial: the restored blocks are A's bytes on every rank",
                  "umbp: every rank sampled the same tokens from the same logits (the all-reduce agrees)",
                  "umbp: engine clean (every block back, every job released, nothing held)"):
         assert f"embedded-tp2: {must}" in names, (must, names)
     scen = res["scenarios"][0]
     assert scen["info"]["main"]["partial"]["hit_tokens"] == 128
+    part = [c for c in scen["checks"] if c["name"] == "partial: the first token's logits = that reference's"]
+    assert part and part[0]["detail"] == "max |diff| 0", part  # exact against the locally cached reference
     logits = [c for c in scen["checks"] if c["name"] == "restore: the first token's logits = the reference's"]
     assert logits and logits[0]["detail"] == "max |diff| 0", logits  # exact, not within a tolerance
     assert res["summary"][0]["hit_tokens"] == 256
@@ -117,7 +121,8 @@ def test_tp2_standalone(tmp_path):
                  "a sample in the others)",
                  "B (A exited): restore: the first token's logits = the reference's",
                  "B (A exited): partial: the scheduler's hit shrinks to what every rank holds (128 tokens)",
-                 "B (A exited): partial: the greedy decode = the reference's, token for token",
+                 "B (A exited): partial: the reference engine held blocks [0, 8) in its local prefix cache",
+                 "B (A exited): partial: the greedy decode = the reference's with the same blocks cached, token for token",
                  "B (A exited): partial: the restored blocks are A's bytes on every rank",
                  "umbp-server stops cleanly on SIGTERM"):
         assert f"standalone-tp2: {must}" in names, (must, names)
