@@ -398,6 +398,34 @@ Test(api, backpressure_with_unreleased_handles)
     tu_destroy(rt);
 }
 
+/* The op pool is last in first out: a submission takes the op released last
+ * (its per-key arrays grown and warm), not the next of all max_inflight_ops
+ * in turn.  A FIFO pool fails this at the first reuse. */
+Test(api, op_pool_reuses_the_op_released_last)
+{
+    umbp_runtime_t *rt = small_rt(NULL);
+    uint8_t buf[256];
+    memset(buf, 0x5a, sizeof(buf));
+    umbp_op_t *prev = NULL;
+    for (int i = 0; i < 8; i++) {
+        umbp_range_t rg = {buf, sizeof(buf), 0};
+        umbp_put_item_t it = {tu_key_id(77, (uint64_t)i), sizeof(buf), &rg, 1};
+        umbp_op_t *op;
+        cr_assert_eq(umbp_put(rt, &it, 1, &op), 0);
+        if (prev)
+            cr_assert_eq(op, prev, "put %d took op %p, not %p, the one released last", i,
+                         (void *)op, (void *)prev);
+        tu_wait(op);
+        cr_assert_eq(umbp_op_key_status(op, 0), 0);
+        umbp_op_release(op);
+        /* a control call through the loop: the runtime has dropped its
+         * reference (op_complete's last step) before it answers */
+        (void)tu_stats(rt);
+        prev = op;
+    }
+    tu_destroy(rt);
+}
+
 /* ---- destroy with work outstanding ----------------------------------------------------------------- */
 
 Test(api, destroy_with_unreleased_handles)
