@@ -33,24 +33,18 @@
  */
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "rt.h"
+#include "sync.h"
 #include "tier_call.h"
 
 #define JOB_MIN_BYTES (1u << 20)
 #define COPY_CHUNK (512u << 10)
 
 enum { JOB_QUEUED, JOB_TAKEN, JOB_CANCELLED };
-
-static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
-{
-    return syscall(SYS_futex, (uint32_t *)addr, op, val, NULL, NULL, 0);
-}
 
 /* ---- workers -------------------------------------------------------------- */
 
@@ -156,7 +150,7 @@ static void *copy_worker(void *arg)
             atomic_fetch_sub(&cp->sleepers, 1);
             return NULL;
         }
-        futex(&cp->seq, FUTEX_WAIT_PRIVATE, seq);
+        umbp_futex(&cp->seq, FUTEX_WAIT_PRIVATE, seq, NULL);
         atomic_fetch_sub(&cp->sleepers, 1);
     }
 }
@@ -165,7 +159,7 @@ static void wake_workers(struct copy_pool *cp, int n)
 {
     atomic_fetch_add(&cp->seq, 1);
     if (atomic_load(&cp->sleepers))
-        futex(&cp->seq, FUTEX_WAKE_PRIVATE, n);
+        umbp_futex(&cp->seq, FUTEX_WAKE_PRIVATE, n, NULL);
 }
 
 int copy_pool_start(struct umbp_runtime *rt, int nthreads, unsigned ops)

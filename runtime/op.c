@@ -13,19 +13,12 @@
  */
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "rt.h"
-
-static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts)
-{
-    return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
-}
+#include "sync.h"
 
 struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
 {
@@ -147,7 +140,7 @@ void op_complete(struct umbp_op *op)
      * followed by its load of `done`: one of the two sides sees the other. */
     atomic_store(&op->done, 1);
     if (atomic_load(&op->waiters))
-        futex(&op->done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+        umbp_futex(&op->done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
     atomic_fetch_sub(&rt->inflight, 1);
     struct umbp_op *parent = op->parent;
     if (parent) {
@@ -168,15 +161,6 @@ void op_complete(struct umbp_op *op)
  * so a short poll saves a wake-up on the critical path for little CPU. */
 #define WAIT_SPIN_NS 50000ull
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __asm__ volatile("pause" ::: "memory");
-#elif defined(__aarch64__)
-    __asm__ volatile("yield" ::: "memory");
-#endif
-}
-
 int op_wait_ns(struct umbp_op *op, uint64_t timeout_ns)
 {
     if (atomic_load_explicit(&op->done, memory_order_acquire))
@@ -187,7 +171,7 @@ int op_wait_ns(struct umbp_op *op, uint64_t timeout_ns)
     for (unsigned i = 1; op->rt->may_spin; i++) {
         if (atomic_load_explicit(&op->done, memory_order_acquire))
             return 0;
-        cpu_relax();
+        umbp_cpu_relax();
         if ((i & 63) == 0 && umbp_now_ns() >= spin_until)
             break;
     }
@@ -208,7 +192,7 @@ int op_wait_ns(struct umbp_op *op, uint64_t timeout_ns)
             ts.tv_nsec = (long)(left % 1000000000ull);
             tsp = &ts;
         }
-        futex(&op->done, FUTEX_WAIT_PRIVATE, 0, tsp);
+        umbp_futex(&op->done, FUTEX_WAIT_PRIVATE, 0, tsp);
     }
     atomic_fetch_sub(&op->waiters, 1);
     return rc;

@@ -19,16 +19,15 @@
  * fork: the child has no helpers; an atfork handler resets the pool, which
  * starts again on first use there.
  */
-#include <linux/futex.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "par.h"
+#include "sync.h"
 #include "util.h"
 
 #define PAR_MAX_HELPERS 3
@@ -53,20 +52,6 @@ struct par_pool {
 
 static struct par_pool pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .once = PTHREAD_ONCE_INIT};
 
-static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
-{
-    return syscall(SYS_futex, (uint32_t *)addr, op, val, NULL, NULL, 0);
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __asm__ volatile("pause" ::: "memory");
-#elif defined(__aarch64__)
-    __asm__ volatile("yield" ::: "memory");
-#endif
-}
-
 /* Takes and runs chunks of job gen until none is left (or another job
  * started); the number run. */
 static uint32_t run_chunks(uint32_t gen)
@@ -87,7 +72,7 @@ static uint32_t run_chunks(uint32_t gen)
         pool.fn(pool.ctx, lo, hi);
         uint32_t nchunks = atomic_load_explicit(&pool.nchunks, memory_order_relaxed);
         if (atomic_fetch_add(&pool.done, 1) + 1 == nchunks && atomic_load(&pool.waiting))
-            futex(&pool.done, FUTEX_WAKE_PRIVATE, 1);
+            umbp_futex(&pool.done, FUTEX_WAKE_PRIVATE, 1, NULL);
         ran++;
         t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
     }
@@ -102,9 +87,9 @@ static void *helper(void *arg)
         uint32_t g;
         unsigned i = 0;
         while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen) {
-            cpu_relax();
+            umbp_cpu_relax();
             if ((++i & 63) == 0 && umbp_now_ns() >= until) {
-                futex(&pool.gen, FUTEX_WAIT_PRIVATE, seen);
+                umbp_futex(&pool.gen, FUTEX_WAIT_PRIVATE, seen, NULL);
                 until = umbp_now_ns() + PAR_POLL_NS;
             }
         }
@@ -184,7 +169,7 @@ void par_for(size_t n, size_t chunk, par_fn fn, void *ctx)
     uint32_t g = atomic_load_explicit(&pool.gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&pool.ticket, (uint64_t)g << 32, memory_order_release);
     atomic_store_explicit(&pool.gen, g, memory_order_release);
-    futex(&pool.gen, FUTEX_WAKE_PRIVATE, INT32_MAX);
+    umbp_futex(&pool.gen, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL);
     run_chunks(g);
     /* the helpers' chunks are a few microseconds each: poll, and sleep only
      * if one was preempted (seq_cst: the helper that finishes the last
@@ -193,11 +178,11 @@ void par_for(size_t n, size_t chunk, par_fn fn, void *ctx)
     unsigned i = 0;
     uint32_t d;
     while ((d = atomic_load(&pool.done)) != nchunks) {
-        cpu_relax();
+        umbp_cpu_relax();
         if ((++i & 63) == 0 && umbp_now_ns() >= until) {
             atomic_store(&pool.waiting, 1);
             while ((d = atomic_load(&pool.done)) != nchunks)
-                futex(&pool.done, FUTEX_WAIT_PRIVATE, d);
+                umbp_futex(&pool.done, FUTEX_WAIT_PRIVATE, d, NULL);
             break;
         }
     }
