@@ -2,6 +2,7 @@
 library from $UMBP_LIBRARY, else the repo's build/libumbp.so (exported in
 the environment so that subprocesses load the same one)."""
 import os
+import shutil
 import sys
 
 import pytest
@@ -36,3 +37,22 @@ def rt():
     r = umbp.Runtime(host_options(enable_events=True))
     yield r
     r.close()
+
+
+def server_binary():
+    """The umbp-server tests start: $UMBP_SERVER, this tree's build, the one
+    beside the loaded library, or the PATH's; None when there is none."""
+    for cand in (os.environ.get("UMBP_SERVER"),
+                 os.path.join(REPO, "build", "server", "umbp-server"),
+                 os.path.join(os.path.dirname(umbp.library_path), "server", "umbp-server"),
+                 os.path.join(os.path.dirname(umbp.library_path), "umbp-server"),
+                 shutil.which("umbp-server")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def mini_engine_check_names(res, ok=None):
+    """'scenario: check' of a mini_engine.py result, all or only those with ok."""
+    return [f"{s['name']}: {c['name']}" for s in res["scenarios"] for c in s["checks"]
+            if ok is None or c["ok"] == ok]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import mini_engine_check_names, server_binary
 
 pytest.importorskip("torch")
 
@@ -19,13 +20,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "gpu", "mini_engine.py")
 WRAPPER = os.path.join(HERE, "gpu", "run_mini_engine.sh")
 REPO = os.path.dirname(os.path.dirname(HERE))
-
-
-def _server():
-    for cand in (os.environ.get("UMBP_SERVER"), os.path.join(REPO, "build", "server", "umbp-server")):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
 
 
 def _run(tmp_path, *args, env=None, timeout=150):
@@ -40,17 +34,13 @@ def _tail(r):
     return r.stdout[-8000:] + "\n--- stderr ---\n" + r.stderr[-4000:]
 
 
-def _names(res, ok=None):
-    return [f"{s['name']}: {c['name']}" for s in res["scenarios"] for c in s["checks"] if ok is None or c["ok"] == ok]
-
-
 def test_embedded(tmp_path):
     r, res = _run(tmp_path, "--mode", "embedded")
     assert r.returncode == 0, _tail(r)
-    assert res["ok"] and not _names(res, ok=False)
+    assert res["ok"] and not mini_engine_check_names(res, ok=False)
     scen = {s["name"]: s for s in res["scenarios"]}
     assert {"embedded", "embedded-hnd-async"} <= set(scen)
-    names = _names(res)
+    names = mini_engine_check_names(res)
     for must in ("embedded: paged forward = the model's forward (float32): logits",
                  "embedded: paged forward = the model's forward (float32): greedy tokens",
                  "embedded: restore: the greedy decode = the reference's, token for token, in every run",
@@ -65,12 +55,12 @@ def test_embedded(tmp_path):
 
 
 def test_standalone(tmp_path):
-    srv = _server()
+    srv = server_binary()
     if srv is None:
         pytest.skip("no umbp-server (set UMBP_SERVER or build build/server/umbp-server)")
     r, res = _run(tmp_path, "--mode", "standalone", env=dict(os.environ, UMBP_SERVER=srv))
     assert r.returncode == 0, _tail(r)
-    names = _names(res, ok=True)
+    names = mini_engine_check_names(res, ok=True)
     for must in ("A: every full prompt block stored",
                  "B (A alive): restore: the greedy decode = the reference's, token for token, in every run",
                  "B (A exited): A's process has exited",
@@ -93,7 +83,7 @@ def test_standalone(tmp_path):
 def test_checks_catch_wrong_restores(tmp_path, fault, caught):
     r, res = _run(tmp_path, "--mode", "embedded", "--only", "embedded", "--inject", fault)
     assert r.returncode == 1, _tail(r)
-    failed = _names(res, ok=False)
+    failed = mini_engine_check_names(res, ok=False)
     for what in caught:
         assert any(what in f for f in failed), (what, failed)
 

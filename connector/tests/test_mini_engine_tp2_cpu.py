@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from conftest import mini_engine_check_names, server_binary
 
 pytest.importorskip("torch")
 pytest.importorskip("torch.distributed")
@@ -22,13 +23,6 @@ pytest.importorskip("torch.distributed")
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "gpu", "mini_engine.py")
 REPO = os.path.dirname(os.path.dirname(HERE))
-
-
-def _server():
-    for cand in (os.environ.get("UMBP_SERVER"), os.path.join(REPO, "build", "server", "umbp-server")):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
 
 
 def _run(tmp_path, mode, env=None, timeout=120):
@@ -45,10 +39,6 @@ def _run(tmp_path, mode, env=None, timeout=120):
         pytest.fail(f"mini_engine --tp 2 --mode {mode} did not finish in {timeout} s:\n{so[-6000:]}\n{se[-3000:]}")
     res = json.loads(out.read_text()) if out.exists() else None
     return p, so, se, res
-
-
-def _names(res, ok=None):
-    return [f"{s['name']}: {c['name']}" for s in res["scenarios"] for c in s["checks"] if ok is None or c["ok"] == ok]
 
 
 def _no_leftovers(p):
@@ -74,8 +64,8 @@ def test_tp2_embedded(tmp_path):
     p, so, se, res = _run(tmp_path, "embedded")
     tail = so[-8000:] + "\n--- stderr ---\n" + se[-4000:]
     assert p.returncode == 0, tail
-    assert res["ok"] and not _names(res, ok=False), tail
-    names = _names(res)
+    assert res["ok"] and not mini_engine_check_names(res, ok=False), tail
+    names = mini_engine_check_names(res)
     for must in ("rank 0: TP=2 paged forward (rank 0's shard, all-reduced) = the model's TP=1 forward (float32): "
                  "logits",
                  "rank 1: TP=2 paged forward (rank 1's shard, all-reduced) = the model's TP=1 forward (float32): "
@@ -106,14 +96,14 @@ def test_tp2_embedded(tmp_path):
 
 
 def test_tp2_standalone(tmp_path):
-    srv = _server()
+    srv = server_binary()
     if srv is None:
         pytest.skip("no umbp-server (set UMBP_SERVER or build build/server/umbp-server)")
     p, so, se, res = _run(tmp_path, "standalone", env=dict(os.environ, UMBP_SERVER=srv))
     tail = so[-8000:] + "\n--- stderr ---\n" + se[-4000:]
     assert p.returncode == 0, tail
-    assert res["ok"] and not _names(res, ok=False), tail
-    names = _names(res, ok=True)
+    assert res["ok"] and not mini_engine_check_names(res, ok=False), tail
+    names = mini_engine_check_names(res, ok=True)
     for must in ("A: every full prompt block stored",
                  "B (A alive): restore: the greedy decode = the reference's, token for token, in every run",
                  "B (A exited): A's process (and its rank processes) have exited",

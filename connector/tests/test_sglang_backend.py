@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import server_binary
 
 torch = pytest.importorskip("torch")
 
@@ -85,16 +86,10 @@ def stores():
 
 # ---- the standalone server ------------------------------------------------
 
-def _server_binary():
-    for cand in (os.environ.get("UMBP_SERVER"), REPO / "build" / "server" / "umbp-server"):
-        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
-            return str(cand)
-    return None
-
 
 class Server:
     def __init__(self, capacity="256MiB"):
-        binary = _server_binary()
+        binary = server_binary()
         if binary is None:
             pytest.skip("no umbp-server (set UMBP_SERVER or build it): standalone tests skipped")
         self.tmp = tempfile.mkdtemp(prefix="umbp-sgl-")

@@ -9,13 +9,13 @@ import functools
 import json
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import server_binary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "vllm_harness")
@@ -42,16 +42,6 @@ NO_LOOKUP_REASON = (
     "libumbp at %s has no lookup service: umbp.LookupClient raises NotImplementedError "
     "(LibraryTooOld); TP=2 across processes in embedded mode needs the lookup branch's "
     "umbp_lookup_client_* / umbp_lookup_serve" % umbp.library_path)
-
-
-def _server_binary():
-    for cand in (os.environ.get("UMBP_SERVER"),
-                 os.path.join(os.path.dirname(umbp.library_path), "umbp-server"),
-                 os.path.join(os.path.dirname(CONNECTOR), "build", "umbp-server"),
-                 shutil.which("umbp-server")):
-        if cand and os.access(cand, os.X_OK):
-            return cand
-    return None
 
 
 # ---- the engine scenarios, new vLLM API -----------------------------------------------
@@ -317,7 +307,7 @@ def test_tp2_processes_embedded(name, kw, tmp_path):
 
 @pytest.fixture
 def server(tmp_path):
-    binary = _server_binary()
+    binary = server_binary()
     if binary is None:
         pytest.skip("no umbp-server binary (UMBP_SERVER, next to the library, build/, PATH)")
     sock = tmp_path / "s"

@@ -888,6 +888,26 @@ Test(lookup, connections_capped)
 
 static struct tu_server srv;
 
+/* Starts the server, stores rows a and b (their held keys) through a
+ * standalone worker runtime, returned, and opens *c, a two-rank scheduler
+ * client of the server with lookup_timeout_ms timeout_ms. */
+static umbp_runtime_t *standalone_rows_and_client(const struct row *a, const struct row *b,
+                                                  int timeout_ms, umbp_lookup_client_t **c)
+{
+    tu_server_start(&srv, "{\"capacity_bytes\": \"64MiB\", \"log_level\": \"error\"}");
+    umbp_runtime_t *w = tu_create("{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+                                  "\"log_level\": \"error\"}", srv.dir);
+    cr_assert_eq(put_keys(w, a->held, a->nheld), 0);
+    cr_assert_eq(put_keys(w, b->held, b->nheld), 0);
+    char json[512];
+    snprintf(json, sizeof(json), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+             "\"num_ranks\": 2, \"lookup_timeout_ms\": %d, \"engine_id\": \"sched\"}",
+             srv.dir, timeout_ms);
+    *c = NULL;
+    cr_assert_eq(umbp_lookup_client_create(json, c), 0, "%s", umbp_last_error());
+    return w;
+}
+
 Test(lookup, standalone_prefix_across_rows, .timeout = 120)
 {
     if (!tu_server_built())
@@ -896,21 +916,11 @@ Test(lookup, standalone_prefix_across_rows, .timeout = 120)
     uint64_t seed = tu_time_seed();
     cr_log_info("seed %llu", (unsigned long long)seed);
     tu_rng_seed(&g, seed);
-    tu_server_start(&srv, "{\"capacity_bytes\": \"64MiB\", \"log_level\": \"error\"}");
     struct row a, b;
     row_make(&a, &g, 100, tu_rng_between(&g, 10, 90));
     row_make(&b, &g, 100, tu_rng_between(&g, 10, 90));
-    umbp_runtime_t *w = tu_create("{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
-                                  "\"log_level\": \"error\"}", srv.dir);
-    cr_assert_eq(put_keys(w, a.held, a.nheld), 0);
-    cr_assert_eq(put_keys(w, b.held, b.nheld), 0);
-
-    char json[512];
-    snprintf(json, sizeof(json), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
-             "\"num_ranks\": 2, \"lookup_timeout_ms\": 5000, \"engine_id\": \"sched\"}",
-             srv.dir);
-    umbp_lookup_client_t *c = NULL;
-    cr_assert_eq(umbp_lookup_client_create(json, &c), 0, "%s", umbp_last_error());
+    umbp_lookup_client_t *c;
+    umbp_runtime_t *w = standalone_rows_and_client(&a, &b, 5000, &c);
     struct row *ab[] = {&a, &b};
     expect_query(c, ab, 2, NULL);
     struct row *ba[] = {&b, &a};
@@ -945,20 +955,11 @@ Test(lookup, standalone_stalled_server_single_flight, .timeout = 120)
         cr_skip_test("umbp-server was not built (no server/ target)");
     struct tu_rng g;
     tu_rng_seed(&g, tu_time_seed());
-    tu_server_start(&srv, "{\"capacity_bytes\": \"64MiB\", \"log_level\": \"error\"}");
     struct row a, b;
     row_make(&a, &g, 64, 20);
     row_make(&b, &g, 64, 30);
-    umbp_runtime_t *w = tu_create("{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
-                                  "\"log_level\": \"error\"}", srv.dir);
-    cr_assert_eq(put_keys(w, a.held, a.nheld), 0);
-    cr_assert_eq(put_keys(w, b.held, b.nheld), 0);
-    char json[512];
-    snprintf(json, sizeof(json), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
-             "\"num_ranks\": 2, \"lookup_timeout_ms\": %d, \"engine_id\": \"sched\"}",
-             srv.dir, TIMEOUT_MS);
-    umbp_lookup_client_t *c = NULL;
-    cr_assert_eq(umbp_lookup_client_create(json, &c), 0, "%s", umbp_last_error());
+    umbp_lookup_client_t *c;
+    umbp_runtime_t *w = standalone_rows_and_client(&a, &b, TIMEOUT_MS, &c);
     struct row *ab[] = {&a, &b};
     expect_query(c, ab, 2, NULL);
 

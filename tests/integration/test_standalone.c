@@ -298,6 +298,28 @@ static int child_kv_store(void *arg)
     return rc == 0 ? 0 : 3;
 }
 
+/* Key i (i < KV_BLOCKS) was restored into block NB - 1 - i of a poisoned
+ * cache, except keys miss_a and miss_b (-1: none), which missed: every byte
+ * of every layer is the key's stored byte or still the poison. */
+static void check_reversed_restore(const struct kv_side *k, int miss_a, int miss_b)
+{
+    for (int l = 0; l < L; l++) {
+        const uint8_t *p = k->dev[l];
+        for (int kvh = 0; kvh < 2; kvh++)
+            for (int blk = 0; blk < NB; blk++) {
+                int i = NB - 1 - blk; /* the key restored into blk */
+                bool loaded = i < KV_BLOCKS && i != miss_a && i != miss_b;
+                size_t at = ((size_t)kvh * NB + (size_t)blk) * CHUNK;
+                size_t src = ((size_t)kvh * NB + (size_t)i) * CHUNK;
+                for (size_t o = 0; o < CHUNK; o++) {
+                    uint8_t want = loaded ? expected_byte(l, src + o) : TU_POISON;
+                    cr_assert_eq(p[at + o], want, "layer %d %s block %d byte %zu", l,
+                                 kvh ? "V" : "K", blk, o);
+                }
+            }
+    }
+}
+
 Test(standalone, kv_store_in_one_process_load_in_another)
 {
     start_server(NULL);
@@ -312,20 +334,7 @@ Test(standalone, kv_store_in_one_process_load_in_another)
     cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
     int rc = kv_wait(op);
     cr_assert_eq(rc, 0, "kv load: %d (%s)", rc, umbp_strerror(rc));
-    for (int l = 0; l < L; l++) {
-        const uint8_t *p = k.dev[l];
-        for (int kvh = 0; kvh < 2; kvh++)
-            for (int blk = 0; blk < NB; blk++) {
-                size_t at = ((size_t)kvh * NB + (size_t)blk) * CHUNK;
-                bool loaded = blk >= NB - KV_BLOCKS;
-                size_t src = ((size_t)kvh * NB + (size_t)(NB - 1 - blk)) * CHUNK;
-                for (size_t o = 0; o < CHUNK; o++) {
-                    uint8_t want = loaded ? expected_byte(l, src + o) : TU_POISON;
-                    cr_assert_eq(p[at + o], want, "layer %d %s block %d byte %zu", l,
-                                 kvh ? "V" : "K", blk, o);
-                }
-            }
-    }
+    check_reversed_restore(&k, -1, -1);
     kv_close(&k);
     tu_check_leaks();
     tu_server_cleanup(&srv);
@@ -353,21 +362,7 @@ Test(standalone, kv_load_with_a_head_statuses_and_bytes)
                      umbp_strerror(umbp_op_key_status(op, i)));
     cr_assert_eq(umbp_op_num_ok(op), KV_BLOCKS - 2);
     umbp_op_release(op);
-    for (int l = 0; l < L; l++) {
-        const uint8_t *p = k.dev[l];
-        for (int kvh = 0; kvh < 2; kvh++)
-            for (int blk = 0; blk < NB; blk++) {
-                int i = NB - 1 - blk; /* the key restored into blk */
-                bool loaded = i < KV_BLOCKS && i != 1 && i != 9;
-                size_t at = ((size_t)kvh * NB + (size_t)blk) * CHUNK;
-                size_t src = ((size_t)kvh * NB + (size_t)i) * CHUNK;
-                for (size_t o = 0; o < CHUNK; o++) {
-                    uint8_t want = loaded ? expected_byte(l, src + o) : TU_POISON;
-                    cr_assert_eq(p[at + o], want, "layer %d %s block %d byte %zu", l,
-                                 kvh ? "V" : "K", blk, o);
-                }
-            }
-    }
+    check_reversed_restore(&k, 1, 9);
     kv_close(&k);
     tu_check_leaks();
     tu_server_cleanup(&srv);
