@@ -81,23 +81,33 @@ static int check_get_ranges(umbp_range_t *r, uint32_t n)
 }
 
 /* An open-addressed table of key indices (at most half full): 6 us for 625
- * keys where sorting them took 60 (docs/benchmarks.md). */
-int umbp_check_duplicate_keys(struct umbp_op *op)
+ * keys where sorting them took 60 (docs/benchmarks.md).  The keys are
+ * first[0], first[stride], ... (bytes); op's table, sized for n keys. */
+int umbp_keys_check_duplicates(struct umbp_op *op, const umbp_key_t *first, size_t stride,
+                               size_t n)
 {
-    if (op->n < 2)
+    if (n < 2)
         return 0;
     size_t mask = op->dup_cap - 1;
     uint32_t *tab = op->dup_tab;
+    const uint8_t *base = (const uint8_t *)first;
     memset(tab, 0xff, op->dup_cap * sizeof(*tab));
-    for (size_t k = 0; k < op->n; k++) {
-        const umbp_key_t *key = &op->reqs[k].key;
+    for (size_t k = 0; k < n; k++) {
+        const umbp_key_t *key = (const umbp_key_t *)(base + k * stride);
         size_t h = (size_t)umbp_key_hash(key) & mask;
         for (; tab[h] != UINT32_MAX; h = (h + 1) & mask)
-            if (memcmp(op->reqs[tab[h]].key.bytes, key->bytes, UMBP_KEY_SIZE) == 0)
+            if (memcmp(base + (size_t)tab[h] * stride, key->bytes, UMBP_KEY_SIZE) == 0)
                 return UMBP_E_DUPLICATE_KEY;
         tab[h] = (uint32_t)k;
     }
     return 0;
+}
+
+int umbp_check_duplicate_keys(struct umbp_op *op)
+{
+    if (op->n < 2)
+        return 0;
+    return umbp_keys_check_duplicates(op, &op->reqs[0].key, sizeof(op->reqs[0]), op->n);
 }
 
 /* Copies per-key data common to puts and gets into the op. */

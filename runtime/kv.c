@@ -388,8 +388,11 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
         rc = -ENOMEM;
         goto fail;
     }
-    kv_fill(op, l, blocks, n, first, count, ev);
-    if ((rc = umbp_check_duplicate_keys(op)) < 0)
+    /* a parent split into children only collects their statuses: its keys
+     * are checked for duplicates where the caller holds them, not copied */
+    if (!nchild)
+        kv_fill(op, l, blocks, n, first, count, ev);
+    if ((rc = umbp_keys_check_duplicates(op, &blocks[0].key, sizeof(*blocks), n)) < 0)
         goto fail;
     for (; got < nchild; got++) {
         size_t base = got * slice, m = n - base < slice ? n - base : slice;

@@ -412,6 +412,10 @@ size_t lookup_account(struct umbp_runtime *rt, const struct umbp_tier_req *reqs,
 
 /* Caller side: UMBP_E_DUPLICATE_KEY if two of op's keys are equal. */
 int umbp_check_duplicate_keys(struct umbp_op *op);
+/* The same over n keys laid out stride bytes apart from first, with op's
+ * table (op_reserve_keys'd for n). */
+int umbp_keys_check_duplicates(struct umbp_op *op, const umbp_key_t *first, size_t stride,
+                               size_t n);
 
 
 static inline uint64_t ms_to_ns(int64_t ms) { return (uint64_t)ms * 1000000ull; }

@@ -125,8 +125,6 @@ static int create_ops(struct umbp_runtime *rt)
     rt->ops = calloc(n, sizeof(*rt->ops));
     rt->free_data.v = calloc(ndata, sizeof(*rt->free_data.v));
     rt->free_ctl.v = calloc(CONTROL_OPS, sizeof(*rt->free_ctl.v));
-    pthread_mutex_init(&rt->free_data.lock, NULL);
-    pthread_mutex_init(&rt->free_ctl.lock, NULL);
     if (!rt->ops || !rt->free_data.v || !rt->free_ctl.v)
         return -ENOMEM;
     rt->num_ops = n;
@@ -238,6 +236,9 @@ int umbp_runtime_create(const char *json_config, umbp_runtime_t **out)
                    (strcmp(cfg->core.poll_wait, "auto") == 0 &&
                     sysconf(_SC_NPROCESSORS_ONLN) >= 8);
     kv_init(rt);
+    /* before anything can fail: free_runtime destroys them */
+    pthread_mutex_init(&rt->free_data.lock, NULL);
+    pthread_mutex_init(&rt->free_ctl.lock, NULL);
     if (pthread_mutex_init(&rt->loop_lock, NULL) != 0) {
         umbp_set_error("cannot create the loop lock");
         rc = -ENOMEM;

@@ -307,9 +307,16 @@ Test(kv_host, sliced_store_past_the_child_cap)
         blocks[i] = (umbp_kv_block_t){keys[i], (uint64_t)(i % NB)};
     }
     umbp_op_t *op;
+    /* a key twice, in different children (slices of 2 past the cap): the
+     * whole store is refused and nothing is stored */
+    blocks[99].key = keys[0];
+    cr_assert_eq(umbp_kv_store(f.rt, f.kv, blocks, 100, NULL, &op), UMBP_E_DUPLICATE_KEY);
+    blocks[99].key = keys[99];
+    size_t prefix = 1;
+    cr_assert_eq(umbp_lookup(f.rt, keys, 100, NULL, &prefix, 0), 0);
+    cr_assert_eq(prefix, 0, "a refused store stored %zu keys", prefix);
     cr_assert_eq(umbp_kv_store(f.rt, f.kv, blocks, 100, NULL, &op), 0);
     wait_all(op, 0);
-    size_t prefix;
     cr_assert_eq(umbp_lookup(f.rt, keys, 100, NULL, &prefix, 0), 0);
     cr_assert_eq(prefix, 100);
     /* keys 64..99 hold blocks 0..35: restore them into a poisoned cache */
