@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -77,6 +78,48 @@ static int open_shm(struct dram_pool *pool, const char *name, bool persistent,
         pool->shm_path[0] = '\0'; /* not ours to unlink */
     }
     return fd;
+}
+
+/* Takes the one-live-owner lock of a persistent named pool (pool.h): an
+ * exclusive flock on /dev/shm/<name>.owner, kept open (close-on-exec, never
+ * handed to clients: the pool's own descriptor is a separate open file
+ * description) until dram_pool_destroy.  The file then holds our pid, for
+ * the message a second server gets. */
+static int take_owner_lock(struct dram_pool *pool, const char *name, char *err, size_t errlen)
+{
+    char path[DRAM_SHM_NAME_MAX + 32];
+    snprintf(path, sizeof(path), "/dev/shm/%s.owner", name);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+        int rc = -errno;
+        snprintf(err, errlen, "dram_shm_name=%s: cannot open the pool's owner lock %s (%s); "
+                 "check /dev/shm's permissions or choose another dram_shm_name", name, path,
+                 strerror(-rc));
+        return rc;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        int rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+        char pid[24] = "";
+        ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+        pid[n > 0 ? n : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        close(fd);
+        if (rc == -EBUSY)
+            snprintf(err, errlen, "dram_shm_name=%s: the pool /dev/shm/%s is in use by a live "
+                     "umbp-server (pid %s); a named pool has one owner: stop that server, or "
+                     "give this one another dram_shm_name", name, name, pid[0] ? pid : "unknown");
+        else
+            snprintf(err, errlen, "dram_shm_name=%s: cannot lock %s (%s)", name, path,
+                     strerror(-rc));
+        return rc;
+    }
+    char pid[24];
+    int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)len, 0) != len)
+        umbp_log(UMBP_LOG_WARN, "dram_shm_name=%s: cannot record this pid in %s (%s)", name,
+                 path, strerror(errno));
+    pool->owner_fd = fd;
+    return 0;
 }
 
 /* One attempt at mapping `size` bytes with pages of page_size (huge or
@@ -286,8 +329,11 @@ int dram_pool_create(const struct dram_pool_params *p, struct dram_pool **out,
         return -ENOMEM;
     }
     pool->fd = -1;
+    pool->owner_fd = -1;
     pool->persistent = p->persistent && p->shared && p->shm_name && p->shm_name[0];
-    rc = map_pool(pool, p, err, errlen);
+    rc = pool->persistent ? take_owner_lock(pool, p->shm_name, err, errlen) : 0;
+    if (rc == 0)
+        rc = map_pool(pool, p, err, errlen);
     if (rc == 0)
         rc = bind_node(pool, p->numa_node, err, errlen);
     if (rc == 0 && p->prefault && !pool->adopted) /* adopted pages hold objects */
@@ -310,5 +356,7 @@ void dram_pool_destroy(struct dram_pool *pool)
         close(pool->fd);
     if (pool->shm_path[0] && !pool->persistent)
         shm_unlink(pool->shm_path);
+    if (pool->owner_fd >= 0)
+        close(pool->owner_fd); /* last: the next owner may adopt from here on */
     free(pool);
 }

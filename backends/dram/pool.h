@@ -6,6 +6,15 @@
  * to a NUMA node before first touch; optionally prefaulted.  Created and
  * destroyed on the runtime's creating thread; the loop thread only reads
  * the fields.
+ *
+ * A persistent named pool has exactly one live owner: its creator holds an
+ * exclusive flock on /dev/shm/<name>.owner (which holds the owner's pid) for
+ * the pool's whole life.  The kernel drops the lock when the owner dies, so
+ * a server restarted after kill -9 adopts the pool, while a second server
+ * started on a live pool is refused naming dram_shm_name and the owner's
+ * pid (two allocators in one pool would hand out the same bytes twice).
+ * The lock file is never unlinked (an unlinked lock file lets two openers
+ * lock two different inodes).
  */
 #ifndef UMBP_DRAM_POOL_H
 #define UMBP_DRAM_POOL_H
@@ -35,6 +44,8 @@ struct dram_pool {
     uint64_t page_size; /* in use: 4 KiB or the huge page size */
     bool hugepages;     /* huge pages in use */
     int fd;             /* memfd or shm descriptor; -1 when anonymous */
+    int owner_fd;       /* persistent: /dev/shm/<name>.owner, flock'ed for
+                           the pool's whole life (its one live owner); -1 */
     char shm_path[DRAM_SHM_NAME_MAX + 1]; /* "/name" unlinked at destroy */
     bool adopted;       /* persistent: the named pool existed and was opened */
     bool persistent;    /* leave it in /dev/shm at destroy */
