@@ -157,7 +157,7 @@ static void get_acquired(void *arg, int rc)
 static void get_copied(struct umbp_runtime *rt, struct umbp_op *op)
 {
     move_finished(op);
-    if (op->cancelled && !op->cut_by_release)
+    if (op->cancelled && !op->cut_by_release && !op->cut_by_loss)
         CNT_ADD(rt, ops_timed_out, 1);
     for (size_t k = 0; k < op->n; k++) {
         int rc = op->state[k] == KEY_COPYING ? move_key_rc(op, k) : 0;

@@ -220,7 +220,7 @@ static void put_published(void *arg, int rc)
 static void put_copied(struct umbp_runtime *rt, struct umbp_op *op)
 {
     move_finished(op);
-    if (op->cancelled && !op->cut_by_release)
+    if (op->cancelled && !op->cut_by_release && !op->cut_by_loss)
         CNT_ADD(rt, ops_timed_out, 1);
     size_t nfail = 0;
     for (size_t k = 0; k < op->n; k++) {

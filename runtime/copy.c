@@ -73,13 +73,27 @@ static bool op_cancelled(struct umbp_op *op)
     return atomic_load_explicit(&op->cancel, memory_order_relaxed);
 }
 
+/* A put writes into a region only before its deadline: the server that
+ * granted it may hand the region to another writer once the deadline this
+ * client declared has passed (backends/shm/shm.h), so a worker checks the
+ * clock itself before every chunk instead of waiting for the loop's timer,
+ * which a busy or stalled loop thread could delay. */
+static bool put_expired(struct umbp_op *op)
+{
+    if (umbp_now_ns() < op->deadline_ns)
+        return false;
+    atomic_store_explicit(&op->write_expired, true, memory_order_relaxed);
+    return true;
+}
+
 /* Copies one range in chunks, letting waiting restores go first after each
- * chunk; false if the op was cancelled meanwhile. */
+ * chunk; false if the op was cancelled meanwhile (or, a put, passed its
+ * deadline). */
 static bool copy_range(struct copy_pool *cp, struct umbp_op *op, uint8_t *obj,
                        const umbp_range_t *rg, bool to_object, bool may_yield)
 {
     for (uint64_t done = 0; done < rg->len;) {
-        if (op_cancelled(op))
+        if (op_cancelled(op) || (to_object && put_expired(op)))
             return false;
         uint64_t n = rg->len - done < COPY_CHUNK ? rg->len - done : COPY_CHUNK;
         if (to_object)
@@ -324,6 +338,16 @@ static void on_copy_timer(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
+void tier_regions_revoked(void *ctx)
+{
+    struct umbp_runtime *rt = ctx;
+    for (struct umbp_op *op = rt->copying_head; op; op = op->cnext)
+        if (op->kind == OP_PUT && !op->cancelled) {
+            copy_cancel(op, false);
+            op->cut_by_loss = true;
+        }
+}
+
 void copy_timer_init(struct umbp_runtime *rt)
 {
     ev_init(&rt->copy_timer, on_copy_timer);
@@ -391,7 +415,9 @@ void move_dispatch(struct umbp_op *op, enum msg_type then)
 int move_key_rc(const struct umbp_op *op, size_t k)
 {
     if (op->cancelled)
-        return op->cut_by_release ? UMBP_E_NOT_ATTEMPTED : UMBP_E_TIMEOUT;
+        return op->cut_by_release ? UMBP_E_NOT_ATTEMPTED
+               : op->cut_by_loss  ? -ECONNRESET
+                                  : UMBP_E_TIMEOUT;
     if (op->mover == MOVER_GPU && op->gpu_rc < 0)
         return op->gpu_rc;
     if (op->mover == MOVER_TIER && op->moves[k].rc < 0)
@@ -401,6 +427,10 @@ int move_key_rc(const struct umbp_op *op, size_t k)
 
 void move_finished(struct umbp_op *op)
 {
+    /* a worker that stopped at the put's deadline did not copy every byte;
+     * the jobs_left decrement ordered its store before this load */
+    if (atomic_load_explicit(&op->write_expired, memory_order_relaxed) && !op->cancelled)
+        op->cancelled = true;
     if (op->mover == MOVER_MEMCPY)
         copying_unlink(op->rt, op);
     else if (op->mover == MOVER_GPU)

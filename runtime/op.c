@@ -47,8 +47,9 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     op->parent = NULL;
     op->xfer = NULL;
     op->gpu_rc = 0;
-    op->cancelled = op->cut_by_release = false;
+    op->cancelled = op->cut_by_release = op->cut_by_loss = false;
     atomic_store_explicit(&op->cancel, false, memory_order_relaxed);
+    atomic_store_explicit(&op->write_expired, false, memory_order_relaxed);
     atomic_store_explicit(&op->released, false, memory_order_relaxed);
     op->cprev = op->cnext = NULL;
     op->submit_ns = umbp_now_ns();

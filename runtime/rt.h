@@ -115,6 +115,9 @@ struct umbp_op {
     _Atomic bool cancel;      /* loop -> workers: stop at the next chunk */
     bool cancelled;           /* loop: the deadline or a release cut the move */
     bool cut_by_release;      /* ... a release (not counted as a time-out) */
+    bool cut_by_loss;         /* ... the tier lost what granted its regions */
+    _Atomic bool write_expired; /* a worker saw the put's deadline pass and
+                                   stopped writing (copy.c) */
     _Atomic bool released;    /* caller released the handle in flight */
     struct umbp_op *cprev, *cnext; /* the loop's list of ops being copied */
     struct key_move *moves;   /* MOVER_TIER: per-key result of read/write */
@@ -207,6 +210,9 @@ void move_finished(struct umbp_op *op);
 /* After move_finished: 0 if key k's bytes moved, else the key's status. */
 int move_key_rc(const struct umbp_op *op, size_t k);
 void copy_cancel(struct umbp_op *op, bool by_release);
+/* The tier's env->regions_revoked (loop thread): every put being copied
+ * stops writing at its next chunk and fails with -ECONNRESET. */
+void tier_regions_revoked(void *ctx);
 
 /* ---- GPU KV path (kv.c) ------------------------------------------------ */
 

@@ -105,6 +105,7 @@ static int create_tier(struct umbp_runtime *rt)
         .events_lost = tier_events_lost,
         .space_freed = tier_space_freed,
         .mapping_changed = tier_mapping_changed,
+        .regions_revoked = tier_regions_revoked,
         .ctx = rt,
     };
     char err[512] = "";

@@ -204,7 +204,9 @@ struct scalar {
 static void render_scalars(struct mbuf *b, const struct umbp_server *s)
 {
     struct umbp_tier_usage u;
+    uint64_t held, expired;
     dram_store_usage(s->store, &u);
+    dram_store_writer_counts(s->store, &held, &expired);
     const struct srv_counters *c = &s->c;
     const struct scalar all[] = {
         {"umbp_capacity_bytes", "gauge", "Bytes the pool may hold.", u.capacity_bytes},
@@ -233,6 +235,10 @@ static void render_scalars(struct mbuf *b, const struct umbp_server *s)
         {"umbp_refused_connections_total", "counter", "Connections refused (not allowed, or "
          "max_sessions reached).", c->refused_connections},
         {"umbp_sessions", "gauge", "Connected clients.", s->nsessions},
+        {"umbp_held_regions", "gauge", "Regions of unfinished puts whose session ended, kept "
+         "out of use until their writers' declared deadlines.", held},
+        {"umbp_reservations_expired_total", "counter", "Reservations reclaimed at their "
+         "writer's deadline, never published nor aborted.", expired},
     };
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
         put_head(b, all[i].name, all[i].type, all[i].help);

@@ -76,11 +76,12 @@ static int handle_lookup(struct srv_session *ss, const struct proto_frame *f)
  * An eviction that freed nothing (everything leased or pending) clears
  * *may_evict, so the rest of the batch does not scan the LRU list again. */
 static int reserve_one(struct umbp_server *s, unsigned ns, const umbp_key_t *key,
-                       uint64_t size, struct dram_store_region *r, bool *may_evict)
+                       uint64_t size, uint64_t until, struct dram_store_region *r,
+                       bool *may_evict)
 {
     /* a namespace over its quota evicts its own objects inside the store
      * (-EDQUOT when they are held); -ENOSPC is the whole pool's */
-    int rc = dram_store_reserve_ns(s->store, key, size, ns, r);
+    int rc = dram_store_reserve_until(s->store, key, size, ns, until, r);
     if (rc != -ENOSPC || !*may_evict)
         return rc;
     struct umbp_tier_usage u;
@@ -88,13 +89,16 @@ static int reserve_one(struct umbp_server *s, unsigned ns, const umbp_key_t *key
     uint64_t target = u.capacity_bytes > size ? u.capacity_bytes - size : 0;
     if (dram_store_evict(s->store, target, size, SRV_EVICT_INLINE_MAX, NULL) == 0)
         *may_evict = false;
-    return dram_store_reserve_ns(s->store, key, size, ns, r);
+    return dram_store_reserve_until(s->store, key, size, ns, until, r);
 }
 
 static int handle_reserve(struct srv_session *ss, const struct proto_frame *f)
 {
     struct umbp_server *s = ss->srv;
     bool may_evict = true;
+    /* the client writes into what it is granted for at most its declared
+     * deadline from now (session.c, store.h) */
+    uint64_t until = umbp_now_ns() + ss->write_deadline_ns;
     int rc = proto_begin(&ss->out, PROTO_RESERVE_R, f->seq, f->n, 0);
 
     for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
@@ -102,7 +106,7 @@ static int handle_reserve(struct srv_session *ss, const struct proto_frame *f)
         struct dram_store_region r;
         struct proto_region_item out = {0};
         proto_get_reserve_item(f, i, &it);
-        out.status = reserve_one(s, ss->ns, &it.key, it.size, &r, &may_evict);
+        out.status = reserve_one(s, ss->ns, &it.key, it.size, until, &r, &may_evict);
         if (out.status == 0 && track_add(&ss->reservations, r.token, &it.key) < 0) {
             dram_store_abort(s->store, &it.key, r.token);
             out.status = -ENOMEM;
@@ -210,7 +214,9 @@ static int handle_stats(struct srv_session *ss, const struct proto_frame *f)
 {
     struct umbp_server *s = ss->srv;
     struct umbp_tier_usage u;
+    uint64_t held, expired;
     dram_store_usage(s->store, &u);
+    dram_store_writer_counts(s->store, &held, &expired);
     struct proto_stats st = {
         .capacity_bytes = u.capacity_bytes, .used_bytes = u.used_bytes,
         .num_objects = u.num_objects, .num_pending = u.num_pending,
@@ -222,6 +228,7 @@ static int handle_stats(struct srv_session *ss, const struct proto_frame *f)
         .publishes = s->c.publishes, .acquires = s->c.acquires,
         .acquire_hits = s->c.acquire_hits, .protocol_errors = s->c.protocol_errors,
         .refused_connections = s->c.refused_connections,
+        .held_regions = held, .reservations_expired = expired,
     };
     int rc = proto_begin(&ss->out, PROTO_STATS_R, f->seq, 1, 0);
     if (rc == 0)
@@ -335,6 +342,7 @@ static int handle_hello(struct srv_session *ss, const struct proto_frame *f, cha
     if (proto_get_hello(f, &h, what, whatlen) < 0)
         return -EPROTO;
     ss->hello = h;
+    ss->write_deadline_ns = (uint64_t)h.write_deadline_ms * 1000000ull;
     ss->ns = srv_namespace_id(ss->srv, h.name_space);
     ss->greeted = true;
     int rc = welcome(ss, f);

@@ -15,12 +15,19 @@
  * evicting in slices down to the low one, an ev_prepare that sends the
  * iteration's events, and the ev_async that umbp_server_stop pokes.
  *
- * destroy: every session ends (its reservations aborted, its leases
- * released), the socket and its lock file go, the pool is unmapped.  A
- * named pool (dram_shm_name) stays in /dev/shm with its journal, and the
- * next server on it adopts every published object (backends/dram/journal.h);
- * the regions of puts left unfinished are held for adopt_grace_ms, since
- * their clients may still be copying into them.
+ * destroy: every session ends (its leases released; its reservations
+ * orphaned, never freed: their writers may still be copying), the socket
+ * and its lock file go, the pool is unmapped.  A named pool (dram_shm_name)
+ * stays in /dev/shm with its journal, and the next server on it adopts
+ * every published object (backends/dram/journal.h) and holds the region of
+ * every put left unfinished until its writer's declared deadline (the
+ * record's hold time; adopt_grace_ms for records without one).
+ *
+ * The rule behind it: a reserved region is handed out again only when every
+ * writer granted it has provably stopped - it published or aborted, or its
+ * write deadline (declared at HELLO, counted from the grant) has passed -
+ * whichever way its session ended.  The tick frees such regions
+ * (dram_store_expire_writers), in memory and after a restart alike.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -78,7 +85,9 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
     struct umbp_server *s = umbp_container_of(w, struct umbp_server, tick_w);
     (void)loop;
     (void)revents;
-    dram_store_expire_leases(s->store, umbp_now_ns());
+    uint64_t now = umbp_now_ns();
+    dram_store_expire_leases(s->store, now);
+    dram_store_expire_writers(s->store, now);
     if (s->evicting)
         evict_slice(s); /* progress even when the loop is never idle */
     else
@@ -99,8 +108,6 @@ static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
     srv_listen_close(s, false); /* new clients are refused from now on */
     ev_break(loop, EVBREAK_ALL);
 }
-
-static void adopt_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
 #define SRV_POLL_NS 200000ull
 /* While a session holds reservations its publish is coming, after a copy
@@ -161,23 +168,9 @@ static void watchers_start(struct umbp_server *s)
                   (strcmp(pw, "auto") == 0 && sysconf(_SC_NPROCESSORS_ONLN) >= 8);
     ev_prepare_init(&s->flush_w, flush_cb);
     ev_prepare_start(s->loop, &s->flush_w);
-    struct dram_store_adoption a;
-    dram_store_adoption(s->store, &a);
-    ev_timer_init(&s->adopt_w, adopt_cb, (double)s->cfg->opt.adopt_grace_ms / 1000.0, 0.0);
-    if (a.held_pending)
-        ev_timer_start(s->loop, &s->adopt_w);
 }
 
 /* ---- the pool ---------------------------------------------------------------------- */
-
-static void adopt_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    struct umbp_server *s = umbp_container_of(w, struct umbp_server, adopt_w);
-    (void)loop;
-    (void)revents;
-    dram_store_adopt_finish(s->store);
-    umbp_log(UMBP_LOG_INFO, "adopted pool: the previous server's unfinished puts are freed");
-}
 
 static void log_adoption(struct umbp_server *s)
 {
@@ -186,8 +179,8 @@ static void log_adoption(struct umbp_server *s)
     if (!a.adopted)
         return;
     umbp_log(UMBP_LOG_WARN, "adopted the pool /dev/shm%s of a previous server: %llu objects "
-             "(%llu bytes) restorable, %llu unfinished puts held for adopt_grace_ms, %llu "
-             "records dropped", s->pool->shm_path, (unsigned long long)a.objects,
+             "(%llu bytes) restorable, %llu unfinished puts held until their writers' "
+             "deadlines, %llu records dropped", s->pool->shm_path, (unsigned long long)a.objects,
              (unsigned long long)a.bytes, (unsigned long long)a.held_pending,
              (unsigned long long)a.dropped);
 }
@@ -202,6 +195,7 @@ static int pool_create(struct umbp_server *s, char *err, size_t errlen)
     umbp_dram_store_params(s->cfg->dram, s->cfg->capacity, &p);
     p.emit_event = srv_events_emit;
     p.ctx = s;
+    p.adopt_grace_ms = (uint64_t)s->cfg->opt.adopt_grace_ms;
     p.pool.persistent = p.pool.shm_name && p.pool.shm_name[0];
     int rc = dram_store_create(&p, &s->store, err, errlen);
     if (rc < 0)
@@ -310,7 +304,6 @@ void umbp_server_destroy(struct umbp_server *s)
         ev_idle_stop(s->loop, &s->evict_w);
         ev_idle_stop(s->loop, &s->poll_w);
         ev_prepare_stop(s->loop, &s->flush_w);
-        ev_timer_stop(s->loop, &s->adopt_w);
     }
     dram_store_destroy(s->store);
     free(s->events);

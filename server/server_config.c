@@ -40,8 +40,9 @@ const struct umbp_option srv_options[] = {
      "the namespace option)"},
     {"adopt_grace_ms", UMBP_OPT_INT, OFF(adopt_grace_ms), "30000", 0, 3600000, 0, NULL,
      "server: with a named pool (dram_shm_name) adopted after a restart, how long the "
-     "regions of the dead server's unfinished puts stay out of use (their clients may "
-     "still be copying; keep it above the clients' timeout_ms)"},
+     "regions of the dead server's unfinished puts stay out of use when their journal "
+     "record carries no writer deadline (a pool written by a release before protocol "
+     "version 2); others are held exactly until their writers' declared deadlines"},
     {"event_backlog_bytes", UMBP_OPT_SIZE, OFF(event_backlog_bytes), "16MiB", 64 << 10,
      1 << 30, 0, NULL,
      "server: unsent bytes above which a subscriber's events are dropped (and counted as "

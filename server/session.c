@@ -12,9 +12,13 @@
  *
  * A session ends on EOF, a socket error, a malformed frame (an ERROR frame
  * naming the field goes out first, best effort), a backlog over SRV_OUT_MAX
- * or a refused HELLO.  Whatever it still holds ends with it: reservations
- * are aborted and leases released at once, so a client killed with -9
- * leaks nothing.
+ * or a refused HELLO.  Whatever it still holds ends with it: leases are
+ * released at once; reservations are orphaned - the key is free again at
+ * once, the region only when its writer has provably stopped (its declared
+ * write deadline, counted from the grant, has passed: the client may be
+ * alive and still copying after its connection dropped), so a client
+ * killed with -9 leaks nothing for longer than its deadline and a live one
+ * never writes into a region handed to someone else.
  *
  * Loop thread only.  The libev callbacks here are the only callers of
  * session_close for I/O failures (see srv.h).
@@ -79,9 +83,15 @@ static void release_one(void *arg, uint64_t token, const umbp_key_t *key)
     dram_store_release(arg, token, &freed);
 }
 
-static void abort_one(void *arg, uint64_t token, const umbp_key_t *key)
+struct orphan_ctx {
+    struct dram_store *store;
+    uint64_t now;
+};
+
+static void orphan_one(void *arg, uint64_t token, const umbp_key_t *key)
 {
-    dram_store_abort(arg, key, token);
+    struct orphan_ctx *o = arg;
+    dram_store_orphan(o->store, key, token, o->now);
 }
 
 void session_close(struct srv_session *ss)
@@ -89,11 +99,14 @@ void session_close(struct srv_session *ss)
     struct umbp_server *s = ss->srv;
     uint64_t leases = ss->leases.n, reservations = ss->reservations.n;
 
+    struct orphan_ctx o = {s->store, umbp_now_ns()};
     track_drain(&ss->leases, release_one, s->store);
-    track_drain(&ss->reservations, abort_one, s->store);
-    umbp_log(UMBP_LOG_INFO, SESSION_FMT ": %s; released %llu leases, aborted %llu "
-             "reservations", SESSION_ARGS(ss), ss->why[0] ? ss->why : "closed",
-             (unsigned long long)leases, (unsigned long long)reservations);
+    track_drain(&ss->reservations, orphan_one, &o);
+    umbp_log(UMBP_LOG_INFO, SESSION_FMT ": %s; released %llu leases; %llu unfinished "
+             "reservations held until their writer's deadline (%llu ms after each grant)",
+             SESSION_ARGS(ss), ss->why[0] ? ss->why : "closed", (unsigned long long)leases,
+             (unsigned long long)reservations,
+             (unsigned long long)(ss->write_deadline_ns / 1000000ull));
     if (ss->events)
         srv_events_unsubscribe(ss);
     ev_io_stop(s->loop, &ss->rio);

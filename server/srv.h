@@ -75,6 +75,8 @@ struct srv_session {
     bool was_paused;               /* ever (logged once) */
     bool events;                   /* asked for EVENTS frames */
     struct proto_hello hello;
+    uint64_t write_deadline_ns;    /* hello.write_deadline_ms: a reservation's
+                                      writer is done by grant + this */
     unsigned ns;                   /* the store namespace of hello.name_space */
     uint8_t *in;                   /* unparsed input [0, in_len) */
     size_t in_len, in_cap;
@@ -99,7 +101,6 @@ struct umbp_server {
     char ns_names[DRAM_STORE_MAX_NS][PROTO_NAME_MAX];
     unsigned nns;
     bool ns_full_warned;
-    ev_timer adopt_w;              /* frees an adopted pool's pending regions */
     struct ev_loop *loop;
     struct dram_store *store;
     const struct dram_pool *pool;
@@ -155,8 +156,9 @@ void srv_listen_close(struct umbp_server *s, bool release_lock);
 /* session.c */
 struct srv_session *session_open(struct umbp_server *s, int fd, pid_t pid, uid_t uid,
                                  gid_t gid);
-/* Ends the session: every reservation it holds is aborted and every lease
- * released now; one log line with ss->why. */
+/* Ends the session: every lease it holds is released now, and every
+ * reservation orphaned (its region kept until its writer's deadline: the
+ * client may still be copying); one log line with ss->why. */
 void session_close(struct srv_session *ss);
 /* Sends what it can now; arms or disarms the write watcher.  < 0: the
  * session must be closed (ss->why says why). */

@@ -182,6 +182,9 @@ static void print_stats(const char *path, const struct proto_stats *s)
     printf("clients:   %llu sessions; %llu protocol errors, %llu refused connections\n",
            (unsigned long long)s->sessions, (unsigned long long)s->protocol_errors,
            (unsigned long long)s->refused_connections);
+    printf("writers:   %llu regions held for ended sessions' writers, %llu reservations "
+           "expired unfinished\n", (unsigned long long)s->held_regions,
+           (unsigned long long)s->reservations_expired);
 }
 
 static void print_sessions(const struct proto_frame *f)

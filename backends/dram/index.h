@@ -19,6 +19,9 @@ enum dram_obj_state {
     DRAM_OBJ_PENDING,   /* reserved, being written; invisible, not evictable */
     DRAM_OBJ_PUBLISHED, /* visible; on the LRU list */
     DRAM_OBJ_DOOMED,    /* cleared while read; freed when readers reach 0 */
+    DRAM_OBJ_HELD,      /* a reservation whose session ended before it was
+                           published or aborted: out of the table, its
+                           region kept until its writer's deadline (store.c) */
 };
 
 struct dram_obj {
@@ -32,6 +35,9 @@ struct dram_obj {
     struct dram_obj *ns_prev, *ns_next; /* the namespace's LRU list */
     enum dram_obj_state state;
     struct dram_obj *lru_prev, *lru_next; /* PUBLISHED only; head = newest */
+    uint64_t until_ns;            /* PENDING / HELD: its writer stops writing
+                                     by then (0: no deadline, in-process) */
+    uint32_t heap_pos;            /* in the store's writer-deadline heap */
 };
 
 struct dram_index;

@@ -28,11 +28,14 @@ struct jheader {
     uint64_t magic;
     uint32_t version, slot_size;
     uint64_t nslots, pool_size, pool_id;
+    /* the latest hold time of a reservation that found no free slot (0 in
+     * tables written before it existed: the same meaning, none) */
+    _Atomic uint32_t unrecorded_hold_s;
 };
 
 struct jslot {
     _Atomic uint32_t state;
-    uint32_t pad;
+    uint32_t hold_s;              /* PENDING: see journal.h; 0 in old tables */
     uint64_t off, size, oid;
     uint8_t key[UMBP_KEY_SIZE];
 };
@@ -132,7 +135,7 @@ int dram_journal_open(const char *name, uint64_t pool_size, uint32_t nslots, boo
         while (id == 0 && getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id))
             ;
         *j->hdr = (struct jheader){JOURNAL_MAGIC, JOURNAL_VERSION, sizeof(struct jslot),
-                                   nslots, pool_size, id};
+                                   nslots, pool_size, id, 0};
     }
     reset_free_list(j);
     *adopted = existed;
@@ -182,7 +185,8 @@ int dram_journal_scan(struct dram_journal *j, struct dram_journal_rec **recs, si
             cap *= 2;
         }
         v[k] = (struct dram_journal_rec){.slot = s, .state = st, .off = sl->off,
-                                         .size = sl->size, .oid = sl->oid};
+                                         .size = sl->size, .oid = sl->oid,
+                                         .hold_s = sl->hold_s};
         memcpy(v[k].key.bytes, sl->key, UMBP_KEY_SIZE);
         k++;
     }
@@ -198,15 +202,38 @@ uint32_t dram_journal_claim(struct dram_journal *j)
 }
 
 void dram_journal_set_pending(struct dram_journal *j, uint32_t slot, const umbp_key_t *key,
-                              uint64_t off, uint64_t size, uint64_t oid)
+                              uint64_t off, uint64_t size, uint64_t oid, uint32_t hold_s)
 {
     struct jslot *sl = &j->slots[slot];
+    sl->hold_s = hold_s;
     sl->off = off;
     sl->size = size;
     sl->oid = oid;
     memcpy(sl->key, key->bytes, UMBP_KEY_SIZE);
     /* the record's fields are complete before it claims to be one */
     atomic_store_explicit(&sl->state, DRAM_JSLOT_PENDING, memory_order_release);
+}
+
+void dram_journal_set_hold(struct dram_journal *j, uint32_t slot, uint32_t hold_s)
+{
+    j->slots[slot].hold_s = hold_s;
+}
+
+void dram_journal_note_unrecorded(struct dram_journal *j, uint32_t hold_s)
+{
+    if (hold_s > atomic_load_explicit(&j->hdr->unrecorded_hold_s, memory_order_relaxed))
+        atomic_store_explicit(&j->hdr->unrecorded_hold_s, hold_s, memory_order_relaxed);
+}
+
+uint32_t dram_journal_unrecorded_hold(const struct dram_journal *j)
+{
+    return atomic_load_explicit(&j->hdr->unrecorded_hold_s, memory_order_relaxed);
+}
+
+uint32_t dram_journal_hold_s(uint64_t mono_ns)
+{
+    uint64_t s = (mono_ns + 999999999ull) / 1000000000ull;
+    return s == 0 ? 1 : s > UINT32_MAX ? UINT32_MAX : (uint32_t)s;
 }
 
 void dram_journal_set_published(struct dram_journal *j, uint32_t slot)

@@ -10,12 +10,20 @@
  *   FREE       nothing;
  *   PENDING    reserved, being written by a client: its region may still be
  *              written by a client of the dead server, so an adopter keeps
- *              it out of use for a grace period, then frees it;
+ *              it out of use until the record's hold time (the writer's
+ *              declared deadline: by then it has provably stopped), or for
+ *              a grace period when the record has none, then frees it;
  *   PUBLISHED  every byte written and published: adopted as an object.
  * The store sets PENDING at reserve, PUBLISHED at publish (after the client
  * copied every byte) and FREE when the object is freed.  The header carries
  * the pool's size and id, so a pool of another size or a table of another
  * layout is never adopted.
+ *
+ * Hold times are CLOCK_MONOTONIC seconds, rounded up: the clock every
+ * process of one boot shares, and /dev/shm does not outlive a boot.  A
+ * reservation that found no free slot has no record, so the header keeps
+ * the latest hold time of any such one: until then an adopter may not know
+ * every region a writer may still write, and hands none out.
  *
  * Single-threaded: the store's owner (the server's loop thread).
  */
@@ -38,6 +46,7 @@ struct dram_journal;
 struct dram_journal_rec {
     uint32_t slot;
     enum dram_journal_state state;
+    uint32_t hold_s;              /* PENDING: writer done by then; 0 unknown */
     umbp_key_t key;
     uint64_t off, size, oid;
 };
@@ -59,7 +68,15 @@ int dram_journal_scan(struct dram_journal *j, struct dram_journal_rec **recs, si
  * use (the object is then not kept across restarts). */
 uint32_t dram_journal_claim(struct dram_journal *j);
 void dram_journal_set_pending(struct dram_journal *j, uint32_t slot, const umbp_key_t *key,
-                              uint64_t off, uint64_t size, uint64_t oid);
+                              uint64_t off, uint64_t size, uint64_t oid, uint32_t hold_s);
+/* A PENDING record's hold time (an adopter's grace for a record with none). */
+void dram_journal_set_hold(struct dram_journal *j, uint32_t slot, uint32_t hold_s);
+/* A reservation without a record whose writer stops by hold_s; and the
+ * latest such hold time (0: none). */
+void dram_journal_note_unrecorded(struct dram_journal *j, uint32_t hold_s);
+uint32_t dram_journal_unrecorded_hold(const struct dram_journal *j);
+/* ns of CLOCK_MONOTONIC as a hold time: seconds, rounded up, at least 1. */
+uint32_t dram_journal_hold_s(uint64_t mono_ns);
 void dram_journal_set_published(struct dram_journal *j, uint32_t slot);
 /* Marks the slot FREE and returns it to the free list. */
 void dram_journal_drop(struct dram_journal *j, uint32_t slot);

@@ -3,6 +3,15 @@
  *
  * See store.h for the states and invariants.  Every function runs on the
  * owner's thread and completes inline; nothing here blocks after create.
+ *
+ * Writer deadlines.  A reservation made with a deadline (a server's client:
+ * another process writes the region) sits in a binary min-heap by
+ * until_ns.  Its region is freed only by the writer itself (publish, abort)
+ * or once until_ns has passed: an orphaned reservation (its session ended)
+ * becomes HELD, out of the index so the key can be stored again, and keeps
+ * its region and its journal record until then; a PENDING one whose
+ * session is still there but never finished is reclaimed then too.  A
+ * restarted server rebuilds the heap from the journal's hold times.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -32,9 +41,13 @@ struct dram_store {
         uint64_t quota, used, objects, evictions;
         struct dram_obj *lru_head, *lru_tail; /* PUBLISHED objects of it */
     } ns[DRAM_STORE_MAX_NS];
-    struct dram_alloc_range *held;     /* pending regions of a dead owner */
-    uint32_t *held_slots;
-    size_t nheld;
+    /* PENDING and HELD objects with a writer deadline, by until_ns */
+    struct dram_obj **heap;
+    size_t nheap, heap_cap;
+    uint64_t num_held, reservations_expired;
+    uint64_t frozen_until_ns;          /* adoption: a writer without a record
+                                          may write anywhere free until then */
+    uint64_t adopt_grace_ns;
 };
 
 static void emit(struct dram_store *s, umbp_event_type_t type, const umbp_key_t *key)
@@ -51,6 +64,73 @@ static void space_freed(struct dram_store *s)
 
 static int store_open_journal(struct dram_store *s, const struct dram_store_params *p,
                               uint64_t usable, char *err, size_t errlen);
+
+static uint64_t obj_free(struct dram_store *s, struct dram_obj *obj);
+
+/* ---- the writer-deadline heap -------------------------------------------- */
+
+static void heap_set(struct dram_store *s, size_t i, struct dram_obj *o)
+{
+    s->heap[i] = o;
+    o->heap_pos = (uint32_t)i;
+}
+
+static void heap_up(struct dram_store *s, size_t i)
+{
+    struct dram_obj *o = s->heap[i];
+    while (i > 0 && s->heap[(i - 1) / 2]->until_ns > o->until_ns) {
+        heap_set(s, i, s->heap[(i - 1) / 2]);
+        i = (i - 1) / 2;
+    }
+    heap_set(s, i, o);
+}
+
+static void heap_down(struct dram_store *s, size_t i)
+{
+    struct dram_obj *o = s->heap[i];
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= s->nheap)
+            break;
+        if (c + 1 < s->nheap && s->heap[c + 1]->until_ns < s->heap[c]->until_ns)
+            c++;
+        if (s->heap[c]->until_ns >= o->until_ns)
+            break;
+        heap_set(s, i, s->heap[c]);
+        i = c;
+    }
+    heap_set(s, i, o);
+}
+
+static int heap_push(struct dram_store *s, struct dram_obj *o)
+{
+    if (s->nheap == s->heap_cap) {
+        size_t cap = s->heap_cap ? 2 * s->heap_cap : 64;
+        struct dram_obj **h = realloc(s->heap, cap * sizeof(*h));
+        if (!h)
+            return -ENOMEM;
+        s->heap = h;
+        s->heap_cap = cap;
+    }
+    heap_set(s, s->nheap++, o);
+    heap_up(s, s->nheap - 1);
+    return 0;
+}
+
+/* Takes o out of the heap if it is in it. */
+static void heap_remove(struct dram_store *s, struct dram_obj *o)
+{
+    if (!o->until_ns)
+        return;
+    size_t i = o->heap_pos;
+    o->until_ns = 0;
+    struct dram_obj *last = s->heap[--s->nheap];
+    if (i == s->nheap)
+        return;
+    heap_set(s, i, last);
+    heap_up(s, i);
+    heap_down(s, last->heap_pos);
+}
 
 /* ---- LRU: the global list (index.c) and the object's namespace list ----- */
 
@@ -108,6 +188,7 @@ int dram_store_create(const struct dram_store_params *p, struct dram_store **out
     s->p = *p;
     s->p.pool.shm_name = NULL; /* only valid during create */
     s->next_oid = 1;
+    s->adopt_grace_ns = p->adopt_grace_ms * 1000000ull;
     int rc = dram_pool_create(&p->pool, &s->pool, err, errlen);
     if (rc < 0) {
         dram_store_destroy(s);
@@ -144,8 +225,12 @@ void dram_store_destroy(struct dram_store *s)
     if (!s)
         return;
     dram_journal_close(s->journal);
-    free(s->held);
-    free(s->held_slots);
+    /* HELD objects are in no index: free them here (their journal records
+     * stay PENDING for the next owner) */
+    for (size_t i = 0; i < s->nheap; i++)
+        if (s->heap[i]->state == DRAM_OBJ_HELD)
+            free(s->heap[i]);
+    free(s->heap);
     dram_leases_destroy(s->leases);
     dram_index_destroy(s->index);
     dram_alloc_destroy(s->alloc);
@@ -197,14 +282,37 @@ static size_t valid_records(struct dram_store *s, struct dram_journal_rec *r, si
     return k;
 }
 
-static int adopt_one(struct dram_store *s, const struct dram_journal_rec *r,
-                     struct dram_obj **objs, size_t *nobjs)
+/* A PENDING record: its writer (a client of the dead server) may still
+ * write the region until the record's hold time, or for adopt_grace_ms
+ * when it has none (a table of an older release); the region is HELD. */
+static int adopt_pending(struct dram_store *s, const struct dram_journal_rec *r,
+                         uint64_t now_ns)
 {
-    if (r->state == DRAM_JSLOT_PENDING) {
-        s->held[s->nheld] = (struct dram_alloc_range){r->off, r->size};
-        s->held_slots[s->nheld++] = r->slot;
-        return 0;
+    struct dram_obj *obj = calloc(1, sizeof(*obj));
+    if (!obj)
+        return -ENOMEM;
+    uint64_t until = r->hold_s ? (uint64_t)r->hold_s * 1000000000ull : now_ns + s->adopt_grace_ns;
+    if (!r->hold_s)
+        dram_journal_set_hold(s->journal, r->slot, dram_journal_hold_s(until));
+    if (until <= now_ns)
+        until = now_ns + 1; /* the next expiry frees it */
+    *obj = (struct dram_obj){.key = r->key, .oid = r->oid, .off = r->off, .size = r->size,
+                             .state = DRAM_OBJ_HELD, .slot = r->slot, .until_ns = until};
+    if (heap_push(s, obj) < 0) {
+        free(obj);
+        return -ENOMEM;
     }
+    s->ns[0].used += dram_alloc_round(r->size);
+    s->num_held++;
+    s->adoption.held_pending++;
+    return 0;
+}
+
+static int adopt_one(struct dram_store *s, const struct dram_journal_rec *r,
+                     struct dram_obj **objs, size_t *nobjs, uint64_t now_ns)
+{
+    if (r->state == DRAM_JSLOT_PENDING)
+        return adopt_pending(s, r, now_ns);
     if (dram_index_find(s->index, &r->key)) { /* a key twice: keep the first */
         dram_alloc_put(s->alloc, r->off);
         dram_journal_drop(s->journal, r->slot);
@@ -239,10 +347,9 @@ static int adopt_records(struct dram_store *s, struct dram_journal_rec *r, size_
     n = valid_records(s, r, n, usable);
     struct dram_alloc_range *used = calloc(n ? n : 1, sizeof(*used));
     struct dram_obj **objs = calloc(n ? n : 1, sizeof(*objs));
-    s->held = calloc(n ? n : 1, sizeof(*s->held));
-    s->held_slots = calloc(n ? n : 1, sizeof(*s->held_slots));
+    uint64_t now = umbp_now_ns();
     int rc = -ENOMEM;
-    if (!used || !objs || !s->held || !s->held_slots)
+    if (!used || !objs)
         goto out;
     for (size_t i = 0; i < n; i++)
         used[i] = (struct dram_alloc_range){r[i].off, r[i].size};
@@ -250,11 +357,16 @@ static int adopt_records(struct dram_store *s, struct dram_journal_rec *r, size_
         goto out;
     size_t nobjs = 0;
     for (size_t i = 0; i < n && rc == 0; i++)
-        rc = adopt_one(s, &r[i], objs, &nobjs);
+        rc = adopt_one(s, &r[i], objs, &nobjs, now);
     qsort(objs, nobjs, sizeof(*objs), cmp_obj_oid);
     for (size_t i = 0; i < nobjs; i++)
         lru_push(s, objs[i]);
-    s->adoption.held_pending = s->nheld;
+    /* a reservation the dead owner granted without a record may be written
+     * anywhere that looks free: nothing is handed out until its writer is
+     * done */
+    uint64_t unrecorded = (uint64_t)dram_journal_unrecorded_hold(s->journal) * 1000000000ull;
+    if (unrecorded > now)
+        s->frozen_until_ns = unrecorded;
 out:
     free(used);
     free(objs);
@@ -303,16 +415,32 @@ nomem:
     return -ENOMEM;
 }
 
+/* Frees a HELD object (its writer is done): out of no index, its region
+ * and its journal record go. */
+static uint64_t held_free(struct dram_store *s, struct dram_obj *obj)
+{
+    s->num_held--;
+    return obj_free(s, obj);
+}
+
 void dram_store_adopt_finish(struct dram_store *s)
 {
-    if (!s->nheld)
+    uint64_t freed = 0;
+    size_t n = 0;
+    struct dram_obj **held = malloc((s->nheap ? s->nheap : 1) * sizeof(*held));
+    if (!held)
         return;
-    for (size_t i = 0; i < s->nheld; i++) {
-        dram_alloc_put(s->alloc, s->held[i].off);
-        dram_journal_drop(s->journal, s->held_slots[i]);
+    for (size_t i = 0; i < s->nheap; i++)
+        if (s->heap[i]->state == DRAM_OBJ_HELD)
+            held[n++] = s->heap[i];
+    for (size_t i = 0; i < n; i++) {
+        heap_remove(s, held[i]);
+        freed += held_free(s, held[i]);
     }
-    s->nheld = 0;
-    space_freed(s);
+    free(held);
+    s->frozen_until_ns = 0;
+    if (freed)
+        space_freed(s);
 }
 
 /* ---- objects ------------------------------------------------------------ */
@@ -325,7 +453,8 @@ static uint64_t obj_free(struct dram_store *s, struct dram_obj *obj)
     if (obj->slot != DRAM_JOURNAL_NONE)
         dram_journal_drop(s->journal, obj->slot);
     dram_alloc_put(s->alloc, obj->off);
-    dram_index_remove(s->index, obj);
+    if (obj->state != DRAM_OBJ_HELD)
+        dram_index_remove(s->index, obj);
     free(obj);
     return bytes;
 }
@@ -384,13 +513,18 @@ static uint64_t ns_evict(struct dram_store *s, unsigned n, uint64_t limit)
     return freed;
 }
 
-int dram_store_reserve_ns(struct dram_store *s, const umbp_key_t *key, uint64_t size,
-                          unsigned ns, struct dram_store_region *r)
+int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64_t size,
+                             unsigned ns, uint64_t until_ns, struct dram_store_region *r)
 {
     if (size == 0 || ns >= DRAM_STORE_MAX_NS)
         return -EINVAL;
     if (dram_index_find(s->index, key))
         return UMBP_TIER_EXISTS;
+    if (s->frozen_until_ns) {
+        if (umbp_now_ns() < s->frozen_until_ns)
+            return -ENOSPC;
+        s->frozen_until_ns = 0;
+    }
     if (size > dram_alloc_capacity(s->alloc))
         return -EFBIG;
     uint64_t len = dram_alloc_round(size);
@@ -417,17 +551,33 @@ int dram_store_reserve_ns(struct dram_store *s, const umbp_key_t *key, uint64_t 
     obj->state = DRAM_OBJ_PENDING;
     obj->slot = DRAM_JOURNAL_NONE;
     obj->ns = (uint16_t)ns;
+    obj->until_ns = until_ns;
     if (dram_index_insert(s->index, obj) < 0) {
         dram_alloc_put(s->alloc, obj->off);
         free(obj);
         return -ENOMEM;
     }
+    if (until_ns && heap_push(s, obj) < 0) {
+        dram_index_remove(s->index, obj);
+        dram_alloc_put(s->alloc, obj->off);
+        free(obj);
+        return -ENOMEM;
+    }
     n->used += len;
+    uint32_t hold_s = until_ns ? dram_journal_hold_s(until_ns) : 0;
     if (s->journal && (obj->slot = dram_journal_claim(s->journal)) != DRAM_JOURNAL_NONE)
-        dram_journal_set_pending(s->journal, obj->slot, key, obj->off, size, obj->oid);
+        dram_journal_set_pending(s->journal, obj->slot, key, obj->off, size, obj->oid, hold_s);
+    else if (s->journal && hold_s)
+        dram_journal_note_unrecorded(s->journal, hold_s);
     s->num_pending++;
     *r = (struct dram_store_region){.offset = obj->off, .size = size, .token = obj->oid};
     return 0;
+}
+
+int dram_store_reserve_ns(struct dram_store *s, const umbp_key_t *key, uint64_t size,
+                          unsigned ns, struct dram_store_region *r)
+{
+    return dram_store_reserve_until(s, key, size, ns, 0, r);
 }
 
 int dram_store_reserve(struct dram_store *s, const umbp_key_t *key, uint64_t size,
@@ -469,6 +619,7 @@ int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t tok
     struct dram_obj *obj = find_pending(s, key, token);
     if (!obj)
         return -ENOENT;
+    heap_remove(s, obj);
     obj->state = DRAM_OBJ_PUBLISHED;
     if (obj->slot != DRAM_JOURNAL_NONE)
         dram_journal_set_published(s->journal, obj->slot);
@@ -485,10 +636,58 @@ uint64_t dram_store_abort(struct dram_store *s, const umbp_key_t *key, uint64_t 
     struct dram_obj *obj = find_pending(s, key, token);
     if (!obj)
         return 0;
+    heap_remove(s, obj);
     s->num_pending--;
     uint64_t freed = obj_free(s, obj);
     space_freed(s);
     return freed;
+}
+
+uint64_t dram_store_orphan(struct dram_store *s, const umbp_key_t *key, uint64_t token,
+                           uint64_t now_ns)
+{
+    struct dram_obj *obj = find_pending(s, key, token);
+    if (!obj)
+        return 0;
+    if (!obj->until_ns || obj->until_ns <= now_ns)
+        return dram_store_abort(s, key, token); /* its writer is done */
+    dram_index_remove(s->index, obj);
+    obj->state = DRAM_OBJ_HELD;
+    s->num_pending--;
+    s->num_held++;
+    return 0;
+}
+
+uint64_t dram_store_expire_writers(struct dram_store *s, uint64_t now_ns)
+{
+    uint64_t n = 0, freed = 0;
+    while (s->nheap && s->heap[0]->until_ns <= now_ns) {
+        struct dram_obj *obj = s->heap[0];
+        heap_remove(s, obj);
+        if (obj->state == DRAM_OBJ_HELD) {
+            freed += held_free(s, obj);
+        } else { /* PENDING past its deadline: the writer gave up */
+            s->num_pending--;
+            s->reservations_expired++;
+            freed += obj_free(s, obj);
+        }
+        n++;
+    }
+    if (freed)
+        space_freed(s);
+    return n;
+}
+
+uint64_t dram_store_next_writer_deadline(const struct dram_store *s)
+{
+    return s->nheap ? s->heap[0]->until_ns : 0;
+}
+
+void dram_store_writer_counts(const struct dram_store *s, uint64_t *held,
+                              uint64_t *reservations_expired)
+{
+    *held = s->num_held;
+    *reservations_expired = s->reservations_expired;
 }
 
 /* ---- leases ------------------------------------------------------------- */

@@ -39,6 +39,9 @@ struct dram_store_params {
      * 64 KiB of capacity, at least 4096); objects past it are not kept
      * across restarts. */
     uint32_t journal_slots;
+    /* Adopting: how long to keep a dead owner's pending region whose
+     * record has no hold time (a table of an older release). */
+    uint64_t adopt_grace_ms;
     /* Called when a key becomes visible (STORED) or goes away (REMOVED). */
     void (*emit_event)(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
     /* Called when space was freed (eviction, abort, a lease ending, clear). */
@@ -64,13 +67,12 @@ struct dram_store_adoption {
     bool adopted;             /* an existing pool and journal were opened */
     uint64_t objects, bytes;  /* published objects adopted */
     uint64_t held_pending;    /* regions of the dead server's reservations,
-                                 kept out of use until adopt_finish */
+                                 HELD until their writers' deadlines */
     uint64_t dropped;         /* records that were invalid (logged) */
 };
 void dram_store_adoption(const struct dram_store *s, struct dram_store_adoption *out);
-/* Frees the regions of reservations the previous owner left pending: call
- * it once their writers (clients of the dead server, whose copies end by
- * their timeout_ms) cannot write any more. */
+/* Frees every HELD region now, whatever its deadline (tests and tools that
+ * know no writer is left). */
 void dram_store_adopt_finish(struct dram_store *s);
 
 /* true if key is PUBLISHED; touch refreshes its LRU position. */
@@ -79,6 +81,28 @@ bool dram_store_lookup(struct dram_store *s, const umbp_key_t *key, bool touch);
  * 0), -EFBIG (larger than the pool), -ENOSPC (no room now), -ENOMEM. */
 int dram_store_reserve(struct dram_store *s, const umbp_key_t *key, uint64_t size,
                        struct dram_store_region *r);
+/* The same for a writer in another process that stops writing into the
+ * region by until_ns (CLOCK_MONOTONIC; 0: no deadline).  The region is
+ * never handed out again before the writer is done: publish or abort by
+ * the writer, or until_ns has passed (dram_store_orphan,
+ * dram_store_expire_writers).  Kept in the journal as the record's hold
+ * time, so a restarted owner honours it too.  -ENOSPC also while an adopted
+ * pool may still be written by a writer the dead owner did not record. */
+int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64_t size,
+                             unsigned ns, uint64_t until_ns, struct dram_store_region *r);
+/* The writer's session ended without publishing or aborting: the key is
+ * free again at once, the region only at its deadline (HELD), or now when
+ * it has none or it passed.  Returns the pool bytes freed now. */
+uint64_t dram_store_orphan(struct dram_store *s, const umbp_key_t *key, uint64_t token,
+                           uint64_t now_ns);
+/* Frees HELD regions and reclaims PENDING reservations whose writer
+ * deadline has passed (a later publish of one is -ENOENT); returns how
+ * many.  dram_store_next_writer_deadline: the earliest, 0 for none. */
+uint64_t dram_store_expire_writers(struct dram_store *s, uint64_t now_ns);
+uint64_t dram_store_next_writer_deadline(const struct dram_store *s);
+/* HELD regions now, and pending reservations reclaimed at their deadline. */
+void dram_store_writer_counts(const struct dram_store *s, uint64_t *held,
+                              uint64_t *reservations_expired);
 /* 0, or -ENOENT when token is not a pending reservation of key. */
 int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t token);
 /* Drops the pending reservation of key named by token, if it is one;

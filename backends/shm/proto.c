@@ -194,12 +194,13 @@ enum arg_rule {
     ARG_ZERO,   /* unused: 0 */
     ARG_LOOKUP, /* PROTO_LOOKUP_* bits */
     ARG_TTL,    /* a lease ttl in ms, > 0 */
+    ARG_WRITE,  /* a write deadline in ms, <= PROTO_WRITE_DEADLINE_MAX_MS */
     ARG_ANY,    /* a status or a count: any value */
 };
 
 /* Per type: record kind, arg rule, unsolicited (seq 0).  A type added to
  * PROTO_TYPES without a line here does not compile. */
-#define SPEC_HELLO REC_HELLO, ARG_ZERO, false
+#define SPEC_HELLO REC_HELLO, ARG_WRITE, false
 #define SPEC_HELLO_OK REC_WELCOME, ARG_ZERO, false
 #define SPEC_HELLO_ERR REC_ERROR, ARG_ANY, false
 #define SPEC_LOOKUP REC_KEY, ARG_LOOKUP, false
@@ -298,6 +299,12 @@ static int check_arg(const struct type_info *t, uint32_t arg, char *err, size_t 
         if (arg > 0)
             return 0;
         seterr(err, errlen, "%s.arg: lease ttl must be > 0 ms, got 0", t->name);
+        return -EPROTO;
+    case ARG_WRITE:
+        if (arg <= PROTO_WRITE_DEADLINE_MAX_MS)
+            return 0;
+        seterr(err, errlen, "%s.arg: write deadline %u ms exceeds %u", t->name, arg,
+               PROTO_WRITE_DEADLINE_MAX_MS);
         return -EPROTO;
     case ARG_ANY:
         return 0;
@@ -445,6 +452,13 @@ static int check_hello_values(const struct proto_hello *h, char *err, size_t err
         seterr(err, errlen, "HELLO.role: unknown role %u", h->role);
         return -EINVAL;
     }
+    if ((h->role == PROTO_ROLE_WORKER) != (h->write_deadline_ms != 0) ||
+        h->write_deadline_ms > PROTO_WRITE_DEADLINE_MAX_MS) {
+        seterr(err, errlen, "HELLO.arg: write deadline %u ms; a worker declares one in "
+               "1..%u ms (how long after a reservation it may still write into the pool), "
+               "other roles 0", h->write_deadline_ms, PROTO_WRITE_DEADLINE_MAX_MS);
+        return -EINVAL;
+    }
     if (h->flags & ~PROTO_HELLO_EVENTS) {
         seterr(err, errlen,
                "HELLO.flags: unknown bits 0x%x (known: PROTO_HELLO_EVENTS = 0x%x)",
@@ -588,7 +602,8 @@ static const size_t stats_fields[] = {
     STAT(num_leased),     STAT(evictions),     STAT(evicted_bytes),   STAT(leases_expired),
     STAT(sessions),       STAT(lookups),       STAT(lookup_keys),     STAT(lookup_hits),
     STAT(reserves),       STAT(publishes),     STAT(acquires),        STAT(acquire_hits),
-    STAT(protocol_errors), STAT(refused_connections),
+    STAT(protocol_errors), STAT(refused_connections), STAT(held_regions),
+    STAT(reservations_expired),
 };
 #undef STAT
 _Static_assert(sizeof(stats_fields) / sizeof(stats_fields[0]) == PROTO_STATS_FIELDS,
@@ -712,6 +727,7 @@ int proto_get_hello(const struct proto_frame *f, struct proto_hello *out, char *
     if (record_err(f, 0, REC_HELLO, &p, "HELLO", err, errlen))
         return -EINVAL;
     dec_hello(p, &h);
+    h.write_deadline_ms = f->arg; /* carried in the body header */
     if (check_hello(&h, err, errlen))
         return -EINVAL;
     *out = h;
@@ -1070,6 +1086,8 @@ int proto_put_hello(struct proto_buf *b, const struct proto_hello *h)
     if (rc)
         return rc;
     enc_hello(p, h);
+    /* the write deadline travels in the body header's arg */
+    put_u32(b->data + b->frame + PROTO_HDR_SIZE + 4, h->write_deadline_ms);
     return 0;
 }
 

@@ -21,7 +21,8 @@
  *
  *     u32 n        number of records, <= the type's max_records
  *     u32 arg      per type: LOOKUP flags, ACQUIRE lease ttl (ms), a
- *                  status (CLEAR_R, HELLO_ERR), lost events (EVENTS); else 0
+ *                  status (CLEAR_R, HELLO_ERR), lost events (EVENTS), a
+ *                  worker's write deadline (HELLO, ms); else 0
  *     n records    of the type's record size (table in proto.c)
  *
  * so a decoder checks exactly one equation, len == 8 + n * record_size, plus
@@ -52,7 +53,7 @@
 #include "umbp/umbp.h"
 
 #define PROTO_MAGIC 0x554d4250u /* "UMBP" as a big-endian u32 ("PBMU" in a dump) */
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2 /* 2: HELLO.arg carries a worker's write deadline */
 #define PROTO_HDR_SIZE 16
 #define PROTO_BODY_HDR_SIZE 8
 #define PROTO_MAX_RECORDS 65536u       /* per frame; larger batches are split */
@@ -103,6 +104,11 @@ enum proto_role {
 };
 
 #define PROTO_HELLO_EVENTS 1u     /* hello.flags: send me EVENTS frames */
+/* A worker's write deadline: after a reservation is granted it writes into
+ * the region for at most this long (its timeout_ms plus the time a copy
+ * already started may still take), so the server never hands the region
+ * out again before then unless the worker published or aborted it. */
+#define PROTO_WRITE_DEADLINE_MAX_MS (3600000u + 600000u)
 #define PROTO_LOOKUP_TOUCH 1u     /* LOOKUP arg: refresh LRU of present keys */
 
 /* HELLO record. */
@@ -116,6 +122,10 @@ struct proto_hello {
     uint32_t dp_rank, tp_rank;
     char engine_id[PROTO_NAME_MAX]; /* NUL-terminated within the field */
     char name_space[PROTO_NAME_MAX]; /* tenant namespace (quotas); "" = default */
+    /* not in the record: the frame's arg (proto_put_hello sets it,
+     * proto_get_hello reads it); a worker's is 1..PROTO_WRITE_DEADLINE_MAX_MS,
+     * every other role's 0 */
+    uint32_t write_deadline_ms;
 };
 #define PROTO_HELLO_SIZE (4 + 2 + 1 + 1 + 4 + 4 + 4 + 4 + 2 * PROTO_NAME_MAX)
 
@@ -181,8 +191,12 @@ struct proto_stats {
     uint64_t lookups, lookup_keys, lookup_hits;
     uint64_t reserves, publishes, acquires, acquire_hits;
     uint64_t protocol_errors, refused_connections;
+    /* version 2: regions of unfinished reservations whose session ended,
+     * kept until their writers' deadlines; reservations reclaimed at their
+     * deadline (never published nor aborted) */
+    uint64_t held_regions, reservations_expired;
 };
-#define PROTO_STATS_FIELDS 18
+#define PROTO_STATS_FIELDS 20
 #define PROTO_STATS_SIZE (8 * PROTO_STATS_FIELDS)
 
 /* SESSIONS_R item: one connected session. */

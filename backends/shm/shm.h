@@ -143,6 +143,17 @@ extern const struct umbp_tier_ops umbp_tier_shm_ops;
  * handshake; on success st->fd is a connected non-blocking socket, the pool
  * is mapped and st->stats filled. */
 int shm_attach(struct shm_tier *st, char *err, size_t errlen);
+/* The write deadline a worker declares at HELLO (proto.h): no copy of ours
+ * writes into a region later than this after its grant - an op ends by
+ * timeout_ms from its submission, which precedes the grant, and its copies
+ * stop at the next chunk once it has (copy.c), or when the connection that
+ * granted the region is lost; SHM_WRITE_SLACK_MS covers the chunk or the
+ * GPU transfer already under way. */
+#define SHM_WRITE_SLACK_MS 1000
+static inline uint32_t shm_write_deadline_ms(const struct umbp_core_config *core)
+{
+    return (uint32_t)core->timeout_ms + SHM_WRITE_SLACK_MS;
+}
 /* The HELLO record this tier sends; shm_send_hello appends it to st->out. */
 void shm_hello_fill(const struct shm_tier *st, struct proto_hello *h);
 int shm_send_hello(struct shm_tier *st);

@@ -384,6 +384,8 @@ void shm_hello_fill(const struct shm_tier *st, struct proto_hello *h)
     h->pid = (uint32_t)getpid();
     h->dp_rank = (uint32_t)st->cfg.dp_rank;
     h->tp_rank = (uint32_t)env->core->rank;
+    if (st->worker)
+        h->write_deadline_ms = shm_write_deadline_ms(env->core);
     if (st->cfg.engine_id[0])
         snprintf(h->engine_id, sizeof(h->engine_id), "%s", st->cfg.engine_id);
     else

@@ -109,6 +109,10 @@ void shm_conn_lost(struct shm_tier *st, const char *why)
     st->state = SHM_DISCONNECTED;
     if (was_connected) {
         umbp_log(UMBP_LOG_WARN, "lost umbp-server at %s: %s; reconnecting", st->path, why);
+        /* the server holds what it granted us only until our declared write
+         * deadline; stop writing into it now (shm.h, SHM_WRITE_SLACK_MS) */
+        if (st->worker && st->base.env.regions_revoked)
+            st->base.env.regions_revoked(st->base.env.ctx);
         st->lost_ns = umbp_now_ns();
         st->backoff_ms = BACKOFF_MIN_MS;
         st->last_why[0] = 0;

@@ -127,6 +127,12 @@ struct umbp_tier_env {
      * server's), so the runtime registers it with the GPU before the next
      * KV transfer.  The old mapping must stay valid.  Loop thread only. */
     void (*mapping_changed)(void *ctx);
+    /* Report that the regions this tier handed out for writing may no
+     * longer be written (the server that granted them is gone, and may
+     * hand them to others once the writer's declared deadline passes): the
+     * runtime stops every host copy into them at its next chunk (a GPU
+     * transfer already queued runs to its end).  Loop thread only. */
+    void (*regions_revoked)(void *ctx);
     void *ctx;
 };
 

@@ -67,7 +67,8 @@ static size_t build_stream(const uint8_t *data, size_t size, uint8_t **out)
     if (size && (data[0] & 1)) {
         struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION,
                                 .role = PROTO_ROLE_WORKER,
-                                .flags = data[0] & 2 ? PROTO_HELLO_EVENTS : 0};
+                                .flags = data[0] & 2 ? PROTO_HELLO_EVENTS : 0,
+                                .write_deadline_ms = 1000};
         CHECK(proto_begin(&b, PROTO_HELLO, 1, 1, 0) == 0 && proto_put_hello(&b, &h) == 0 &&
               proto_end(&b) == 0);
     }

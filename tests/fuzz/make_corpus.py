@@ -16,7 +16,7 @@ import struct
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 MAGIC = 0x554D4250
-VERSION = 1
+VERSION = 2
 NAME_MAX = 64
 ERRMSG_MAX = 192
 MiB = 1 << 20
@@ -81,7 +81,7 @@ def event(t, i):
 
 
 def stats():
-    return struct.pack("<18Q", *[(i + 1) * 1000 for i in range(18)])
+    return struct.pack("<20Q", *[(i + 1) * 1000 for i in range(20)])
 
 
 def session(sid, role, engine, ns):
@@ -92,7 +92,7 @@ def session(sid, role, engine, ns):
 def server_seeds():
     """Frames a client sends: what umbp-server parses."""
     s = {
-        "hello_worker": frame("HELLO", 1, [hello(0, 1, "vllm-0", "tenant-a")]),
+        "hello_worker": frame("HELLO", 1, [hello(0, 1, "vllm-0", "tenant-a")], arg=11000),
         "hello_lookup": frame("HELLO", 1, [hello(1)]),
         "hello_admin": frame("HELLO", 1, [hello(2, 0, "umbp")]),
         "lookup_touch": frame("LOOKUP", 2, [key(i) for i in range(3)], arg=1),

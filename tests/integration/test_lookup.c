@@ -677,7 +677,8 @@ static bool raw_frame(int fd, struct raw_in *in, struct proto_frame *f)
 static void hello(struct proto_buf *b, uint8_t role, uint32_t rank)
 {
     struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION, .role = role,
-                            .pid = (uint32_t)getpid(), .tp_rank = rank};
+                            .pid = (uint32_t)getpid(), .tp_rank = rank,
+                            .write_deadline_ms = role == PROTO_ROLE_WORKER ? 1000 : 0};
     memcpy(h.name_space, NS, strlen(NS));
     cr_assert_eq(proto_begin(b, PROTO_HELLO, 1, 1, 0), 0);
     cr_assert_eq(proto_put_hello(b, &h), 0);

@@ -298,7 +298,8 @@ static void worker_open(struct sync_client *c, const char *path, const char *eng
                         const char *name_space)
 {
     struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION,
-                            .role = PROTO_ROLE_WORKER, .pid = (uint32_t)getpid()};
+                            .role = PROTO_ROLE_WORKER, .pid = (uint32_t)getpid(),
+                            .write_deadline_ms = 2000};
     char err[512] = "";
     snprintf(h.engine_id, sizeof(h.engine_id), "%s", engine);
     snprintf(h.name_space, sizeof(h.name_space), "%s", name_space);

@@ -42,6 +42,9 @@
 #define MiB (1024ull * 1024ull)
 #define CLIENT_TIMEOUT_MS 30000
 #define NOBODY 65534
+/* The write deadline the test's workers declare: a reservation they leave
+ * unfinished comes back this long after its grant. */
+#define WRITE_MS 2000
 
 /* ---- a server process ---------------------------------------------------------- */
 
@@ -158,14 +161,24 @@ static void rm_dir(const struct srv *s)
     cr_assert_eq(system(cmd), 0);
 }
 
-/* Runs a server that must fail; returns its exit status, log in s->log. */
+/* Runs a server that must fail; returns its exit status, log in s->log.
+ * One that is still running after TU_WAIT_MS (it did not refuse) is
+ * killed and fails the test. */
 static int srv_run_failing(struct srv *s, const char *extra)
 {
     char json[2048];
     int status;
     config(s, extra, json, sizeof(json));
     pid_t pid = spawn(json, s->log);
-    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (tu_now_ms() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            cr_assert_fail("umbp-server started although it should have refused");
+        }
+        tu_sleep_ms(5);
+    }
     cr_assert(WIFEXITED(status));
     return WEXITSTATUS(status);
 }
@@ -183,7 +196,8 @@ static int client_try(struct client *cl, const char *path, uint8_t role, uint32_
 {
     struct proto_hello h = {.magic = PROTO_MAGIC, .version = version, .role = role,
                             .flags = flags, .pid = (uint32_t)getpid(), .dp_rank = 0,
-                            .tp_rank = 1};
+                            .tp_rank = 1,
+                            .write_deadline_ms = role == PROTO_ROLE_WORKER ? WRITE_MS : 0};
     snprintf(h.engine_id, sizeof(h.engine_id), "%s", engine);
     snprintf(h.name_space, sizeof(h.name_space), "ns-test");
     memset(cl, 0, sizeof(*cl));
@@ -570,7 +584,7 @@ Test(server, wrong_protocol_version_gets_hello_err)
     cr_assert(strstr(err, "protocol version"), "message: %s", err);
     /* a newer client may also set flags this server does not know */
     struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION + 1,
-                            .role = PROTO_ROLE_WORKER};
+                            .role = PROTO_ROLE_WORKER, .write_deadline_ms = WRITE_MS};
     struct proto_buf b = {0};
     cr_assert_eq(sync_client_dial(&cl.c, s.path, CLIENT_TIMEOUT_MS, err, sizeof(err)), 0);
     cr_assert_eq(proto_begin(&b, PROTO_HELLO, 1, 1, 0), 0);
@@ -707,6 +721,87 @@ Test(server, second_server_on_one_socket_fails)
     srv_start_in(&t, "\"lookup_instance\": \"second\"");
     srv_stop(&t);
     srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* Removes a named pool and its journal and owner files from /dev/shm. */
+static void rm_pool(const char *name)
+{
+    static const char *const suffix[] = {"", ".meta", ".owner"};
+    for (size_t i = 0; i < 3; i++) {
+        char p[160];
+        snprintf(p, sizeof(p), "/dev/shm/%s%s", name, suffix[i]);
+        unlink(p);
+    }
+}
+
+/* Two servers on one named pool would each allocate in the same memory and
+ * hand the same bytes to two objects: the second is refused at startup,
+ * naming dram_shm_name and the live owner's pid, and the first one's
+ * objects stay exact; once the owner is killed (-9) a new server adopts. */
+Test(server, second_server_on_one_live_pool_fails)
+{
+    char pool[64], extra[160];
+    snprintf(pool, sizeof(pool), "umbp-test-owner-%d", (int)getpid());
+    rm_pool(pool);
+    snprintf(extra, sizeof(extra), "\"dram_shm_name\": \"%s\"", pool);
+    struct srv s, t;
+    srv_start(&s, extra);
+
+    enum { N = 4 };
+    umbp_key_t k[N];
+    uint64_t size[N];
+    struct proto_region_item r[N];
+    int32_t st[N];
+    struct client cl;
+    client_open(&cl, s.path, PROTO_ROLE_WORKER, 0, "first");
+    for (uint32_t i = 0; i < N; i++) {
+        k[i] = tu_key_id(0x0e1, i);
+        size[i] = 256 * KiB;
+    }
+    reserve(&cl, k, size, N, r);
+    for (uint32_t i = 0; i < N; i++)
+        tu_fill_from_key(&k[i], 0, cl.pool + r[i].offset, size[i]);
+    tokens(&cl, PROTO_PUBLISH, k, r, N, st);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert_eq(st[i], 0);
+
+    /* another socket (lookup_instance), the same pool */
+    t = s;
+    srv_paths(&t, "second");
+    snprintf(t.log, sizeof(t.log), "%s/second.log", s.dir);
+    char both[256];
+    snprintf(both, sizeof(both), "%s, \"lookup_instance\": \"second\"", extra);
+    cr_assert_eq(srv_run_failing(&t, both), 1);
+    char pidtext[64];
+    snprintf(pidtext, sizeof(pidtext), "(pid %d)", (int)s.pid);
+    cr_assert(log_has(&t, "dram_shm_name="), "the refusal does not name dram_shm_name");
+    cr_assert(log_has(&t, pidtext), "the refusal does not name the owner's pid %d", (int)s.pid);
+    cr_assert(!log_has(&t, "adopted"), "the second server adopted a live pool");
+
+    /* the first server's objects are intact */
+    acquire(&cl, k, N, r);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert_eq(tu_check_from_key(&k[i], 0, cl.pool + r[i].offset, size[i]), SIZE_MAX,
+                     "object %u changed", i);
+    tokens(&cl, PROTO_RELEASE, k, r, N, st);
+    client_close(&cl);
+
+    /* the owner dies: its lock goes with it, and a new server adopts */
+    kill(s.pid, SIGKILL);
+    int status;
+    cr_assert_eq(waitpid(s.pid, &status, 0), s.pid);
+    srv_start_in(&t, both);
+    cr_assert(log_has(&t, "adopted"), "a server after the owner's death did not adopt the pool");
+    client_open(&cl, t.path, PROTO_ROLE_WORKER, 0, "after");
+    acquire(&cl, k, N, r);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert_eq(tu_check_from_key(&k[i], 0, cl.pool + r[i].offset, size[i]), SIZE_MAX,
+                     "object %u changed", i);
+    tokens(&cl, PROTO_RELEASE, k, r, N, st);
+    client_close(&cl);
+    srv_stop(&t);
+    rm_pool(pool);
     rm_dir(&s);
 }
 
@@ -1183,11 +1278,15 @@ Test(server, hostile_clients_leave_nothing_behind)
         client_close(&cl);
         ping(&ctl);
     }
+    /* what the sessions reserved and left is held until their write
+     * deadline (WRITE_MS), then comes back */
     struct proto_stats now;
     uint64_t end = tu_now_ms() + TU_WAIT_MS;
-    while (((now = stats(&ctl)).num_pending || now.num_leased) && tu_now_ms() < end)
+    while (((now = stats(&ctl)).num_pending || now.num_leased || now.held_regions) &&
+           tu_now_ms() < end)
         tu_sleep_ms(2);
     cr_assert_eq(now.num_pending, 0, "reservations outlived their sessions");
+    cr_assert_eq(now.held_regions, 0, "held regions outlived their writers' deadlines");
     cr_assert_eq(now.num_leased, 0, "leases outlived their sessions");
     cr_assert_eq(now.sessions, 1);
     struct proto_frame f;

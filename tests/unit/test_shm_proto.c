@@ -36,7 +36,8 @@
 #endif
 
 /* The structs have no holes, so a decoded struct compares with memcmp. */
-_Static_assert(sizeof(struct proto_hello) == PROTO_HELLO_SIZE, "hello has no holes");
+_Static_assert(sizeof(struct proto_hello) == PROTO_HELLO_SIZE + 4, /* + write_deadline_ms (arg) */
+               "hello has no holes");
 _Static_assert(sizeof(struct proto_welcome) == PROTO_WELCOME_SIZE, "welcome has no holes");
 _Static_assert(sizeof(struct proto_region_item) == PROTO_REGION_ITEM_SIZE, "region");
 _Static_assert(sizeof(struct proto_event_item) == PROTO_EVENT_ITEM_SIZE, "event");
@@ -805,6 +806,46 @@ Test(proto_malformed, hello_records)
     expect_hello_refused(8, 0x02, "HELLO.flags");
     expect_hello_refused(24 + 20, 'x', "HELLO.engine_id");        /* after the NUL */
     expect_hello_refused(24 + 64 + 63, 'x', "HELLO.name_space"); /* the last byte */
+}
+
+/* A worker declares its write deadline in the HELLO's arg (protocol 2);
+ * other roles declare none.  Both sides refuse a wrong one by name. */
+Test(proto_malformed, hello_write_deadline)
+{
+    struct proto_hello h = sample_hello(), got;
+    struct proto_buf b = {0};
+    struct proto_frame f;
+
+    h.role = PROTO_ROLE_WORKER;
+    h.write_deadline_ms = 11000;
+    cr_assert_eq(proto_begin(&b, PROTO_HELLO, 1, 1, 0), 0);
+    cr_assert_eq(proto_put_hello(&b, &h), 0);
+    cr_assert_eq(proto_end(&b), 0);
+    cr_assert_gt(proto_frame_parse(b.data, b.len, false, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(f.arg, 11000, "the deadline travels in the body header");
+    cr_assert_eq(proto_get_hello(&f, &got, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(got.write_deadline_ms, 11000);
+    /* a worker without one, a lookup client with one */
+    le32(b.data + 16 + 4, 0);
+    cr_assert_gt(proto_frame_parse(b.data, b.len, false, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(proto_get_hello(&f, &got, err, sizeof(err)), -EINVAL);
+    assert_err_names("HELLO.arg");
+    b.data[16 + 8 + 6] = PROTO_ROLE_LOOKUP;
+    le32(b.data + 16 + 4, 5);
+    cr_assert_gt(proto_frame_parse(b.data, b.len, false, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(proto_get_hello(&f, &got, err, sizeof(err)), -EINVAL);
+    assert_err_names("HELLO.arg");
+    /* over the cap: refused by the parser, before the record arrives */
+    le32(b.data + 16 + 4, PROTO_WRITE_DEADLINE_MAX_MS + 1);
+    cr_assert_eq(proto_frame_parse(b.data, 24, false, &f, err, sizeof(err)), -EPROTO);
+    assert_err_names("HELLO.arg");
+    proto_buf_free(&b);
+    /* the encoder refuses what the decoder would */
+    h.write_deadline_ms = 0;
+    cr_assert_eq(proto_begin(&b, PROTO_HELLO, 1, 1, 0), 0);
+    cr_assert_eq(proto_put_hello(&b, &h), -EINVAL);
+    cr_assert_neq(proto_end(&b), 0);
+    proto_buf_free(&b);
 }
 
 Test(proto_malformed, string_without_nul)
