@@ -25,7 +25,10 @@
  * gives every queued session one more slice per loop turn, round-robin,
  * after which the loop polls every socket again.  So a 65,536-key frame
  * delays another client's request by one slice, not by the whole frame,
- * and a session's replies still leave in request order.
+ * and a session's replies still leave in request order.  (While any
+ * session is queued, the idle watchers of lower priority, background
+ * eviction and poll_wait, wait; the housekeeping tick still evicts a slice
+ * per tick.)
  *
  * Timeouts: one ev_timer per session bounds a handshake (HELLO within
  * handshake_timeout_ms of the connect) and a frame (its last byte within
