@@ -58,6 +58,7 @@ static void server_stop(void)
         kill(server_pid, SIGTERM);
         waitpid(server_pid, NULL, 0);
         server_pid = 0;
+        rmdir(sock_dir); /* the server removed its socket and lock file */
     }
 }
 
