@@ -10,7 +10,10 @@
  * of them: they are counted in its events_lost and the count rides in the
  * arg of its next EVENTS frame (an empty one if nothing else is due), so
  * its engine knows its view is incomplete.  Nothing is queued while no
- * session subscribes.  Loop thread only.
+ * session subscribes.  While a subscriber's frame is handled in slices its
+ * EVENTS frames wait in its `held` buffer and follow that frame's reply
+ * (session_reply_done), so an engine still sees a reply before the events
+ * it caused.  Loop thread only.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -53,7 +56,7 @@ void srv_events_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key)
 /* One EVENTS frame of events[from, from + n) carrying `lost`. */
 static int put_events(struct srv_session *ss, size_t from, uint32_t n, uint32_t lost)
 {
-    struct proto_buf *b = &ss->out;
+    struct proto_buf *b = ss->batch.open ? &ss->held : &ss->out;
     int rc = proto_begin(b, PROTO_EVENTS, 0, n, lost);
     for (uint32_t i = 0; rc == 0 && i < n; i++)
         rc = proto_put_event_item(b, &ss->srv->events[from + i]);
@@ -70,7 +73,7 @@ static int events_to(struct srv_session *ss)
 
     if (n == 0 && ss->events_lost == 0)
         return 0;
-    if (session_backlog(ss) > s->cfg->opt.event_backlog_bytes) {
+    if (session_backlog(ss) + ss->held.len > s->cfg->opt.event_backlog_bytes) {
         ss->events_lost += n;
         return 0;
     }

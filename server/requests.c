@@ -10,7 +10,12 @@
  * still holds is ended when it disconnects (session.c).
  *
  * The first frame must be HELLO; after it, each role may send only its own
- * types (role_allows); anything else is malformed.  Loop thread only.
+ * types (role_allows); anything else is malformed.
+ *
+ * The batch types (LOOKUP .. RELEASE) do records [batch.from, batch.to)
+ * per call and write into batch.out (see Fairness in srv.h):
+ * batch_begin opens the reply on the first slice, batch_end closes it
+ * after the last, or says SRV_MORE.  Loop thread only.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -52,24 +57,47 @@ static int reply_end(struct srv_session *ss, int rc)
     return reply_done(ss, rc ? rc : erc);
 }
 
+/* ---- slices ---------------------------------------------------------------------- */
+
+/* The reply frame, opened by the first slice. */
+static int batch_begin(struct srv_session *ss, const struct proto_frame *f, uint16_t type)
+{
+    struct srv_batch *b = &ss->batch;
+    return b->from ? 0 : proto_begin(b->out, type, f->seq, f->n, 0);
+}
+
+/* After a slice: SRV_MORE while records are left; else the reply ends
+ * (reply_end) and, when it was built in `reply`, goes out. */
+static int batch_end(struct srv_session *ss, const struct proto_frame *f, int rc)
+{
+    struct srv_batch *b = &ss->batch;
+    if (rc == 0 && b->to < f->n)
+        return SRV_MORE;
+    int erc = proto_end(b->out);
+    if (!rc && !erc && b->out == &ss->reply)
+        erc = session_reply_done(ss);
+    return reply_done(ss, rc ? rc : erc);
+}
+
 /* ---- lookup, reserve, publish, abort ------------------------------------------- */
 
 static int handle_lookup(struct srv_session *ss, const struct proto_frame *f)
 {
     struct umbp_server *s = ss->srv;
+    const struct srv_batch *b = &ss->batch;
     bool touch = f->arg & PROTO_LOOKUP_TOUCH;
-    int rc = proto_begin(&ss->out, PROTO_LOOKUP_R, f->seq, f->n, 0);
+    int rc = batch_begin(ss, f, PROTO_LOOKUP_R);
 
-    for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+    for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         umbp_key_t key;
         proto_get_key(f, i, &key);
         bool hit = dram_store_lookup(s->store, &key, touch);
         s->c.lookup_hits += hit;
-        rc = proto_put_u8(&ss->out, hit);
+        rc = proto_put_u8(b->out, hit);
     }
-    s->c.lookups++;
-    s->c.lookup_keys += f->n;
-    return reply_end(ss, rc);
+    s->c.lookups += b->to == f->n;
+    s->c.lookup_keys += b->to - b->from;
+    return batch_end(ss, f, rc);
 }
 
 /* dram_store_reserve, evicting for this key once when the pool is full.
@@ -95,18 +123,18 @@ static int reserve_one(struct umbp_server *s, unsigned ns, const umbp_key_t *key
 static int handle_reserve(struct srv_session *ss, const struct proto_frame *f)
 {
     struct umbp_server *s = ss->srv;
-    bool may_evict = true;
+    struct srv_batch *b = &ss->batch;
     /* the client writes into what it is granted for at most its declared
      * deadline from now (session.c, store.h) */
     uint64_t until = umbp_now_ns() + ss->write_deadline_ns;
-    int rc = proto_begin(&ss->out, PROTO_RESERVE_R, f->seq, f->n, 0);
+    int rc = batch_begin(ss, f, PROTO_RESERVE_R);
 
-    for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+    for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         struct proto_reserve_item it;
         struct dram_store_region r;
         struct proto_region_item out = {0};
         proto_get_reserve_item(f, i, &it);
-        out.status = reserve_one(s, ss->ns, &it.key, it.size, until, &r, &may_evict);
+        out.status = reserve_one(s, ss->ns, &it.key, it.size, until, &r, &b->may_evict);
         if (out.status == 0 && track_add(&ss->reservations, r.token, &it.key) < 0) {
             dram_store_abort(s->store, &it.key, r.token);
             out.status = -ENOMEM;
@@ -116,39 +144,41 @@ static int handle_reserve(struct srv_session *ss, const struct proto_frame *f)
             out.size = r.size;
             out.token = r.token;
         }
-        rc = proto_put_region_item(&ss->out, &out);
+        rc = proto_put_region_item(b->out, &out);
     }
-    s->c.reserves += f->n;
+    s->c.reserves += b->to - b->from;
     srv_evict_check(s);
-    return reply_end(ss, rc);
+    return batch_end(ss, f, rc);
 }
 
 static int handle_publish(struct srv_session *ss, const struct proto_frame *f)
 {
     struct umbp_server *s = ss->srv;
-    int rc = proto_begin(&ss->out, PROTO_PUBLISH_R, f->seq, f->n, 0);
+    const struct srv_batch *b = &ss->batch;
+    int rc = batch_begin(ss, f, PROTO_PUBLISH_R);
 
-    for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+    for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         struct proto_token_item it;
         proto_get_token_item(f, i, &it);
         int st = -ENOENT;
         if (track_take(&ss->reservations, it.token, &it.key))
             st = dram_store_publish(s->store, &it.key, it.token);
         s->c.publishes += st == 0;
-        rc = proto_put_status(&ss->out, st);
+        rc = proto_put_status(b->out, st);
     }
-    return reply_end(ss, rc);
+    return batch_end(ss, f, rc);
 }
 
 static int handle_abort(struct srv_session *ss, const struct proto_frame *f)
 {
-    for (uint32_t i = 0; i < f->n; i++) {
+    const struct srv_batch *b = &ss->batch;
+    for (uint32_t i = b->from; i < b->to; i++) {
         struct proto_token_item it;
         proto_get_token_item(f, i, &it);
         if (track_take(&ss->reservations, it.token, &it.key))
             dram_store_abort(ss->srv->store, &it.key, it.token);
     }
-    return 0; /* ABORT has no reply */
+    return b->to < f->n ? SRV_MORE : 0; /* ABORT has no reply */
 }
 
 /* ---- leases -------------------------------------------------------------------------- */
@@ -158,9 +188,10 @@ static int handle_acquire(struct srv_session *ss, const struct proto_frame *f)
     struct umbp_server *s = ss->srv;
     uint64_t ttl_ms = f->arg < s->lease_ttl_ms ? f->arg : s->lease_ttl_ms;
     uint64_t now = umbp_now_ns(), ttl_ns = ttl_ms * 1000000ull;
-    int rc = proto_begin(&ss->out, PROTO_ACQUIRE_R, f->seq, f->n, 0);
+    const struct srv_batch *b = &ss->batch;
+    int rc = batch_begin(ss, f, PROTO_ACQUIRE_R);
 
-    for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+    for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         umbp_key_t key;
         struct dram_store_region r;
         struct proto_region_item out = {0};
@@ -177,27 +208,28 @@ static int handle_acquire(struct srv_session *ss, const struct proto_frame *f)
             out.token = r.token;
         }
         s->c.acquire_hits += out.status == 0;
-        rc = proto_put_region_item(&ss->out, &out);
+        rc = proto_put_region_item(b->out, &out);
     }
-    s->c.acquires += f->n;
-    return reply_end(ss, rc);
+    s->c.acquires += b->to - b->from;
+    return batch_end(ss, f, rc);
 }
 
 static int handle_release(struct srv_session *ss, const struct proto_frame *f)
 {
     struct umbp_server *s = ss->srv;
     uint64_t freed = 0;
-    int rc = proto_begin(&ss->out, PROTO_RELEASE_R, f->seq, f->n, 0);
+    const struct srv_batch *b = &ss->batch;
+    int rc = batch_begin(ss, f, PROTO_RELEASE_R);
 
-    for (uint32_t i = 0; rc == 0 && i < f->n; i++) {
+    for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         struct proto_token_item it;
         proto_get_token_item(f, i, &it);
         int st = UMBP_E_STALE; /* not a lease of this session (any more) */
         if (track_take(&ss->leases, it.token, NULL))
             st = dram_store_release(s->store, it.token, &freed);
-        rc = proto_put_status(&ss->out, st);
+        rc = proto_put_status(b->out, st);
     }
-    return reply_end(ss, rc);
+    return batch_end(ss, f, rc);
 }
 
 /* ---- clear, stats, sessions, ping ----------------------------------------------------- */
@@ -386,18 +418,40 @@ static void not_allowed(const struct srv_session *ss, uint16_t type, char *what,
                  proto_type_name(type), role_names[ss->hello.role], list);
 }
 
-int srv_handle_frame(struct srv_session *ss, const struct proto_frame *f, char *what,
-                     size_t whatlen)
+/* The next slice of f: records [from, to), at most *budget of them, and
+ * where its reply goes. */
+static void batch_next(struct srv_session *ss, const struct proto_frame *f, uint32_t *budget)
 {
-    if (!ss->greeted)
+    struct srv_batch *b = &ss->batch;
+    if (!b->open) {
+        *b = (struct srv_batch){.may_evict = true};
+    }
+    b->from = b->to;
+    uint32_t left = f->n - b->from, n = left < *budget ? left : *budget;
+    b->to = b->from + n;
+    b->out = b->open || b->to < f->n ? &ss->reply : &ss->out;
+    *budget -= n ? n : 1;
+}
+
+int srv_handle_frame(struct srv_session *ss, const struct proto_frame *f, uint32_t *budget,
+                     char *what, size_t whatlen)
+{
+    if (!ss->greeted) {
+        *budget -= 1;
         return handle_hello(ss, f, what, whatlen);
+    }
     if (f->type >= 32 || !(role_allows[ss->hello.role] & (1u << f->type)) ||
         f->type >= sizeof(handlers) / sizeof(handlers[0]) || !handlers[f->type]) {
         not_allowed(ss, f->type, what, whatlen);
         return -EPROTO;
     }
+    struct srv_batch *b = &ss->batch;
+    batch_next(ss, f, budget);
     uint64_t t0 = umbp_now_ns();
     int rc = handlers[f->type](ss, f);
-    srv_metrics_observe(ss->srv, f->type, umbp_now_ns() - t0);
+    b->busy_ns += umbp_now_ns() - t0;
+    b->open = rc == SRV_MORE;
+    if (!b->open) /* the whole frame's handling time, not the wait between slices */
+        srv_metrics_observe(ss->srv, f->type, b->busy_ns);
     return rc;
 }

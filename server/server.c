@@ -13,7 +13,9 @@
  * timer every lease_ttl_ms / 10 (5 ms .. 1 s) that expires leases and
  * starts eviction above the high watermark, an idle watcher that keeps
  * evicting in slices down to the low one, an ev_prepare that sends the
- * iteration's events, and the ev_async that umbp_server_stop pokes.
+ * iteration's events, the run queue's ev_idle that gives sessions with
+ * large frames their next slice (session.c), and the ev_async that
+ * umbp_server_stop pokes.
  *
  * destroy: every session ends (its leases released; its reservations
  * orphaned, never freed: their writers may still be copying), the socket
@@ -168,6 +170,7 @@ static void watchers_start(struct umbp_server *s)
                   (strcmp(pw, "auto") == 0 && sysconf(_SC_NPROCESSORS_ONLN) >= 8);
     ev_prepare_init(&s->flush_w, flush_cb);
     ev_prepare_start(s->loop, &s->flush_w);
+    session_runq_init(s);
 }
 
 /* ---- the pool ---------------------------------------------------------------------- */
@@ -304,6 +307,7 @@ void umbp_server_destroy(struct umbp_server *s)
         ev_idle_stop(s->loop, &s->evict_w);
         ev_idle_stop(s->loop, &s->poll_w);
         ev_prepare_stop(s->loop, &s->flush_w);
+        session_runq_stop(s);
     }
     dram_store_destroy(s->store);
     free(s->events);

@@ -34,6 +34,13 @@ const struct umbp_option srv_options[] = {
      "empty = both private to the server's user (0700, 0600)"},
     {"max_sessions", UMBP_OPT_INT, OFF(max_sessions), "1024", 1, SRV_MAX_SESSIONS, 0, NULL,
      "server: connected clients at most; more are refused (and counted)"},
+    {"handshake_timeout_ms", UMBP_OPT_INT, OFF(handshake_timeout_ms), "5000", 10, 3600000, 0,
+     NULL,
+     "server: a client that has not sent its whole HELLO this long after connecting is "
+     "disconnected (it would hold one of max_sessions)"},
+    {"frame_timeout_ms", UMBP_OPT_INT, OFF(frame_timeout_ms), "30000", 10, 3600000, 0, NULL,
+     "server: a frame whose last byte has not come this long after its first ends its "
+     "session; an idle client with no partial frame is never timed out"},
     {"namespace_quotas", UMBP_OPT_STRING, OFF(namespace_quotas), "", 0, 0, 2048, NULL,
      "server: per-namespace byte limits, e.g. \"ns=4GiB,ns2=512MiB\": a namespace past its "
      "quota evicts its own least recently used objects (clients declare theirs with "

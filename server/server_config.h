@@ -31,6 +31,8 @@ struct srv_options {
     char allowed_gids[512];
     char socket_group[64];
     int64_t max_sessions;
+    int64_t handshake_timeout_ms;
+    int64_t frame_timeout_ms;
     char namespace_quotas[2048];
     uint64_t event_backlog_bytes;
     int64_t adopt_grace_ms;

@@ -14,6 +14,29 @@
  *   server_config.c  the options (also used by the umbp tool)
  *   sync_client.c    a blocking client for the umbp tool and the tests
  *
+ * Fairness: one loop turn handles at most SRV_SLICE_RECORDS records of one
+ * session (a frame's records, or one per frame without records).  A frame
+ * of more is handled in slices: its reply is built in the session's
+ * `reply` buffer slice by slice and appended to `out` whole when the last
+ * slice is done (events for that session wait in `held` meanwhile, so they
+ * still follow the reply they came from).  A session with work left (a
+ * frame part handled, or whole frames over its budget) is queued on the
+ * server's run queue and not read; an ev_idle of the highest priority
+ * gives every queued session one more slice per loop turn, round-robin,
+ * after which the loop polls every socket again.  So a 65,536-key frame
+ * delays another client's request by one slice, not by the whole frame,
+ * and a session's replies still leave in request order.  (While any
+ * session is queued, the idle watchers of lower priority, background
+ * eviction and poll_wait, wait; the housekeeping tick still evicts a slice
+ * per tick.)
+ *
+ * Timeouts: one ev_timer per session bounds a handshake (HELLO within
+ * handshake_timeout_ms of the connect) and a frame (its last byte within
+ * frame_timeout_ms of its first); it runs only while such a wait is on,
+ * never while the server itself is not reading the session (paused,
+ * queued), and never for a greeted session whose input is all whole
+ * frames: an idle engine stays connected.
+ *
  * Threads: the loop thread that runs umbp_server_run owns every field of
  * every struct here; only the ev_async `stop_w` is poked from outside
  * (and metrics.c's own ev_async, from its HTTP thread: see metrics.c).
@@ -43,6 +66,7 @@
 #define SRV_IN_INITIAL (64u << 10)
 #define SRV_EVICT_INLINE_MAX 4096 /* objects one reserve may evict for its key */
 #define SRV_EVICT_SLICE 1024      /* objects one background slice evicts */
+#define SRV_SLICE_RECORDS 4096    /* records one session handles per loop turn */
 
 /* Tokens a session holds, keyed by token (track.c).  Reservations keep
  * their key (abort needs it); leases keep nothing. */
@@ -60,6 +84,18 @@ struct srv_track {
 
 struct umbp_server;
 struct srv_metrics;
+
+/* The frame at the head of a session's input while it is handled in
+ * slices (see Fairness above).  A handler does records [from, to) and
+ * writes its reply into *out: &ss->out when the whole frame fits this
+ * turn, else &ss->reply, where the frame stays open between slices. */
+struct srv_batch {
+    struct proto_buf *out;
+    uint32_t from, to;
+    bool open;                     /* a slice is done and more are due */
+    bool may_evict;                /* RESERVE: an inline eviction may still free room */
+    uint64_t busy_ns;              /* handling time of its slices so far */
+};
 
 struct srv_session {
     struct umbp_server *srv;
@@ -86,6 +122,12 @@ struct srv_session {
     uint64_t requests;
     char why[160];                 /* why it is ending, for the close line */
     struct srv_track reservations, leases;
+    struct srv_batch batch;
+    struct proto_buf reply;        /* a sliced frame's reply being built */
+    struct proto_buf held;         /* EVENTS frames waiting for that reply */
+    bool queued;                   /* on the run queue: has work left */
+    struct srv_session *run_next;
+    ev_timer deadline_w;           /* handshake_timeout_ms or frame_timeout_ms */
 };
 
 struct srv_counters {
@@ -127,6 +169,9 @@ struct umbp_server {
     uint64_t last_request_ns;
     uint64_t poll_recheck_ns;        /* next walk of the sessions */
     ev_prepare flush_w;              /* events out, once per loop iteration */
+    ev_idle run_w;                   /* a slice for each queued session per turn */
+    struct srv_session *runq, **runq_tail;
+    size_t nrunq;
     bool evicting;                   /* above high: evicting down to low */
     struct srv_session *sessions;
     uint64_t nsessions, next_session_id;
@@ -160,20 +205,30 @@ struct srv_session *session_open(struct umbp_server *s, int fd, pid_t pid, uid_t
  * reservation orphaned (its region kept until its writer's deadline: the
  * client may still be copying); one log line with ss->why. */
 void session_close(struct srv_session *ss);
+/* The server's run queue watcher (init once, stop at destroy). */
+void session_runq_init(struct umbp_server *s);
+void session_runq_stop(struct umbp_server *s);
 /* Sends what it can now; arms or disarms the write watcher.  < 0: the
  * session must be closed (ss->why says why). */
 int session_flush(struct srv_session *ss);
 size_t session_backlog(const struct srv_session *ss);
+/* A sliced frame's reply is complete in `reply`: it, then the EVENTS held
+ * for the session meanwhile, go to `out`.  0, -ENOMEM. */
+int session_reply_done(struct srv_session *ss);
 /* "session 7 (pid 123)" for log lines. */
 #define SESSION_FMT "session %llu (pid %d)"
 #define SESSION_ARGS(ss) (unsigned long long)(ss)->id, (int)(ss)->pid
 
-/* requests.c: one whole frame.  0; SRV_CLOSE when the session must end
- * after its output is flushed (HELLO_ERR sent, out of memory; ss->why says
- * why); or < 0 with `what` naming the field when the frame is malformed. */
+/* requests.c: one frame, or its next slice of at most *budget records
+ * (*budget is charged what was done, at least 1).  0: done; SRV_MORE:
+ * records are left, call again with the same frame; SRV_CLOSE when the
+ * session must end after its output is flushed (HELLO_ERR sent, out of
+ * memory; ss->why says why); or < 0 with `what` naming the field when the
+ * frame is malformed. */
 #define SRV_CLOSE 1
-int srv_handle_frame(struct srv_session *ss, const struct proto_frame *f, char *what,
-                     size_t whatlen);
+#define SRV_MORE 2
+int srv_handle_frame(struct srv_session *ss, const struct proto_frame *f, uint32_t *budget,
+                     char *what, size_t whatlen);
 
 /* server.c: starts background eviction if usage is above the high
  * watermark. */

@@ -962,6 +962,26 @@ static bool begin_allowed(const struct type_info *t, uint64_t seq, uint32_t n, u
     return check_arg(t, arg, NULL, 0) == 0;
 }
 
+int proto_buf_move(struct proto_buf *to, struct proto_buf *from)
+{
+    if (to->open || from->open)
+        return -EINVAL;
+    if (from->len == 0)
+        return 0;
+    if (to->len == 0) { /* nothing to keep: take the other's bytes whole */
+        struct proto_buf t = *to;
+        *to = *from;
+        *from = t;
+        return 0;
+    }
+    if (buf_reserve(to, from->len))
+        return -ENOMEM;
+    memcpy(to->data + to->len, from->data, from->len);
+    to->len += from->len;
+    from->len = 0;
+    return 0;
+}
+
 int proto_begin(struct proto_buf *b, uint16_t type, uint64_t seq, uint32_t n, uint32_t arg)
 {
     uint8_t *h;

@@ -290,6 +290,11 @@ void proto_buf_free(struct proto_buf *b);
  * into an open frame. */
 void proto_buf_consume(struct proto_buf *b, size_t bytes);
 
+/* Appends from's whole frames to `to` and empties from (which keeps or
+ * swaps its memory).  -EINVAL while either has a frame open, -ENOMEM (both
+ * unchanged). */
+int proto_buf_move(struct proto_buf *to, struct proto_buf *from);
+
 /* Starts a frame of `type` with n records and arg; the caller then appends
  * exactly n records with the proto_put_* functions below, then calls
  * proto_end.  -ENOMEM, -EINVAL (n over the type's max, n != 1 for a

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1295,6 +1296,228 @@ Test(server, hostile_clients_leave_nothing_behind)
     cr_assert_eq(stats(&ctl).used_bytes, 0, "space leaked");
     client_close(&ctl);
     srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* ---- fairness: large frames are handled in slices ------------------------------------------ */
+
+#define BIG_BATCH 60000u /* records in one frame: 15 slices of SRV_SLICE_RECORDS */
+
+static void big_keys(umbp_key_t *k, uint64_t *size, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        memset(&k[i], 0, sizeof(k[i]));
+        memcpy(k[i].bytes, "big-", 4);
+        memcpy(k[i].bytes + 4, &i, sizeof(i));
+        size[i] = 256;
+    }
+}
+
+/* One client sends a 60,000-key ACQUIRE; another keeps asking STATS
+ * meanwhile.  The server answers the second between the slices of the
+ * first: some STATS reply counts part of the big frame's acquires, which a
+ * server handling the frame in one go can never show (its counter goes
+ * from none to all of them at once).  The big frame's reply is still one
+ * frame with every record right, and the big client's next request (a
+ * PING sent right behind it) is answered after it.  The big client
+ * subscribes to events: those of its own 60,000 publishes come after the
+ * PUBLISH_R, as they do for a frame handled at once. */
+Test(server, a_large_frame_lets_other_clients_in_between_its_slices)
+{
+    struct srv s;
+    srv_start(&s, "\"capacity_bytes\": \"64MiB\"");
+    struct client big, small;
+    client_open(&big, s.path, PROTO_ROLE_WORKER, PROTO_HELLO_EVENTS, "big");
+    client_open(&small, s.path, PROTO_ROLE_LOOKUP, 0, "small");
+    umbp_key_t *k = calloc(BIG_BATCH, sizeof(*k));
+    uint64_t *size = calloc(BIG_BATCH, sizeof(*size));
+    struct proto_region_item *r = calloc(BIG_BATCH, sizeof(*r));
+    int32_t *st = calloc(BIG_BATCH, sizeof(*st));
+    uint8_t *present = calloc(BIG_BATCH, 1);
+    cr_assert(k && size && r && st && present);
+    big_keys(k, size, BIG_BATCH);
+
+    reserve(&big, k, size, BIG_BATCH, r); /* checks every region */
+    struct proto_buf b = {0};
+    uint64_t pseq = big.c.next_seq++;
+    cr_assert_eq(proto_begin(&b, PROTO_PUBLISH, pseq, BIG_BATCH, 0), 0);
+    for (uint32_t i = 0; i < BIG_BATCH; i++) {
+        struct proto_token_item it = {.key = k[i], .token = r[i].token};
+        proto_put_token_item(&b, &it);
+    }
+    cr_assert_eq(proto_end(&b), 0);
+    send_buf(&big, &b);
+    struct proto_frame f;
+    char err[256] = "";
+    cr_assert_eq(sync_client_recv(&big.c, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(f.type, PROTO_PUBLISH_R, "%s came before the PUBLISH_R of the events' "
+                 "own frame", proto_type_name(f.type));
+    cr_assert_eq(f.n, BIG_BATCH);
+    for (uint32_t i = 0; i < BIG_BATCH; i++) {
+        cr_assert_eq(proto_get_status(&f, i, &st[i]), 0);
+        cr_assert_eq(st[i], 0, "publish %u: %d", i, st[i]);
+    }
+    lookup(&small, k, BIG_BATCH, present);
+    for (uint32_t i = 0; i < BIG_BATCH; i++)
+        cr_assert_eq(present[i], 1, "key %u published but not found", i);
+
+    uint64_t before = stats(&small).acquires;
+    uint64_t aseq = send_keys(&big, PROTO_ACQUIRE, 5000, k, BIG_BATCH);
+    cr_assert_eq(proto_put_empty(&b, PROTO_PING, big.c.next_seq++, 0), 0);
+    send_buf(&big, &b);
+    uint64_t done, readings = 0, between = 0;
+    do {
+        done = stats(&small).acquires - before;
+        readings++;
+        between += done > 0 && done < BIG_BATCH;
+    } while (done < BIG_BATCH);
+    cr_log_info("%llu STATS replies, %llu of them during the big frame",
+                (unsigned long long)readings, (unsigned long long)between);
+    cr_assert(between > 0, "no STATS reply came while the 60,000-key frame was handled: "
+              "it held the loop (the counter jumped from 0 to %u)", BIG_BATCH);
+
+    reply(&big, aseq, PROTO_ACQUIRE_R, &f);
+    cr_assert_eq(f.n, BIG_BATCH);
+    for (uint32_t i = 0; i < BIG_BATCH; i++) {
+        struct proto_region_item it;
+        cr_assert_eq(proto_get_region_item(&f, i, &it), 0);
+        cr_assert_eq(it.status, 0, "acquire %u: %d", i, it.status);
+        cr_assert_eq(it.offset, r[i].offset, "acquire %u: another region", i);
+        r[i].token = it.token;
+    }
+    reply(&big, aseq + 1, PROTO_PONG, &f);
+    tokens(&big, PROTO_RELEASE, k, r, BIG_BATCH, st);
+    for (uint32_t i = 0; i < BIG_BATCH; i++)
+        cr_assert_eq(st[i], 0, "release %u: %d", i, st[i]);
+    cr_assert_eq(stats(&small).num_leased, 0);
+    free(k);
+    free(size);
+    free(r);
+    free(st);
+    free(present);
+    client_close(&small);
+    client_close(&big);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* ---- timeouts: silent and half-open connections ------------------------------------------- */
+
+static int dial_raw(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    cr_assert(strlen(path) < sizeof(a.sun_path));
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(fd >= 0, "socket: %s", strerror(errno));
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0, "connect %s: %s", path,
+                 strerror(errno));
+    return fd;
+}
+
+/* recv until EOF (0) or an error; bytes before it (an ERROR frame) are fine. */
+static bool reads_eof(int fd)
+{
+    struct timeval tv = {.tv_sec = CLIENT_TIMEOUT_MS / 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[512];
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n == 0 || (n < 0 && errno == ECONNRESET))
+            return true;
+        if (n < 0)
+            return false; /* EAGAIN: the timeout; the server kept it */
+    }
+}
+
+#define SILENT 1024
+
+/* 1,024 connections that never finish a HELLO (most send nothing, every
+ * fourth half a HELLO) take every session slot (max_sessions 1024); the
+ * handshake deadline frees them, so a real client gets in and is served,
+ * and every silent one reads EOF. */
+Test(server, silent_connections_are_dropped_after_handshake_timeout_ms)
+{
+    struct rlimit rl;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < SILENT + 256) {
+        rl.rlim_cur = rl.rlim_max < SILENT + 256 ? rl.rlim_max : SILENT + 256;
+        cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    }
+    cr_assert_geq(rl.rlim_cur, SILENT + 64, "needs %d descriptors (ulimit -n)", SILENT + 64);
+    struct srv s;
+    srv_start(&s, "\"max_sessions\": 1024, \"handshake_timeout_ms\": 200");
+    struct proto_buf hello = {0};
+    struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION,
+                            .role = PROTO_ROLE_ADMIN};
+    cr_assert_eq(proto_begin(&hello, PROTO_HELLO, 1, 1, 0), 0);
+    cr_assert_eq(proto_put_hello(&hello, &h), 0);
+    cr_assert_eq(proto_end(&hello), 0);
+    int *fds = calloc(SILENT, sizeof(int));
+    for (int i = 0; i < SILENT; i++) {
+        fds[i] = dial_raw(s.path);
+        if (i % 4 == 3)
+            cr_assert_eq(send(fds[i], hello.data, hello.len / 2, MSG_NOSIGNAL),
+                         (ssize_t)(hello.len / 2));
+    }
+    proto_buf_free(&hello);
+
+    struct client cl;
+    char err[512] = "";
+    uint64_t end = tu_now_ms() + TU_WAIT_MS, tries = 0;
+    int rc;
+    while ((rc = client_try(&cl, s.path, PROTO_ROLE_ADMIN, 0, PROTO_VERSION, "real", err,
+                            sizeof(err))) != 0) {
+        cr_assert(rc == -ECONNRESET || rc == -EPIPE, "connect: %d: %s", rc, err);
+        cr_assert(tu_now_ms() < end, "the silent connections kept every session slot");
+        tries++;
+        tu_sleep_ms(10);
+    }
+    cr_log_info("the real client got in after %llu refusals", (unsigned long long)tries);
+    ping(&cl);
+    for (int i = 0; i < SILENT; i++) {
+        cr_assert(reads_eof(fds[i]), "silent connection %d was kept", i);
+        close(fds[i]);
+    }
+    free(fds);
+    ping(&cl);
+    client_close(&cl);
+    srv_stop(&s);
+    cr_assert(log_has(&s, "no HELLO within handshake_timeout_ms (200 ms"));
+    rm_dir(&s);
+}
+
+/* A greeted client sends 10 bytes of a frame header and stops: its
+ * session ends after frame_timeout_ms; the others are unaffected, and an
+ * idle greeted client (nothing partial) outlives the deadline. */
+Test(server, a_partial_frame_ends_its_session_after_frame_timeout_ms)
+{
+    struct srv s;
+    srv_start(&s, "\"frame_timeout_ms\": 200");
+    struct client idle, partial, other;
+    client_open(&idle, s.path, PROTO_ROLE_ADMIN, 0, "idle");
+    client_open(&partial, s.path, PROTO_ROLE_WORKER, 0, "partial");
+    client_open(&other, s.path, PROTO_ROLE_ADMIN, 0, "other");
+    umbp_key_t key = {{0}};
+    uint64_t size = 4096;
+    struct proto_region_item r;
+    reserve(&partial, &key, &size, 1, &r); /* held: aborted when the session ends */
+    struct proto_buf b = {0};
+    cr_assert_eq(proto_put_empty(&b, PROTO_PING, 99, 0), 0);
+    cr_assert_eq(sync_client_send(&partial.c, b.data, 10), 0);
+    proto_buf_free(&b);
+    ping(&other);
+    cr_assert(reads_eof(partial.c.fd), "a session with a partial frame was kept");
+    ping(&other);
+    ping(&idle); /* idle since before the partial frame began */
+    struct proto_stats st = stats(&other);
+    cr_assert_eq(st.num_pending, 0, "the dropped session's reservation was not aborted");
+    cr_assert_eq(st.sessions, 2); /* idle and other */
+    client_close(&partial);
+    client_close(&other);
+    client_close(&idle);
+    srv_stop(&s);
+    cr_assert(log_has(&s, "a frame stayed incomplete for frame_timeout_ms (200 ms; 10 bytes"));
     rm_dir(&s);
 }
 

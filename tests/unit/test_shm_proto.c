@@ -1093,6 +1093,44 @@ Test(proto_encode, consume_and_growth)
 }
 
 /* realloc failing: the open frame is dropped, what was before stays. */
+/* proto_buf_move: frames built in one buffer (a reply built in slices)
+ * land whole after another's, byte for byte; into an empty buffer they
+ * move without a copy; an open frame on either side is refused. */
+Test(proto_encode, move_appends_whole_frames)
+{
+    struct proto_buf out = {0}, reply = {0}, expect = {0};
+    cr_assert_eq(proto_put_empty(&out, PROTO_PONG, 1, 0), 0);
+    cr_assert_eq(proto_put_empty(&expect, PROTO_PONG, 1, 0), 0);
+    for (struct proto_buf *b = &reply; b; b = b == &reply ? &expect : NULL) {
+        cr_assert_eq(proto_begin(b, PROTO_LOOKUP_R, 2, 3, 0), 0);
+        for (uint8_t i = 0; i < 3; i++)
+            cr_assert_eq(proto_put_u8(b, i & 1), 0);
+        cr_assert_eq(proto_end(b), 0);
+    }
+    struct proto_buf open = {0};
+    cr_assert_eq(proto_begin(&open, PROTO_PONG, 3, 0, 0), 0);
+    cr_assert_eq(proto_buf_move(&open, &reply), -EINVAL, "moved behind an open frame");
+    cr_assert_eq(proto_buf_move(&out, &open), -EINVAL, "moved an open frame");
+    cr_assert_eq(proto_end(&open), 0);
+    proto_buf_free(&open);
+    cr_assert_eq(proto_buf_move(&out, &reply), 0);
+    cr_assert_eq(reply.len, 0);
+    cr_assert_eq(out.len, expect.len);
+    cr_assert_arr_eq(out.data, expect.data, expect.len);
+
+    struct proto_buf empty = {0};
+    cr_assert_eq(proto_buf_move(&empty, &out), 0);
+    cr_assert_eq(out.len, 0);
+    cr_assert_eq(empty.len, expect.len);
+    cr_assert_arr_eq(empty.data, expect.data, expect.len);
+    cr_assert_eq(proto_buf_move(&empty, &out), 0, "moving nothing");
+    cr_assert_eq(empty.len, expect.len);
+    proto_buf_free(&empty);
+    proto_buf_free(&out);
+    proto_buf_free(&reply);
+    proto_buf_free(&expect);
+}
+
 Test(proto_encode, out_of_memory_is_clean)
 {
 #if defined(__SANITIZE_ADDRESS__)
