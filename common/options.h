@@ -6,6 +6,7 @@
 #ifndef UMBP_COMMON_OPTIONS_H
 #define UMBP_COMMON_OPTIONS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,5 +42,12 @@ int parse_size(const char *s, uint64_t *out);
 extern const struct umbp_option umbp_core_options[];
 int umbp_core_validate(const struct umbp_core_config *core, uint64_t *rank_capacity, char *err,
                        size_t errlen);
+
+/* poll_wait's rule, for every thread that may poll before sleeping (waiters,
+ * the runtime's loop, umbp-server's loop, the shm client): "on", or "auto"
+ * where this process may use at least UMBP_POLL_MIN_CPUS CPUs
+ * (umbp_usable_cpus: affinity and cgroup quota, not the host's count). */
+#define UMBP_POLL_MIN_CPUS 8
+bool umbp_poll_wait_spins(const char *poll_wait);
 
 #endif
