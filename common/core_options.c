@@ -15,7 +15,9 @@
 #define MiB (1024.0 * 1024.0)
 #define TiB (1024.0 * 1024.0 * 1024.0 * 1024.0)
 
-static const char *const modes[] = {"embedded", "standalone", "distributed", NULL};
+#define MODE_NAME(mode, tier) mode,
+static const char *const modes[] = {UMBP_MODES(MODE_NAME) NULL};
+#undef MODE_NAME
 static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const gpu_backends[] = {"auto", "cuda", "hip", "host", NULL};
 static const char *const auto_on_off[] = {"auto", "on", "off", NULL};
@@ -107,4 +109,14 @@ bool umbp_poll_wait_spins(const char *poll_wait)
     if (strcmp(poll_wait, "on") == 0)
         return true;
     return strcmp(poll_wait, "auto") == 0 && umbp_usable_cpus() >= UMBP_POLL_MIN_CPUS;
+}
+
+const char *umbp_mode_tier(const char *mode)
+{
+#define MODE_TIER(m, tier)      \
+    if (strcmp(mode, m) == 0)   \
+        return tier;
+    UMBP_MODES(MODE_TIER)
+#undef MODE_TIER
+    return NULL;
 }

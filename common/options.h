@@ -43,6 +43,17 @@ extern const struct umbp_option umbp_core_options[];
 int umbp_core_validate(const struct umbp_core_config *core, uint64_t *rank_capacity, char *err,
                        size_t errlen);
 
+/* The modes the `mode` option accepts and, for each, the tier that declares
+ * it in its ops->modes when that tier is built (its primary tier).  One
+ * table: the option's accepted values come from it, and a mode whose tier
+ * is not built is refused naming that tier. */
+#define UMBP_MODES(X)           \
+    X("embedded", "dram")       \
+    X("standalone", "shm")      \
+    X("distributed", "rdma")
+/* The tier mode needs; NULL for a mode not in the table. */
+const char *umbp_mode_tier(const char *mode);
+
 /* poll_wait's rule, for every thread that may poll before sleeping (waiters,
  * the runtime's loop, umbp-server's loop, the shm client): "on", or "auto"
  * where this process may use at least UMBP_POLL_MIN_CPUS CPUs
