@@ -15,9 +15,10 @@
  * sleep on a futex event count when both rings are empty.
  *
  * Priority with a guaranteed share for stores (tests/integration/
- * test_copy_share.c; bench_load_latency --mix measures both latencies).  Restores go first: a worker
- * takes a high job before a low one, and between two chunks of a job it runs
- * waiting high jobs (one level deep: those run without yielding).  But
+ * test_copy_share.c; bench_load_latency --mix measures both latencies).
+ * Restores go first: a worker takes a high job before a low one, and between
+ * two chunks of a job it runs waiting high jobs (one level deep: those run
+ * without yielding).  But
  * strict priority starved stores: with hundreds of gets in flight the high
  * ring never empties, and puts waited until the gets stopped (0.8-1.7 s in
  * a burst).  So each worker counts the high jobs it takes while a low job is
@@ -33,7 +34,10 @@
  *     for one store chunk per COPY_HIGH_BURST high jobs the worker runs
  *     before it; with no more than COPY_HIGH_BURST restores ahead of it,
  *     as under strict priority, it waits for at most one store chunk
- *     (512 KiB: ~0.1 ms at host memcpy speed).
+ *     (512 KiB: ~0.1 ms at host memcpy speed).  One exception: once the
+ *     count is reached, a restore job being copied no longer yields to
+ *     queued ones (the store chunk comes right after it), so a small
+ *     restore may then wait for the rest of a large one.
  * With no low job waiting the count stays at 0: restores alone run exactly
  * as under strict priority (a small one waits behind a large one for at
  * most one chunk).
