@@ -32,7 +32,8 @@ int umbp_usable_cpus(void);
 /* Its parts, for tests: CPUs allowed by a cgroup v2 cpu.max file
  * ("200000 100000" -> 2), by cgroup v1 cpu.cfs_quota_us / cpu.cfs_period_us
  * files, and by this process's cgroups; 0 = no limit (also for a missing
- * or unreadable file). */
+ * or unreadable file).  umbp_cpus_cgroup_quota uses static buffers: one
+ * thread at a time (umbp_usable_cpus calls it once). */
 int umbp_cpus_parse_cpu_max(const char *path);
 int umbp_cpus_parse_cfs(const char *quota_path, const char *period_path);
 int umbp_cpus_cgroup_quota(void);
