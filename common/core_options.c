@@ -9,12 +9,15 @@
 #include <string.h>
 
 #include "options.h"
+#include "util.h"
 
 #define OFF(f) offsetof(struct umbp_core_config, f)
 #define MiB (1024.0 * 1024.0)
 #define TiB (1024.0 * 1024.0 * 1024.0 * 1024.0)
 
-static const char *const modes[] = {"embedded", "standalone", "distributed", NULL};
+#define MODE_NAME(mode, tier) mode,
+static const char *const modes[] = {UMBP_MODES(MODE_NAME) NULL};
+#undef MODE_NAME
 static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const gpu_backends[] = {"auto", "cuda", "hip", "host", NULL};
 static const char *const auto_on_off[] = {"auto", "on", "off", NULL};
@@ -53,7 +56,7 @@ const struct umbp_option umbp_core_options[] = {
      "error, warn, info or debug"},
     {"poll_wait", UMBP_OPT_STRING, OFF(poll_wait), "auto", 0, 0, 8, auto_on_off,
      "poll briefly before sleeping (waiters; the loop during GPU transfers): auto = on "
-     "with at least 8 cores"},
+     "where this process may use at least 8 CPUs (affinity and cgroup quota)"},
     {"gpu_backend", UMBP_OPT_STRING, OFF(gpu_backend), "auto", 0, 0, 16, gpu_backends,
      "GPU runtime of umbp_kv_*: auto (CUDA, then HIP), cuda, hip, or host (device memory is "
      "host memory; tests)"},
@@ -100,3 +103,20 @@ int umbp_core_validate(const struct umbp_core_config *k, uint64_t *rank_capacity
     return 0;
 }
 
+
+bool umbp_poll_wait_spins(const char *poll_wait)
+{
+    if (strcmp(poll_wait, "on") == 0)
+        return true;
+    return strcmp(poll_wait, "auto") == 0 && umbp_usable_cpus() >= UMBP_POLL_MIN_CPUS;
+}
+
+const char *umbp_mode_tier(const char *mode)
+{
+#define MODE_TIER(m, tier)      \
+    if (strcmp(mode, m) == 0)   \
+        return tier;
+    UMBP_MODES(MODE_TIER)
+#undef MODE_TIER
+    return NULL;
+}

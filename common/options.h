@@ -6,6 +6,7 @@
 #ifndef UMBP_COMMON_OPTIONS_H
 #define UMBP_COMMON_OPTIONS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,5 +42,23 @@ int parse_size(const char *s, uint64_t *out);
 extern const struct umbp_option umbp_core_options[];
 int umbp_core_validate(const struct umbp_core_config *core, uint64_t *rank_capacity, char *err,
                        size_t errlen);
+
+/* The modes the `mode` option accepts and, for each, the tier that declares
+ * it in its ops->modes when that tier is built (its primary tier).  One
+ * table: the option's accepted values come from it, and a mode whose tier
+ * is not built is refused naming that tier. */
+#define UMBP_MODES(X)           \
+    X("embedded", "dram")       \
+    X("standalone", "shm")      \
+    X("distributed", "rdma")
+/* The tier mode needs; NULL for a mode not in the table. */
+const char *umbp_mode_tier(const char *mode);
+
+/* poll_wait's rule, for every thread that may poll before sleeping (waiters,
+ * the runtime's loop, umbp-server's loop, the shm client): "on", or "auto"
+ * where this process may use at least UMBP_POLL_MIN_CPUS CPUs
+ * (umbp_usable_cpus: affinity and cgroup quota, not the host's count). */
+#define UMBP_POLL_MIN_CPUS 8
+bool umbp_poll_wait_spins(const char *poll_wait);
 
 #endif

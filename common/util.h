@@ -1,9 +1,10 @@
 /*
  * util.h - services shared by the runtime, the tiers, umbp-server and the
- * umbp tool (common/util.c): logging with a process-wide level, the
- * per-thread last error message, time, key hashing.  The tier-facing ones
- * (umbp_log, umbp_now_ns, umbp_key_hash) are declared in umbp/tier.h; this
- * header adds what umbp's own programs need.  Any thread.
+ * umbp tool (common/util.c, common/cpus.c): logging with a process-wide
+ * level, the per-thread last error message, time, key hashing, the CPUs this
+ * process may use.  The tier-facing ones (umbp_log, umbp_now_ns,
+ * umbp_key_hash) are declared in umbp/tier.h; this header adds what umbp's
+ * own programs need.  Any thread.
  */
 #ifndef UMBP_COMMON_UTIL_H
 #define UMBP_COMMON_UTIL_H
@@ -22,5 +23,19 @@ int umbp_log_level_parse(const char *s, enum umbp_log_level *out);
  * level-triggered caller pauses its watcher instead of spinning on the
  * backlog.  Used by umbp-server and the workers' lookup service. */
 int umbp_accept_batch(int listen_fd, int batch, void (*one)(void *ctx, int fd), void *ctx);
+
+/* The CPUs this process may use (common/cpus.c): its affinity mask capped
+ * by its cgroup's CPU quota, at least 1.  Computed once, then cached; any
+ * thread.  Use it, not the online count, to decide whether to poll or to
+ * start helper threads. */
+int umbp_usable_cpus(void);
+/* Its parts, for tests: CPUs allowed by a cgroup v2 cpu.max file
+ * ("200000 100000" -> 2), by cgroup v1 cpu.cfs_quota_us / cpu.cfs_period_us
+ * files, and by this process's cgroups; 0 = no limit (also for a missing
+ * or unreadable file).  umbp_cpus_cgroup_quota uses static buffers: one
+ * thread at a time (umbp_usable_cpus calls it once). */
+int umbp_cpus_parse_cpu_max(const char *path);
+int umbp_cpus_parse_cfs(const char *quota_path, const char *period_path);
+int umbp_cpus_cgroup_quota(void);
 
 #endif

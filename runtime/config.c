@@ -4,6 +4,10 @@
  * cross-option rules, and validate_config of the tiers the mode composes
  * (only those: a tier that is not used does not veto a config).
  *
+ * A mode is declared by the tier it runs on (ops->modes); a known mode whose
+ * tier is not built is refused naming that tier (the table of known modes
+ * and their tiers is UMBP_MODES, common/options.h) and the modes that are.
+ *
  * Every option lives in exactly one table: umbp_core_options
  * (common/core_options.c), or a tier's ops->options; a name in two tables
  * is refused at creation.
@@ -88,6 +92,20 @@ static void tier_names(char *have, size_t len)
     }
 }
 
+/* The modes the built tiers declare, in registry order. */
+static void built_modes(char *out, size_t len)
+{
+    out[0] = 0;
+    for (size_t k = 0; umbp_tier_registry[k]; k++)
+        for (const char *const *m = umbp_tier_registry[k]->modes; m && *m; m++) {
+            if (out[0])
+                strncat(out, ", ", len - strlen(out) - 1);
+            strncat(out, *m, len - strlen(out) - 1);
+        }
+    if (!out[0])
+        snprintf(out, len, "none");
+}
+
 /* The tier that declares mode in its ops->modes; -ENOTSUP if none, -EINVAL
  * if two do (a build error in spirit: refused at every creation). */
 static int mode_tier(const char *mode, const struct umbp_tier_ops **out, char *err,
@@ -105,10 +123,16 @@ static int mode_tier(const char *mode, const struct umbp_tier_ops **out, char *e
                 found = umbp_tier_registry[k];
             }
     if (!found) {
-        char have[256];
+        char built[256], have[256];
+        built_modes(built, sizeof(built));
         tier_names(have, sizeof(have));
-        snprintf(err, errlen, "mode: '%s' needs a tier that this libumbp does not have "
-                 "(tiers built in: %s); use mode \"embedded\"", mode, have);
+        const char *need = umbp_mode_tier(mode);
+        if (need)
+            snprintf(err, errlen, "mode: '%s' needs the '%s' tier, which this libumbp does not "
+                     "have; built modes: %s (tiers built in: %s)", mode, need, built, have);
+        else
+            snprintf(err, errlen, "mode: '%s' needs a tier that this libumbp does not have; "
+                     "built modes: %s (tiers built in: %s)", mode, built, have);
         return -ENOTSUP;
     }
     *out = found;

@@ -11,10 +11,36 @@
  * op's keys into a few jobs (at most 2 per worker, at least ~1 MiB each) and
  * queues them on one of two MPMC ck rings: gets (the latency-critical
  * restores) on the high ring, puts (bulk offload) on the low one.  Workers
- * take high jobs first and copy in chunks of COPY_CHUNK bytes; between two
- * chunks of a job they run any high job waiting (one level deep), so a small
- * restore never waits behind a bulk store or a large restore for more than
- * one chunk.  Workers sleep on a futex event count when both rings are empty.
+ * copy in chunks of COPY_CHUNK bytes (or one range, if smaller).  Workers
+ * sleep on a futex event count when both rings are empty.
+ *
+ * Priority with a guaranteed share for stores (tests/integration/
+ * test_copy_share.c; bench_load_latency --mix measures both latencies).
+ * Restores go first: a worker takes a high job before a low one, and between
+ * two chunks of a job it runs waiting high jobs (one level deep: those run
+ * without yielding).  But
+ * strict priority starved stores: with hundreds of gets in flight the high
+ * ring never empties, and puts waited until the gets stopped (0.8-1.7 s in
+ * a burst).  So each worker counts the high jobs it takes while a low job is
+ * waiting (queued on the low ring, or the one it is running), and after
+ * COPY_HIGH_BURST of them it copies one chunk of a low job before the next
+ * high one; the count restarts at every low chunk it copies.  Guarantees,
+ * per worker and whatever the mix:
+ *   - stores: while a low job waits, at most COPY_HIGH_BURST high jobs run
+ *     (plus the one running when it was queued) before a worker takes it or
+ *     copies its next chunk: at least one chunk of stores per
+ *     COPY_HIGH_BURST restore jobs, so puts complete while gets keep coming;
+ *   - restores: a queued high job waits for the chunk being copied, and
+ *     for one store chunk per COPY_HIGH_BURST high jobs the worker runs
+ *     before it; with no more than COPY_HIGH_BURST restores ahead of it,
+ *     as under strict priority, it waits for at most one store chunk
+ *     (512 KiB: ~0.1 ms at host memcpy speed).  One exception: once the
+ *     count is reached, a restore job being copied no longer yields to
+ *     queued ones (the store chunk comes right after it), so a small
+ *     restore may then wait for the rest of a large one.
+ * With no low job waiting the count stays at 0: restores alone run exactly
+ * as under strict priority (a small one waits behind a large one for at
+ * most one chunk).
  *
  * Deadlines.  A job is QUEUED, then TAKEN by a worker (CAS) or CANCELLED by
  * the loop (CAS) when its op passes its deadline or its caller released it
@@ -43,29 +69,64 @@
 
 #define JOB_MIN_BYTES (1u << 20)
 #define COPY_CHUNK (512u << 10)
+/* High jobs a worker runs while a low job waits before it copies one low
+ * chunk (see the prose above): the stores' share is at least one chunk in
+ * COPY_HIGH_BURST + 1 jobs. */
+#define COPY_HIGH_BURST 4u
 
 enum { JOB_QUEUED, JOB_TAKEN, JOB_CANCELLED };
 
 /* ---- workers -------------------------------------------------------------- */
+
+/* One worker's state; only its thread touches it. */
+struct worker {
+    struct copy_pool *cp;
+    unsigned high_run; /* high jobs taken while a low job waited, since the
+                          last low chunk this worker copied */
+};
 
 static bool dequeue_high(struct copy_pool *cp, struct copy_job **j)
 {
     return ck_ring_dequeue_mpmc(&cp->ring_hi, cp->buf_hi, (void **)j);
 }
 
-static bool dequeue_any(struct copy_pool *cp, struct copy_job **j)
+static bool dequeue_low(struct copy_pool *cp, struct copy_job **j)
 {
-    return dequeue_high(cp, j) || ck_ring_dequeue_mpmc(&cp->ring_lo, cp->buf_lo, (void **)j);
+    return ck_ring_dequeue_mpmc(&cp->ring_lo, cp->buf_lo, (void **)j);
 }
 
-static void run_entry(struct copy_pool *cp, struct copy_job *j, bool may_yield);
+static bool dequeue_any(struct copy_pool *cp, struct copy_job **j)
+{
+    return dequeue_high(cp, j) || dequeue_low(cp, j);
+}
 
-/* Between chunks: restores waiting on the high ring go first. */
-static void yield_to_high(struct copy_pool *cp)
+/* A job on the low ring.  Approximate (another worker may take it next),
+ * which only decides whose turn it is, never whether a job runs. */
+static bool low_queued(struct copy_pool *cp) { return ck_ring_size(&cp->ring_lo) != 0; }
+
+static void run_entry(struct worker *w, struct copy_job *j, bool may_yield);
+
+/* Counts a high job about to run; low_waits: a low job waits meanwhile. */
+static void count_high(struct worker *w, bool low_waits)
+{
+    w->high_run = low_waits ? w->high_run + 1 : 0;
+}
+
+/* Between chunks: restores waiting on the high ring go first, unless the
+ * stores' turn has come (in_low: the job being copied is a store, so one
+ * waits). */
+static void yield_to_high(struct worker *w, bool in_low)
 {
     struct copy_job *h;
-    while (dequeue_high(cp, &h))
-        run_entry(cp, h, false);
+    for (;;) {
+        bool low_waits = in_low || low_queued(w->cp);
+        if (low_waits && w->high_run >= COPY_HIGH_BURST)
+            return;
+        if (!dequeue_high(w->cp, &h))
+            return;
+        count_high(w, low_waits);
+        run_entry(w, h, false);
+    }
 }
 
 static bool op_cancelled(struct umbp_op *op)
@@ -89,9 +150,10 @@ static bool put_expired(struct umbp_op *op)
 /* Copies one range in chunks, letting waiting restores go first after each
  * chunk; false if the op was cancelled meanwhile (or, a put, passed its
  * deadline). */
-static bool copy_range(struct copy_pool *cp, struct umbp_op *op, uint8_t *obj,
+static bool copy_range(struct worker *w, struct umbp_op *op, uint8_t *obj,
                        const umbp_range_t *rg, bool to_object, bool may_yield)
 {
+    bool low = op->kind != OP_GET; /* the ring copy_dispatch queued it on */
     for (uint64_t done = 0; done < rg->len;) {
         if (op_cancelled(op) || (to_object && put_expired(op)))
             return false;
@@ -101,13 +163,15 @@ static bool copy_range(struct copy_pool *cp, struct umbp_op *op, uint8_t *obj,
         else
             memcpy((uint8_t *)rg->ptr + done, obj + rg->offset + done, n);
         done += n;
+        if (low)
+            w->high_run = 0; /* a low chunk copied: the stores had their turn */
         if (may_yield)
-            yield_to_high(cp);
+            yield_to_high(w, low);
     }
     return true;
 }
 
-static void run_job(struct copy_pool *cp, struct umbp_op *op, struct copy_job *j,
+static void run_job(struct worker *w, struct umbp_op *op, struct copy_job *j,
                     bool may_yield)
 {
     bool to_object = op->kind == OP_PUT;
@@ -116,7 +180,7 @@ static void run_job(struct copy_pool *cp, struct umbp_op *op, struct copy_job *j
             continue;
         uint8_t *obj = op->reqs[k].region.addr;
         for (uint32_t r = op->range_first[k]; r < op->range_first[k + 1]; r++)
-            if (!copy_range(cp, op, obj, &op->ranges[r], to_object, may_yield))
+            if (!copy_range(w, op, obj, &op->ranges[r], to_object, may_yield))
                 return;
     }
 }
@@ -127,7 +191,7 @@ static void job_finished(struct umbp_op *op)
         rt_post(op->rt, &op->hdr); /* cannot fail: see rt.h */
 }
 
-static void run_entry(struct copy_pool *cp, struct copy_job *j, bool may_yield)
+static void run_entry(struct worker *w, struct copy_job *j, bool may_yield)
 {
     /* pairs with the dispatcher's release store of j->op: the job and
      * everything the loop thread wrote into the op before queueing it are
@@ -135,29 +199,44 @@ static void run_entry(struct copy_pool *cp, struct copy_job *j, bool may_yield)
     struct umbp_op *op = atomic_load_explicit(&j->op, memory_order_acquire);
     uint32_t queued = JOB_QUEUED;
     if (atomic_compare_exchange_strong(&j->state, &queued, JOB_TAKEN)) {
-        run_job(cp, op, j, may_yield);
+        run_job(w, op, j, may_yield);
         job_finished(op);
     }
     op_put_ref(op); /* the queue's reference (see copy_dispatch) */
+}
+
+/* The next job by the rule in the prose above: high first, unless a low
+ * job has waited through COPY_HIGH_BURST high ones. */
+static bool next_job(struct worker *w, struct copy_job **j)
+{
+    bool low_waits = low_queued(w->cp);
+    if (low_waits && w->high_run >= COPY_HIGH_BURST && dequeue_low(w->cp, j))
+        return true;
+    if (dequeue_high(w->cp, j)) {
+        count_high(w, low_waits);
+        return true;
+    }
+    return dequeue_low(w->cp, j);
 }
 
 static void *copy_worker(void *arg)
 {
     struct umbp_runtime *rt = arg;
     struct copy_pool *cp = &rt->copy;
+    struct worker w = {.cp = cp};
     for (;;) {
         struct copy_job *j;
-        if (dequeue_any(cp, &j)) {
-            run_entry(cp, j, true);
+        if (next_job(&w, &j)) {
+            run_entry(&w, j, true);
             continue;
         }
         uint32_t seq = atomic_load(&cp->seq);
         atomic_fetch_add(&cp->sleepers, 1);
         /* Re-check after announcing ourselves: a producer that enqueued
          * before reading `sleepers` bumped seq, so the futex wait returns. */
-        if (dequeue_any(cp, &j)) {
+        if (next_job(&w, &j)) {
             atomic_fetch_sub(&cp->sleepers, 1);
-            run_entry(cp, j, true);
+            run_entry(&w, j, true);
             continue;
         }
         if (atomic_load(&cp->quit)) {

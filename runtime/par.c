@@ -5,8 +5,8 @@
  * of one prompt for every TP rank, does not pay it serially.
  *
  * Helpers are started on first use: UMBP_PAR_THREADS of them (default: one
- * fewer than the online CPUs, at most 3, and none below 4 CPUs; 0 turns the
- * pool off).  A job is a
+ * fewer than the CPUs this process may use (umbp_usable_cpus: affinity and
+ * cgroup quota), at most 3, and none below 4 CPUs; 0 turns the pool off).  A job is a
  * range [0, n) cut into chunks; the caller and the helpers take chunks from
  * one atomic ticket until none is left, so a helper that wakes late only
  * takes less.  The ticket carries the job's generation: a helper takes a
@@ -114,8 +114,9 @@ static void pool_start(void)
     pthread_atfork(NULL, NULL, after_fork_child);
     /* Below 4 CPUs a helper competes with the runtime's own threads (loop,
      * copy workers) and its wake-up costs more than it saves: on a 2-vCPU VM
-     * 512 keys took 103-115 us with one against 91 us without. */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+     * 512 keys took 103-115 us with one against 91 us without.  The CPUs this
+     * process may use (affinity, cgroup quota), not the host's. */
+    long cpus = umbp_usable_cpus();
     int want = cpus >= 4 ? (int)(cpus - 1) : 0;
     if (want > PAR_MAX_HELPERS)
         want = PAR_MAX_HELPERS;

@@ -20,6 +20,7 @@
 
 #include "config.h"
 #include "lookup_int.h"
+#include "options.h"
 #include "rt.h"
 #include "tier_call.h"
 
@@ -233,9 +234,7 @@ int umbp_runtime_create(const char *json_config, umbp_runtime_t **out)
     /* Polling briefly instead of sleeping (waiters, the loop during GPU
      * transfers) pays only where cores are to spare: with few, the poller
      * steals the core the thread it waits for needs. */
-    rt->may_spin = strcmp(cfg->core.poll_wait, "on") == 0 ||
-                   (strcmp(cfg->core.poll_wait, "auto") == 0 &&
-                    sysconf(_SC_NPROCESSORS_ONLN) >= 8);
+    rt->may_spin = umbp_poll_wait_spins(cfg->core.poll_wait);
     kv_init(rt);
     /* before anything can fail: free_runtime destroys them */
     pthread_mutex_init(&rt->free_data.lock, NULL);

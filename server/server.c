@@ -40,6 +40,7 @@
 
 #include "dram.h"
 #include "metrics.h"
+#include "options.h"
 #include "server.h"
 #include "srv.h"
 #include "util.h"
@@ -165,9 +166,7 @@ static void watchers_start(struct umbp_server *s)
     ev_timer_start(s->loop, &s->tick_w);
     ev_idle_init(&s->evict_w, evict_cb);
     ev_idle_init(&s->poll_w, poll_cb);
-    const char *pw = s->cfg->core.poll_wait;
-    s->may_spin = strcmp(pw, "on") == 0 ||
-                  (strcmp(pw, "auto") == 0 && sysconf(_SC_NPROCESSORS_ONLN) >= 8);
+    s->may_spin = umbp_poll_wait_spins(s->cfg->core.poll_wait);
     ev_prepare_init(&s->flush_w, flush_cb);
     ev_prepare_start(s->loop, &s->flush_w);
     session_runq_init(s);

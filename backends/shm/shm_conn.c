@@ -22,6 +22,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "options.h"
 #include "shm.h"
 
 #define IN_CHUNK (64u * 1024u)
@@ -326,18 +327,11 @@ static void on_poll(struct ev_loop *loop, ev_idle *w, int revents)
         ev_idle_stop(loop, w);
 }
 
-/* poll_wait: on, or auto with at least 8 cores (runtime/runtime.c's rule) */
-static bool spin_allowed(const struct shm_tier *st)
-{
-    const char *pw = st->base.env.core->poll_wait;
-    return strcmp(pw, "on") == 0 || (strcmp(pw, "auto") == 0 && sysconf(_SC_NPROCESSORS_ONLN) >= 8);
-}
-
 void shm_conn_init(struct shm_tier *st)
 {
     ev_idle_init(&st->poll_w, on_poll);
     st->poll_w.data = st;
-    st->may_spin = spin_allowed(st);
+    st->may_spin = umbp_poll_wait_spins(st->base.env.core->poll_wait);
     st->fd = -1;
     st->pending_fd = -1;
     st->backoff_ms = BACKOFF_MIN_MS;

@@ -214,8 +214,10 @@ UMBP_API int umbp_put(umbp_runtime_t *rt, const umbp_put_item_t *items, size_t n
  * the op ran past timeout_ms (queued or copying: the copy is cut),
  * UMBP_E_QUARANTINED (a miss) with load_failure_quarantine_ms.
  * The destination of a key whose status is not 0 holds undefined bytes.
- * Gets are copied before puts: a restore never queues behind bulk offload
- * for more than one 512 KiB chunk.
+ * Gets are copied before puts, with a share kept for puts: a copy worker
+ * that has run 4 gets' jobs while a put waited copies one 512 KiB chunk of
+ * puts next.  A restore waits behind bulk offload for the chunk being
+ * copied plus one chunk per 4 gets ahead of it (docs/architecture.md).
  */
 UMBP_API int umbp_get(umbp_runtime_t *rt, const umbp_get_item_t *items, size_t n,
              umbp_op_t **op);

@@ -710,17 +710,18 @@ Test(config, mode_and_tier_names)
 {
     expect_refused("{\"mode\": \"bogus\"}", "mode", "embedded", "standalone", "distributed");
     /* a mode no built-in tier declares (ops->modes) is refused, naming the
-     * mode and the tiers there are */
+     * mode, the tier it needs and the modes there are */
     static const char *const modes[] = {"standalone", "distributed"};
     for (size_t m = 0; m < 2; m++) {
         bool declared = false;
         for (size_t k = 0; umbp_tier_registry[k]; k++)
             for (const char *const *d = umbp_tier_registry[k]->modes; d && *d; d++)
                 declared = declared || strcmp(*d, modes[m]) == 0;
-        char json[64];
+        char json[64], need[64];
         snprintf(json, sizeof(json), "{\"mode\": \"%s\"}", modes[m]);
+        snprintf(need, sizeof(need), "needs the '%s' tier", umbp_mode_tier(modes[m]));
         if (!declared)
-            expect_refused(json, "mode", modes[m], "tiers built in", "dram");
+            expect_refused(json, "mode", modes[m], need, "built modes", "embedded");
     }
     expect_refused("{\"tier\": \"nosuch\"}", "tier", "nosuch");
     expect_refused("{\"tier\": \"DRAM\"}", "tier", "DRAM");
@@ -735,6 +736,33 @@ Test(config, mode_and_tier_names)
         config_free(c);
     }
     expect_refused("{\"log_level\": \"verbose\"}", "log_level", "debug");
+}
+
+/* The regression of issue 14: refusing "distributed" named only the tiers
+ * that are built, not the one that is missing. */
+Test(config, distributed_names_the_missing_rdma_tier)
+{
+    if (umbp_tier_find("rdma"))
+        cr_skip_test("this build has the rdma tier");
+    expect_refused("{\"mode\": \"distributed\"}", "mode", "distributed", "'rdma' tier",
+                   "does not have", "built modes: embedded");
+    const char *msg = umbp_last_error();
+    cr_assert_eq(strstr(msg, "standalone") != NULL, umbp_tier_find("shm") != NULL,
+                 "built modes list standalone exactly when shm is built: %s", msg);
+}
+
+/* The mode table (common/options.h) agrees with what the built tiers
+ * declare, so the tier it names for a missing mode is the right one. */
+Test(config, mode_table_matches_the_tiers)
+{
+    for (size_t k = 0; umbp_tier_registry[k]; k++)
+        for (const char *const *m = umbp_tier_registry[k]->modes; m && *m; m++) {
+            const char *t = umbp_mode_tier(*m);
+            cr_assert_not_null(t, "tier %s declares mode %s, which the mode table lacks",
+                               umbp_tier_registry[k]->name, *m);
+            cr_assert_str_eq(t, umbp_tier_registry[k]->name, "mode %s", *m);
+        }
+    cr_assert_null(umbp_mode_tier("bogus"));
 }
 
 /* ---- dram options ------------------------------------------------------------------------ */
