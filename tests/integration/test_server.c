@@ -46,6 +46,7 @@
 /* The write deadline the test's workers declare: a reservation they leave
  * unfinished comes back this long after its grant. */
 #define WRITE_MS 2000
+static uint32_t write_ms = WRITE_MS; /* per test (each runs in its own process) */
 
 /* ---- a server process ---------------------------------------------------------- */
 
@@ -198,7 +199,7 @@ static int client_try(struct client *cl, const char *path, uint8_t role, uint32_
     struct proto_hello h = {.magic = PROTO_MAGIC, .version = version, .role = role,
                             .flags = flags, .pid = (uint32_t)getpid(), .dp_rank = 0,
                             .tp_rank = 1,
-                            .write_deadline_ms = role == PROTO_ROLE_WORKER ? WRITE_MS : 0};
+                            .write_deadline_ms = role == PROTO_ROLE_WORKER ? write_ms : 0};
     snprintf(h.engine_id, sizeof(h.engine_id), "%s", engine);
     snprintf(h.name_space, sizeof(h.name_space), "ns-test");
     memset(cl, 0, sizeof(*cl));
@@ -803,6 +804,222 @@ Test(server, second_server_on_one_live_pool_fails)
     client_close(&cl);
     srv_stop(&t);
     rm_pool(pool);
+    rm_dir(&s);
+}
+
+/* ---- a writer outliving its session ------------------------------------------------ */
+
+/* How the writer's session ends. */
+enum ending {
+    END_DROP,        /* the connection drops, the client lives on */
+    END_CLIENT_EXIT, /* the client process exits */
+    END_CLIENT_KILL, /* the client process is killed (-9) */
+    END_SERVER_TERM, /* the server is stopped (SIGTERM) and started again */
+    END_SERVER_KILL, /* the server is killed (-9) and started again */
+    END_ADOPT_CRASH, /* ... and the server that adopted the pool dies too */
+};
+
+#define END_WRITE_MS 60000u   /* the writer's declared deadline: the whole test */
+#define END_OBJ (1 * MiB)
+#define END_NFILL 40          /* 40 MiB through a 16 MiB pool: every free byte reused */
+
+/* A child that reserves `size` bytes, reports the region's offset and then
+ * exits or waits to be killed. */
+static pid_t writer_child(const char *path, const umbp_key_t *k, uint64_t size, bool exit_now,
+                          uint64_t *offset)
+{
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        struct client cl;
+        struct proto_region_item r;
+        char err[512];
+        close(fds[0]);
+        if (client_try(&cl, path, PROTO_ROLE_WORKER, 0, PROTO_VERSION, "writer", err,
+                       sizeof(err)) < 0)
+            _exit(1);
+        reserve(&cl, k, &size, 1, &r);
+        if (r.status != 0 || write(fds[1], &r.offset, sizeof(r.offset)) != sizeof(r.offset))
+            _exit(1);
+        if (exit_now)
+            _exit(0); /* the session ends with the process */
+        for (;;)
+            pause();
+    }
+    close(fds[1]);
+    cr_assert_eq(read(fds[0], offset, sizeof(*offset)), (ssize_t)sizeof(*offset),
+                 "the writer child got no region");
+    close(fds[0]);
+    return pid;
+}
+
+/* Restarts the server the way `how` says; the pool is named, so its
+ * journal carries what the writer was granted. */
+static void restart_server(struct srv *s, const char *extra, enum ending how)
+{
+    int status;
+    if (how == END_SERVER_TERM) {
+        srv_stop(s);
+    } else {
+        kill(s->pid, SIGKILL);
+        cr_assert_eq(waitpid(s->pid, &status, 0), s->pid);
+    }
+    srv_start_in(s, extra);
+    if (how == END_ADOPT_CRASH) { /* it adopted the pool and died before the deadline */
+        kill(s->pid, SIGKILL);
+        cr_assert_eq(waitpid(s->pid, &status, 0), s->pid);
+        srv_start_in(s, extra);
+    }
+}
+
+/* A worker is granted a region, then its session ends (`how`) while its copy
+ * is still running (a stalled source page, a GPU transfer in flight).  Other
+ * clients then store far more than the pool holds, so every region that can
+ * be handed out is; then the stalled copy finishes.  The server must never
+ * have handed the writer's region to anyone before the writer's declared
+ * deadline, and every object stored must read back exactly. */
+static void writer_outlives_its_session(enum ending how)
+{
+    char pool[64], extra[256];
+    snprintf(pool, sizeof(pool), "umbp-test-end-%d", (int)getpid());
+    rm_pool(pool);
+    /* a short adoption grace: the writer's own deadline must be what holds
+     * its region across a restart, not the grace */
+    snprintf(extra, sizeof(extra), "\"dram_shm_name\": \"%s\", \"adopt_grace_ms\": 100, "
+             "\"lease_ttl_ms\": 1000", pool); /* housekeeping every 100 ms */
+    struct srv s;
+    srv_start(&s, extra);
+    write_ms = END_WRITE_MS;
+
+    /* the observer maps the same pool: it plays the stalled copy at the end */
+    struct client obs;
+    client_open(&obs, s.path, PROTO_ROLE_WORKER, 0, "observer");
+    umbp_key_t wk = tu_key_id(0xe0d, (uint64_t)how);
+    uint64_t wsize = 2 * MiB, woff = 0;
+    struct proto_region_item wr;
+    struct client w;
+    pid_t child = -1;
+    if (how == END_CLIENT_EXIT || how == END_CLIENT_KILL) {
+        child = writer_child(s.path, &wk, wsize, how == END_CLIENT_EXIT, &woff);
+        if (how == END_CLIENT_KILL)
+            kill(child, SIGKILL);
+        cr_assert_eq(waitpid(child, NULL, 0), child);
+    } else {
+        client_open(&w, s.path, PROTO_ROLE_WORKER, 0, "writer");
+        reserve(&w, &wk, &wsize, 1, &wr);
+        cr_assert_eq(wr.status, 0);
+        woff = wr.offset;
+        sync_client_close(&w.c); /* the mapping stays: the copy goes on */
+        if (how != END_DROP)
+            restart_server(&s, extra, how);
+    }
+    /* long enough for a grace of 100 ms and a housekeeping tick to pass:
+     * only the writer's own deadline may keep its region now */
+    tu_sleep_ms(500);
+
+    write_ms = WRITE_MS;
+    struct client f;
+    client_open(&f, s.path, PROTO_ROLE_WORKER, 0, "filler");
+    umbp_key_t k[END_NFILL];
+    for (uint32_t i = 0; i < END_NFILL; i++) {
+        uint64_t size = END_OBJ;
+        struct proto_region_item r;
+        int32_t st;
+        k[i] = tu_key_id(0xf11, i);
+        reserve(&f, &k[i], &size, 1, &r);
+        cr_assert_eq(r.status, 0, "fill %u: reserve failed (%d)", i, r.status);
+        cr_assert(r.offset + r.size <= woff || r.offset >= woff + wsize,
+                  "fill %u got [%llu, +%llu), inside the region [%llu, +%llu) whose writer "
+                  "may still write", i, (unsigned long long)r.offset,
+                  (unsigned long long)r.size, (unsigned long long)woff,
+                  (unsigned long long)wsize);
+        tu_fill_from_key(&k[i], 0, f.pool + r.offset, size);
+        tokens(&f, PROTO_PUBLISH, &k[i], &r, 1, &st);
+        cr_assert_eq(st, 0);
+    }
+    /* the stalled copy finishes */
+    memset(obs.pool + woff, 0xa5, wsize);
+    size_t verified = 0;
+    for (uint32_t i = 0; i < END_NFILL; i++) {
+        struct proto_region_item r;
+        int32_t st;
+        acquire(&f, &k[i], 1, &r);
+        if (r.status != 0)
+            continue; /* evicted to make room for later fills */
+        cr_assert_eq(tu_check_from_key(&k[i], 0, f.pool + r.offset, r.size), SIZE_MAX,
+                     "fill %u reads back another object's bytes", i);
+        tokens(&f, PROTO_RELEASE, &k[i], &r, 1, &st);
+        verified++;
+    }
+    cr_assert_geq(verified, 4, "only %zu objects left to check", verified);
+    struct proto_stats st = stats(&f);
+    cr_assert_eq(st.held_regions, 1, "the writer's region is not held (%llu)",
+                 (unsigned long long)st.held_regions);
+    client_close(&f);
+    munmap(obs.pool, obs.pool_size);
+    obs.pool = NULL;
+    if (how == END_DROP || how == END_CLIENT_EXIT || how == END_CLIENT_KILL)
+        client_close(&obs);
+    else
+        sync_client_close(&obs.c);
+    if (how == END_DROP)
+        munmap(w.pool, w.pool_size);
+    else if (how != END_CLIENT_EXIT && how != END_CLIENT_KILL)
+        munmap(w.pool, w.pool_size);
+    srv_stop(&s);
+    rm_pool(pool);
+    rm_dir(&s);
+}
+
+Test(server, writer_outlives_a_dropped_connection) { writer_outlives_its_session(END_DROP); }
+Test(server, writer_outlives_its_client_exit) { writer_outlives_its_session(END_CLIENT_EXIT); }
+Test(server, writer_outlives_its_client_kill) { writer_outlives_its_session(END_CLIENT_KILL); }
+Test(server, writer_outlives_a_server_sigterm) { writer_outlives_its_session(END_SERVER_TERM); }
+Test(server, writer_outlives_a_server_kill) { writer_outlives_its_session(END_SERVER_KILL); }
+Test(server, writer_outlives_a_crash_after_adoption) { writer_outlives_its_session(END_ADOPT_CRASH); }
+
+/* A connected client that reserved the whole pool and never publishes nor
+ * aborts (stuck) keeps it only until its write deadline; then the space
+ * comes back and its late publish is refused. */
+Test(server, an_unfinished_reservation_is_reclaimed_at_its_deadline)
+{
+    struct srv s;
+    srv_start(&s, "");
+    struct client stuck, other;
+    client_open(&stuck, s.path, PROTO_ROLE_WORKER, 0, "stuck");
+    client_open(&other, s.path, PROTO_ROLE_WORKER, 0, "other");
+    enum { N = 14 };
+    umbp_key_t k[N];
+    uint64_t size[N];
+    struct proto_region_item r[N], o;
+    for (uint32_t i = 0; i < N; i++) {
+        k[i] = tu_key_id(0x57c, i);
+        size[i] = 1 * MiB;
+    }
+    reserve(&stuck, k, size, N, r);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert_eq(r[i].status, 0);
+    umbp_key_t ok = tu_key_id(0x57d, 0);
+    uint64_t osize = 4 * MiB;
+    reserve(&other, &ok, &osize, 1, &o);
+    cr_assert_eq(o.status, -ENOSPC, "the pool was not full (%d)", o.status);
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    do {
+        tu_sleep_ms(20);
+        reserve(&other, &ok, &osize, 1, &o);
+    } while (o.status == -ENOSPC && tu_now_ms() < end);
+    cr_assert_eq(o.status, 0, "the stuck client's reservations never expired");
+    int32_t st[N];
+    tokens(&stuck, PROTO_PUBLISH, k, r, N, st);
+    for (uint32_t i = 0; i < N; i++)
+        cr_assert_eq(st[i], -ENOENT, "a publish after the deadline was accepted");
+    struct proto_stats ps = stats(&other);
+    cr_assert_eq(ps.reservations_expired, N);
+    client_close(&stuck);
+    client_close(&other);
+    srv_stop(&s);
     rm_dir(&s);
 }
 
