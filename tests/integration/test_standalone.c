@@ -22,12 +22,15 @@
 #include <criterion/logging.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -627,6 +630,103 @@ Test(standalone, named_pool_survives_server_kill)
     shm_unlink(path);
     snprintf(path, sizeof(path), "/%s.meta", name);
     shm_unlink(path);
+}
+
+/* ---- a put stops writing when it loses the server ---------------------------------- */
+
+/* The server holds a region it granted only until the writer's declared
+ * deadline; a client that lost the server must not keep copying into it
+ * (the server may already have handed it to someone else).  The put's
+ * source has one trapped page: the copy worker stalls there (a slow source
+ * page), the server dies, the page is released, and the worker must stop at
+ * its next chunk instead of copying the rest. */
+#define TRAP_PAGE 4096
+static struct {
+    uint8_t *page;
+    atomic_int hit, open;
+} trap;
+
+static void trap_handler(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    uint8_t *a = si->si_addr;
+    if (!trap.page || a < trap.page || a >= trap.page + TRAP_PAGE) {
+        signal(sig, SIG_DFL); /* a real crash: fault again, unhandled */
+        return;
+    }
+    atomic_store(&trap.hit, 1);
+    while (!atomic_load(&trap.open)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    mprotect(trap.page, TRAP_PAGE, PROT_READ | PROT_WRITE);
+}
+
+Test(standalone, a_put_stops_writing_when_it_loses_the_server)
+{
+    char name[64], cfg[256];
+    snprintf(name, sizeof(name), "umbp-test-revoke-%d", (int)getpid());
+    snprintf(cfg, sizeof(cfg), "{\"capacity_bytes\": \"64MiB\", \"dram_shm_name\": \"%s\", "
+             "\"log_level\": \"error\"}", name);
+    start_server(cfg);
+    umbp_runtime_t *rt = sa_create(", \"copy_threads\": 1, \"timeout_ms\": 60000, "
+                                   "\"reconnect_max_ms\": 50");
+    const uint64_t size = 8 * MiB; /* 16 copy chunks of 512 KiB */
+    uint8_t *src = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert(src != MAP_FAILED);
+    umbp_key_t k = tu_key_id(0x4e7, 1);
+    tu_fill_from_key(&k, 0, src, size);
+    trap.page = src + 512 * KiB + 8 * TRAP_PAGE; /* inside the second chunk */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = trap_handler;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    cr_assert_eq(sigaction(SIGSEGV, &sa, NULL), 0);
+    cr_assert_eq(mprotect(trap.page, TRAP_PAGE, PROT_NONE), 0);
+
+    umbp_range_t rg = {.ptr = src, .len = size, .offset = 0};
+    umbp_put_item_t it = {.key = k, .object_size = size, .ranges = &rg, .num_ranges = 1};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_put(rt, &it, 1, &op), 0);
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while (!atomic_load(&trap.hit) && tu_now_ms() < end)
+        tu_sleep_ms(1);
+    cr_assert(atomic_load(&trap.hit), "the copy never reached the trapped page");
+    tu_server_stop(&srv); /* SIGKILL while the copy is stalled */
+    tu_sleep_ms(300);     /* the client's loop sees the connection drop */
+    atomic_store(&trap.open, 1);
+    cr_assert_eq(umbp_op_wait(op, -1), 0);
+    int st = umbp_op_key_status(op, 0);
+    cr_assert_lt(st, 0, "a put that lost its server succeeded");
+    umbp_op_release(op);
+
+    /* the pool outlives its server: the first chunk is in it (so the scan
+     * can see this put's bytes), nothing after the stalled chunk is */
+    char path[96];
+    snprintf(path, sizeof(path), "/dev/shm/%s", name);
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    struct stat stt;
+    cr_assert_eq(fstat(fd, &stt), 0);
+    uint8_t *pool = mmap(NULL, (size_t)stt.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    cr_assert(pool != MAP_FAILED);
+    cr_assert_not_null(memmem(pool, (size_t)stt.st_size, src, 256),
+                       "the put's first chunk is not in the pool");
+    for (uint64_t c = 2; c < size / (512 * KiB); c++)
+        cr_assert_null(memmem(pool, (size_t)stt.st_size, src + c * 512 * KiB, 256),
+                       "chunk %llu was written after the server was lost",
+                       (unsigned long long)c);
+    munmap(pool, (size_t)stt.st_size);
+    close(fd);
+    tu_destroy(rt);
+    munmap(src, size);
+    tu_server_cleanup(&srv);
+    static const char *const sfx[] = {"", ".meta", ".owner"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "/dev/shm/%s%s", name, sfx[i]);
+        unlink(path);
+    }
 }
 
 /* ---- the server stopped ----------------------------------------------------------- */
