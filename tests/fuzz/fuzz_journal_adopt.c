@@ -55,6 +55,8 @@ static void cleanup(void)
     shm_unlink(p);
     snprintf(p, sizeof(p), "/%s.meta", name);
     shm_unlink(p);
+    snprintf(p, sizeof(p), "/%s.owner", name);
+    shm_unlink(p);
 }
 
 /* Once: a pool and an empty journal of the right sizes, left in /dev/shm. */

@@ -630,6 +630,8 @@ Test(standalone, named_pool_survives_server_kill)
     shm_unlink(path);
     snprintf(path, sizeof(path), "/%s.meta", name);
     shm_unlink(path);
+    snprintf(path, sizeof(path), "/%s.owner", name);
+    shm_unlink(path);
 }
 
 /* ---- a put stops writing when it loses the server ---------------------------------- */

@@ -39,6 +39,8 @@ static void name_cleanup(void)
     shm_unlink(p);
     snprintf(p, sizeof(p), "/%s.meta", pool_name);
     shm_unlink(p);
+    snprintf(p, sizeof(p), "/%s.owner", pool_name);
+    shm_unlink(p);
 }
 
 TestSuite(dram_store, .init = name_init, .fini = name_cleanup);
@@ -274,5 +276,53 @@ Test(dram_store, a_quota_held_by_leases_refuses_with_edquot)
     cr_assert(!has(s, 3, 0));
     for (uint64_t i = 1; i < 4; i++)
         cr_assert_eq(dram_store_release(s, r[i].token, &freed), 0);
+    dram_store_destroy(s);
+}
+
+/* A reservation made with a writer deadline: orphaned, its key is free at
+ * once and its region is not handed out before the deadline, in this
+ * store and in the next one that adopts the pool (the journal's hold
+ * time); a reservation nobody finishes is reclaimed at its deadline. */
+Test(dram_store, writer_deadlines_hold_regions_across_an_adoption)
+{
+    struct dram_store *s = must_open(1 * MiB);
+    uint64_t now = umbp_now_ns(), until = now + 3000000000ull; /* 3 s */
+    umbp_key_t k = tu_key_id(91, 1), k2 = tu_key_id(91, 2);
+    struct dram_store_region r, r2, again;
+    cr_assert_eq(dram_store_reserve_until(s, &k, 512 * KiB, 0, until, &r), 0);
+    cr_assert_eq(dram_store_reserve_until(s, &k2, 256 * KiB, 0, until, &r2), 0);
+    cr_assert_eq(dram_store_next_writer_deadline(s), until);
+    cr_assert_eq(dram_store_orphan(s, &k, r.token, now), 0, "freed before its deadline");
+    uint64_t held, expired;
+    dram_store_writer_counts(s, &held, &expired);
+    cr_assert_eq(held, 1);
+    /* the key may be stored again, not in the held region */
+    cr_assert_eq(dram_store_reserve(s, &k, 128 * KiB, &again), 0);
+    cr_assert(again.offset >= r.offset + r.size || again.offset + again.size <= r.offset);
+    dram_store_abort(s, &k, again.token);
+    cr_assert_eq(dram_store_expire_writers(s, until - 1), 0);
+    dram_store_destroy(s); /* k held, k2 pending: both in the journal */
+
+    s = must_open(1 * MiB);
+    struct dram_store_adoption a;
+    dram_store_adoption(s, &a);
+    cr_assert_eq(a.held_pending, 2);
+    /* both regions out of use: a reserve of everything else fits, one
+     * byte more does not */
+    struct umbp_tier_usage u;
+    dram_store_usage(s, &u);
+    cr_assert_geq(u.used_bytes, 768 * KiB);
+    /* until the hold time (whole seconds, rounded up) nothing comes back */
+    cr_assert_eq(dram_store_expire_writers(s, until - 1), 0);
+    cr_assert_eq(dram_store_expire_writers(s, until + 1000000000ull), 2);
+    dram_store_usage(s, &u);
+    cr_assert_eq(u.used_bytes, 0, "held regions were not freed at their deadline");
+    /* a live reservation nobody finishes: reclaimed, its publish refused */
+    now = umbp_now_ns();
+    cr_assert_eq(dram_store_reserve_until(s, &k2, 4096, 0, now + 1000, &r2), 0);
+    cr_assert_eq(dram_store_expire_writers(s, now + 2000), 1);
+    dram_store_writer_counts(s, &held, &expired);
+    cr_assert_eq(expired, 1);
+    cr_assert_eq(dram_store_publish(s, &k2, r2.token), -ENOENT);
     dram_store_destroy(s);
 }
