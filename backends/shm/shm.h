@@ -154,6 +154,10 @@ int shm_hello_reply(struct shm_tier *st, const struct proto_frame *f, bool *same
  * Loop thread on reconnect, caller's thread at creation. */
 int shm_welcome(struct shm_tier *st, const struct proto_frame *f, int fd, bool *same_pool,
                 char *err, size_t errlen);
+/* connect() met EACCES/EPERM (why): err says whether the socket directory
+ * or the socket keeps this process out, with its owner and mode; returns
+ * why. */
+int shm_denied(const struct shm_tier *st, int why, char *err, size_t errlen);
 /* The server's uid must be ours (or root). */
 int shm_check_peer(int fd, const char *path, char *err, size_t errlen);
 

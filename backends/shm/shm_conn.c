@@ -148,6 +148,13 @@ void shm_conn_flush(struct shm_tier *st)
     size_t sent = 0;
     int rc = proto_out_send(st->fd, &st->out, &sent);
     proto_buf_consume(&st->out, sent);
+    if (rc < 0 && st->state == SHM_HELLO && (rc == -EPIPE || rc == -ECONNRESET)) {
+        /* a server that refuses this peer closes at once, after a HELLO_ERR
+         * saying why: the read watcher takes it (or the EOF) */
+        st->out.len = 0;
+        ev_io_stop(st->base.env.loop, &st->wio);
+        return;
+    }
     if (rc < 0) {
         fail_soon(st, -rc); /* never torn down inside a member */
         return;
@@ -197,6 +204,10 @@ static void attempt(struct shm_tier *st)
         ev_io_set(&st->wio, st->fd, EV_WRITE);
         ev_io_start(st->base.env.loop, &st->wio);
         arm_reconnect(st, (uint64_t)st->cfg.startup_timeout_ms);
+    } else if (st->fd >= 0 && (errno == EACCES || errno == EPERM)) {
+        char why[512];
+        shm_denied(st, -errno, why, sizeof(why));
+        shm_conn_lost(st, why);
     } else {
         shm_conn_lost(st, strerror(errno));
     }
