@@ -537,6 +537,68 @@ Test(standalone, server_killed_under_load_then_restarted)
     tu_server_cleanup(&srv);
 }
 
+/* ---- a restarted server is found when its socket appears --------------------------- */
+
+/* The file at fd, from its start, into buf (NUL-terminated). */
+static void read_whole(int fd, char *buf, size_t len)
+{
+    ssize_t n = pread(fd, buf, len - 1, 0);
+    buf[n > 0 ? n : 0] = 0;
+}
+
+static size_t count_in(const char *s, const char *what)
+{
+    size_t n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what))
+        n++;
+    return n;
+}
+
+/* Backoff alone (reconnect_max_ms 60000): attempts at 10, 30, 70, ... 2550,
+ * 5110 ms after the loss.  The server comes back right after the 8th
+ * failed attempt, so the backoff's next try is 2.5 s away: the reconnect
+ * must come from the socket appearing (the directory watch), logged as
+ * such, with no more than its quick retries failing before it. */
+Test(standalone, reconnect_follows_the_socket_appearing)
+{
+    start_server(NULL);
+    char logp[160], log[65536];
+    snprintf(logp, sizeof(logp), "%s/client.log", srv.dir);
+    int logfd = open(logp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(logfd, 0);
+    int saved = dup(2);
+    dup2(logfd, 2); /* the runtime logs to stderr */
+    umbp_runtime_t *rt = sa_create(", \"log_level\": \"debug\", \"reconnect_max_ms\": 60000");
+    cr_assert_eq(put_key(rt, tu_key_id(0x51, 0), 1000), 0);
+    tu_server_stop(&srv);
+    size_t failed = 0;
+    for (uint64_t t0 = tu_now_ms(); failed < 8 && tu_now_ms() - t0 < TU_WAIT_MS;
+         tu_sleep_ms(2)) {
+        read_whole(logfd, log, sizeof(log));
+        failed = count_in(log, "reconnect failed");
+    }
+    tu_server_start(&srv, NULL);
+    int64_t ms = ms_until_put_works(rt);
+    read_whole(logfd, log, sizeof(log));
+    dup2(saved, 2);
+    close(saved);
+    tu_destroy(rt);
+    close(logfd);
+    cr_log_info("first put %lld ms after the new server answered", (long long)ms);
+    cr_assert_eq(failed, 8, "the backoff's attempts were not logged:\n%s", log);
+    cr_assert_geq(ms, 0, "no put succeeded after the restart");
+    const char *line = strstr(log, "reconnected to umbp-server");
+    cr_assert_not_null(line, "no reconnect logged:\n%s", log);
+    const char *eol = strchr(line, '\n');
+    cr_assert(eol && memmem(line, (size_t)(eol - line), "socket appeared", 15),
+              "the reconnect did not come from the socket appearing: %.*s",
+              (int)(eol ? eol - line : 200), line);
+    size_t after = count_in(log, "reconnect failed") - failed;
+    cr_log_info("%zu failed attempts after the restart (the quick retries allow 4)", after);
+    cr_assert_leq(after, 4, "%zu attempts failed after the socket appeared:\n%s", after, log);
+    tu_server_cleanup(&srv);
+}
+
 /* ---- a named pool survives the server -------------------------------------------- */
 
 #define ADOPT_PER_WORKER 2500
