@@ -20,7 +20,11 @@
  * least 5 s) is dropped and redialled, so a wedged process that never closes
  * does not miss forever.  A connection that fails (refused, closed, a
  * malformed or unexpected frame) is closed; the rank is redialled on a later
- * query after a backoff of 10 ms doubling to 1 s, reset by a HELLO_OK.
+ * query after a backoff of 10 ms doubling to 1 s, reset by a HELLO_OK.  Once
+ * a rank has failed, the lookup directory is watched (inotify, read without
+ * waiting at each query): a rank's socket created, moved in or chmod-ed
+ * (a restarted worker) ends its backoff, so the next query dials it at
+ * once; without inotify the backoff alone.
  *
  * Standalone mode: a runtime of role lookup (the shm tier: one lookup
  * session with umbp-server, its own deadlines and single flight) and one
@@ -37,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -96,6 +101,9 @@ struct umbp_lookup_client {
     size_t order_cap;
     struct pollfd *pfd;
     struct lk_rank **pfd_rank;
+    char dir[LK_PATH_MAX];         /* embedded: where the ranks' sockets are */
+    int ino_fd;                    /* watching dir since a rank failed; -1: not yet,
+                                      -2: no inotify */
 };
 
 static uint64_t now_ns(void) { return umbp_now_ns(); }
@@ -112,6 +120,47 @@ static void rank_close(struct lk_rank *r)
     r->out.len = 0; /* nothing is open: frames are appended whole */
     r->out_off = 0;
     r->in_off = r->in_len = 0;
+}
+
+/* The lookup directory's watch, from the first failure on. */
+static void dir_watch(struct umbp_lookup_client *c)
+{
+    if (c->ino_fd != -1)
+        return;
+    c->ino_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (c->ino_fd >= 0 &&
+        inotify_add_watch(c->ino_fd, c->dir, IN_CREATE | IN_MOVED_TO | IN_ATTRIB | IN_ONLYDIR) < 0) {
+        close(c->ino_fd);
+        c->ino_fd = -1;
+    }
+    if (c->ino_fd < 0) {
+        umbp_log(UMBP_LOG_DEBUG, "lookup client: cannot watch %s (%s); failed ranks are "
+                 "redialled after their backoff only", c->dir, strerror(errno));
+        c->ino_fd = -2;
+    }
+}
+
+/* A rank's socket (re)appeared: its backoff ends (all ranks' on an
+ * overflowed queue).  Never waits. */
+static void dir_events(struct umbp_lookup_client *c)
+{
+    if (c->ino_fd < 0)
+        return;
+    _Alignas(struct inotify_event) char buf[4096];
+    ssize_t n;
+    while ((n = read(c->ino_fd, buf, sizeof(buf))) > 0) {
+        for (char *p = buf; p < buf + n;) {
+            const struct inotify_event *e = (const struct inotify_event *)p;
+            p += sizeof(*e) + e->len;
+            for (size_t k = 0; k < c->nranks; k++) {
+                struct lk_rank *r = &c->ranks[k];
+                const char *name = strrchr(r->path, '/');
+                if (r->fd < 0 && ((e->mask & IN_Q_OVERFLOW) ||
+                                  (e->len && name && strcmp(e->name, name + 1) == 0)))
+                    r->retry_ns = r->backoff_ms = 0; /* a failure now retries in 10 ms */
+            }
+        }
+    }
 }
 
 /* The connection failed: close it, and dial again only after the backoff. */
@@ -493,11 +542,15 @@ static int embedded_query(struct umbp_lookup_client *c, const umbp_key_t *keys, 
 {
     uint64_t now = now_ns(), deadline = now + (uint64_t)c->cfg.lookup_timeout_ms * 1000000ull;
     c->gen++;
+    dir_events(c);
     group_rows(c, rows, row_rank);
     for (size_t k = 0; k < c->nranks; k++)
         if (c->ranks[k].nrows)
             rank_ask(c, &c->ranks[k], keys, now);
     wait_answers(c, deadline);
+    for (size_t k = 0; k < c->nranks && c->ino_fd == -1; k++)
+        if (c->ranks[k].fd < 0 && c->ranks[k].retry_ns)
+            dir_watch(c); /* a rank failed: watch for its return */
     int rc = 0;
     for (size_t k = 0; k < c->nranks; k++) {
         struct lk_rank *r = &c->ranks[k];
@@ -623,6 +676,7 @@ static int embedded_open(struct umbp_lookup_client *c, char *err, size_t errlen)
         lookup_default_dir(dir, sizeof(dir));
     else
         snprintf(dir, sizeof(dir), "%s", k->lookup_dir);
+    snprintf(c->dir, sizeof(c->dir), "%s", dir);
     c->nranks = (size_t)k->num_ranks;
     c->ranks = calloc(c->nranks, sizeof(*c->ranks));
     c->pfd = calloc(c->nranks, sizeof(*c->pfd));
@@ -657,6 +711,8 @@ void umbp_lookup_client_destroy(umbp_lookup_client_t *c)
         free(r->in);
         free(r->exp);
     }
+    if (c->ino_fd >= 0)
+        close(c->ino_fd);
     free(c->ranks);
     free(c->pfd);
     free(c->pfd_rank);
@@ -678,6 +734,7 @@ int umbp_lookup_client_create(const char *json_options, umbp_lookup_client_t **o
         umbp_set_error("umbp_lookup_client_create: out of memory");
         return -ENOMEM;
     }
+    c->ino_fd = -1;
     int rc = lookup_client_config_parse(json_options, &c->cfg, err, sizeof(err));
     if (rc == 0) {
         c->standalone = strcmp(c->cfg.mode, "standalone") == 0;

@@ -13,7 +13,8 @@
  *  - The socket is 0600 (0660 with socket_group), and every connection is
  *    checked with SO_PEERCRED: the server's own uid, allowed_uids, or a
  *    primary or supplementary group in allowed_gids; and at most
- *    max_sessions at once.  Refusals are logged (one line) and counted.
+ *    max_sessions at once.  Refusals are logged (one line) and counted, and
+ *    the client gets a HELLO_ERR naming the option before the close.
  *
  * create runs this on the creating thread; accept_cb on the loop thread.
  */
@@ -299,11 +300,22 @@ static bool peer_allowed(const struct srv_config *c, int fd, const struct ucred 
     return false;
 }
 
-static void refuse(struct umbp_server *s, int fd, const struct ucred *cr, const char *why)
+/* Logs and counts a refusal, and tells the client why before closing: one
+ * HELLO_ERR (seq 0: sent before its HELLO is read; arg = status) written
+ * without blocking on the fresh socket (a frame this small fits its empty
+ * buffer; if not, the client only sees the close).  The client reads it
+ * even though its HELLO may meet the closed socket. */
+static void refuse(struct umbp_server *s, int fd, const struct ucred *cr, int status,
+                   const char *why)
 {
     s->c.refused_connections++;
     umbp_log(UMBP_LOG_WARN, "refused a connection from uid %u gid %u pid %d: %s",
              (unsigned)cr->uid, (unsigned)cr->gid, (int)cr->pid, why);
+    struct proto_buf b = {0};
+    size_t sent = 0;
+    if (proto_put_error_frame(&b, PROTO_HELLO_ERR, 0, status, why) == 0)
+        proto_out_send(fd, &b, &sent);
+    proto_buf_free(&b);
     close(fd);
 }
 
@@ -312,7 +324,7 @@ static void accept_one(void *ctx, int fd)
     struct umbp_server *s = ctx;
     struct ucred cr;
     socklen_t len = sizeof(cr);
-    char why[96];
+    char why[PROTO_ERRMSG_MAX];
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
         umbp_log(UMBP_LOG_WARN, "refused a connection: SO_PEERCRED: %s", strerror(errno));
         s->c.refused_connections++;
@@ -320,13 +332,16 @@ static void accept_one(void *ctx, int fd)
         return;
     }
     if (!peer_allowed(s->cfg, fd, &cr)) {
-        refuse(s, fd, &cr, "not in allowed_uids/allowed_gids");
+        snprintf(why, sizeof(why), "uid %u (gid %u) is not in allowed_uids or allowed_gids "
+                 "of umbp-server (pid %ld, uid %u); add it to allowed_uids or allowed_gids",
+                 (unsigned)cr.uid, (unsigned)cr.gid, (long)getpid(), (unsigned)geteuid());
+        refuse(s, fd, &cr, -EACCES, why);
     } else if (s->nsessions >= (uint64_t)s->cfg->opt.max_sessions) {
-        snprintf(why, sizeof(why), "max_sessions (%lld) reached; raise max_sessions",
-                 (long long)s->cfg->opt.max_sessions);
-        refuse(s, fd, &cr, why);
+        snprintf(why, sizeof(why), "max_sessions (%lld) reached on umbp-server (pid %ld); "
+                 "raise max_sessions", (long long)s->cfg->opt.max_sessions, (long)getpid());
+        refuse(s, fd, &cr, -EUSERS, why);
     } else if (!session_open(s, fd, cr.pid, cr.uid, cr.gid)) {
-        refuse(s, fd, &cr, "out of memory for a session");
+        refuse(s, fd, &cr, -ENOMEM, "out of memory for a session");
     }
 }
 

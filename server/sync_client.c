@@ -156,10 +156,15 @@ int sync_client_connect(struct sync_client *c, const char *path, const struct pr
         (rc = proto_put_hello(&b, h)) == 0 && (rc = proto_end(&b)) == 0)
         rc = sync_client_send(c, b.data, b.len);
     proto_buf_free(&b);
-    if (rc < 0)
+    /* a server that refuses this peer sends HELLO_ERR and closes, maybe
+     * before the HELLO arrives: read on after EPIPE / ECONNRESET */
+    int sent = rc;
+    if (rc < 0 && rc != -EPIPE && rc != -ECONNRESET)
         snprintf(err, errlen, "sending HELLO to %s: %s", path, strerror(-rc));
-    else
-        rc = hello_answer(c, h, err, errlen);
+    else if ((rc = hello_answer(c, h, err, errlen)) == -ECONNRESET && sent < 0) {
+        snprintf(err, errlen, "sending HELLO to %s: %s", path, strerror(-sent));
+        rc = sent;
+    }
     if (rc < 0)
         sync_client_close(c);
     return rc;

@@ -5,8 +5,9 @@
  *
  * Files: shm_tier.c (the vtable and the members), shm_calls.c (frames out,
  * replies in, deadlines), shm_conn.c (the socket on the loop: read/write
- * watchers, losing and regaining the server), shm_attach.c (creation: find
- * or start the server, the blocking handshake).
+ * watchers, losing and regaining the server, the socket_dir watch),
+ * shm_attach.c (creation: find or start the server, the blocking
+ * handshake).
  *
  * Threads.  Everything here belongs to the runtime's loop thread, except
  * during create and destroy (the creating thread, loop not running) and the
@@ -127,6 +128,19 @@ struct shm_tier {
     uint64_t backoff_ms;
     uint64_t lost_ns;         /* when the server was lost; 0 when never */
     char last_why[128];       /* why the last reconnect attempt failed */
+    /* while disconnected, the socket's directory is watched (inotify): the
+     * socket (re)appearing starts an attempt at once, then quick retries
+     * (1, 2, 4 ms: the server binds before it listens); the backoff timer
+     * stays the fallback */
+    int ino_fd;               /* -1: not yet needed; -2: unavailable or stopped */
+    int ino_wd;               /* the directory's watch; -1: none (connected,
+                                 or the directory is gone: re-added per attempt) */
+    ev_io ino_w;
+    const char *sock_name;    /* the socket's name within the directory */
+    unsigned quick_left;      /* quick retries left after the socket appeared */
+    uint64_t quick_ms;
+    bool quick_armed;         /* reconnect_timer holds a quick retry */
+    bool by_dir;              /* the attempt under way came from the directory */
     uint64_t fast_stats_until_ns; /* a reserve met a full pool: poll faster */
 };
 
@@ -165,6 +179,10 @@ int shm_hello_reply(struct shm_tier *st, const struct proto_frame *f, bool *same
  * Loop thread on reconnect, caller's thread at creation. */
 int shm_welcome(struct shm_tier *st, const struct proto_frame *f, int fd, bool *same_pool,
                 char *err, size_t errlen);
+/* connect() met EACCES/EPERM (why): err says whether the socket directory
+ * or the socket keeps this process out, with its owner and mode; returns
+ * why. */
+int shm_denied(const struct shm_tier *st, int why, char *err, size_t errlen);
 /* The server's uid must be ours (or root). */
 int shm_check_peer(int fd, const char *path, char *err, size_t errlen);
 
@@ -214,7 +232,7 @@ void shm_conn_start(struct shm_tier *st);
 void shm_conn_flush(struct shm_tier *st);
 /* The connection is gone: complete every call, close, schedule a reconnect. */
 void shm_conn_lost(struct shm_tier *st, const char *why);
-/* Stops every watcher and timer. */
+/* Stops every watcher and timer, and closes the directory watch. */
 void shm_conn_stop_watchers(struct shm_tier *st);
 void shm_conn_close(struct shm_tier *st);
 /* The current pool mapping (loop thread). */

@@ -88,6 +88,31 @@ static int no_server(const struct shm_tier *st, int why, char *err, size_t errle
     return -ECONNREFUSED;
 }
 
+int shm_denied(const struct shm_tier *st, int why, char *err, size_t errlen)
+{
+    char dir[SHM_PATH_MAX];
+    struct stat ds, ss;
+    shm_config_socket_dir(&st->cfg, dir, sizeof(dir));
+    unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
+    const char *fix = "run as that user, or have its umbp-server share it with a group of "
+                      "this user (socket_group, with allowed_gids)";
+    if (stat(dir, &ds) == 0 && faccessat(AT_FDCWD, dir, X_OK, AT_EACCESS) < 0)
+        snprintf(err, errlen, "permission denied on the socket directory %s (owner uid %u, "
+                 "group %u, mode %04o): this process (uid %u, gid %u) cannot search it to "
+                 "reach %s; %s", dir, (unsigned)ds.st_uid, (unsigned)ds.st_gid,
+                 (unsigned)(ds.st_mode & 07777), uid, gid, st->path, fix);
+    else if (stat(st->path, &ss) == 0)
+        snprintf(err, errlen, "permission denied on the socket %s (owner uid %u, group %u, "
+                 "mode %04o): this process (uid %u, gid %u) cannot write it; %s", st->path,
+                 (unsigned)ss.st_uid, (unsigned)ss.st_gid, (unsigned)(ss.st_mode & 07777),
+                 uid, gid, fix);
+    else
+        snprintf(err, errlen, "permission denied on the socket directory %s (or socket "
+                 "%s): %s (this process: uid %u, gid %u); %s", dir, st->path,
+                 strerror(-why), uid, gid, fix);
+    return why;
+}
+
 /* ---- auto_start ------------------------------------------------------------ */
 
 static int make_dir(const char *dir, char *err, size_t errlen)
@@ -456,8 +481,11 @@ static int handshake(struct shm_tier *st, uint64_t deadline, char *err, size_t e
     int rc = shm_check_peer(st->fd, st->path, err, errlen);
     if (rc < 0)
         return rc;
+    /* a HELLO that meets a closed socket (EPIPE, ECONNRESET) is read on: a
+     * server that refused this peer sent HELLO_ERR before closing */
     if (fcntl(st->fd, F_SETFL, fcntl(st->fd, F_GETFL) | O_NONBLOCK) < 0 ||
-        (rc = shm_send_hello(st)) < 0 || (rc = flush_blocking(st, deadline)) < 0 ||
+        (rc = shm_send_hello(st)) < 0 ||
+        ((rc = flush_blocking(st, deadline)) < 0 && rc != -EPIPE && rc != -ECONNRESET) ||
         (rc = recv_frame(st, want, deadline, &f, &used, why, sizeof(why))) < 0) {
         snprintf(err, errlen, "handshake with umbp-server at %s failed: %s (startup_timeout_ms"
                  "=%lld)", st->path, why[0] ? why : strerror(rc ? -rc : errno),
@@ -476,6 +504,8 @@ int shm_attach(struct shm_tier *st, char *err, size_t errlen)
 {
     uint64_t deadline = now_ms() + (uint64_t)st->cfg.startup_timeout_ms;
     int rc = connect_once(st->path, &st->fd);
+    if (rc == -EACCES || rc == -EPERM) /* a server is there; starting one will not help */
+        return shm_denied(st, rc, err, errlen);
     if (rc < 0 && !st->cfg.auto_start)
         return no_server(st, rc, err, errlen);
     if (rc < 0 && (rc = auto_start(st, deadline, &st->fd, err, errlen)) < 0)

@@ -8,6 +8,17 @@
  * HELLO_OK read by the same watchers, bounded by startup_timeout_ms, retried
  * with exponential backoff from 10 ms to reconnect_max_ms.
  *
+ * While disconnected the socket's directory is watched with inotify (an
+ * ev_io on the inotify fd): the socket's name created, moved in or its
+ * attributes changed (a new server binds, then chmods, then listens)
+ * starts an attempt at once, and a failed one is retried after 1, 2 and
+ * 4 ms before the backoff takes over again.  So a restarted server is
+ * found within milliseconds of creating its socket, not at the next
+ * backoff step (up to reconnect_max_ms later), and nothing polls.  The
+ * watch goes when connected.  Without inotify (no fd, a full watch table)
+ * or with the directory removed (its watch is re-added at each backoff
+ * attempt) the backoff alone reconnects, as before.
+ *
  * States: CONNECTED -(EOF, reset, malformed frame, ERROR)-> DISCONNECTED
  * -(backoff timer)-> CONNECTING (rarely: a Unix connect completes at once)
  * -> HELLO -(HELLO_OK)-> CONNECTED; any failure on the way goes back to
@@ -18,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -29,6 +41,7 @@
 #define READS_PER_WAKEUP 16
 #define BACKOFF_MIN_MS 10
 #define STATS_PERIOD_S 0.2
+#define QUICK_RETRIES 3     /* after the socket appeared: 1, 2, 4 ms */
 
 static double ms_to_s(uint64_t ms) { return (double)ms / 1000.0; }
 
@@ -92,6 +105,12 @@ void shm_conn_stop_watchers(struct shm_tier *st)
     ev_timer_stop(loop, &st->deadline_timer);
     ev_timer_stop(loop, &st->reconnect_timer);
     ev_idle_stop(loop, &st->poll_w);
+    if (st->ino_fd >= 0) { /* stop or destroy: no reconnecting after this */
+        ev_io_stop(loop, &st->ino_w);
+        close(st->ino_fd);
+    }
+    st->ino_fd = -2;
+    st->ino_wd = -1;
 }
 
 static void arm_reconnect(struct shm_tier *st, uint64_t delay_ms)
@@ -99,6 +118,83 @@ static void arm_reconnect(struct shm_tier *st, uint64_t delay_ms)
     ev_timer_stop(st->base.env.loop, &st->reconnect_timer);
     ev_timer_set(&st->reconnect_timer, ms_to_s(delay_ms), 0.0);
     ev_timer_start(st->base.env.loop, &st->reconnect_timer);
+}
+
+/* ---- watching the socket's directory ------------------------------------------ */
+
+/* Adds the directory's watch (creating the inotify fd the first time);
+ * failures leave the backoff alone to reconnect. */
+static void dir_watch(struct shm_tier *st)
+{
+    if (st->ino_wd >= 0)
+        return;
+    if (st->ino_fd < 0) {
+        st->ino_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+        if (st->ino_fd < 0) {
+            umbp_log(UMBP_LOG_DEBUG, "umbp-server at %s: no inotify (%s); reconnecting by "
+                     "backoff alone", st->path, strerror(errno));
+            st->ino_fd = -2; /* do not ask again */
+            return;
+        }
+        ev_io_set(&st->ino_w, st->ino_fd, EV_READ);
+        ev_io_start(st->base.env.loop, &st->ino_w);
+    }
+    if (st->ino_fd < 0)
+        return;
+    const char *slash = strrchr(st->path, '/');
+    st->sock_name = slash ? slash + 1 : st->path;
+    char dir[SHM_PATH_MAX];
+    shm_config_socket_dir(&st->cfg, dir, sizeof(dir));
+    st->ino_wd = inotify_add_watch(st->ino_fd, dir, IN_CREATE | IN_MOVED_TO | IN_ATTRIB |
+                                   IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR);
+    if (st->ino_wd < 0)
+        umbp_log(UMBP_LOG_DEBUG, "umbp-server at %s: cannot watch %s (%s); reconnecting by "
+                 "backoff", st->path, dir, strerror(errno));
+}
+
+static void dir_unwatch(struct shm_tier *st)
+{
+    if (st->ino_wd >= 0)
+        inotify_rm_watch(st->ino_fd, st->ino_wd); /* its IN_IGNORED is drained */
+    st->ino_wd = -1;
+    st->quick_left = 0;
+    st->quick_armed = false;
+}
+
+static void attempt(struct shm_tier *st);
+
+static void on_dir_event(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct shm_tier *st = w->data;
+    (void)loop, (void)revents;
+    bool appeared = false;
+    _Alignas(struct inotify_event) char buf[4096];
+    for (;;) {
+        ssize_t n = read(st->ino_fd, buf, sizeof(buf));
+        if (n <= 0)
+            break;
+        for (char *p = buf; p < buf + n;) {
+            const struct inotify_event *e = (const struct inotify_event *)p;
+            p += sizeof(*e) + e->len;
+            if (e->wd != st->ino_wd || st->ino_wd < 0)
+                continue; /* a watch removed since */
+            if (e->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF)) {
+                if (!(e->mask & IN_IGNORED))
+                    inotify_rm_watch(st->ino_fd, st->ino_wd);
+                st->ino_wd = -1; /* gone: re-added at the next backoff attempt */
+                continue;
+            }
+            if (e->len && strcmp(e->name, st->sock_name) == 0)
+                appeared = true;
+        }
+    }
+    if (!appeared || st->state != SHM_DISCONNECTED)
+        return;
+    st->quick_left = QUICK_RETRIES;
+    st->quick_ms = 1;
+    st->by_dir = true;
+    ev_timer_stop(st->base.env.loop, &st->reconnect_timer);
+    attempt(st);
 }
 
 void shm_conn_lost(struct shm_tier *st, const char *why)
@@ -127,10 +223,20 @@ void shm_conn_lost(struct shm_tier *st, const char *why)
                  st->path, why, (unsigned long long)st->cfg.reconnect_max_ms);
         snprintf(st->last_why, sizeof(st->last_why), "%s", why);
     }
-    arm_reconnect(st, st->backoff_ms);
-    st->backoff_ms *= 2;
-    if (st->backoff_ms > (uint64_t)st->cfg.reconnect_max_ms)
-        st->backoff_ms = (uint64_t)st->cfg.reconnect_max_ms;
+    if (was_connected)
+        dir_watch(st);
+    if (st->quick_left > 0) { /* the socket appeared: the server may not listen yet */
+        st->quick_left--;
+        st->quick_armed = true;
+        arm_reconnect(st, st->quick_ms);
+        st->quick_ms *= 2;
+    } else {
+        st->quick_armed = false;
+        arm_reconnect(st, st->backoff_ms);
+        st->backoff_ms *= 2;
+        if (st->backoff_ms > (uint64_t)st->cfg.reconnect_max_ms)
+            st->backoff_ms = (uint64_t)st->cfg.reconnect_max_ms;
+    }
     shm_calls_fail_all(st, -ECONNRESET);
 }
 
@@ -153,6 +259,13 @@ void shm_conn_flush(struct shm_tier *st)
     size_t sent = 0;
     int rc = proto_out_send(st->fd, &st->out, &sent);
     proto_buf_consume(&st->out, sent);
+    if (rc < 0 && st->state == SHM_HELLO && (rc == -EPIPE || rc == -ECONNRESET)) {
+        /* a server that refuses this peer closes at once, after a HELLO_ERR
+         * saying why: the read watcher takes it (or the EOF) */
+        st->out.len = 0;
+        ev_io_stop(st->base.env.loop, &st->wio);
+        return;
+    }
     if (rc < 0) {
         fail_soon(st, -rc); /* never torn down inside a member */
         return;
@@ -192,6 +305,7 @@ static void begin_hello(struct shm_tier *st)
 
 static void attempt(struct shm_tier *st)
 {
+    dir_watch(st); /* again, if the directory was removed and is back */
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     snprintf(a.sun_path, sizeof(a.sun_path), "%s", st->path);
     st->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -202,6 +316,10 @@ static void attempt(struct shm_tier *st)
         ev_io_set(&st->wio, st->fd, EV_WRITE);
         ev_io_start(st->base.env.loop, &st->wio);
         arm_reconnect(st, (uint64_t)st->cfg.startup_timeout_ms);
+    } else if (st->fd >= 0 && (errno == EACCES || errno == EPERM)) {
+        char why[512];
+        shm_denied(st, -errno, why, sizeof(why));
+        shm_conn_lost(st, why);
     } else {
         shm_conn_lost(st, strerror(errno));
     }
@@ -210,9 +328,11 @@ static void attempt(struct shm_tier *st)
 static void on_reconnect_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct shm_tier *st = w->data;
-    if (st->state == SHM_DISCONNECTED)
+    if (st->state == SHM_DISCONNECTED) {
+        st->by_dir = st->quick_armed; /* a backoff step, or a quick retry */
+        st->quick_armed = false;
         attempt(st);
-    else if (st->state == SHM_CONNECTING || st->state == SHM_HELLO)
+    } else if (st->state == SHM_CONNECTING || st->state == SHM_HELLO)
         shm_conn_lost(st, "no HELLO_OK within startup_timeout_ms");
 }
 
@@ -238,8 +358,11 @@ static void connected(struct shm_tier *st, bool same_pool)
     st->epoch++;
     ev_timer_stop(st->base.env.loop, &st->reconnect_timer);
     uint64_t ms = (umbp_now_ns() - st->lost_ns) / 1000000ull;
-    umbp_log(UMBP_LOG_WARN, "reconnected to umbp-server at %s after %llu ms (%s)", st->path,
-             (unsigned long long)ms, !st->worker ? "no pool" : same_pool ? "same pool" : "new pool");
+    umbp_log(UMBP_LOG_WARN, "reconnected to umbp-server at %s after %llu ms (%s%s)", st->path,
+             (unsigned long long)ms, !st->worker ? "no pool" : same_pool ? "same pool" : "new pool",
+             st->by_dir ? "; socket appeared" : "");
+    dir_unwatch(st);
+    st->by_dir = false;
     st->backoff_ms = BACKOFF_MIN_MS;
     st->stats_timer.repeat = STATS_PERIOD_S;
     ev_timer_again(st->base.env.loop, &st->stats_timer);
@@ -335,6 +458,9 @@ void shm_conn_init(struct shm_tier *st)
     st->fd = -1;
     st->pending_fd = -1;
     st->backoff_ms = BACKOFF_MIN_MS;
+    st->ino_fd = st->ino_wd = -1;
+    ev_io_init(&st->ino_w, on_dir_event, -1, EV_READ);
+    st->ino_w.data = st;
     ev_io_init(&st->rio, on_readable, -1, EV_READ);
     ev_io_init(&st->wio, on_writable, -1, EV_WRITE);
     ev_init(&st->deadline_timer, shm_on_deadline);

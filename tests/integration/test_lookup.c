@@ -535,6 +535,49 @@ Test(lookup, dead_rank_misses_without_hanging, .timeout = 120)
     row_free(&b);
 }
 
+/* A dead rank's backoff reaches its 1 s cap; a worker restarted within that
+ * second is asked by the very next query, because its socket appeared in
+ * the lookup directory (without the watch that query would miss it:
+ * UMBP_E_NOT_ATTEMPTED, backing off). */
+Test(lookup, restarted_rank_is_asked_when_its_socket_appears, .timeout = 120)
+{
+    struct tu_rng g;
+    tu_rng_seed(&g, tu_time_seed());
+    mk_dir();
+    struct row a, b;
+    row_make(&a, &g, 64, 10);
+    row_make(&b, &g, 64, 20);
+    struct worker w0, w1;
+    worker_start(&w0, 0, a.held, a.nheld);
+    worker_start(&w1, 1, b.held, b.nheld);
+    umbp_lookup_client_t *c = client(2, TIMEOUT_MS);
+    uint64_t ms;
+    cr_assert_eq(timed_query(c, &a, &b, &ms), 0);
+    worker_end(&w1, true); /* SIGKILL: its socket file stays behind */
+    /* failed dials at 10, 30, 70, ... 1270 ms, then every 1000 ms: after
+     * 1.5 s of queries, one that dialled and failed leaves 1 s of backoff */
+    uint64_t t0 = tu_now_ms();
+    int rc;
+    do {
+        rc = timed_query(c, &a, &b, &ms);
+        cr_assert_lt(rc, 0, "a dead rank answered");
+        tu_sleep_ms(2);
+    } while (tu_now_ms() - t0 < 1500 || rc == UMBP_E_NOT_ATTEMPTED);
+    cr_log_info("the dial that failed last: %d (%s)", rc, umbp_strerror(rc));
+    worker_start(&w1, 1, b.held, b.nheld);
+    uint64_t restarted = tu_now_ms();
+    rc = timed_query(c, &a, &b, &ms);
+    cr_log_info("the first query %llu ms after the restart: %d (%s)",
+                (unsigned long long)(tu_now_ms() - restarted), rc, umbp_strerror(rc));
+    cr_assert_eq(rc, 0, "the restarted rank was not asked at once: %d (%s)", rc,
+                 umbp_strerror(rc));
+    umbp_lookup_client_destroy(c);
+    worker_end(&w0, false);
+    worker_end(&w1, false);
+    row_free(&a);
+    row_free(&b);
+}
+
 /* ---- the socket path ------------------------------------------------------------------------ */
 
 Test(lookup, live_socket_never_taken_over)

@@ -23,6 +23,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -537,6 +538,68 @@ Test(standalone, server_killed_under_load_then_restarted)
     tu_server_cleanup(&srv);
 }
 
+/* ---- a restarted server is found when its socket appears --------------------------- */
+
+/* The file at fd, from its start, into buf (NUL-terminated). */
+static void read_whole(int fd, char *buf, size_t len)
+{
+    ssize_t n = pread(fd, buf, len - 1, 0);
+    buf[n > 0 ? n : 0] = 0;
+}
+
+static size_t count_in(const char *s, const char *what)
+{
+    size_t n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what))
+        n++;
+    return n;
+}
+
+/* Backoff alone (reconnect_max_ms 60000): attempts at 10, 30, 70, ... 2550,
+ * 5110 ms after the loss.  The server comes back right after the 8th
+ * failed attempt, so the backoff's next try is 2.5 s away: the reconnect
+ * must come from the socket appearing (the directory watch), logged as
+ * such, with no more than its quick retries failing before it. */
+Test(standalone, reconnect_follows_the_socket_appearing)
+{
+    start_server(NULL);
+    char logp[160], log[65536];
+    snprintf(logp, sizeof(logp), "%s/client.log", srv.dir);
+    int logfd = open(logp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(logfd, 0);
+    int saved = dup(2);
+    dup2(logfd, 2); /* the runtime logs to stderr */
+    umbp_runtime_t *rt = sa_create(", \"log_level\": \"debug\", \"reconnect_max_ms\": 60000");
+    cr_assert_eq(put_key(rt, tu_key_id(0x51, 0), 1000), 0);
+    tu_server_stop(&srv);
+    size_t failed = 0;
+    for (uint64_t t0 = tu_now_ms(); failed < 8 && tu_now_ms() - t0 < TU_WAIT_MS;
+         tu_sleep_ms(2)) {
+        read_whole(logfd, log, sizeof(log));
+        failed = count_in(log, "reconnect failed");
+    }
+    tu_server_start(&srv, NULL);
+    int64_t ms = ms_until_put_works(rt);
+    read_whole(logfd, log, sizeof(log));
+    dup2(saved, 2);
+    close(saved);
+    tu_destroy(rt);
+    close(logfd);
+    cr_log_info("first put %lld ms after the new server answered", (long long)ms);
+    cr_assert_eq(failed, 8, "the backoff's attempts were not logged:\n%s", log);
+    cr_assert_geq(ms, 0, "no put succeeded after the restart");
+    const char *line = strstr(log, "reconnected to umbp-server");
+    cr_assert_not_null(line, "no reconnect logged:\n%s", log);
+    const char *eol = strchr(line, '\n');
+    cr_assert(eol && memmem(line, (size_t)(eol - line), "socket appeared", 15),
+              "the reconnect did not come from the socket appearing: %.*s",
+              (int)(eol ? eol - line : 200), line);
+    size_t after = count_in(log, "reconnect failed") - failed;
+    cr_log_info("%zu failed attempts after the restart (the quick retries allow 4)", after);
+    cr_assert_leq(after, 4, "%zu attempts failed after the socket appeared:\n%s", after, log);
+    tu_server_cleanup(&srv);
+}
+
 /* ---- a named pool survives the server -------------------------------------------- */
 
 #define ADOPT_PER_WORKER 2500
@@ -890,6 +953,138 @@ Test(standalone, no_server_fails_naming_the_socket)
     cr_log_info("bad server_path: %s", umbp_last_error());
     cr_assert_not_null(strstr(umbp_last_error(), "server_path"), "message: %s", umbp_last_error());
     tu_server_cleanup(&srv);
+}
+
+/* ---- refused clients are told why ------------------------------------------------------ */
+
+#define NOBODY 65534
+
+static bool become_nobody(void)
+{
+    return setgroups(0, NULL) == 0 && setresgid(NOBODY, NOBODY, NOBODY) == 0 &&
+           setresuid(NOBODY, NOBODY, NOBODY) == 0;
+}
+
+/* As uid/gid 65534: creation must fail; its message goes up the pipe. */
+static int child_create_as_nobody(void *arg)
+{
+    int msg = *(int *)arg;
+    if (!become_nobody())
+        return 4;
+    umbp_runtime_t *rt = NULL;
+    int rc = sa_try_create(&rt, NULL);
+    const char *m = rc == 0 ? "(created)" : umbp_last_error();
+    if (write(msg, m, strlen(m)) < 0)
+        return 5;
+    if (rc == 0)
+        umbp_runtime_destroy(rt);
+    return rc == 0 ? 1 : 0;
+}
+
+/* Runs child_create_as_nobody; its exit status, its message in msg. */
+static int create_as_nobody(char *msg, size_t len)
+{
+    int p[2];
+    cr_assert_eq(pipe2(p, O_NONBLOCK), 0);
+    int rc = in_child(child_create_as_nobody, &p[1]);
+    ssize_t n = read(p[0], msg, len - 1);
+    msg[n > 0 ? n : 0] = 0;
+    close(p[0]);
+    close(p[1]);
+    return rc;
+}
+
+Test(standalone, refused_clients_are_told_why)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root to run a client as uid %d", NOBODY);
+    char msg[1024];
+    /* the socket directory is 0700 root: the file system keeps uid 65534 out */
+    start_server(NULL);
+    cr_assert_eq(chmod(srv.dir, 0700), 0);
+    cr_assert_eq(create_as_nobody(msg, sizeof(msg)), 0, "as uid %d: %s", NOBODY, msg);
+    cr_log_info("socket_dir 0700 root: %s", msg);
+    cr_assert_not_null(strstr(msg, "permission denied on the socket directory"), "%s", msg);
+    cr_assert_not_null(strstr(msg, srv.dir), "does not name %s: %s", srv.dir, msg);
+    cr_assert_not_null(strstr(msg, "mode 0700"), "%s", msg);
+    tu_server_cleanup(&srv);
+    memset(&srv, 0, sizeof(srv));
+
+    /* the group may reach the socket, but allowed_uids leaves 65534 out */
+    start_server("{\"capacity_bytes\": \"16MiB\", \"log_level\": \"error\", "
+                 "\"socket_group\": \"65534\", \"allowed_uids\": \"1\"}");
+    cr_assert_eq(create_as_nobody(msg, sizeof(msg)), 0, "as uid %d: %s", NOBODY, msg);
+    cr_log_info("allowed_uids 1: %s", msg);
+    cr_assert_not_null(strstr(msg, "uid 65534 (gid 65534) is not in allowed_uids"), "%s", msg);
+    cr_assert_not_null(strstr(msg, srv.sock), "does not name %s: %s", srv.sock, msg);
+    tu_server_cleanup(&srv);
+    memset(&srv, 0, sizeof(srv));
+}
+
+/* A client of uid 65534 that was let in, and the next server does not let
+ * it in: its reconnect log line carries the server's reason. */
+Test(standalone, refused_reconnect_logs_why)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root to run a client as uid %d", NOBODY);
+    start_server("{\"capacity_bytes\": \"16MiB\", \"log_level\": \"error\", "
+                 "\"socket_group\": \"65534\", \"allowed_uids\": \"65534\"}");
+    char logp[160];
+    snprintf(logp, sizeof(logp), "%s.client.log", srv.dir); /* beside the dir, root's */
+    int logfd = open(logp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    cr_assert_geq(logfd, 0);
+    int up[2], go[2];
+    cr_assert_eq(pipe2(up, O_CLOEXEC), 0); /* not inherited by the servers */
+    cr_assert_eq(pipe2(go, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(up[0]);
+        close(go[1]);
+        dup2(logfd, 2);
+        umbp_runtime_t *rt = NULL;
+        int rc = become_nobody() ? sa_try_create(&rt, ", \"log_level\": \"warn\", "
+                                                 "\"reconnect_max_ms\": 20") : -1;
+        char c = rc == 0 ? 'y' : 'n';
+        if (write(up[1], &c, 1) < 0 || rc != 0)
+            _exit(2);
+        while (read(go[0], &c, 1) < 0 && errno == EINTR) /* EOF: done */
+            ;
+        umbp_runtime_destroy(rt);
+        _exit(0);
+    }
+    close(up[1]);
+    close(go[0]);
+    char c = 0;
+    cr_assert_eq(read(up[0], &c, 1), 1);
+    cr_assert_eq(c, 'y', "uid %d could not attach while allowed", NOBODY);
+    tu_server_stop(&srv);
+    tu_server_start(&srv, "{\"capacity_bytes\": \"16MiB\", \"log_level\": \"error\", "
+                    "\"socket_group\": \"65534\", \"allowed_uids\": \"1\"}");
+    char log[8192] = "";
+    const char *line = NULL;
+    for (uint64_t t0 = tu_now_ms(); !line && tu_now_ms() - t0 < TU_WAIT_MS; tu_sleep_ms(5)) {
+        ssize_t n = pread(logfd, log, sizeof(log) - 1, 0);
+        log[n > 0 ? n : 0] = 0;
+        line = strstr(log, "reconnect failed: umbp-server at");
+    }
+    close(go[1]); /* the child destroys its runtime and exits */
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    close(up[0]);
+    close(logfd);
+    unlink(logp);
+    cr_log_info("client log:\n%s", log);
+    cr_assert_not_null(line, "no reconnect line naming the refusal in the client's log");
+    const char *eol = strchr(line, '\n');
+    cr_assert_not_null(strstr(line, "is not in allowed_uids"), "%.*s",
+                       (int)(eol ? eol - line : 200), line);
+    cr_assert(eol && memmem(line, (size_t)(eol - line), "allowed_uids", 12),
+              "the refusal is not on the reconnect line: %.*s", (int)(eol ? eol - line : 200),
+              line);
+    tu_server_cleanup(&srv);
+    memset(&srv, 0, sizeof(srv));
 }
 
 /* pids of running umbp-server processes whose command line names dir. */
