@@ -158,6 +158,40 @@ def test_kv_events(tp):
     assert r["stored"] == 6
 
 
+def test_kv_events_raw_hashes_when_vllm_says_so(monkeypatch):
+    """VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: vLLM's events carry the hash
+    bytes, and so do ours."""
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    assert S.events()["stored"] == 6
+
+
+def test_event_that_cannot_be_built_leaves_the_block_unannounced(monkeypatch):
+    """A BlockStored that fails to build: no BlockRemoved follows for that
+    block, the next block's events still go out, the failure is counted."""
+    from umbp.vllm import _compat
+    from umbp.vllm.events import REMOVED, STORED, EventBuilder
+    from umbp.vllm.identity import describe_groups
+
+    groups = describe_groups(S.HarnessConfig().kv_cache_config(), None)
+    eb = EventBuilder(1, 16, groups)
+    real = _compat.make_block_stored
+    bad = b"\x01" * 32
+
+    def flaky(**kw):
+        if kw["block_hashes"] == [_compat.convert_block_hash(bad)]:
+            raise TypeError("Missing required argument 'lora_name'")
+        return real(**kw)
+
+    monkeypatch.setattr(_compat, "make_block_stored", flaky)
+    good = b"\x02" * 32
+    eb.feed([(0, STORED, 0, bad), (0, STORED, 0, good)])
+    eb.feed([(0, REMOVED, 0, bad), (0, REMOVED, 0, good)])
+    evs = eb.take()
+    assert [type(e).__name__ for e in evs] == ["BlockStored", "BlockRemoved"]
+    assert evs[0].block_hashes == evs[1].block_hashes == [_compat.convert_block_hash(good)]
+    assert eb.lost == 1
+
+
 def test_async_lookup_answers_none_until_done():
     r = S.lookup_async()
     assert r["answers"][0] == (0, None, False)

@@ -531,8 +531,8 @@ class Aggregator:
                     events.increment_workers(1)
             if k.kv_connector_worker_meta is not None:
                 wmeta = k.kv_connector_worker_meta if wmeta is None else wmeta.aggregate(k.kv_connector_worker_meta)
-        if events is not None:
-            events = events.aggregate()
+        # KVOutputAggregator@00f4240e does not call aggregate() on the events:
+        # the scheduler connector gets every worker's events
         kvo = KVConnectorOutput(finished_sending=fs or None, finished_recving=fr or None, kv_connector_stats=stats,
                                 kv_cache_events=events, kv_connector_worker_meta=wmeta, invalid_block_ids=inv)
         return {"sampled": sampled, "kv": kvo, "bad": set().union(*(o["bad"] for o in outs))}

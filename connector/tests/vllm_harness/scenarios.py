@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 
@@ -335,22 +336,31 @@ def events(**kw):
     with engine(**kw) as e:
         a = e.add("A", PROMPT, 2)
         e.run()
+        if e.conn._scheduler.events.lost:
+            raise HarnessError(f"{e.conn._scheduler.events.lost} event batches could not be built")
         stored = [ev for ev in e.sched.events if type(ev).__name__ == "BlockStored"]
-        hs = list(a.block_hashes[:6])
+        # vLLM's own events carry maybe_convert_block_hash(hash): by default
+        # (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1) the low 64 bits, big-endian
+        as_int = os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0"
+        hs = [int.from_bytes(h, "big") & ((1 << 64) - 1) if as_int else h for h in a.block_hashes[:6]]
         got = [ev.block_hashes[0] for ev in stored]
         if got != hs:
-            raise HarnessError(f"BlockStored for {len(got)} blocks, expected A's 6 in order")
+            raise HarnessError(f"BlockStored for {len(got)} blocks, expected A's 6 in order: {got} != {hs}")
         for i, ev in enumerate(stored):
             if ev.parent_block_hash != (hs[i - 1] if i else None) or list(ev.token_ids) != PROMPT[16 * i:16 * i + 16]:
                 raise HarnessError(f"BlockStored {i}: parent/token_ids wrong: {ev}")
             if ev.block_size != 16:
                 raise HarnessError(f"BlockStored {i}: block_size {ev.block_size}")
+            if getattr(ev, "lora_name", None) is not None or ev.lora_id is not None or ev.medium != "CPU":
+                raise HarnessError(f"BlockStored {i}: lora/medium wrong: {ev}")
         e.conn.reset_cache()
         e.add("B", [7] * 20, 1)  # a step, so that the workers drain the clear's events
         e.run()
         removed = [ev.block_hashes[0] for ev in e.sched.events if type(ev).__name__ == "BlockRemoved"]
         if set(hs) - set(removed):
             raise HarnessError(f"BlockRemoved missing for {len(set(hs) - set(removed))} blocks")
+        if set(removed) - set(got):
+            raise HarnessError(f"BlockRemoved for {len(set(removed) - set(got))} blocks never announced")
         return {"stored": len(stored), "removed": len(removed), "counters": e.check_clean()}
 
 

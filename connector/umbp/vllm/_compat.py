@@ -161,6 +161,50 @@ def make_block_stored(**kw):
     return BlockStored(**_filtered(_STORED_PARAMS, kw))
 
 
+# vLLM's events carry maybe_convert_block_hash(hash) (kv_cache_utils.py@
+# 001cabc1be16): the low 64 bits of the hash bytes, big-endian, unless
+# VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 (default 1 in vllm/envs.py).  vLLM's
+# own function is used where it exists, so the CPU tier's events match the
+# GPU tier's under any setting.
+try:
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as _vllm_convert
+except Exception:
+    _vllm_convert = None
+
+
+def _int_block_hashes() -> bool:
+    try:
+        import vllm.envs as _envs
+
+        return bool(_envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
+    except Exception:
+        return bool(int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
+
+
+def convert_block_hash(h: bytes):
+    """A block hash as vLLM's KV events carry it."""
+    if _vllm_convert is not None:
+        return _vllm_convert(h)
+    if not _int_block_hashes():
+        return h
+    return int.from_bytes(h, byteorder="big") & ((1 << 64) - 1)
+
+
+def lora_of(request) -> tuple:
+    """(lora_id, lora_name) as vLLM's block pool puts them in BlockStored:
+    the request's LoRA adapter id and name, or (None, None)."""
+    lr = getattr(request, "lora_request", None)
+    if lr is None:
+        return None, None
+    lid = getattr(lr, "lora_int_id", None)
+    if lid is None:
+        lid = getattr(lr, "adapter_id", None)
+    name = getattr(lr, "lora_name", None)
+    if name is None:
+        name = getattr(lr, "name", None)
+    return lid, name
+
+
 def make_block_removed(**kw):
     return BlockRemoved(**_filtered(_REMOVED_PARAMS, kw))
 

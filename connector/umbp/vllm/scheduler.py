@@ -622,7 +622,7 @@ class UMBPScheduler:
             toks = getattr(req, "all_token_ids", None)
             if toks is None:
                 toks = getattr(req, "prompt_token_ids", None) or []
-            lora = getattr(getattr(req, "lora_request", None), "lora_int_id", None)
+            lora = _compat.lora_of(req)
             for p in _sel_list(sel):  # vLLM's events are per-block objects
                 self.events.note_store(g.index, hs[p].tobytes(), hs[p - 1].tobytes() if p else None,
                                        list(toks[p * B:(p + 1) * B]), lora)
