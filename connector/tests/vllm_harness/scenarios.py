@@ -319,8 +319,11 @@ def failed_load(**kw):
 def hybrid(**kw):
     """Full + sliding-window + Mamba groups: a restore loads only the window's
     blocks of the SWA group and one state block of the Mamba group; stores write
-    only the window (+1) of each step's end and block-aligned Mamba states."""
+    only the window (+1) of each step's end and block-aligned Mamba states.
+    On the "hma" engine (no real vLLM: see vllm/v1/core/sched/scheduler.py),
+    the one where the connector promises multi-group hits."""
     kw.setdefault("groups", [(FULL, 2, 0), (SWA, 2, 32), (MAMBA, 1, 0)])
+    kw.setdefault("engine", "hma")
     out = restore(**kw)
     loaded = [w["blocks_loaded_by_group"] for w in out["counters"]["workers"]]
     stored = [w["blocks_stored_by_group"] for w in out["counters"]["workers"]]
@@ -362,6 +365,35 @@ def events(**kw):
         if set(removed) - set(got):
             raise HarnessError(f"BlockRemoved for {len(set(removed) - set(got))} blocks never announced")
         return {"stored": len(stored), "removed": len(removed), "counters": e.check_clean()}
+
+
+def unrecoverable(**kw):
+    """A configuration where the engine cannot recover from a failed load (or
+    a completed async load, or any external token): A stores its prompt, B
+    (same prompt) comes, and any load planned for B loses its objects first,
+    so that a connector which promised B a hit must report invalid blocks.
+    The engine must survive, B must be computed right (from scratch), and A's
+    blocks must still be stored."""
+    with engine(**kw) as e:
+        e.add("A", PROMPT, 3)
+        e.run()
+        stored = [w.counters()["blocks_stored_by_group"] for w in e.workers]
+        e.add("B", PROMPT, 3)
+        hashes = [h for h in e.sched.requests["B"].block_hashes[:6]]
+        planned = []
+
+        def sabotage(so):
+            meta = so.kv_connector_metadata
+            if not planned and any(p.req_id == "B" for p in meta.loads):
+                for g in range(len(e.cfg.groups)):
+                    e.workers[0].remove_objects(g, hashes, 0, None)
+                planned.append(so._harness_step)
+
+        e.run(before_execute=sabotage)
+        e.check_outputs({"A": PROMPT, "B": PROMPT}, 3)
+        if e.bad:
+            raise HarnessError(f"forward passes saw wrong KV: {e.bad}")
+        return {"matched": e.matched("B"), "planned": planned, "stored": stored, "counters": e.check_clean()}
 
 
 def lookup_async(**kw):
@@ -415,7 +447,7 @@ def server_death(kill, **kw):
 
 
 SCENARIOS = {f.__name__: f for f in (restore, partial, preemption, abort, store_inflight, reset, failed_load,
-                                     hybrid, events, lookup_async, roles)}
+                                     hybrid, events, lookup_async, roles, unrecoverable)}
 
 
 def main(argv):
