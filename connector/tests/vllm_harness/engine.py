@@ -117,7 +117,7 @@ class _KVCacheManager:
         return tuple(list(t) for t in self.sched.req_blocks[req_id])
 
 
-class HarnessScheduler:
+class _SchedulerCore:
     """vLLM's scheduler in small.  Engine subclasses it with the class of
     vllm/v1/core/sched/scheduler.py that HarnessConfig.engine names, which
     supplies _update_requests_with_invalid_blocks, _update_waiting_for_remote_kv
@@ -514,6 +514,20 @@ class HarnessScheduler:
         self.log.append(("freed", rid, self.step_no))
 
 
+def _default_scheduler():
+    from vllm.v1.core.sched.scheduler import SCHEDULER_00024D31
+
+    class HarnessScheduler(SCHEDULER_00024D31, _SchedulerCore):
+        """The harness scheduler as scheduler.py@00024d31 (what subclasses
+        outside Engine, e.g. the GPU mini engine, get); Engine puts the class
+        HarnessConfig.engine names before it."""
+
+    return HarnessScheduler
+
+
+HarnessScheduler = _default_scheduler()
+
+
 # ---- aggregation ------------------------------------------------------------------
 
 
@@ -637,7 +651,7 @@ class Engine:
         version = sched_mod.ENGINES[cfg.engine]
         sched_mod.Scheduler = version  # what the connector probes is what runs
         self.conn = mod.UMBPConnector(cfg.vllm_config(0), KVConnectorRole.SCHEDULER, cfg.kv_cache_config())
-        self.sched = type("HarnessScheduler_" + cfg.engine, (version, HarnessScheduler), {})(cfg, self.conn)
+        self.sched = type("HarnessScheduler_" + cfg.engine, (version, _SchedulerCore), {})(cfg, self.conn)
         self.agg = Aggregator(cfg.tp)
         self.prev = None
         self.bad = []  # (step, rid) whose forward saw wrong KV
