@@ -1,6 +1,14 @@
 """Both ways of installing the package give an importable umbp: pip (offline,
 --no-build-isolation, from a copy of connector/ so that the build leaves
-nothing in the tree) and cmake --install (which bundles libumbp.so)."""
+nothing in the tree) and cmake --install (which bundles libumbp.so).
+
+After either install into an empty prefix, the two engine entry points the
+docs name must import from the installed copy (not from this tree):
+vLLM's `kv_connector_module_path: umbp.vllm.connector` (vLLM cannot be
+installed here: the harness's fake `vllm` package stands in for it, and only
+it is put on the path) and SGLang's dynamic backend `umbp.sglang.hicache`
+(with SGLang's stand-in classes).  Every subpackage of the source tree must
+be in the installed tree."""
 import os
 import shutil
 import subprocess
@@ -11,6 +19,32 @@ import pytest
 from conftest import CONNECTOR, REPO
 
 PROBE = "import umbp, sys; umbp.Runtime({'capacity_bytes': '8MiB'}).close(); print(umbp.library_path)"
+HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_harness")
+# The module paths docs/vllm.md and docs/sglang.md tell users to configure;
+# each must come from the installed prefix.
+ENGINES = ("import importlib, sys, os\n"
+           "prefix = sys.argv[1]\n"
+           "for mod, cls in (('umbp.vllm.connector', 'UMBPConnector'),\n"
+           "                 ('umbp.sglang.hicache', 'UMBPStore')):\n"
+           "    m = importlib.import_module(mod)\n"
+           "    assert m.__file__.startswith(prefix), (mod, m.__file__)\n"
+           "    getattr(m, cls)\n"
+           "print('ok')\n")
+
+
+def _subpackages(root):
+    return sorted(os.path.relpath(d, root) for d, _, files in os.walk(os.path.join(root, "umbp"))
+                  if "__init__.py" in files)
+
+
+def _check_engines(site):
+    assert _subpackages(str(site)) == _subpackages(CONNECTOR)
+    e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    e["PYTHONPATH"] = os.pathsep.join([str(site), HARNESS])
+    r = subprocess.run([sys.executable, "-c", ENGINES, str(site)], capture_output=True,
+                       text=True, env=e, cwd="/", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
 
 
 def _run_clean(code, path, **env):
@@ -36,6 +70,7 @@ def test_pip_install_offline(tmp_path):
     r = _run_clean(PROBE, str(tmp_path / "site"), UMBP_LIBRARY=umbp.library_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == umbp.library_path
+    _check_engines(tmp_path / "site")
 
 
 def test_cmake_install_bundles_the_library(tmp_path):
@@ -55,3 +90,4 @@ def test_cmake_install_bundles_the_library(tmp_path):
     r = _run_clean(PROBE, str(site))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == str(site / "umbp" / "_lib" / "libumbp.so")
+    _check_engines(site)

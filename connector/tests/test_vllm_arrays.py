@@ -179,10 +179,10 @@ NB = 40
 LONG = [(i * 7919) % 997 + 1 for i in range(NB * 16 + 1)]  # 40 full blocks + 1 token
 
 
-def _long_partial(m, groups=None, tp=1, async_scheduling=False):
+def _long_partial(m, groups=None, tp=1, async_scheduling=False, engine="00024d31"):
     """A stores a 40-block prompt; B shares its first m blocks.  Returns B's
     (local, external) match and the blocks each rank loaded per group."""
-    kw = {"num_blocks": 128, "tp": tp, "async_scheduling": async_scheduling}
+    kw = {"num_blocks": 128, "tp": tp, "async_scheduling": async_scheduling, "engine": engine}
     if groups:
         kw["groups"] = groups
     with S.engine(**kw) as e:
@@ -213,10 +213,10 @@ def test_long_prompt_partial_hits(m, tp):
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync-sched", "async-sched"])
 @pytest.mark.parametrize("m,want", [(40, 40), (22, 20), (10, 8), (3, 0)])
 def test_long_prompt_hybrid_groups(m, want, async_scheduling):
-    """Full + sliding window (32 tokens) + Mamba: A's 4-block chunks store Mamba
+    """On the "hma" engine (the only one where hybrid hits are promised): full + sliding window (32 tokens) + Mamba: A's 4-block chunks store Mamba
     states at multiples of 4 blocks and the window (+1) before each chunk's
     end, so B's hit is the largest multiple of 4 not above m."""
-    got, loaded = _long_partial(m, groups=[(FULL, 2, 0), (SWA, 2, 32), (MAMBA, 1, 0)],
+    got, loaded = _long_partial(m, groups=[(FULL, 2, 0), (SWA, 2, 32), (MAMBA, 1, 0)], engine="hma",
                                 async_scheduling=async_scheduling)
     assert got is not None and got[1] == want * 16
     if want:

@@ -59,7 +59,7 @@ def test_cache_hit_restore_is_byte_exact(async_scheduling, load_async, tp):
 @SCHED
 @pytest.mark.parametrize("groups", [None, [(FULL, 2, 0), (SWA, 2, 32)]], ids=["full", "full+swa"])
 def test_lazy_offload_stores_at_request_finished(async_scheduling, groups):
-    kw = {"groups": groups} if groups else {}
+    kw = {"groups": groups, "engine": "hma"} if groups else {}
     r = S.restore(async_scheduling=async_scheduling, extra={"lazy_offload": True}, **kw)
     assert r["matched"] == (0, 96, True)
 
@@ -146,6 +146,79 @@ def test_sliding_window_and_mamba_groups(async_scheduling, tp):
         assert stored == {0: 6, 1: 5, 2: 2}
 
 
+REAL_ENGINES = pytest.mark.parametrize("engine", ["00024d31", "mixin"])
+HYBRIDS = pytest.mark.parametrize("groups", [[(FULL, 2, 0), (SWA, 2, 32)], [(FULL, 2, 0), (SWA, 2, 32), (MAMBA, 1, 0)]],
+                                  ids=["full+swa", "full+swa+mamba"])
+
+
+@REAL_ENGINES
+@HYBRIDS
+@LOADS
+def test_hybrid_models_on_real_schedulers_get_no_hits(engine, groups, load_async, caplog):
+    """vLLM's scheduler at 00024d31 and in its later mixin reads one KV cache
+    group's block ids when a load fails (and 00024d31 when an async load
+    completes), and Mamba align mode asserts on external tokens: a promised
+    hit on a hybrid model would kill EngineCore the moment its load failed.
+    The connector promises none there, stores anyway, and says why once."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        r = S.unrecoverable(engine=engine, groups=groups, extra={"load_async": load_async})
+    assert r["matched"] == (0, 0, False) and not r["planned"]
+    assert all(st.get(0, 0) == 6 for st in r["stored"])
+    warned = [m for m in caplog.messages if "loads disabled" in m]
+    assert len(warned) == 1, caplog.messages
+    assert ("Mamba 'align' mode" if len(groups) == 3 else "one KV cache group") in warned[0]
+
+
+@REAL_ENGINES
+@LOADS
+def test_single_group_models_keep_hits_on_real_schedulers(engine, load_async):
+    r = S.restore(engine=engine, extra={"load_async": load_async})
+    assert r["matched"] == (0, 96, load_async)
+    r = S.failed_load(engine=engine, keep=2, extra={"load_async": load_async})
+    assert r["truncated"]
+
+
+def test_engine_limits_are_read_from_the_scheduler_that_runs():
+    from umbp.vllm import _compat
+    from vllm.v1.core.sched import scheduler as sched_mod
+
+    want = {"00024d31": (True, True, True), "mixin": (True, False, True), "hma": (False, False, False)}
+    saved = sched_mod.Scheduler
+    try:
+        for name, cls in sched_mod.ENGINES.items():
+            sched_mod.Scheduler = cls
+            lim = _compat.engine_limits()
+            assert (lim.invalid_blocks_one_group, lim.async_done_one_group, lim.mamba_align_no_external) == want[name]
+            assert cls.__qualname__ in lim.source
+    finally:
+        sched_mod.Scheduler = saved
+
+
+def test_load_policy_matrix():
+    """docs/vllm.md's matrix, row by row: (groups, Mamba, mamba_cache_mode,
+    load_async asked, limits) -> (loads, async)."""
+    from umbp.vllm._compat import EngineLimits
+    from umbp.vllm.scheduler import load_policy
+
+    old = EngineLimits(True, True, True, "00024d31")
+    mixin = EngineLimits(True, False, True, "mixin")
+    async_only = EngineLimits(False, True, False, "fixed scan, one-group async completion")
+    fixed = EngineLimits(False, False, False, "hma")
+    for lim in (old, mixin, async_only, fixed):
+        for a in (True, False):
+            assert load_policy(1, False, None, a, lim)[:2] == (True, a)  # one group: as asked
+    for lim in (old, mixin):
+        assert load_policy(2, False, None, True, lim)[:2] == (False, True)
+        assert load_policy(3, True, "align", True, lim)[:2] == (False, True)
+        assert load_policy(3, True, "none", True, lim)[:2] == (False, True)
+    assert load_policy(2, False, None, True, async_only)[:2] == (True, False)  # sync loads instead
+    assert load_policy(3, True, "none", True, async_only)[:2] == (False, True)  # Mamba needs async
+    assert load_policy(2, False, None, False, async_only) == (True, False, "")
+    assert load_policy(3, True, "align", True, fixed) == (True, True, "")
+
+
 def test_sliding_window_only_sync_loads():
     r = S.hybrid(groups=[(FULL, 1, 0), (SWA, 2, 40)], extra={"load_async": False})
     assert r["matched"] == (0, 96, False)
@@ -156,6 +229,40 @@ def test_sliding_window_only_sync_loads():
 def test_kv_events(tp):
     r = S.events(tp=tp)
     assert r["stored"] == 6
+
+
+def test_kv_events_raw_hashes_when_vllm_says_so(monkeypatch):
+    """VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: vLLM's events carry the hash
+    bytes, and so do ours."""
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    assert S.events()["stored"] == 6
+
+
+def test_event_that_cannot_be_built_leaves_the_block_unannounced(monkeypatch):
+    """A BlockStored that fails to build: no BlockRemoved follows for that
+    block, the next block's events still go out, the failure is counted."""
+    from umbp.vllm import _compat
+    from umbp.vllm.events import REMOVED, STORED, EventBuilder
+    from umbp.vllm.identity import describe_groups
+
+    groups = describe_groups(S.HarnessConfig().kv_cache_config(), None)
+    eb = EventBuilder(1, 16, groups)
+    real = _compat.make_block_stored
+    bad = b"\x01" * 32
+
+    def flaky(**kw):
+        if kw["block_hashes"] == [_compat.convert_block_hash(bad)]:
+            raise TypeError("Missing required argument 'lora_name'")
+        return real(**kw)
+
+    monkeypatch.setattr(_compat, "make_block_stored", flaky)
+    good = b"\x02" * 32
+    eb.feed([(0, STORED, 0, bad), (0, STORED, 0, good)])
+    eb.feed([(0, REMOVED, 0, bad), (0, REMOVED, 0, good)])
+    evs = eb.take()
+    assert [type(e).__name__ for e in evs] == ["BlockStored", "BlockRemoved"]
+    assert evs[0].block_hashes == evs[1].block_hashes == [_compat.convert_block_hash(good)]
+    assert eb.lost == 1
 
 
 def test_async_lookup_answers_none_until_done():
@@ -201,7 +308,7 @@ def test_worker_call_order_and_wait_for_save_does_not_wait():
         assert True not in waits
         assert w.inflight_after_save >= 1
         names = [c[0] for c in w.calls]
-        assert names[:3] == ["bind_connector_metadata", "handle_preemptions", "start_load_kv"]
+        assert names[:3] == ["handle_preemptions", "bind_connector_metadata", "start_load_kv"]  # the V1 runner
         assert names.index("wait_for_save") > names.index("wait_for_layer_load")
         assert names[-1] == "clear_connector_metadata"
         e.run()

@@ -30,6 +30,15 @@ class HarnessConfig:
     ssm_shape: tuple = (2, 5)
     model: str = "fake/model-7b"
     load_failure_policy: str = "recompute"
+    #: the vLLM scheduler version the engine behaves as (vllm/v1/core/sched/scheduler.py
+    #: of the fake package): "00024d31", "mixin", or "hma" (no such vLLM: an engine
+    #: without the one-group limits, for the connector's multi-group load paths)
+    engine: str = "00024d31"
+    #: with api "new": the worker call order of vLLM's V1 runner ("v1":
+    #: handle_preemptions(meta) -> _update_states, which zeroes newly allocated
+    #: blocks -> bind) or of the V2 runner ("v2": bind -> handle_preemptions)
+    runner: str = "v1"
+    mamba_cache_mode: str = "align"  # vLLM's cache_config.mamba_cache_mode (Mamba groups)
 
     def layers(self) -> list:
         """[(name, group index, kind, layer index)] in model order (groups interleaved)."""
@@ -71,7 +80,8 @@ class HarnessConfig:
 
         return VllmConfig(
             model_config=ModelConfig(model=self.model, dtype="float32"),
-            cache_config=CacheConfig(block_size=self.block_size, cache_dtype="auto", num_gpu_blocks=self.num_blocks),
+            cache_config=CacheConfig(block_size=self.block_size, cache_dtype="auto", num_gpu_blocks=self.num_blocks,
+                                     mamba_cache_mode=self.mamba_cache_mode),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tp, rank=rank),
             scheduler_config=SchedulerConfig(max_num_batched_tokens=self.max_num_batched_tokens,
                                              max_num_seqs=self.max_num_seqs,

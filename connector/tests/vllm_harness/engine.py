@@ -49,6 +49,7 @@ class BlockPool:
         self.prefix_cache = prefix_cache
         self.cached: dict = {}  # hash -> block
         self.block_hash: dict = {}  # block -> hash
+        self.fresh: list = []  # blocks allocated in this schedule() (the runner zeroes them)
 
     def num_free(self):
         return len(self.free_q)
@@ -65,6 +66,7 @@ class BlockPool:
             assert self.ref[b] == 0
             self.ref[b] = 1
             out.append(b)
+            self.fresh.append(b)
         return out
 
     def touch(self, blocks):
@@ -105,7 +107,22 @@ class _Sched:
     epoch: int
 
 
-class HarnessScheduler:
+class _KVCacheManager:
+    """The one KVCacheManager method the version-specific methods call."""
+
+    def __init__(self, sched):
+        self.sched = sched
+
+    def get_block_ids(self, req_id):
+        return tuple(list(t) for t in self.sched.req_blocks[req_id])
+
+
+class _SchedulerCore:
+    """vLLM's scheduler in small.  Engine subclasses it with the class of
+    vllm/v1/core/sched/scheduler.py that HarnessConfig.engine names, which
+    supplies _update_requests_with_invalid_blocks, _update_waiting_for_remote_kv
+    and _mamba_block_aligned_split as that vLLM version has them."""
+
     def __init__(self, cfg, connector):
         from vllm.v1.request import RequestStatus
 
@@ -122,7 +139,11 @@ class HarnessScheduler:
         self.epoch: dict = {}
         self.finished_req_ids: set = set()
         self.finished_recving: set = set()
-        self.failed_recving: set = set()
+        self.failed_recving_kv_req_ids: set = set()
+        self.kv_cache_manager = _KVCacheManager(self)
+        self.block_size = self.B
+        self.need_mamba_block_aligned_split = (any(k == MAMBA for k, _n, _w in cfg.groups)
+                                               and cfg.mamba_cache_mode == "align")
         self.delayed: set = set()  # finished requests whose blocks the connector holds
         self.outputs: dict = collections.defaultdict(list)
         self.finished_blocks: dict = {}  # rid -> block ids at finish (for snapshots)
@@ -221,7 +242,7 @@ class HarnessScheduler:
     def _align(self, req, c, n):
         """Mamba 'align' chunking: a prefill chunk ends on a block boundary, and
         at the last boundary before the last prompt token."""
-        if not any(k == MAMBA for k, _n, _w in self.cfg.groups) or n <= 1:
+        if not self.need_mamba_block_aligned_split or n <= 1:
             return n
         end = c + n
         last = (req.num_tokens - 1) // self.B * self.B
@@ -236,6 +257,8 @@ class HarnessScheduler:
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
         self.step_no += 1
+        self.pool.fresh = []
+        no_zero = set()  # async-load destinations (vLLM's _skip_zero_block_ids)
         budget = self.cfg.max_num_batched_tokens
         scheduled = {}
         new_reqs, cached_ids, resumed = [], [], set()
@@ -249,7 +272,8 @@ class HarnessScheduler:
             rid = req.request_id
             n = req.num_tokens + self.placeholders[rid] - req.num_computed_tokens
             n = min(n, budget)
-            n = self._align(req, req.num_computed_tokens, n)
+            if self.need_mamba_block_aligned_split:
+                n = self._mamba_block_aligned_split(req, n)
             if n <= 0:
                 i += 1
                 continue
@@ -279,7 +303,7 @@ class HarnessScheduler:
                         skipped.append(req)
                         continue
                     self.finished_recving.discard(rid)
-                    self.failed_recving.discard(rid)
+                    self._update_waiting_for_remote_kv(req)
                     req.status = self.RS.WAITING
                     self.log.append(("recv_done", rid, req.num_computed_tokens))
                 ext, load_async = 0, False
@@ -294,8 +318,9 @@ class HarnessScheduler:
                     computed = local + ext
                 else:
                     local, computed = req.num_computed_tokens, req.num_computed_tokens
-                n = req.num_tokens - computed
-                n = self._align(req, computed, min(n, budget))
+                n = min(req.num_tokens - computed, budget)
+                if self.need_mamba_block_aligned_split:
+                    n = self._mamba_block_aligned_split(req, n, computed - req.num_computed_tokens - ext, ext)
                 if load_async:
                     n = 0
                 fresh = rid not in self.req_blocks
@@ -312,8 +337,10 @@ class HarnessScheduler:
                 if ext:
                     req.num_external_computed_tokens = ext
                 if load_async:
+                    no_zero.update(b for t in self.req_blocks[rid] for b in t)
                     req.status = self.RS.WAITING_FOR_REMOTE_KVS
-                    req.num_computed_tokens = computed
+                    if self.SETS_COMPUTED_AT_ASYNC_ALLOC:
+                        req.num_computed_tokens = computed
                     skipped.append(req)
                     continue
                 req.num_computed_tokens = computed
@@ -370,6 +397,7 @@ class HarnessScheduler:
             self._cache_full_blocks(req)
         self.finished_req_ids = set()
         so._harness_sched = sched
+        so._harness_zero = set(self.pool.fresh) - no_zero - {NULL}
         so._harness_step = self.step_no
         return so, tokens
 
@@ -383,30 +411,38 @@ class HarnessScheduler:
     # -- outputs --
 
     def _handle_invalid_blocks(self, invalid):
-        """scheduler.py _update_requests_with_invalid_blocks, recompute policy:
-        truncate num_computed_tokens at the first bad block of group 0."""
-        affected = set()
-        for rid, req in self.requests.items():
-            if req.is_finished() or rid not in self.req_blocks:
-                continue
-            ids0 = self.req_blocks[rid][0]
-            for idx, b in enumerate(ids0):
-                if b in invalid:
-                    new = min(req.num_computed_tokens, idx * self.B)
-                    if new < req.num_computed_tokens or req.status == self.RS.WAITING_FOR_REMOTE_KVS:
-                        self.log.append(("truncated", rid, (req.num_computed_tokens, new)))
-                        req.num_computed_tokens = new
-                        req.num_external_computed_tokens = min(req.num_external_computed_tokens, new)
-                        affected.add(rid)
-                    break
+        """scheduler.py _handle_invalid_blocks, recompute policy: every
+        async-loading waiting request, then every running one, through the
+        engine version's _update_requests_with_invalid_blocks."""
+        waiting = [r for r in self.waiting if r.status == self.RS.WAITING_FOR_REMOTE_KVS]
+        affected = self._update_requests_with_invalid_blocks(waiting, invalid)
+        affected |= self._update_requests_with_invalid_blocks(list(self.running), invalid)
         for rid in affected:
             req = self.requests[rid]
             if req.status == self.RS.WAITING_FOR_REMOTE_KVS:
-                self.failed_recving.add(rid)
+                self.failed_recving_kv_req_ids.add(rid)
             else:
                 self.epoch[rid] += 1  # this step's (and in-flight steps') output is recomputed
                 self.placeholders[rid] = 0
         return affected
+
+    def _truncate_at_invalid(self, req, ids0, invalid) -> bool:
+        """Truncate num_computed_tokens at the first invalid block of ids0."""
+        rid = req.request_id
+        cur = req.num_computed_tokens
+        if (req.status == self.RS.WAITING_FOR_REMOTE_KVS and not self.SETS_COMPUTED_AT_ASYNC_ALLOC
+                and rid not in self.failed_recving_kv_req_ids):
+            cur = len(ids0) * self.B  # not set at allocation in this version
+        for idx, b in enumerate(ids0):
+            if b in invalid:
+                new = min(cur, idx * self.B)
+                if new < cur or req.status == self.RS.WAITING_FOR_REMOTE_KVS:
+                    self.log.append(("truncated", rid, (cur, new)))
+                    req.num_computed_tokens = new
+                    req.num_external_computed_tokens = min(req.num_external_computed_tokens, new)
+                    return True
+                return False
+        return False
 
     def _free_request(self, req):
         rid = req.request_id
@@ -478,6 +514,20 @@ class HarnessScheduler:
         self.log.append(("freed", rid, self.step_no))
 
 
+def _default_scheduler():
+    from vllm.v1.core.sched.scheduler import SCHEDULER_00024D31
+
+    class HarnessScheduler(SCHEDULER_00024D31, _SchedulerCore):
+        """The harness scheduler as scheduler.py@00024d31 (what subclasses
+        outside Engine, e.g. the GPU mini engine, get); Engine puts the class
+        HarnessConfig.engine names before it."""
+
+    return HarnessScheduler
+
+
+HarnessScheduler = _default_scheduler()
+
+
 # ---- aggregation ------------------------------------------------------------------
 
 
@@ -531,8 +581,8 @@ class Aggregator:
                     events.increment_workers(1)
             if k.kv_connector_worker_meta is not None:
                 wmeta = k.kv_connector_worker_meta if wmeta is None else wmeta.aggregate(k.kv_connector_worker_meta)
-        if events is not None:
-            events = events.aggregate()
+        # KVOutputAggregator@00f4240e does not call aggregate() on the events:
+        # the scheduler connector gets every worker's events
         kvo = KVConnectorOutput(finished_sending=fs or None, finished_recving=fr or None, kv_connector_stats=stats,
                                 kv_cache_events=events, kv_connector_worker_meta=wmeta, invalid_block_ids=inv)
         return {"sampled": sampled, "kv": kvo, "bad": set().union(*(o["bad"] for o in outs))}
@@ -596,8 +646,12 @@ class Engine:
         else:
             self.workers = [HarnessWorker(cfg, r) for r in range(cfg.tp)]
         # the scheduler's connector after the workers (their pools serve its lookups)
+        from vllm.v1.core.sched import scheduler as sched_mod
+
+        version = sched_mod.ENGINES[cfg.engine]
+        sched_mod.Scheduler = version  # what the connector probes is what runs
         self.conn = mod.UMBPConnector(cfg.vllm_config(0), KVConnectorRole.SCHEDULER, cfg.kv_cache_config())
-        self.sched = HarnessScheduler(cfg, self.conn)
+        self.sched = type("HarnessScheduler_" + cfg.engine, (version, _SchedulerCore), {})(cfg, self.conn)
         self.agg = Aggregator(cfg.tp)
         self.prev = None
         self.bad = []  # (step, rid) whose forward saw wrong KV

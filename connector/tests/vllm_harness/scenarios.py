@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 
@@ -318,8 +319,11 @@ def failed_load(**kw):
 def hybrid(**kw):
     """Full + sliding-window + Mamba groups: a restore loads only the window's
     blocks of the SWA group and one state block of the Mamba group; stores write
-    only the window (+1) of each step's end and block-aligned Mamba states."""
+    only the window (+1) of each step's end and block-aligned Mamba states.
+    On the "hma" engine (no real vLLM: see vllm/v1/core/sched/scheduler.py),
+    the one where the connector promises multi-group hits."""
     kw.setdefault("groups", [(FULL, 2, 0), (SWA, 2, 32), (MAMBA, 1, 0)])
+    kw.setdefault("engine", "hma")
     out = restore(**kw)
     loaded = [w["blocks_loaded_by_group"] for w in out["counters"]["workers"]]
     stored = [w["blocks_stored_by_group"] for w in out["counters"]["workers"]]
@@ -335,23 +339,61 @@ def events(**kw):
     with engine(**kw) as e:
         a = e.add("A", PROMPT, 2)
         e.run()
+        if e.conn._scheduler.events.lost:
+            raise HarnessError(f"{e.conn._scheduler.events.lost} event batches could not be built")
         stored = [ev for ev in e.sched.events if type(ev).__name__ == "BlockStored"]
-        hs = list(a.block_hashes[:6])
+        # vLLM's own events carry maybe_convert_block_hash(hash): by default
+        # (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1) the low 64 bits, big-endian
+        as_int = os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0"
+        hs = [int.from_bytes(h, "big") & ((1 << 64) - 1) if as_int else h for h in a.block_hashes[:6]]
         got = [ev.block_hashes[0] for ev in stored]
         if got != hs:
-            raise HarnessError(f"BlockStored for {len(got)} blocks, expected A's 6 in order")
+            raise HarnessError(f"BlockStored for {len(got)} blocks, expected A's 6 in order: {got} != {hs}")
         for i, ev in enumerate(stored):
             if ev.parent_block_hash != (hs[i - 1] if i else None) or list(ev.token_ids) != PROMPT[16 * i:16 * i + 16]:
                 raise HarnessError(f"BlockStored {i}: parent/token_ids wrong: {ev}")
             if ev.block_size != 16:
                 raise HarnessError(f"BlockStored {i}: block_size {ev.block_size}")
+            if getattr(ev, "lora_name", None) is not None or ev.lora_id is not None or ev.medium != "CPU":
+                raise HarnessError(f"BlockStored {i}: lora/medium wrong: {ev}")
         e.conn.reset_cache()
         e.add("B", [7] * 20, 1)  # a step, so that the workers drain the clear's events
         e.run()
         removed = [ev.block_hashes[0] for ev in e.sched.events if type(ev).__name__ == "BlockRemoved"]
         if set(hs) - set(removed):
             raise HarnessError(f"BlockRemoved missing for {len(set(hs) - set(removed))} blocks")
+        if set(removed) - set(got):
+            raise HarnessError(f"BlockRemoved for {len(set(removed) - set(got))} blocks never announced")
         return {"stored": len(stored), "removed": len(removed), "counters": e.check_clean()}
+
+
+def unrecoverable(**kw):
+    """A configuration where the engine cannot recover from a failed load (or
+    a completed async load, or any external token): A stores its prompt, B
+    (same prompt) comes, and any load planned for B loses its objects first,
+    so that a connector which promised B a hit must report invalid blocks.
+    The engine must survive, B must be computed right (from scratch), and A's
+    blocks must still be stored."""
+    with engine(**kw) as e:
+        e.add("A", PROMPT, 3)
+        e.run()
+        stored = [w.counters()["blocks_stored_by_group"] for w in e.workers]
+        e.add("B", PROMPT, 3)
+        hashes = [h for h in e.sched.requests["B"].block_hashes[:6]]
+        planned = []
+
+        def sabotage(so):
+            meta = so.kv_connector_metadata
+            if not planned and any(p.req_id == "B" for p in meta.loads):
+                for g in range(len(e.cfg.groups)):
+                    e.workers[0].remove_objects(g, hashes, 0, None)
+                planned.append(so._harness_step)
+
+        e.run(before_execute=sabotage)
+        e.check_outputs({"A": PROMPT, "B": PROMPT}, 3)
+        if e.bad:
+            raise HarnessError(f"forward passes saw wrong KV: {e.bad}")
+        return {"matched": e.matched("B"), "planned": planned, "stored": stored, "counters": e.check_clean()}
 
 
 def lookup_async(**kw):
@@ -405,7 +447,7 @@ def server_death(kill, **kw):
 
 
 SCENARIOS = {f.__name__: f for f in (restore, partial, preemption, abort, store_inflight, reset, failed_load,
-                                     hybrid, events, lookup_async, roles)}
+                                     hybrid, events, lookup_async, roles, unrecoverable)}
 
 
 def main(argv):

@@ -21,6 +21,7 @@ import torch
 
 from . import model
 from .config import FULL, MAMBA, SWA
+from .engine import HarnessError
 
 
 class HarnessWorker:
@@ -75,6 +76,36 @@ class HarnessWorker:
 
     def _put(self, x):
         return torch.from_numpy(x).to(self.dev)
+
+    def _zero_new_blocks(self, so):
+        """The V1 runner's _update_states: _zero_block_ids(new blocks) (and
+        kv_cache_block_copies) run on blocks the scheduler allocated in this
+        step, before bind.  A store of the connector that is still uncollected
+        and reads one of them could read zeros: a harness error.  Then the
+        blocks are zeroed in every layer (a block id belongs to one group)."""
+        zero = getattr(so, "_harness_zero", None) or set()
+        if not zero:
+            return
+        w = getattr(self.conn, "_worker", None)
+        for j in (getattr(w, "jobs", None) or ()):
+            if j.kind != "store":
+                continue
+            ids = j.plan.block_ids
+            src = set(np.frombuffer(ids, dtype=np.int64).tolist()) if isinstance(ids, bytes) else set(ids)
+            hit = src & zero
+            if hit:
+                raise HarnessError(f"blocks {sorted(hit)} zeroed by _update_states while store plan "
+                                   f"{j.plan.plan_id} of {j.req_id} still reads them")
+        idx = torch.tensor(sorted(zero), dtype=torch.long)
+        for name, *_ in self.layers:
+            t = self.kv.get(name) if isinstance(self.kv, dict) else None
+            if t is None:
+                continue
+            if isinstance(t, list):
+                for x in t:
+                    x[idx.to(x.device)] = 0
+            else:
+                t[:, idx.to(t.device)] = 0
 
     def _update_states(self, so):
         for rid in so.finished_req_ids:
@@ -158,7 +189,14 @@ class HarnessWorker:
         conn = self.conn
         self.calls = []
         meta = so.kv_connector_metadata
-        if self.cfg.api == "new":
+        if self.cfg.api == "new" and self.cfg.runner == "v1":
+            conn.handle_preemptions(meta)
+            self.preemption_args.append(("meta", set(getattr(meta, "preempted_req_ids", ()))))
+            self._update_states(so)
+            self._zero_new_blocks(so)
+            conn.bind_connector_metadata(meta)
+            self.calls += [("handle_preemptions",), ("bind_connector_metadata",)]
+        elif self.cfg.api == "new":
             conn.bind_connector_metadata(meta)
             conn.handle_preemptions(meta)
             self.preemption_args.append(("meta", set(getattr(meta, "preempted_req_ids", ()))))
@@ -170,7 +208,8 @@ class HarnessWorker:
                 self.calls.append(("handle_preemptions",))
             conn.bind_connector_metadata(meta)
             self.calls.append(("bind_connector_metadata",))
-        self._update_states(so)
+        if not (self.cfg.api == "new" and self.cfg.runner == "v1"):
+            self._update_states(so)
         from vllm.forward_context import ForwardContext
 
         conn.start_load_kv(ForwardContext())

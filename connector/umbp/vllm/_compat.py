@@ -13,6 +13,7 @@ import enum
 import inspect
 import logging
 import os
+import re as _re
 from typing import Any
 
 # ---- required ---------------------------------------------------------------
@@ -161,6 +162,50 @@ def make_block_stored(**kw):
     return BlockStored(**_filtered(_STORED_PARAMS, kw))
 
 
+# vLLM's events carry maybe_convert_block_hash(hash) (kv_cache_utils.py@
+# 001cabc1be16): the low 64 bits of the hash bytes, big-endian, unless
+# VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 (default 1 in vllm/envs.py).  vLLM's
+# own function is used where it exists, so the CPU tier's events match the
+# GPU tier's under any setting.
+try:
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as _vllm_convert
+except Exception:
+    _vllm_convert = None
+
+
+def _int_block_hashes() -> bool:
+    try:
+        import vllm.envs as _envs
+
+        return bool(_envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
+    except Exception:
+        return bool(int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
+
+
+def convert_block_hash(h: bytes):
+    """A block hash as vLLM's KV events carry it."""
+    if _vllm_convert is not None:
+        return _vllm_convert(h)
+    if not _int_block_hashes():
+        return h
+    return int.from_bytes(h, byteorder="big") & ((1 << 64) - 1)
+
+
+def lora_of(request) -> tuple:
+    """(lora_id, lora_name) as vLLM's block pool puts them in BlockStored:
+    the request's LoRA adapter id and name, or (None, None)."""
+    lr = getattr(request, "lora_request", None)
+    if lr is None:
+        return None, None
+    lid = getattr(lr, "lora_int_id", None)
+    if lid is None:
+        lid = getattr(lr, "adapter_id", None)
+    name = getattr(lr, "lora_name", None)
+    if name is None:
+        name = getattr(lr, "name", None)
+    return lid, name
+
+
 def make_block_removed(**kw):
     return BlockRemoved(**_filtered(_REMOVED_PARAMS, kw))
 
@@ -206,3 +251,64 @@ def enum_name(x) -> str:
     if isinstance(x, enum.Enum):
         return x.name
     return str(x)
+
+
+# ---- what the running vLLM's scheduler can recover from ----------------------
+#
+# Read from the engine's own scheduler source, not guessed from a version
+# number (docs/vllm.md, "Which models get hits", has the matrix):
+# - scheduler.py@00024d314514 and the later SchedulerKVConnectorMixin unpack
+#   ONE KV cache group's block ids in _update_requests_with_invalid_blocks
+#   ("(req_block_ids,) = self.kv_cache_manager.get_block_ids(req_id)"): with
+#   two or more groups, the first reported invalid block raises ValueError in
+#   EngineCore;
+# - 00024d31's _update_waiting_for_remote_kv does the same at the first
+#   completed async load;
+# - _mamba_block_aligned_split asserts "External KV connector is not verified
+#   yet" (mamba_cache_mode "align").
+# Where the source cannot be read, each limit is assumed present.
+
+
+_ONE_GROUP_UNPACK = _re.compile(r"\(\s*\w+\s*,\s*\)\s*=\s*self\.kv_cache_manager\.get_block_ids\(")
+_NO_EXTERNAL = _re.compile(r"External KV connector is not verified|assert\s+num_external_computed_tokens\s*==\s*0")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineLimits:
+    #: a reported invalid block raises with >= 2 KV cache groups
+    invalid_blocks_one_group: bool = True
+    #: a completed async load raises with >= 2 KV cache groups
+    async_done_one_group: bool = True
+    #: Mamba "align" mode asserts that no token is external
+    mamba_align_no_external: bool = True
+    #: where the answers come from (for the warning)
+    source: str = "vLLM's scheduler could not be read"
+
+
+def _method_source(cls, name: str) -> str | None:
+    fn = getattr(cls, name, None)
+    if fn is None:
+        return None
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
+
+
+def engine_limits() -> EngineLimits:
+    """The limits of the vLLM scheduler this process runs (see above)."""
+    try:
+        from vllm.v1.core.sched import scheduler as _sched
+
+        cls = _sched.Scheduler
+    except Exception:
+        return EngineLimits()
+    inv = _method_source(cls, "_update_requests_with_invalid_blocks")
+    done = _method_source(cls, "_update_waiting_for_remote_kv")
+    mamba = _method_source(cls, "_mamba_block_aligned_split")
+    return EngineLimits(
+        invalid_blocks_one_group=not inv or bool(_ONE_GROUP_UNPACK.search(inv)),
+        async_done_one_group=not done or bool(_ONE_GROUP_UNPACK.search(done)),
+        # no such method: this vLLM has no align split
+        mamba_align_no_external=mamba is not None and (not mamba or bool(_NO_EXTERNAL.search(mamba))),
+        source="%s.%s" % (getattr(cls, "__module__", "?"), getattr(cls, "__qualname__", "?")))

@@ -99,9 +99,10 @@ class EventBuilder:
         self.pending: list = []
         self.lost = 0
 
-    def note_store(self, group: int, h: bytes, parent, token_ids, lora_id):
+    def note_store(self, group: int, h: bytes, parent, token_ids, lora):
+        """lora: (lora_id, lora_name) of the request (_compat.lora_of)."""
         k = (group, h)
-        self.info[k] = (parent, list(token_ids) if token_ids is not None else [], lora_id)
+        self.info[k] = (parent, list(token_ids) if token_ids is not None else [], lora)
         self.info.move_to_end(k)
         while len(self.info) > self.info_max:
             self.info.popitem(last=False)
@@ -112,38 +113,48 @@ class EventBuilder:
         return _compat.EVENTS_HAVE_GROUP or group == self.group_ids[0]
 
     def feed(self, events):
-        try:
-            self._feed(events)
-        except Exception as e:  # an event class of another vLLM: events are best effort
-            if not self.lost:
-                _compat.get_logger("umbp.vllm.events").warning(
-                    "umbp: KV events disabled: building vLLM's event objects failed (%s)", e)
-            self.lost += 1
+        """Each event on its own: one that cannot be built (an event class of
+        another vLLM) is counted in ``lost``, warned about once, and leaves
+        the block unannounced (so no BlockRemoved follows for it)."""
+        for ev in events:
+            try:
+                self._feed_one(*ev)
+            except Exception as e:  # events are best effort
+                if not self.lost:
+                    _compat.get_logger("umbp.vllm.events").warning(
+                        "umbp: a KV event could not be built as vLLM's event object (%s); such events "
+                        "are dropped and counted", e)
+                self.lost += 1
 
-    def _feed(self, events):
-        for rank, t, group, h in events:
-            k = (group, h)
-            if t == STORED:
-                s = self.holders.setdefault(k, set())
-                s.add(rank)
-                if len(s) >= self.world and k not in self.announced:
-                    self.announced.add(k)
-                    parent, tokens, lora = self.info.pop(k, (None, [], None))
-                    if self._emits(group):
-                        self.pending.append(_compat.make_block_stored(
-                            block_hashes=[h], parent_block_hash=parent, token_ids=tokens,
-                            block_size=self.block_size, lora_id=lora, medium="CPU", group_idx=group))
-            elif t == REMOVED:
-                s = self.holders.get(k)
-                if s is not None:
-                    s.discard(rank)
-                    if not s:
-                        self.holders.pop(k, None)
-                if k in self.announced:
-                    self.announced.discard(k)
-                    if self._emits(group):
-                        self.pending.append(_compat.make_block_removed(
-                            block_hashes=[h], medium="CPU", group_idx=group))
+    def _feed_one(self, rank, t, group, h):
+        k = (group, h)
+        if t == STORED:
+            s = self.holders.setdefault(k, set())
+            s.add(rank)
+            if len(s) >= self.world and k not in self.announced:
+                parent, tokens, lora = self.info.pop(k, (None, [], (None, None)))
+                if self._emits(group):
+                    cv = _compat.convert_block_hash
+                    # every field vLLM's block pool fills (kv_events.py@0181ea31:
+                    # lora_name has no default); the block is announced only
+                    # once its event exists
+                    ev = _compat.make_block_stored(
+                        block_hashes=[cv(h)], parent_block_hash=cv(parent) if parent is not None else None,
+                        token_ids=tokens, block_size=self.block_size, lora_id=lora[0], medium="CPU",
+                        lora_name=lora[1], group_idx=group)
+                    self.pending.append(ev)
+                self.announced.add(k)
+        elif t == REMOVED:
+            s = self.holders.get(k)
+            if s is not None:
+                s.discard(rank)
+                if not s:
+                    self.holders.pop(k, None)
+            if k in self.announced:
+                if self._emits(group):
+                    self.pending.append(_compat.make_block_removed(
+                        block_hashes=[_compat.convert_block_hash(h)], medium="CPU", group_idx=group))
+                self.announced.discard(k)
 
     def take(self) -> list:
         out, self.pending = self.pending, []

@@ -217,6 +217,38 @@ class _Req:
         self.parked: list = []
 
 
+def load_policy(num_groups: int, has_mamba: bool, mamba_cache_mode, load_async: bool,
+                limits: _compat.EngineLimits) -> tuple:
+    """(loads on, loads async, warning or "") for a model of num_groups vLLM
+    KV cache groups on an engine with these limits.  The rule: never create a
+    situation the engine cannot recover from.  A load can always fail (an
+    object evicted or a copy error between lookup and load), and reporting it
+    is the only way to make vLLM recompute instead of computing on wrong KV;
+    where reporting it (or completing an async load) would raise in EngineCore,
+    no hit is promised at all."""
+    if has_mamba and mamba_cache_mode == "align" and limits.mamba_align_no_external:
+        return False, load_async, (
+            "loads disabled: this vLLM's scheduler asserts that no token comes from a KV connector in "
+            "Mamba 'align' mode (_mamba_block_aligned_split: \"External KV connector is not verified yet\"), "
+            "so any hit would crash EngineCore; umbp still stores blocks but reports no hits")
+    if num_groups >= 2 and limits.invalid_blocks_one_group:
+        return False, load_async, (
+            "loads disabled: this vLLM's scheduler reads the block ids of one KV cache group when a load "
+            "fails (_update_requests_with_invalid_blocks), and this model has %d groups: reporting a failed "
+            "load would raise ValueError in EngineCore, and not reporting it would compute on wrong KV; "
+            "umbp still stores blocks but reports no hits" % num_groups)
+    if num_groups >= 2 and load_async and limits.async_done_one_group:
+        if has_mamba:
+            return False, load_async, (
+                "loads disabled: this vLLM's scheduler reads the block ids of one KV cache group when an "
+                "async load completes (_update_waiting_for_remote_kv), this model has %d groups, and Mamba "
+                "state needs async loads; umbp still stores blocks but reports no hits" % num_groups)
+        return True, False, (
+            "synchronous loads: this vLLM's scheduler reads the block ids of one KV cache group when an "
+            "async load completes (_update_waiting_for_remote_kv), and this model has %d groups" % num_groups)
+    return True, load_async, ""
+
+
 class UMBPScheduler:
     def __init__(self, umbp, opts, vllm_config, kv_cache_config, kv_role: str):
         self.umbp = umbp
@@ -240,6 +272,13 @@ class UMBPScheduler:
         self.load_async = bool(opts.load_async) or self.has_mamba
         if self.has_mamba and not opts.load_async:
             log.info("umbp: load_async forced on: a synchronous Mamba load would read stale state")
+        if self.load_enabled:
+            self.limits = _compat.engine_limits()
+            self.load_enabled, self.load_async, why = load_policy(
+                self.num_vllm_groups, self.has_mamba, getattr(cc, "mamba_cache_mode", None), self.load_async,
+                self.limits)
+            if why:
+                log.warning("umbp: %s (read from %s)", why, self.limits.source)
         self.lazy = bool(opts.lazy_offload)
         self.quarantine_s = opts.load_failure_quarantine_ms / 1000.0
         prompt_cap = not opts.save_decode_cache
@@ -622,7 +661,7 @@ class UMBPScheduler:
             toks = getattr(req, "all_token_ids", None)
             if toks is None:
                 toks = getattr(req, "prompt_token_ids", None) or []
-            lora = getattr(getattr(req, "lora_request", None), "lora_int_id", None)
+            lora = _compat.lora_of(req)
             for p in _sel_list(sel):  # vLLM's events are per-block objects
                 self.events.note_store(g.index, hs[p].tobytes(), hs[p - 1].tobytes() if p else None,
                                        list(toks[p * B:(p + 1) * B]), lora)

@@ -79,6 +79,7 @@ class UMBPWorker:
         self.last_failed_recving: set = set()
         self.cleared_epoch = 0
         self.preempt_drained_step = -1
+        self.flushed_step = None  # the metadata step whose freed-block stores were waited for
         self.tainted: dict = {}  # req_id -> epoch of its last failed load
         self.step = 0
         self.wmeta = UMBPWorkerMetadata()
@@ -195,12 +196,10 @@ class UMBPWorker:
             self.failed_block_ids.update(ids)
             if rid in meta.async_load_req_ids:
                 self.failed_recving.add(rid)
-        # before the forward (bind always precedes it; start_load_kv may follow
-        # the forward's launch in newer runners): stores whose source blocks
-        # are about to be reused must be done
-        if meta.flush_plan_ids and any(j.kind == "store" and j.plan.plan_id in meta.flush_plan_ids
-                                       for j in self.jobs):
-            self._collect(wait=lambda j: j.kind == "store" and j.plan.plan_id in meta.flush_plan_ids)
+        # a runner that did not hand the metadata to handle_preemptions first
+        # (V2 runner: bind precedes it; old runners: a set of ids): flush here,
+        # still before the forward
+        self._flush(meta)
         if meta.preempted_req_ids and self.preempt_drained_step != meta.step:
             self.drain(meta.preempted_req_ids)  # a runner that never calls handle_preemptions
 
@@ -416,10 +415,29 @@ class UMBPWorker:
         if ids and any(j.req_id in ids for j in self.jobs):
             self._collect(wait=lambda j: j.req_id in ids)
 
+    def _flush(self, meta):
+        """Waits for the stores whose source blocks vLLM frees in this step
+        (sliding-window blocks leaving the window, Mamba state blocks), once
+        per step.  It must run before the runner's _update_states, which
+        zeroes newly allocated blocks and applies kv_cache_block_copies: a
+        freed block reallocated in this step would otherwise be overwritten
+        while the store still reads it (zeros published under a valid key).
+        The V1 runner calls handle_preemptions(metadata) before
+        _update_states, so the wait is there (as in vLLM's base docstring and
+        its OffloadingConnector); bind repeats it for other runners."""
+        step = getattr(meta, "step", None)
+        if meta is None or (step is not None and self.flushed_step == step):
+            return
+        self.flushed_step = step
+        ids = getattr(meta, "flush_plan_ids", None)
+        if ids and any(j.kind == "store" and j.plan.plan_id in ids for j in self.jobs):
+            self._collect(wait=lambda j: j.kind == "store" and j.plan.plan_id in ids)
+
     def handle_preemptions(self, arg):
         if isinstance(arg, (set, frozenset, list, tuple)):
             ids = set(arg)
         else:
+            self._flush(arg)
             ids = set(getattr(arg, "preempted_req_ids", None) or ())
         if ids:
             self.drain(ids)

@@ -15,6 +15,7 @@ class CacheConfig:
     cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     num_gpu_blocks: int | None = None
+    mamba_cache_mode: str = "none"
 
 
 @dataclass

@@ -1,8 +1,14 @@
-"""Fake vllm/distributed/kv_events.py: BlockStored/BlockRemoved
-(vllm.md §1: block_hashes, parent_block_hash, token_ids, block_size, lora_id,
-medium) and KVConnectorKVEvents (the interface UMBPStoreKVEvents implements)."""
+"""Fake vllm/distributed/kv_events.py: the event structs and
+KVConnectorKVEvents of kv_events.py@0181ea3173e5.
+
+vLLM's events are msgspec Structs: a field with no default is REQUIRED (the
+constructor raises TypeError without it, as msgspec does), and
+inspect.signature lists the fields.  Dataclasses with the same fields, order
+and defaults give both.  FAKE_VLLM_API=old gives the older six-field
+BlockStored (no lora_name, no group_idx) and two-field BlockRemoved."""
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import vllm
 
@@ -11,20 +17,45 @@ class KVCacheEvent:
     pass
 
 
-@dataclass
-class BlockStored(KVCacheEvent):
-    block_hashes: list
-    parent_block_hash: object
-    token_ids: list
-    block_size: int
-    lora_id: object
-    medium: object
+MEDIUM_GPU = "GPU"
 
+if vllm.API != "old":
 
-@dataclass
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list
-    medium: object
+    @dataclass
+    class BlockStored(KVCacheEvent):
+        block_hashes: list
+        parent_block_hash: Any
+        token_ids: list
+        block_size: int
+        lora_id: Any
+        medium: Any
+        lora_name: Any
+        extra_keys: Any = None
+        group_idx: Any = None
+        kv_cache_spec_kind: Any = None
+        kv_cache_spec_sliding_window: Any = None
+
+    @dataclass
+    class BlockRemoved(KVCacheEvent):
+        block_hashes: list
+        medium: Any
+        group_idx: Any = None
+
+else:
+
+    @dataclass
+    class BlockStored(KVCacheEvent):
+        block_hashes: list
+        parent_block_hash: Any
+        token_ids: list
+        block_size: int
+        lora_id: Any
+        medium: Any
+
+    @dataclass
+    class BlockRemoved(KVCacheEvent):
+        block_hashes: list
+        medium: Any
 
 
 @dataclass
@@ -52,3 +83,7 @@ if vllm.API != "old":
 
         @abstractmethod
         def clear_events(self): ...
+
+        def merge(self, other):
+            self.add_events(other.get_all_events())
+            return self
