@@ -858,9 +858,11 @@ class UMBPScheduler:
                 if c >= self.world:
                     self.clear_acked = max(self.clear_acked, ep)
                     self.clear_counts = {e: v for e, v in self.clear_counts.items() if e > ep}
-        inv = getattr(out, "invalid_block_ids", None)
+        inv = set(getattr(out, "invalid_block_ids", None) or ())
+        # newer vLLM: failed_recving may be a mapping whose failures name blocks
+        inv |= _compat.failed_recving_blocks(getattr(out, "failed_recving", None))
         if inv:
-            self._on_load_errors(set(inv))
+            self._on_load_errors(inv)
         ev = getattr(out, "kv_cache_events", None)
         if self.events is not None and isinstance(ev, UMBPKVEvents):
             self.events.feed(ev.get_all_events())
