@@ -196,6 +196,24 @@ def test_failed_recving_is_read_in_either_shape():
         assert seen == want, (out, seen)
 
 
+@pytest.mark.parametrize("publishable", [None, 2, 0])
+def test_stores_stop_at_num_publishable_block_hashes(publishable):
+    """Newer vLLM (base.py@003df296, request_finished_all_groups): content-
+    addressed connectors must not store positions past
+    request.num_publishable_block_hashes (with EAGLE the last hashes are not
+    final yet).  A's 6 hashed blocks, 2 publishable: C finds 2 blocks."""
+    with S.engine() as e:
+        a = e.add("A", S.PROMPT, 3)
+        if publishable is not None:
+            a.num_publishable_block_hashes = publishable
+        assert len(a.block_hashes) >= 6
+        e.run()
+        e.add("C", S.PROMPT, 3)
+        e.run()
+        e.check_outputs({"A": S.PROMPT, "C": S.PROMPT}, 3)
+        assert e.matched("C")[1] == (96 if publishable is None else 16 * publishable)
+
+
 def test_failed_load_quarantine_outlives_a_later_store():
     r = S.failed_load(keep=2, extra={"load_failure_quarantine_ms": 60000})
     assert r["matched_C"][1] == 32  # blocks 2.. failed: misses for 60 s even though B stored them again

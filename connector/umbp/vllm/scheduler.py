@@ -610,6 +610,12 @@ class UMBPScheduler:
         req = st.request
         B = self.block_size
         hi = min(total // B, self._num_blocks_hashed(req))
+        # newer vLLM (base.py@003df296, SupportsHMA.request_finished_all_groups):
+        # a content-addressed connector stores no hash past the publishable ones
+        # (EAGLE: the last hashes are not final until the draft KV exists)
+        pub = getattr(req, "num_publishable_block_hashes", None)
+        if pub is not None:
+            hi = min(hi, int(pub) // self.scale)
         if self.prompt_cap:
             hi = min(hi, getattr(req, "num_prompt_tokens", total) // B)
         lo = st.stored_upto
