@@ -143,3 +143,17 @@ def page_indices(pool: FakeHostPool, pages) -> torch.Tensor:
     """host_indices for whole pages (token slots of each page, in order)."""
     ps = pool.page_size
     return torch.tensor([p * ps + t for p in pages for t in range(ps)], dtype=torch.int64)
+
+
+class FakeSidecarHostPool:
+    """A non-KV host pool of SGLang's hybrid models (Mamba/SWA state, DSA
+    indexer), as far as a storage backend sees it at registration: the
+    controller hands it over with its PoolName through register_mem_host_pool_v2
+    (hybrid_cache_controller.attach_storage_backend / register_host_pool_entry)."""
+
+    def __init__(self, page_size: int = 4, num_pages: int = 8, layout: str = "page_first"):
+        self.layout = layout
+        self.page_size = page_size
+        self.size = num_pages * page_size
+        self.size_per_token = 64
+        self.kv_buffer = None

@@ -39,7 +39,7 @@ for p in (str(HERE), str(CONNECTOR)):
         sys.path.insert(0, p)
 
 import umbp  # noqa: E402
-from sglang_fakes import FakeHostPool, page_indices  # noqa: E402
+from sglang_fakes import FakeHostPool, FakeSidecarHostPool, page_indices  # noqa: E402
 from umbp.sglang import _compat  # noqa: E402
 from umbp.sglang.config import UMBPStoreConfigError  # noqa: E402
 from umbp.sglang.hicache import UMBPStore, page_hashes  # noqa: E402
@@ -295,6 +295,72 @@ def test_clear_and_stats(stores):
     assert st.clear() is True
     assert st.batch_exists([hkey(1)]) == 0
     assert stores(pool).get_stats() is None  # without --enable-storage-metrics
+
+
+# ---- the v2 multi-pool interface -------------------------------------------------
+
+def test_v2_registration_refuses_sidecar_pools_and_keeps_the_kv_anchor(stores):
+    """SGLang's hybrid controller calls register_mem_pool_host(anchor), then
+    register_mem_host_pool_v2 for every entry, the KV anchor first."""
+    pool = FakeHostPool("page_first")
+    st = stores(pool)
+    st.register_mem_host_pool_v2(pool, _compat.PoolName.KV)          # the anchor: accepted
+    st.register_mem_host_pool_v2(pool, "kv")
+    assert st.layout is not None
+    for name in (_compat.PoolName.MAMBA, _compat.PoolName.SWA, _compat.PoolName.INDEXER, "draft"):
+        with pytest.raises(UMBPStoreConfigError, match=r"'%s'.*v2 multi-pool.*--hicache-storage-backend"
+                           % str(name)):
+            st.register_mem_host_pool_v2(FakeSidecarHostPool(), name)
+    # a KV anchor that is another pool object is registered like register_mem_pool_host
+    other = FakeHostPool("page_first_direct")
+    bare = stores()
+    bare.register_mem_host_pool_v2(other, _compat.PoolName.KV)
+    assert bare.layout is not None and bare.layout.layout == "page_first_direct"
+
+
+def _sidecar(name, keys, pool=None, pages=None):
+    hi = None if pool is None else page_indices(pool, pages)
+    return _compat.PoolTransfer(name=name, keys=keys, host_indices=hi,
+                                indices_from_pool=_compat.PoolName.KV)
+
+
+def test_v2_data_calls_answer_misses_of_sglangs_shapes_never_raise(stores):
+    """If a v2 call reaches the backend anyway (a sidecar registered before the
+    backend, a newer controller), it must return what SGLang indexes, not raise:
+    a NotImplementedError in SGLang's prefetch thread stops L3 for good."""
+    pool = FakeHostPool("page_first")
+    st = stores(pool)
+    pool.fill_random(seed=11)
+    k = [hkey(i) for i in range(3)]
+    assert st.batch_set_v1(k, page_indices(pool, [0, 1, 2])) == [True] * 3
+    M, KV = _compat.PoolName.MAMBA, _compat.PoolName.KV
+
+    r = st.batch_exists_v2(k, [_sidecar(M, k[-1:])])
+    assert isinstance(r, _compat.PoolTransferResult)
+    assert r.kv_hit_pages == 0 and r.extra_pool_hit_pages == {M: 0}   # KV alone is no usable prefix
+    r = st.batch_exists_v2(k, None)                                     # no extra pool: batch_exists
+    assert r.kv_hit_pages == 3
+
+    res = st.batch_get_v2([_sidecar(M, k, pool, [3, 4, 5])])
+    assert res == {M: [False, False, False]}
+    # SGLang's count_pool_hits over it, then min with the KV hits: 0
+    assert min([3, *[(rs.index(False) if False in rs else len(rs)) for rs in res.values()]]) == 0
+    res = st.batch_set_v2([_sidecar(M, k[:2], pool, [0, 1]), _sidecar(_compat.PoolName.INDEXER, [])])
+    assert res == {M: [False, False], _compat.PoolName.INDEXER: []}
+    assert res.get(M) == [False, False]                                # SGLang reads results.get(transfer.name)
+    # the KV pool itself maps onto v1, byte-exact
+    want = [pool.page_bytes(p * pool.page_size) for p in range(3)]
+    pool.poison()
+    res = st.batch_get_v2([_compat.PoolTransfer(name=KV, keys=k, host_indices=page_indices(pool, [5, 6, 7]))])
+    assert res == {KV: [True, True, True]}
+    assert [pool.page_bytes(p * pool.page_size) for p in (5, 6, 7)] == want
+    # garbage in, misses out
+    assert st.batch_get_v2([_compat.PoolTransfer(name=KV, keys=k, host_indices=torch.zeros(3))]) == \
+        {KV: [False, False, False]}
+    assert st.batch_get_v2(None) == {} and st.batch_set_v2([]) == {}
+    st.close()
+    assert st.batch_exists_v2(k, [_sidecar(M, k)]).kv_hit_pages == 0
+    assert st.batch_get_v2([_sidecar(KV, k, pool, [0, 1, 2])]) == {KV: [False] * 3}
 
 
 # ---- keys -----------------------------------------------------------------------

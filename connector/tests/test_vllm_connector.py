@@ -129,6 +129,91 @@ def test_blocks_computed_from_a_failed_load_are_never_stored(async_scheduling, l
     assert r["matched_C"][1] == 128  # B recomputed and stored everything: C hits 8 blocks
 
 
+@pytest.mark.parametrize("shape", ["set", "mapping"])
+def test_failed_recving_is_built_in_the_engines_shape(shape, monkeypatch):
+    """failed_recving of KVConnectorTransferResults: a set of request ids
+    (base.py@003df296), or {req_id: KVTransferFailure} in newer vLLM-derived
+    trees.  The connector builds the shape the engine's class declares."""
+    import dataclasses
+    import enum
+
+    import vllm.v1.outputs as outs
+    from umbp.vllm import _compat
+
+    if shape == "mapping":
+        class Reason(enum.Enum):
+            TRANSFER = "transfer"
+            INTEGRITY = "integrity"
+
+        @dataclasses.dataclass(frozen=True)
+        class KVTransferFailure:
+            reason: Reason
+            invalid_block_ids: frozenset = frozenset()
+
+        @dataclasses.dataclass
+        class Results:
+            finished_sending: set = dataclasses.field(default_factory=set)
+            finished_recving: set = dataclasses.field(default_factory=set)
+            failed_recving: dict = dataclasses.field(default_factory=dict)
+
+        monkeypatch.setattr(outs, "KVTransferFailure", KVTransferFailure, raising=False)
+        monkeypatch.setattr(outs, "KVTransferFailureReason", Reason, raising=False)
+        monkeypatch.setattr(_compat, "KVConnectorTransferResults", Results)
+    assert _compat.failed_recving_is_mapping() == (shape == "mapping")
+    r = S.failed_load(keep=2, extra={"load_async": True})
+    seen = r["failed_seen"]
+    assert len(seen) == 1 and set(seen[0]) == {"B"}, seen
+    if shape == "set":
+        assert isinstance(seen[0], set)
+    else:
+        assert isinstance(seen[0], dict)
+        assert seen[0]["B"] == KVTransferFailure(Reason.TRANSFER, frozenset())
+    assert r["truncated"][0][1] == 32 and r["matched_C"][1] == 96
+
+
+def test_failed_recving_is_read_in_either_shape():
+    """The scheduler side reads failed_recving as a set of ids or as a mapping
+    whose failures name invalid blocks (which then rewind like invalid_block_ids)."""
+    from types import SimpleNamespace as NS
+
+    from umbp.vllm import _compat
+    from umbp.vllm.scheduler import UMBPScheduler
+
+    fail = NS(reason="transfer", invalid_block_ids=frozenset({7, 9}))
+    assert _compat.failed_recving_ids({"a", "b"}) == {"a", "b"}
+    assert _compat.failed_recving_ids({"a": fail, "b": None}) == {"a", "b"}
+    assert _compat.failed_recving_ids(None) == set() and _compat.failed_recving_ids({}) == set()
+    assert _compat.failed_recving_blocks({"a", "b"}) == set()
+    assert _compat.failed_recving_blocks({"a": fail, "b": None}) == {7, 9}
+    seen = []
+    fake = NS(events=None, reqs={}, held={}, _on_load_errors=seen.append)
+    for out, want in ((NS(invalid_block_ids={3}, failed_recving={"a"}), [{3}]),
+                      (NS(invalid_block_ids=set(), failed_recving={"a": fail}), [{7, 9}]),
+                      (NS(invalid_block_ids={3}, failed_recving={"a": fail, "b": None}), [{3, 7, 9}]),
+                      (NS(invalid_block_ids=set(), failed_recving={"a"}), [])):
+        seen.clear()
+        UMBPScheduler.update_connector_output(fake, out)
+        assert seen == want, (out, seen)
+
+
+@pytest.mark.parametrize("publishable", [None, 2, 0])
+def test_stores_stop_at_num_publishable_block_hashes(publishable):
+    """Newer vLLM (base.py@003df296, request_finished_all_groups): content-
+    addressed connectors must not store positions past
+    request.num_publishable_block_hashes (with EAGLE the last hashes are not
+    final yet).  A's 6 hashed blocks, 2 publishable: C finds 2 blocks."""
+    with S.engine() as e:
+        a = e.add("A", S.PROMPT, 3)
+        if publishable is not None:
+            a.num_publishable_block_hashes = publishable
+        assert len(a.block_hashes) >= 6
+        e.run()
+        e.add("C", S.PROMPT, 3)
+        e.run()
+        e.check_outputs({"A": S.PROMPT, "C": S.PROMPT}, 3)
+        assert e.matched("C")[1] == (96 if publishable is None else 16 * publishable)
+
+
 def test_failed_load_quarantine_outlives_a_later_store():
     r = S.failed_load(keep=2, extra={"load_failure_quarantine_ms": 60000})
     assert r["matched_C"][1] == 32  # blocks 2.. failed: misses for 60 s even though B stored them again

@@ -539,6 +539,7 @@ class Aggregator:
         self.world = world
         self.sending = collections.Counter()
         self.recving = collections.Counter()
+        self.failed_seen: list = []  # each worker's non-empty failed_recving, in order
 
     def aggregate(self, outs):
         from vllm.v1.outputs import KVConnectorOutput
@@ -557,7 +558,7 @@ class Aggregator:
                         raise HarnessError(f"ranks disagree on sampling {k}")
                 sampled = merged
         fs, fr, inv = set(), set(), set()
-        stats = events = wmeta = None
+        stats = events = wmeta = failed = None
         for o in outs:
             k = o["kv"]
             for r in k.finished_sending or ():
@@ -571,6 +572,10 @@ class Aggregator:
                     fr.add(r)
                     del self.recving[r]
             inv |= set(k.invalid_block_ids or ())
+            f = getattr(k, "failed_recving", None)
+            if f:  # a set of ids or a mapping of failures, as the connector built it
+                self.failed_seen.append(f)
+                failed = (dict(failed or {}) | dict(f)) if hasattr(f, "keys") else (set(failed or ()) | set(f))
             if k.kv_connector_stats is not None:
                 stats = k.kv_connector_stats if stats is None else stats.aggregate(k.kv_connector_stats)
             if k.kv_cache_events is not None:
@@ -584,7 +589,8 @@ class Aggregator:
         # KVOutputAggregator@00f4240e does not call aggregate() on the events:
         # the scheduler connector gets every worker's events
         kvo = KVConnectorOutput(finished_sending=fs or None, finished_recving=fr or None, kv_connector_stats=stats,
-                                kv_cache_events=events, kv_connector_worker_meta=wmeta, invalid_block_ids=inv)
+                                kv_cache_events=events, kv_connector_worker_meta=wmeta, invalid_block_ids=inv,
+                                failed_recving=failed)
         return {"sampled": sampled, "kv": kvo, "bad": set().union(*(o["bad"] for o in outs))}
 
 

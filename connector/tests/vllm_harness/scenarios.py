@@ -313,7 +313,8 @@ def failed_load(**kw):
             raise HarnessError(f"forward passes saw wrong KV: {wrong}")
         m = e.matched("C")
         wm = [w.counters() for w in e.workers]
-        return {"truncated": trunc, "matched_C": m, "workers": wm, "counters": e.check_clean()}
+        return {"truncated": trunc, "matched_C": m, "workers": wm, "counters": e.check_clean(),
+                "failed_seen": list(e.agg.failed_seen)}
 
 
 def hybrid(**kw):

@@ -238,8 +238,10 @@ class HarnessWorker:
         if self.cfg.api == "new" and hasattr(conn, "get_transfer_results"):
             res = conn.get_transfer_results(so.finished_req_ids)
             fs, fr = res.finished_sending or None, res.finished_recving or None
+            failed = res.failed_recving
             self.calls.append(("get_transfer_results",))
         else:
+            failed = None
             fs, fr = conn.get_finished(so.finished_req_ids)
             self.calls.append(("get_finished",))
         invalid = conn.get_block_ids_with_load_errors()
@@ -250,7 +252,7 @@ class HarnessWorker:
         self.calls.append(("clear_connector_metadata",))
         out = KVConnectorOutput(finished_sending=fs, finished_recving=fr, kv_connector_stats=stats,
                                 kv_cache_events=events, kv_connector_worker_meta=wmeta,
-                                invalid_block_ids=set(invalid))
+                                invalid_block_ids=set(invalid), failed_recving=failed)
         return {"sampled": sampled, "bad": set(bad_all), "kv": out, "rank": self.rank}
 
     # ---- test controls ---------------------------------------------------------------

@@ -52,6 +52,20 @@ except Exception:  # ImportError, or a SGLang that fails to import here
         def register_mem_pool_host(self, mem_pool_host: Any):
             self.mem_pool_host = mem_pool_host
 
+        def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name) -> None:
+            if not hasattr(self, "registered_pools"):
+                self.registered_pools = {}
+            self.registered_pools[host_pool_name] = host_pool
+
+        def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+            raise NotImplementedError()
+
+        def batch_get_v2(self, transfers, extra_info=None):
+            raise NotImplementedError()
+
+        def batch_set_v2(self, transfers, extra_info=None):
+            raise NotImplementedError()
+
         def batch_get_v1(self, keys, host_indices, extra_info=None) -> List[bool]:
             raise NotImplementedError()
 
@@ -99,3 +113,48 @@ except Exception:
         backup_pgs: List[int] = field(default_factory=list)
         prefetch_bandwidth: List[float] = field(default_factory=list)
         backup_bandwidth: List[float] = field(default_factory=list)
+
+# The v2 (multi-pool) types: SGLang's where it has them (hicache_storage.py at
+# 001067ff), else stand-ins with the same names, fields and defaults.
+try:  # pragma: no cover
+    from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
+        PoolHitPolicy,
+        PoolName,
+        PoolTransfer,
+        PoolTransferResult,
+    )
+except Exception:
+    from enum import Enum
+
+    class PoolName(str, Enum):  # type: ignore[no-redef]
+        KV = "kv"
+        MAMBA = "mamba"
+        SWA = "swa"
+        INDEXER = "indexer"
+        DRAFT = "draft"
+
+        def __str__(self) -> str:
+            return self.value
+
+    class PoolHitPolicy(str, Enum):  # type: ignore[no-redef]
+        ALL_PAGES = "all_pages"
+        TRAILING_PAGES = "trailing_pages"
+
+    @dataclass
+    class PoolTransfer:  # type: ignore[no-redef]
+        name: Any
+        host_indices: Any = None
+        device_indices: Any = None
+        keys: Optional[List[str]] = None
+        hit_policy: Any = PoolHitPolicy.ALL_PAGES
+        nodes_to_load: Optional[List[Any]] = None
+        indices_from_pool: Any = None
+
+    @dataclass
+    class PoolTransferResult:  # type: ignore[no-redef]
+        kv_hit_pages: int
+        extra_pool_hit_pages: dict
+
+        @classmethod
+        def empty(cls):
+            return cls(0, {})

@@ -27,12 +27,20 @@ short:
   every rank reads rank 0's objects;
 - failures of data calls are misses: ``False`` / ``None`` / 0 hits and a
   rate-limited log line, never an exception into SGLang's cache controller.
-  Only construction (bad options, unreachable server) and
-  ``register_mem_pool_host`` (a layout this backend cannot address) raise.
+  Only construction (bad options, unreachable server),
+  ``register_mem_pool_host`` (a layout this backend cannot address) and
+  ``register_mem_host_pool_v2`` of any pool but KV raise;
+- the v2 multi-pool interface (SGLang's hybrid controller: Mamba, SWA, DSA
+  indexer, draft pools) is refused at registration, when SGLang starts; the
+  ``*_v2`` data calls, if reached anyway, answer misses of SGLang's shapes
+  (never NotImplementedError, which would kill SGLang's prefetch or backup
+  thread for good).  A transfer of the KV pool itself maps onto v1.
 
 Written against SGLang ``sgl-project/sglang`` at commit 001067ff
-(hicache_storage.py, storage/backend_factory.py) and the host pools of
-pool_host/mha.py and pool_host/mla.py of the same period.
+(hicache_storage.py, storage/backend_factory.py, managers/cache_controller.py)
+and the host pools of pool_host/mha.py and pool_host/mla.py of the same
+period; the v2 calls as hybrid_cache/hybrid_cache_controller.py at 00343773
+makes them.
 """
 from __future__ import annotations
 
@@ -52,6 +60,7 @@ from ._compat import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
+    PoolTransferResult,
     StorageMetrics,
 )
 from .config import UMBPStoreConfigError
@@ -97,6 +106,11 @@ def page_hashes(keys: List[Any]) -> bytes:
     except (TypeError, ValueError):
         pass
     return b"".join(_one_hash(k) for k in keys)
+
+
+def _pool_name(name: Any) -> str:
+    """SGLang's PoolName (a str Enum) or a plain string, as the string."""
+    return str(getattr(name, "value", name))
 
 
 class _RateLimitedLog:
@@ -241,6 +255,86 @@ class UMBPStore(HiCacheStorage):
         self.layout = lay
         self.namespace = ns
         logger.info("umbp.sglang: host pool %s; namespace %s", lay.describe(), ns.hex)
+
+    # ---- the v2 multi-pool interface ---------------------------------------
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """SGLang's hybrid controller registers every host pool here, the KV
+        anchor included.  The KV pool is the one register_mem_pool_host took
+        (or is taken the same way); any other pool (Mamba or SWA state, DSA
+        indexer, DeepSeek-V4 compressed pools, draft KV) is refused with
+        UMBPStoreConfigError, so SGLang fails at startup instead of serving
+        prefixes whose sidecar state was never stored."""
+        name = _pool_name(host_pool_name)
+        if name == "kv":
+            if host_pool is not getattr(self, "mem_pool_host", None):
+                self.register_mem_pool_host(host_pool)
+            super().register_mem_host_pool_v2(host_pool, host_pool_name)
+            return
+        raise UMBPStoreConfigError(
+            f"umbp.sglang: SGLang registered host pool {name!r} through register_mem_host_pool_v2, "
+            "but the umbp backend stores only the KV pool (one object per KV page) and does "
+            "not implement the v2 multi-pool interface that hybrid models need (Mamba/linear "
+            "attention or SWA state, DSA indexer, DeepSeek-V4 compressed pools, speculative "
+            "draft pools). Serve this model without --hicache-storage-backend (HiCache's host "
+            "tier still works), or with a storage backend that implements "
+            "batch_exists_v2/batch_get_v2/batch_set_v2")
+
+    def _v2_results(self, transfers: Optional[List[Any]], v1, what: str) -> dict:
+        """{pool name: per-page success} for each transfer: the KV pool's via
+        v1, every other pool's all False (never registered: see above)."""
+        out: dict = {}
+        refused = []
+        for t in transfers or []:
+            keys = list(getattr(t, "keys", None) or [])
+            if _pool_name(t.name) == "kv" and getattr(t, "host_indices", None) is not None:
+                out[t.name] = v1(keys, t.host_indices)
+            else:
+                out[t.name] = [False] * len(keys)
+                refused.append(_pool_name(t.name))
+        if refused:
+            self._log(logging.WARNING, what + "-v2",
+                      "umbp.sglang: %s for pools %s counted as misses: the umbp backend stores "
+                      "only the KV pool (docs/sglang.md, \"The v2 interface\")", what, refused)
+        return out
+
+    def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[Any]] = None,
+                        extra_info: Optional[HiCacheStorageExtraInfo] = None):
+        """With no extra pools, batch_exists.  With any, no usable prefix: SGLang
+        takes the minimum over the pools, and umbp holds none of the others."""
+        try:
+            extra = list(pool_transfers or [])
+            others = [t for t in extra if _pool_name(t.name) != "kv"]
+            if others:
+                self._log(logging.WARNING, "exists-v2",
+                          "umbp.sglang: batch_exists_v2 with pools %s: 0 pages (the umbp "
+                          "backend stores only the KV pool)", [_pool_name(t.name) for t in others])
+                return PoolTransferResult(0, {t.name: 0 for t in extra})
+            hit = self.batch_exists(keys, extra_info)
+            return PoolTransferResult(hit, {t.name: hit for t in extra})
+        except Exception as e:
+            self._log(logging.WARNING, "exists-v2-error", "umbp.sglang: batch_exists_v2 failed: %s", e)
+            return PoolTransferResult(0, {})
+
+    def batch_get_v2(self, transfers: List[Any],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict:
+        try:
+            return self._v2_results(transfers, lambda k, h: self.batch_get_v1(k, h, extra_info),
+                                    "batch_get_v2")
+        except Exception as e:  # never into SGLang's prefetch thread
+            self._log(logging.WARNING, "get-v2-error", "umbp.sglang: batch_get_v2 failed: %s", e)
+            return {getattr(t, "name", i): [False] * len(getattr(t, "keys", None) or [])
+                    for i, t in enumerate(transfers or [])}
+
+    def batch_set_v2(self, transfers: List[Any],
+                     extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict:
+        try:
+            return self._v2_results(transfers, lambda k, h: self.batch_set_v1(k, h, extra_info),
+                                    "batch_set_v2")
+        except Exception as e:  # never into SGLang's backup thread
+            self._log(logging.WARNING, "put-v2-error", "umbp.sglang: batch_set_v2 failed: %s", e)
+            return {getattr(t, "name", i): [False] * len(getattr(t, "keys", None) or [])
+                    for i, t in enumerate(transfers or [])}
 
     def _keys(self, keys: List[Any]) -> np.ndarray:
         return umbp.derive_keys(self.namespace, rank=self.key_rank, group=0,

@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import re as _re
+from collections.abc import Mapping
 from typing import Any
 
 # ---- required ---------------------------------------------------------------
@@ -68,6 +69,75 @@ KVConnectorTransferResults = getattr(_base, "KVConnectorTransferResults", None)
 HAS_TRANSFER_RESULTS = KVConnectorTransferResults is not None and hasattr(
     KVConnectorBase_V1, "get_transfer_results"
 )
+
+# ---- failed_recving: a set of request ids, or a mapping of failures ------------
+#
+# base.py@003df296 and the outputs of its period: ``failed_recving: set[str]``.
+# Newer vLLM-derived trees carry ``dict[str, KVTransferFailure]`` (vllm.v1.outputs:
+# KVTransferFailure(reason: KVTransferFailureReason, invalid_block_ids: frozenset)).
+# The shape is read from the class the engine gives us, at call time.
+
+
+def _field_is_mapping(cls, name: str) -> bool:
+    import dataclasses
+
+    for f in dataclasses.fields(cls) if dataclasses.is_dataclass(cls) else ():
+        if f.name != name:
+            continue
+        if f.default_factory is not dataclasses.MISSING:
+            try:
+                return isinstance(f.default_factory(), Mapping)
+            except Exception:
+                pass
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        return str(t).lstrip().lower().startswith(("dict", "mapping"))
+    return False
+
+
+def failed_recving_is_mapping(cls=None) -> bool:
+    """True where the engine's KVConnectorTransferResults wants a mapping."""
+    cls = KVConnectorTransferResults if cls is None else cls
+    return cls is not None and _field_is_mapping(cls, "failed_recving")
+
+
+def failed_recving_ids(value) -> set:
+    """The request ids of a failed_recving of either shape (None: none)."""
+    if not value:
+        return set()
+    if isinstance(value, Mapping):
+        return set(value.keys())
+    return set(value)
+
+
+def failed_recving_blocks(value) -> set:
+    """Block ids a mapping's failures name (``invalid_block_ids``); a set names none."""
+    out: set = set()
+    if isinstance(value, Mapping):
+        for f in value.values():
+            out.update(getattr(f, "invalid_block_ids", None) or ())
+    return out
+
+
+def make_failed_recving(req_ids, cls=None):
+    """failed_recving in the shape the engine's results class declares: a set,
+    or {req_id: KVTransferFailure(reason TRANSFER, no block ids)} -- umbp reports
+    the failed blocks through get_block_ids_with_load_errors, as before."""
+    ids = set(req_ids or ())
+    if not failed_recving_is_mapping(cls):
+        return ids
+    failure = None
+    try:
+        from vllm.v1 import outputs as _outputs
+
+        ftype = getattr(_outputs, "KVTransferFailure", None)
+        rtype = getattr(_outputs, "KVTransferFailureReason", None)
+        if ftype is not None and rtype is not None:
+            reason = getattr(rtype, "TRANSFER", None) or next(iter(rtype))
+            failure = ftype(reason=reason, invalid_block_ids=frozenset())
+    except Exception:
+        failure = None
+    return {rid: failure for rid in ids}
+
 
 # ---- stats and metrics ------------------------------------------------------
 

@@ -161,7 +161,8 @@ class UMBPConnector(KVConnectorBase_V1, SupportsHMA):
 
         def get_transfer_results(self, finished_req_ids):
             sending, recving = self._worker.get_finished(finished_req_ids)
-            failed = set(self._worker.last_failed_recving)
+            # a set of ids, or a mapping of failures in newer vLLM (_compat)
+            failed = _compat.make_failed_recving(self._worker.last_failed_recving)
             return _compat.KVConnectorTransferResults(
                 finished_sending=set(sending or ()), finished_recving=set(recving or ()),
                 failed_recving=failed)

@@ -610,6 +610,12 @@ class UMBPScheduler:
         req = st.request
         B = self.block_size
         hi = min(total // B, self._num_blocks_hashed(req))
+        # newer vLLM (base.py@003df296, SupportsHMA.request_finished_all_groups):
+        # a content-addressed connector stores no hash past the publishable ones
+        # (EAGLE: the last hashes are not final until the draft KV exists)
+        pub = getattr(req, "num_publishable_block_hashes", None)
+        if pub is not None:
+            hi = min(hi, int(pub) // self.scale)
         if self.prompt_cap:
             hi = min(hi, getattr(req, "num_prompt_tokens", total) // B)
         lo = st.stored_upto
@@ -858,9 +864,11 @@ class UMBPScheduler:
                 if c >= self.world:
                     self.clear_acked = max(self.clear_acked, ep)
                     self.clear_counts = {e: v for e, v in self.clear_counts.items() if e > ep}
-        inv = getattr(out, "invalid_block_ids", None)
+        inv = set(getattr(out, "invalid_block_ids", None) or ())
+        # newer vLLM: failed_recving may be a mapping whose failures name blocks
+        inv |= _compat.failed_recving_blocks(getattr(out, "failed_recving", None))
         if inv:
-            self._on_load_errors(set(inv))
+            self._on_load_errors(inv)
         ev = getattr(out, "kv_cache_events", None)
         if self.events is not None and isinstance(ev, UMBPKVEvents):
             self.events.feed(ev.get_all_events())

@@ -11,6 +11,9 @@ class KVConnectorOutput:
     kv_connector_worker_meta: object = None
     invalid_block_ids: set = field(default_factory=set)
     expected_finished_count: int = 0
+    # newer vLLM: request ids whose async load failed, a set or a mapping
+    # {req_id: KVTransferFailure} (umbp.vllm._compat.make_failed_recving)
+    failed_recving: object = None
 
     def is_empty(self):
         return not (self.finished_sending or self.finished_recving or self.kv_connector_stats
