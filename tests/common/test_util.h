@@ -262,14 +262,11 @@ static void tu_trap_handler(int sig, siginfo_t *si, void *uc)
     mprotect(tu_trap_g.mem, tu_trap_g.len, PROT_READ | PROT_WRITE);
 }
 
-/* Maps len bytes (rounded to pages) that stall the first write; returns them. */
-static inline uint8_t *tu_trap_arm(size_t len)
+/* Traps whole pages [p, p + len) that are already mapped (a put's source,
+ * filled beforehand): the first copy that reads or writes them stalls. */
+static inline void tu_trap_pages(uint8_t *p, size_t len)
 {
-    size_t pg = 4096;
-    len = (len + pg - 1) / pg * pg;
-    void *m = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    cr_assert(m != MAP_FAILED);
-    tu_trap_g.mem = m;
+    tu_trap_g.mem = p;
     tu_trap_g.len = len;
     atomic_store(&tu_trap_g.hit, 0);
     atomic_store(&tu_trap_g.release, 0);
@@ -279,6 +276,17 @@ static inline uint8_t *tu_trap_arm(size_t len)
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     cr_assert_eq(sigaction(SIGSEGV, &sa, NULL), 0);
+    cr_assert_eq(mprotect(p, len, PROT_NONE), 0);
+}
+
+/* Maps len bytes (rounded to pages) that stall the first write; returns them. */
+static inline uint8_t *tu_trap_arm(size_t len)
+{
+    size_t pg = 4096;
+    len = (len + pg - 1) / pg * pg;
+    void *m = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert(m != MAP_FAILED);
+    tu_trap_pages(m, len);
     return m;
 }
 
@@ -287,7 +295,7 @@ static inline void tu_trap_wait_hit(void)
 {
     uint64_t end = tu_now_ms() + TU_WAIT_MS;
     while (!atomic_load(&tu_trap_g.hit)) {
-        cr_assert(tu_now_ms() < end, "no copy ever reached the trapped destination");
+        cr_assert(tu_now_ms() < end, "no copy ever reached the trapped pages");
         tu_sleep_ms(1);
     }
 }

@@ -706,26 +706,6 @@ Test(standalone, named_pool_survives_server_kill)
  * page), the server dies, the page is released, and the worker must stop at
  * its next chunk instead of copying the rest. */
 #define TRAP_PAGE 4096
-static struct {
-    uint8_t *page;
-    atomic_int hit, open;
-} trap;
-
-static void trap_handler(int sig, siginfo_t *si, void *uc)
-{
-    (void)uc;
-    uint8_t *a = si->si_addr;
-    if (!trap.page || a < trap.page || a >= trap.page + TRAP_PAGE) {
-        signal(sig, SIG_DFL); /* a real crash: fault again, unhandled */
-        return;
-    }
-    atomic_store(&trap.hit, 1);
-    while (!atomic_load(&trap.open)) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-    mprotect(trap.page, TRAP_PAGE, PROT_READ | PROT_WRITE);
-}
 
 Test(standalone, a_put_stops_writing_when_it_loses_the_server)
 {
@@ -741,26 +721,25 @@ Test(standalone, a_put_stops_writing_when_it_loses_the_server)
     cr_assert(src != MAP_FAILED);
     umbp_key_t k = tu_key_id(0x4e7, 1);
     tu_fill_from_key(&k, 0, src, size);
-    trap.page = src + 512 * KiB + 8 * TRAP_PAGE; /* inside the second chunk */
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_sigaction = trap_handler;
-    sa.sa_flags = SA_SIGINFO;
-    sigemptyset(&sa.sa_mask);
-    cr_assert_eq(sigaction(SIGSEGV, &sa, NULL), 0);
-    cr_assert_eq(mprotect(trap.page, TRAP_PAGE, PROT_NONE), 0);
+    tu_trap_pages(src + 512 * KiB + 8 * TRAP_PAGE, TRAP_PAGE); /* inside the second chunk */
 
     umbp_range_t rg = {.ptr = src, .len = size, .offset = 0};
     umbp_put_item_t it = {.key = k, .object_size = size, .ranges = &rg, .num_ranges = 1};
     umbp_op_t *op;
     cr_assert_eq(umbp_put(rt, &it, 1, &op), 0);
-    uint64_t end = tu_now_ms() + TU_WAIT_MS;
-    while (!atomic_load(&trap.hit) && tu_now_ms() < end)
-        tu_sleep_ms(1);
-    cr_assert(atomic_load(&trap.hit), "the copy never reached the trapped page");
+    tu_trap_wait_hit();
     tu_server_stop(&srv); /* SIGKILL while the copy is stalled */
-    tu_sleep_ms(300);     /* the client's loop sees the connection drop */
-    atomic_store(&trap.open, 1);
+    /* until the client has seen the connection drop (its lookups then fail
+     * at once as not attempted; the revocation came first) */
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    for (;;) {
+        size_t prefix;
+        if (umbp_lookup(rt, &k, 1, NULL, &prefix, 0) == UMBP_E_NOT_ATTEMPTED)
+            break;
+        cr_assert(tu_now_ms() < end, "the client never noticed its server's death");
+        tu_sleep_ms(5);
+    }
+    tu_trap_release();
     cr_assert_eq(umbp_op_wait(op, -1), 0);
     int st = umbp_op_key_status(op, 0);
     cr_assert_lt(st, 0, "a put that lost its server succeeded");
