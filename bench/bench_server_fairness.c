@@ -82,7 +82,8 @@ static void server_start(const char *bin)
 static void client(struct sync_client *c, uint8_t role, const char *name)
 {
     struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION, .role = role,
-                            .pid = (uint32_t)getpid()};
+                            .pid = (uint32_t)getpid(),
+                            .write_deadline_ms = role == PROTO_ROLE_WORKER ? 60000 : 0};
     snprintf(h.engine_id, sizeof(h.engine_id), "%s", name);
     char err[512] = "";
     for (int i = 0; i < 400; i++) {

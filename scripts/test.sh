@@ -19,6 +19,10 @@ fi
 # by one is restored byte-exact by the other (the GPU run is bench_kv_engines
 # with cuda on a machine with GPUs)
 build/bench/bench_kv_engines 2 host 1 2 4 4 2>/dev/null | grep "every byte verified"
+# the server benchmarks speak the wire protocol themselves: a short run of
+# each keeps them in step with it (their numbers are in docs/benchmarks.md)
+build/bench/bench_server_fairness "" 2 2>/dev/null | tail -1
+build/bench/bench_reconnect 2>/dev/null | tail -1
 # the Python package against the library just built (Debian's python3: it
 # has numpy, pytest and torch)
 UMBP_LIBRARY="$PWD/build/libumbp.so" UMBP_SERVER="$PWD/build/server/umbp-server" \
