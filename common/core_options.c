@@ -35,7 +35,8 @@ const struct umbp_option umbp_core_options[] = {
     {"total_capacity_bytes", UMBP_OPT_SIZE, OFF(total_capacity_bytes), "0", 0, 1024 * TiB, 0,
      NULL, "pool capacity of the whole engine, split evenly over world_size ranks"},
     {"timeout_ms", UMBP_OPT_INT, OFF(timeout_ms), "10000", 1, 3600000, 0, NULL,
-     "bound on every data operation; past it the op completes with UMBP_E_TIMEOUT"},
+     "bound on every data operation; past it the op completes with UMBP_E_TIMEOUT "
+     "(standalone: plus 1 s, how long a server holds a region this client left unfinished)"},
     {"lookup_timeout_ms", UMBP_OPT_INT, OFF(lookup_timeout_ms), "100", 1, 60000, 0, NULL,
      "bound on one umbp_lookup call"},
     {"put_wait_ms", UMBP_OPT_INT, OFF(put_wait_ms), "1000", 0, 3600000, 0, NULL,
