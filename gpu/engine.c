@@ -2,8 +2,13 @@
  * engine.c - the copy engine: submission of stores and restores, the three
  * ways of moving the bytes, completion, and registered host memory.
  *
- * Streams.  kstream carries kernels, block-table uploads and the DMA
- * method's copies; cstream[0..copy_streams) carry the staged method's
+ * Streams.  Each direction has a lane of its own streams (engine.h:
+ * struct gpu_lane), so a restore's host-to-device copies run beside a
+ * store's device-to-host ones on the full-duplex link; before lanes, a store
+ * and a restore submitted together ran one after the other (0.53x of two
+ * pinned copies run together on an H200).  Within a lane, kstream carries
+ * kernels, block-table uploads and the DMA method's copies;
+ * cstream[0..copy_streams) carry the staged method's
  * copy-engine transfers, so that the gather of group g+1 overlaps the DMA of
  * group g (the DMAs of one group may be spread over several streams; on an
  * H200 one was best, see docs/gpu-copy-engine.md); zstream carries the
@@ -16,9 +21,9 @@
  * Staging.  One device buffer of GPU_STAGING_SLOTS slots.  Each slot has a
  * "filled" and a "free" event; whoever fills a slot waits for its "free"
  * event and records "filled", whoever drains it waits for "filled" and
- * records "free".  Slots rotate engine-wide across transfers, and everything
- * is issued under eng->lock, so each wait sees the record it needs (a stream
- * waits for the last record made before the wait call).  Groups ramp up
+ * records "free".  Slots rotate engine-wide across transfers of both lanes,
+ * and everything is issued under eng->lock, so each wait sees the record it
+ * needs (a stream waits for the last record made before the wait call).  Groups ramp up
  * (1/8, 1/4, 1/2 of a slot, then whole slots) so the first DMA starts soon,
  * and down (halves of the last slot's worth) so the last scatter ends soon.
  *
@@ -31,7 +36,7 @@
  *
  * Locking: eng->lock guards submission, the pools and the region list; it is
  * never held while waiting for the device, except in destroy and
- * umbp_gpu_engine_sms_used, which exist to wait, and when a submission fails
+ * umbp_gpu_engine_sms_used and umbp_gpu_engine_warm, which exist to wait, and when a submission fails
  * after queueing work (its streams are drained before its tables are reused).
  */
 #include <errno.h>
@@ -204,32 +209,39 @@ static int create_device_state(struct umbp_gpu_engine *eng)
 {
     const struct gpu_ops *o = eng->ops;
     int rc = gpu_num_sms(o, eng->device, &eng->num_sms);
-    if (rc == 0)
-        rc = gpu_stream_create(o, &eng->kstream);
-    for (int c = 0; rc == 0 && c < GPU_COPY_STREAMS_MAX; c++)
-        rc = gpu_stream_create(o, &eng->cstream[c]);
-    if (rc == 0)
-        rc = gpu_stream_create(o, &eng->zstream);
-    if (rc == 0)
-        rc = gpu_event_create(o, &eng->table_ready);
-    if (rc == 0)
-        rc = gpu_event_create(o, &eng->zero_copy_done);
-    for (int s = 0; rc == 0 && s < GPU_STAGING_SLOTS; s++) {
-        rc = gpu_event_create(o, &eng->slot_filled[s]);
+    for (int d = 0; d < 2; d++) {
+        struct gpu_lane *L = &eng->lane[d];
         if (rc == 0)
-            rc = gpu_event_create(o, &eng->slot_free[s]);
-        for (int c = 1; rc == 0 && c < GPU_COPY_STREAMS_MAX; c++)
-            rc = gpu_event_create(o, &eng->slot_join[s][c]);
+            rc = gpu_stream_create(o, &L->kstream);
+        for (int c = 0; rc == 0 && c < GPU_COPY_STREAMS_MAX; c++)
+            rc = gpu_stream_create(o, &L->cstream[c]);
+        if (rc == 0)
+            rc = gpu_stream_create(o, &L->zstream);
+        if (rc == 0)
+            rc = gpu_event_create(o, &L->table_ready);
+        if (rc == 0)
+            rc = gpu_event_create(o, &L->zero_copy_done);
     }
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; rc == 0 && s < GPU_STAGING_SLOTS; s++) {
+            struct gpu_lane *L = &eng->lane[d];
+            rc = gpu_event_create(o, &L->slot_filled[s]);
+            if (rc == 0)
+                rc = gpu_event_create(o, &L->slot_free[s]);
+            for (int c = 1; rc == 0 && c < GPU_COPY_STREAMS_MAX; c++)
+                rc = gpu_event_create(o, &L->slot_join[s][c]);
+        }
     bool may_stage = eng->cfg.store_method == UMBP_GPU_METHOD_AUTO ||
                      eng->cfg.store_method == UMBP_GPU_METHOD_STAGED ||
                      eng->cfg.restore_method == UMBP_GPU_METHOD_AUTO ||
                      eng->cfg.restore_method == UMBP_GPU_METHOD_STAGED;
     if (rc == 0 && may_stage) {
-        eng->slot_bytes = (eng->cfg.staging_bytes / GPU_STAGING_SLOTS) & ~(uint64_t)4095;
+        eng->slot_bytes = (eng->cfg.staging_bytes / (2 * GPU_STAGING_SLOTS)) & ~(uint64_t)4095;
         void *p = NULL;
-        rc = gpu_dev_alloc(o, eng->slot_bytes * GPU_STAGING_SLOTS, &p);
+        rc = gpu_dev_alloc(o, eng->slot_bytes * 2 * GPU_STAGING_SLOTS, &p);
         eng->staging = p;
+        for (int d = 0; rc == 0 && d < 2; d++)
+            eng->lane[d].staging = eng->staging + (size_t)d * GPU_STAGING_SLOTS * eng->slot_bytes;
     }
     if (rc == 0 && (eng->cfg.flags & UMBP_GPU_RECORD_SMS)) {
         void *p = NULL;
@@ -245,6 +257,24 @@ static int create_device_state(struct umbp_gpu_engine *eng)
         rc = gpu_event_create(o, &x->done);
         x->next = eng->free_list;
         eng->free_list = x;
+    }
+    return rc;
+}
+
+/* Waits for every stream of the engine; the first error. */
+static int sync_lanes(struct umbp_gpu_engine *eng)
+{
+    int rc = 0;
+    for (int d = 0; d < 2; d++) {
+        const struct gpu_lane *L = &eng->lane[d];
+        int r = gpu_stream_sync(eng->ops, L->kstream);
+        rc = rc ? rc : r;
+        for (int c = 0; c < GPU_COPY_STREAMS_MAX; c++) {
+            r = gpu_stream_sync(eng->ops, L->cstream[c]);
+            rc = rc ? rc : r;
+        }
+        r = gpu_stream_sync(eng->ops, L->zstream);
+        rc = rc ? rc : r;
     }
     return rc;
 }
@@ -269,18 +299,23 @@ static void release_device_state(struct umbp_gpu_engine *eng)
     }
     gpu_dev_free(o, eng->sm_mask);
     gpu_dev_free(o, eng->staging);
-    for (int s = 0; s < GPU_STAGING_SLOTS; s++) {
-        gpu_event_destroy(o, eng->slot_filled[s]);
-        gpu_event_destroy(o, eng->slot_free[s]);
-        for (int c = 1; c < GPU_COPY_STREAMS_MAX; c++)
-            gpu_event_destroy(o, eng->slot_join[s][c]);
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < GPU_STAGING_SLOTS; s++) {
+            struct gpu_lane *L = &eng->lane[d];
+            gpu_event_destroy(o, L->slot_filled[s]);
+            gpu_event_destroy(o, L->slot_free[s]);
+            for (int c = 1; c < GPU_COPY_STREAMS_MAX; c++)
+                gpu_event_destroy(o, L->slot_join[s][c]);
+        }
+    for (int d = 0; d < 2; d++) {
+        struct gpu_lane *L = &eng->lane[d];
+        gpu_event_destroy(o, L->table_ready);
+        gpu_event_destroy(o, L->zero_copy_done);
+        gpu_stream_destroy(o, L->zstream);
+        for (int c = 0; c < GPU_COPY_STREAMS_MAX; c++)
+            gpu_stream_destroy(o, L->cstream[c]);
+        gpu_stream_destroy(o, L->kstream);
     }
-    gpu_event_destroy(o, eng->table_ready);
-    gpu_event_destroy(o, eng->zero_copy_done);
-    gpu_stream_destroy(o, eng->zstream);
-    for (int c = 0; c < GPU_COPY_STREAMS_MAX; c++)
-        gpu_stream_destroy(o, eng->cstream[c]);
-    gpu_stream_destroy(o, eng->kstream);
 }
 
 int umbp_gpu_engine_create(const umbp_gpu_config_t *cfg, umbp_gpu_engine_t **out)
@@ -343,10 +378,7 @@ void umbp_gpu_engine_destroy(umbp_gpu_engine_t *eng)
     int prev;
     if (gpu_device_enter(eng->ops, eng->device, &prev) == 0) {
         /* Let in-flight device work finish before its memory goes. */
-        (void)gpu_stream_sync(eng->ops, eng->kstream);
-        for (int c = 0; c < GPU_COPY_STREAMS_MAX; c++)
-            (void)gpu_stream_sync(eng->ops, eng->cstream[c]);
-        (void)gpu_stream_sync(eng->ops, eng->zstream);
+        (void)sync_lanes(eng);
         release_device_state(eng);
         gpu_device_leave(eng->ops, eng->device, prev);
     }
@@ -407,9 +439,7 @@ int umbp_gpu_engine_sms_used(umbp_gpu_engine_t *eng)
     pthread_mutex_lock(&eng->lock);
     rc = gpu_device_enter(eng->ops, eng->device, &prev);
     if (rc == 0) {
-        rc = gpu_stream_sync(eng->ops, eng->kstream);
-        if (rc == 0)
-            rc = gpu_stream_sync(eng->ops, eng->zstream);
+        rc = sync_lanes(eng);
         if (rc == 0)
             rc = gpu_memcpy_sync(eng->ops, mask, eng->sm_mask, sizeof(mask));
         if (rc == 0)
@@ -690,6 +720,62 @@ static int dma_issue(struct umbp_gpu_engine *eng, size_t lo, size_t hi, gpu_stre
     return 0;
 }
 
+/* ---- warming ------------------------------------------------------------ */
+
+int umbp_gpu_engine_warm(umbp_gpu_engine_t *eng, size_t blocks, unsigned xfers)
+{
+    if (eng == NULL)
+        return -EINVAL;
+    if (blocks == 0 || xfers == 0)
+        return 0;
+    const struct gpu_ops *o = eng->ops;
+    int prev, rc;
+    pthread_mutex_lock(&eng->lock);
+    rc = gpu_device_enter(o, eng->device, &prev);
+    if (rc < 0)
+        goto out;
+    /* The tables of the transfers taken first (the free list is LIFO, so
+     * these are the ones a process keeps reusing), and the DMA lists. */
+    struct umbp_gpu_xfer *x = eng->free_list;
+    for (unsigned i = 0; rc == 0 && x != NULL && i < xfers; i++, x = x->next)
+        rc = xfer_reserve(x, blocks);
+    if (rc == 0)
+        rc = dma_reserve(eng, blocks < 1024 ? 1024 : blocks);
+    /* Lazy module loading loads a kernel at its first launch: launch the
+     * configured variant once, with no work (num_blocks 0), on each stream
+     * that launches it. */
+    struct gpu_copy_args a = {.sm_mask = eng->sm_mask, .num_blocks = 0, .nkv = 1};
+    x = eng->free_list;
+    for (int d = 0; rc == 0 && d < 2; d++) {
+        const struct gpu_lane *L = &eng->lane[d];
+        rc = gpu_launch_copy(o, &a, 1, eng->cfg.threads_per_cta, eng->cfg.vec_per_lane,
+                             L->kstream);
+        if (rc == 0)
+            rc = gpu_launch_copy(o, &a, 1, eng->cfg.threads_per_cta, eng->cfg.vec_per_lane,
+                                 L->zstream);
+        /* The first copy of each kind a stream makes (pinned host to
+         * device; batched, device to device) sets up driver state. */
+        if (rc == 0 && x != NULL && x->cap > 0)
+            rc = gpu_memcpy_async(o, x->dtab, x->htab, sizeof(*x->htab), L->kstream);
+        if (rc == 0 && L->staging != NULL && eng->slot_bytes >= 3 * 4096) {
+            void *dst[2] = {L->staging + 4096, L->staging + 8192};
+            const void *src[2] = {L->staging, L->staging + 64};
+            size_t len[2] = {64, 64}; /* two: a batch of one is a plain copy */
+            for (int c = 0; rc == 0 && c < GPU_COPY_STREAMS_MAX; c++)
+                if (!(eng->cfg.flags & UMBP_GPU_NO_BATCH_MEMCPY))
+                    rc = gpu_memcpy_batch_async(o, dst, src, len, 2, L->cstream[c]);
+                else
+                    rc = gpu_memcpy_async(o, dst[0], src[0], len[0], L->cstream[c]);
+        }
+    }
+    if (rc == 0)
+        rc = sync_lanes(eng);
+    gpu_device_leave(o, eng->device, prev);
+out:
+    pthread_mutex_unlock(&eng->lock);
+    return rc;
+}
+
 /* ---- the three methods ------------------------------------------------ */
 
 /* What a submission has worked out before issuing anything. */
@@ -732,28 +818,34 @@ static int launch_on(struct umbp_gpu_engine *eng, const struct plan *p,
                            eng->cfg.vec_per_lane, s);
 }
 
+static struct gpu_lane *lane_of(struct umbp_gpu_engine *eng, const struct plan *p)
+{
+    return &eng->lane[p->restore ? LANE_RESTORE : LANE_STORE];
+}
+
 static int launch(struct umbp_gpu_engine *eng, const struct plan *p,
                   const struct gpu_copy_block *dtab, uint32_t n)
 {
-    return launch_on(eng, p, dtab, n, eng->kstream);
+    return launch_on(eng, p, dtab, n, lane_of(eng, p)->kstream);
 }
 
-static int upload_table(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, uint32_t n)
+static int upload_table(struct umbp_gpu_engine *eng, const struct plan *p,
+                        struct umbp_gpu_xfer *x, uint32_t n)
 {
     if (n == 0)
         return 0;
     return gpu_memcpy_async(eng->ops, x->dtab, x->htab, (size_t)n * sizeof(*x->htab),
-                            eng->kstream);
+                            lane_of(eng, p)->kstream);
 }
 
 /* Zero-copy: the kernel reads or writes the mapped host objects itself. */
 static int run_kernel(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, const struct plan *p)
 {
-    int rc = upload_table(eng, x, p->n);
+    int rc = upload_table(eng, p, x, p->n);
     if (rc == 0)
         rc = launch(eng, p, x->dtab, p->n);
     if (rc == 0)
-        rc = gpu_event_record(eng->ops, x->done, eng->kstream);
+        rc = gpu_event_record(eng->ops, x->done, lane_of(eng, p)->kstream);
     return rc;
 }
 
@@ -766,7 +858,8 @@ static int stage_dma(struct umbp_gpu_engine *eng, const struct umbp_gpu_xfer *x,
                      gpu_event_t go, gpu_event_t done)
 {
     const struct gpu_ops *o = eng->ops;
-    char *slot = eng->staging + s * eng->slot_bytes;
+    const struct gpu_lane *L = lane_of(eng, p);
+    char *slot = L->staging + s * eng->slot_bytes;
     size_t m = 0;
     for (uint32_t k = 0; k < cnt; k++) {
         char *h = (char *)x->hsel[g0 + k];
@@ -787,17 +880,17 @@ static int stage_dma(struct umbp_gpu_engine *eng, const struct umbp_gpu_xfer *x,
     int rc = 0;
     for (size_t c = 0; rc == 0 && c < nc; c++) {
         size_t lo = m * c / nc, hi = m * (c + 1) / nc;
-        rc = gpu_stream_wait_event(o, eng->cstream[c], go);
+        rc = gpu_stream_wait_event(o, L->cstream[c], go);
         if (rc == 0)
-            rc = dma_issue(eng, lo, hi, eng->cstream[c]);
+            rc = dma_issue(eng, lo, hi, L->cstream[c]);
     }
     for (size_t c = 1; rc == 0 && c < nc; c++) {
-        rc = gpu_event_record(o, eng->slot_join[s][c], eng->cstream[c]);
+        rc = gpu_event_record(o, L->slot_join[s][c], L->cstream[c]);
         if (rc == 0)
-            rc = gpu_stream_wait_event(o, eng->cstream[0], eng->slot_join[s][c]);
+            rc = gpu_stream_wait_event(o, L->cstream[0], L->slot_join[s][c]);
     }
     if (rc == 0)
-        rc = gpu_event_record(o, done, eng->cstream[0]);
+        rc = gpu_event_record(o, done, L->cstream[0]);
     return rc;
 }
 
@@ -823,6 +916,7 @@ static uint32_t next_group(uint32_t *ramp, uint32_t per, uint32_t left)
 static int run_staged(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, const struct plan *p)
 {
     const struct gpu_ops *o = eng->ops;
+    struct gpu_lane *L = lane_of(eng, p);
     uint32_t per = (uint32_t)(eng->slot_bytes / p->sel_bytes);
     uint32_t first = per / 8 ? per / 8 : 1;
     uint32_t nz = (uint32_t)((uint64_t)p->n * eng->cfg.kernel_share_pct / 100);
@@ -835,52 +929,52 @@ static int run_staged(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, cons
     /* The slots each group will use, so the table can be uploaded at once
      * (entries below nz keep the mapped host addresses fill_blocks set). */
     uint32_t ramp = first;
-    for (uint32_t g0 = nz, s = eng->next_slot; g0 < p->n; s = (s + 1) % GPU_STAGING_SLOTS) {
-        uint64_t slot = (uint64_t)(uintptr_t)eng->staging + s * eng->slot_bytes;
+    for (uint32_t g0 = nz, s = L->next_slot; g0 < p->n; s = (s + 1) % GPU_STAGING_SLOTS) {
+        uint64_t slot = (uint64_t)(uintptr_t)L->staging + s * eng->slot_bytes;
         uint32_t cnt = next_group(&ramp, per, p->n - g0);
         for (uint32_t k = 0; k < cnt; k++)
             x->htab[g0 + k].obj = slot + (uint64_t)k * p->sel_bytes - p->sel_off;
         g0 += cnt;
     }
-    rc = upload_table(eng, x, p->n);
+    rc = upload_table(eng, p, x, p->n);
     if (rc == 0 && nz > 0) {
-        rc = gpu_event_record(o, eng->table_ready, eng->kstream);
+        rc = gpu_event_record(o, L->table_ready, L->kstream);
         if (rc == 0)
-            rc = gpu_stream_wait_event(o, eng->zstream, eng->table_ready);
+            rc = gpu_stream_wait_event(o, L->zstream, L->table_ready);
         if (rc == 0)
-            rc = launch_on(eng, p, x->dtab, nz, eng->zstream);
+            rc = launch_on(eng, p, x->dtab, nz, L->zstream);
         if (rc == 0)
-            rc = gpu_event_record(o, eng->zero_copy_done, eng->zstream);
+            rc = gpu_event_record(o, L->zero_copy_done, L->zstream);
     }
 
     ramp = first;
     for (uint32_t g0 = nz; rc == 0 && g0 < p->n;) {
         uint32_t cnt = next_group(&ramp, per, p->n - g0);
-        unsigned s = eng->next_slot;
-        eng->next_slot = (s + 1) % GPU_STAGING_SLOTS;
+        unsigned s = L->next_slot;
+        L->next_slot = (s + 1) % GPU_STAGING_SLOTS;
         if (!p->restore) {
-            rc = gpu_stream_wait_event(o, eng->kstream, eng->slot_free[s]);
+            rc = gpu_stream_wait_event(o, L->kstream, L->slot_free[s]);
             if (rc == 0)
                 rc = launch(eng, p, x->dtab + g0, cnt);
             if (rc == 0)
-                rc = gpu_event_record(o, eng->slot_filled[s], eng->kstream);
+                rc = gpu_event_record(o, L->slot_filled[s], L->kstream);
             if (rc == 0)
-                rc = stage_dma(eng, x, p, g0, cnt, s, eng->slot_filled[s], eng->slot_free[s]);
+                rc = stage_dma(eng, x, p, g0, cnt, s, L->slot_filled[s], L->slot_free[s]);
         } else {
-            rc = stage_dma(eng, x, p, g0, cnt, s, eng->slot_free[s], eng->slot_filled[s]);
+            rc = stage_dma(eng, x, p, g0, cnt, s, L->slot_free[s], L->slot_filled[s]);
             if (rc == 0)
-                rc = gpu_stream_wait_event(o, eng->kstream, eng->slot_filled[s]);
+                rc = gpu_stream_wait_event(o, L->kstream, L->slot_filled[s]);
             if (rc == 0)
                 rc = launch(eng, p, x->dtab + g0, cnt);
             if (rc == 0)
-                rc = gpu_event_record(o, eng->slot_free[s], eng->kstream);
+                rc = gpu_event_record(o, L->slot_free[s], L->kstream);
         }
         g0 += cnt;
     }
     /* cstream[0] joined every copy stream at the end of each group. */
-    gpu_stream_t last = p->restore ? eng->kstream : eng->cstream[0];
+    gpu_stream_t last = p->restore ? L->kstream : L->cstream[0];
     if (rc == 0 && nz > 0)
-        rc = gpu_stream_wait_event(o, last, eng->zero_copy_done);
+        rc = gpu_stream_wait_event(o, last, L->zero_copy_done);
     if (rc == 0)
         rc = gpu_event_record(o, x->done, last);
     return rc;
@@ -909,9 +1003,9 @@ static int run_dma(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, const s
             }
         }
     }
-    rc = dma_issue(eng, 0, m, eng->kstream);
+    rc = dma_issue(eng, 0, m, lane_of(eng, p)->kstream);
     if (rc == 0)
-        rc = gpu_event_record(eng->ops, x->done, eng->kstream);
+        rc = gpu_event_record(eng->ops, x->done, lane_of(eng, p)->kstream);
     return rc;
 }
 
@@ -1041,7 +1135,7 @@ static int submit(umbp_gpu_engine_t *eng, const umbp_kv_xfer_desc_t *d, int rest
     x->bytes = p.sel_bytes * p.n;
     atomic_store(&x->status, UMBP_E_INPROGRESS);
     if (d->wait_event != NULL && o->kind != UMBP_GPU_BACKEND_HOST)
-        rc = gpu_stream_wait_event(o, eng->kstream, d->wait_event);
+        rc = gpu_stream_wait_event(o, lane_of(eng, &p)->kstream, d->wait_event);
     issued = true;
     if (rc == 0) {
         switch (x->method) {
@@ -1068,10 +1162,7 @@ fail_leave:
     if (issued) {
         /* Some device work may be queued and reading x's tables: let it
          * drain before x is reused (an error path; blocking is fine). */
-        (void)gpu_stream_sync(o, eng->kstream);
-        (void)gpu_stream_sync(o, eng->zstream);
-        for (int c = 0; c < GPU_COPY_STREAMS_MAX; c++)
-            (void)gpu_stream_sync(o, eng->cstream[c]);
+        (void)sync_lanes(eng);
     }
     gpu_device_leave(o, eng->device, prev);
 fail_unlock:

@@ -44,13 +44,9 @@ struct umbp_gpu_xfer {
     struct umbp_gpu_xfer *next;  /* free list / orphan list */
 };
 
-struct umbp_gpu_engine {
-    const struct gpu_ops *ops;
-    umbp_gpu_config_t cfg; /* defaults filled in */
-    int device;
-    int num_sms;
-    pthread_mutex_t lock;
+enum { LANE_STORE = 0, LANE_RESTORE = 1 };
 
+struct gpu_lane {
     gpu_stream_t kstream; /* kernels, table uploads, DMA-method copies */
     /* The staged method's copy-engine transfers; cfg.copy_streams of them
      * share each group's DMAs, so that one copy's setup overlaps another's
@@ -58,13 +54,30 @@ struct umbp_gpu_engine {
     gpu_stream_t cstream[GPU_COPY_STREAMS_MAX];
     gpu_stream_t zstream;  /* STAGED with kernel_share_pct: the zero-copy part */
     gpu_event_t table_ready, zero_copy_done; /* kstream -> zstream -> the end */
-
-    char *staging; /* NULL unless a method may be STAGED */
-    uint64_t slot_bytes;
+    /* The lane's half of the staging buffer: GPU_STAGING_SLOTS slots of
+     * eng->slot_bytes, used in turn (a store's pipeline never waits for a
+     * restore's slots, nor the other way round). */
+    char *staging;
     unsigned next_slot;
     gpu_event_t slot_filled[GPU_STAGING_SLOTS];
     gpu_event_t slot_free[GPU_STAGING_SLOTS];
     gpu_event_t slot_join[GPU_STAGING_SLOTS][GPU_COPY_STREAMS_MAX];
+};
+
+struct umbp_gpu_engine {
+    const struct gpu_ops *ops;
+    umbp_gpu_config_t cfg; /* defaults filled in */
+    int device;
+    int num_sms;
+    pthread_mutex_t lock;
+
+    /* One lane of streams per direction (LANE_STORE, LANE_RESTORE), so a
+     * restore's host-to-device copies run beside a store's device-to-host
+     * ones (the link is full duplex) instead of queueing behind them. */
+    struct gpu_lane lane[2];
+
+    char *staging; /* NULL unless a method may be STAGED; both lanes' slots */
+    uint64_t slot_bytes;
 
     struct gpu_region *regions; /* sorted by addr, disjoint */
     size_t nregions, regions_cap, last_region;

@@ -191,6 +191,16 @@ UMBP_API int umbp_gpu_engine_set_tuning(umbp_gpu_engine_t *eng, const umbp_gpu_c
  * -ENOTSUP without the flag. */
 UMBP_API int umbp_gpu_engine_sms_used(umbp_gpu_engine_t *eng);
 
+/*
+ * Does now what the first transfers of a process would otherwise do on the
+ * critical path: sizes the block tables of the `xfers` transfers taken first
+ * for `blocks` blocks each, loads the copy kernel (lazy module loading loads
+ * it at its first launch) and makes each stream's first copy, then waits for
+ * the device.  Call it off the critical path (the runtime does, at the first
+ * umbp_kv_register); 0 for blocks or xfers does nothing.
+ */
+UMBP_API int umbp_gpu_engine_warm(umbp_gpu_engine_t *eng, size_t blocks, unsigned xfers);
+
 /* ---- host memory -------------------------------------------------------- */
 
 /*

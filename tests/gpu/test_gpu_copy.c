@@ -364,6 +364,68 @@ static void run_case(struct env *e, umbp_gpu_method_t method, size_t nsel, uint3
           "%s restore: every byte of the GPU tensors as expected", label);
 }
 
+/* A store and a restore in flight together (one lane of streams and
+ * staging slots each): a store from GPU blocks S into pool slots P1 and a
+ * restore from slots P2 into blocks R, submitted in either order; every
+ * byte of the pool and of the GPU tensors must come out as if they had run
+ * one after the other. */
+static void run_both_ways(struct env *e, size_t nsel, int restore_first, const char *label)
+{
+    struct model *m = &e->m;
+    const struct gpu_ops *o = e->o;
+    uint64_t blocks[512], slots[512];
+    umbp_kv_block_io_t st[256], rs[256];
+    pick_distinct(blocks, 2 * nsel, m->nb);
+    pick_distinct(slots, 2 * nsel, e->nslots);
+    for (size_t i = 0; i < nsel; i++) {
+        st[i] = (umbp_kv_block_io_t){.block = blocks[i], .host = e->pool + slots[i] * m->obj_size};
+        rs[i] = (umbp_kv_block_io_t){.block = blocks[nsel + i],
+                                     .host = e->pool + slots[nsel + i] * m->obj_size};
+    }
+    umbp_kv_xfer_desc_t ds = {.layout = e->lay, .blocks = st, .num_blocks = nsel};
+    umbp_kv_xfer_desc_t dr = {.layout = e->lay, .blocks = rs, .num_blocks = nsel};
+    size_t pool_bytes = e->nslots * m->obj_size;
+
+    for (uint32_t i = 0; i < m->ntensors; i++)
+        fill_random(m->mirror[i], m->tensor_bytes);
+    int rc = model_upload(m, o);
+    fill_random(e->pool, pool_bytes);
+    memcpy(e->expect, e->pool, pool_bytes);
+    for (size_t i = 0; i < nsel; i++)
+        for (uint32_t l = 0; l < m->s->layers; l++)
+            for (uint32_t kv = 0; kv < m->nkv; kv++) {
+                uint32_t t;
+                uint64_t off;
+                model_chunk(m, l, blocks[i], kv, &t, &off); /* stored: S -> P1 */
+                memcpy(e->expect + slots[i] * m->obj_size + model_obj_off(m, l, kv),
+                       m->mirror[t] + off, m->chunk);
+                model_chunk(m, l, blocks[nsel + i], kv, &t, &off); /* restored: P2 -> R */
+                memcpy(m->mirror[t] + off,
+                       e->pool + slots[nsel + i] * m->obj_size + model_obj_off(m, l, kv),
+                       m->chunk);
+            }
+    umbp_gpu_xfer_t *xs = NULL, *xr = NULL;
+    if (rc == 0 && restore_first)
+        rc = umbp_gpu_restore(e->eng, &dr, &xr);
+    if (rc == 0)
+        rc = umbp_gpu_store(e->eng, &ds, &xs);
+    if (rc == 0 && !restore_first)
+        rc = umbp_gpu_restore(e->eng, &dr, &xr);
+    int rs_rc = xr != NULL ? umbp_gpu_xfer_wait(xr, 30000) : rc;
+    int st_rc = xs != NULL ? umbp_gpu_xfer_wait(xs, 30000) : rc;
+    umbp_gpu_xfer_release(xr);
+    umbp_gpu_xfer_release(xs);
+    CHECK(rc == 0 && st_rc == 0 && rs_rc == 0, "%s both ways (%s first): %s / %s / %s", label,
+          restore_first ? "restore" : "store", umbp_gpu_strerror(rc), umbp_gpu_strerror(st_rc),
+          umbp_gpu_strerror(rs_rc));
+    CHECK(memcmp(e->pool, e->expect, pool_bytes) == 0,
+          "%s both ways (%s first): every byte of the pool as expected", label,
+          restore_first ? "restore" : "store");
+    CHECK(model_check_device(m, o, "both ways") == 0,
+          "%s both ways (%s first): every byte of the GPU tensors as expected", label,
+          restore_first ? "restore" : "store");
+}
+
 static const char *method_name(umbp_gpu_method_t m)
 {
     return m == UMBP_GPU_METHOD_KERNEL ? "kernel" : m == UMBP_GPU_METHOD_STAGED ? "staged" : "dma";
@@ -397,7 +459,7 @@ static void run_layout(umbp_gpu_backend_t b, const struct spec *s, umbp_gpu_meth
     /* Slots of two objects each: transfers take several groups and rotate
      * through the slots more than once. */
     uint64_t slot = (2 * obj + 4095) & ~(uint64_t)4095;
-    cfg.staging_bytes = 4 * slot < (64u << 10) ? (64u << 10) : 4 * slot;
+    cfg.staging_bytes = 8 * slot < (64u << 10) ? (64u << 10) : 8 * slot; /* 2 lanes x 4 */
     char label[128];
     snprintf(label, sizeof(label), "%s/%s/%s/%u,%u,%u,%u,%u%%", umbp_gpu_backend_name(b),
              s->name, method_name(method), cfg.max_ctas, tu.threads, tu.vec, tu.copy_streams,
@@ -421,7 +483,7 @@ static void run_layout(umbp_gpu_backend_t b, const struct spec *s, umbp_gpu_meth
               label, umbp_kv_layout_object_size(e.lay));
         CHECK(umbp_kv_layout_num_blocks(e.lay) == nb && umbp_kv_layout_num_layers(e.lay) ==
               s->layers, "%s: layout counts", label);
-        e.nslots = nsel + 5;
+        e.nslots = 2 * nsel + 5; /* run_both_ways uses 2 * nsel */
         size_t pool_bytes = e.nslots * e.m.obj_size;
         /* The kernel method allocates its pool, the others register one. */
         if (method == UMBP_GPU_METHOD_KERNEL) {
@@ -439,6 +501,8 @@ static void run_layout(umbp_gpu_backend_t b, const struct spec *s, umbp_gpu_meth
         run_case(&e, method, nsel / 2 + 1, 1, L / 2, label);      /* layer and block subset */
         run_case(&e, method, 3, L - 1, 1, label);                 /* the last layer only */
         run_case(&e, method, 1, 0, 1, label);                     /* one chunk pair */
+        run_both_ways(&e, nsel, 0, label);
+        run_both_ways(&e, nsel, 1, label);
     }
     if (e.pool != NULL) {
         if (method == UMBP_GPU_METHOD_KERNEL) {
