@@ -74,6 +74,10 @@ const struct umbp_option umbp_core_options[] = {
      "standalone: an umbp_kv_load of at least 8 times this many blocks, submitted while "
      "nothing else is in flight, copies its first this many while the server grants the "
      "rest (0: one transfer)"},
+    {"gpu_warm_transfers", UMBP_OPT_INT, OFF(gpu_warm_transfers), "16", 0, 64, 0, NULL,
+     "at the first umbp_kv_register, allocate the block tables of this many GPU transfers "
+     "and load the copy kernel, so the first stores and restores of a process run at "
+     "full speed (0: on first use)"},
     {.name = NULL},
 };
 

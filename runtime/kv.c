@@ -24,6 +24,10 @@
 #include "tier_call.h"
 
 #define WAIT_SLICE_MS 100
+/* blocks per transfer table that gpu_warm_transfers allocates: the engine's
+ * first size, up to what a 64 Ki-token prefix of 16-token blocks needs */
+#define WARM_BLOCKS_MIN 1024
+#define WARM_BLOCKS_MAX 4096
 
 /* ---- waiter thread -------------------------------------------------------- */
 
@@ -207,6 +211,17 @@ int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors, u
     if ((rc = umbp_kv_layout_create(kv->engine, tensors, n, &layout)) < 0) {
         umbp_set_error("umbp_kv_register: %s", umbp_gpu_last_error());
         goto out;
+    }
+    if (!kv->warmed && rt->core->gpu_warm_transfers > 0) {
+        /* off the critical path: the first store and restore of the process
+         * would otherwise allocate these tables and load the kernel */
+        uint64_t nb = umbp_kv_layout_num_blocks(layout);
+        size_t blocks = nb < WARM_BLOCKS_MIN ? WARM_BLOCKS_MIN
+                        : nb > WARM_BLOCKS_MAX ? WARM_BLOCKS_MAX : (size_t)nb;
+        if (umbp_gpu_engine_warm(kv->engine, blocks, (unsigned)rt->core->gpu_warm_transfers) < 0)
+            umbp_log(UMBP_LOG_WARN, "gpu_warm_transfers: warming the GPU copy engine failed "
+                     "(%s); its first transfers allocate instead", umbp_gpu_last_error());
+        kv->warmed = true;
     }
     kv->v[kv->n] = (struct kv_entry){++kv->next_handle, layout};
     *out = kv->v[kv->n].handle;

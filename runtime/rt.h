@@ -238,6 +238,7 @@ struct kv_state {
     struct kv_entry *v;
     size_t n, cap;
     uint64_t next_handle;
+    bool warmed;                   /* umbp_gpu_engine_warm ran (gpu_warm_transfers) */
     /* waiter thread: waits for transfers, posts their ops back */
     pthread_t thread;
     bool thread_started;

@@ -104,6 +104,7 @@ struct umbp_core_config {
     uint64_t gpu_staging_bytes;
     int64_t gpu_store_slice_blocks;
     int64_t gpu_load_head_blocks;
+    int64_t gpu_warm_transfers;
     char poll_wait[8];               /* auto, on, off */
 };
 

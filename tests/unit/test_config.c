@@ -169,6 +169,7 @@ static const struct {
     {"gpu_staging_bytes", "67108864"},
     {"gpu_store_slice_blocks", "128"},
     {"gpu_load_head_blocks", "32"},
+    {"gpu_warm_transfers", "16"},
     {"dram_use_shared_memory", "false"},
     {"dram_shm_name", ""},
     {"dram_use_hugepages", "false"},
