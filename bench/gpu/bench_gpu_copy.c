@@ -34,6 +34,7 @@
  *                             the transfer
  *
  *   bench_gpu_copy [--reps N]    default 20 (3 for the per-chunk baselines)
+ *   bench_gpu_copy --both        only the contiguous and both-ways rows
  *   bench_gpu_copy --host        the host backend with 700 GPU blocks: checks
  *                                the program itself where there is no GPU
  *
@@ -112,6 +113,7 @@ struct row {
 static struct row rows[MAX_ROWS];
 static int nrows;
 static int reps = 20;
+static int both_only; /* --both: only the contiguous and both-ways rows */
 static uint64_t gpu_blocks = 2500; /* GPU blocks the 625 are picked from */
 
 static double now_s(void)
@@ -430,6 +432,60 @@ static double time_kernel_only(struct setup *s, int restore, unsigned ctas, doub
     return t[reps / 2];
 }
 
+/* Both directions at once: a store of the gapped objects and a restore of
+ * the packed ones submitted together (they share GPU blocks and pool slots,
+ * so this is timing only: test_gpu_copy's "both ways" cases check the bytes
+ * of concurrent transfers), against a host-to-device and a device-to-host
+ * contiguous memcpy of the same bytes on two streams, run alternately.
+ * Median seconds of each for 2 * total bytes. */
+static double time_both(struct setup *s, double *spread, double *base)
+{
+    gpu_stream_t s2 = NULL;
+    gpu_event_t d2 = NULL;
+    int rc = gpu_stream_create(s->o, &s2);
+    if (rc == 0)
+        rc = gpu_event_create(s->o, &d2);
+    DIE_IF(rc < 0, "both ways: second stream");
+    double t[64], b[64];
+    for (int i = -1; i < reps; i++) {
+        double t0 = now_s();
+        rc = gpu_memcpy_async(s->o, s->dev_contig, s->pool, s->total, s->stream);
+        if (rc == 0)
+            rc = gpu_memcpy_async(s->o, s->pool + s->total, s->dev_contig, s->total, s2);
+        if (rc == 0)
+            rc = gpu_event_record(s->o, s->done, s->stream);
+        if (rc == 0)
+            rc = gpu_event_record(s->o, d2, s2);
+        if (rc == 0)
+            rc = poll_event(s, s->done);
+        if (rc == 0)
+            rc = poll_event(s, d2);
+        double t1 = now_s();
+        DIE_IF(rc < 0, "both ways: contiguous memcpys");
+        umbp_kv_xfer_desc_t ds = {.layout = s->lay, .blocks = s->io_gapped, .num_blocks = NUM_BLOCKS};
+        umbp_kv_xfer_desc_t dr = {.layout = s->lay, .blocks = s->io_packed, .num_blocks = NUM_BLOCKS};
+        umbp_gpu_xfer_t *xs = NULL, *xr = NULL;
+        double t2 = now_s();
+        rc = umbp_gpu_store(s->eng, &ds, &xs);
+        if (rc == 0)
+            rc = umbp_gpu_restore(s->eng, &dr, &xr);
+        if (rc == 0)
+            rc = umbp_gpu_xfer_wait(xs, -1);
+        if (rc == 0)
+            rc = umbp_gpu_xfer_wait(xr, -1);
+        double t3 = now_s();
+        DIE_IF(rc < 0, "both ways: %s", umbp_gpu_strerror(rc));
+        umbp_gpu_xfer_release(xs);
+        umbp_gpu_xfer_release(xr);
+        if (i >= 0)
+            b[i] = t1 - t0, t[i] = t3 - t2;
+    }
+    gpu_event_destroy(s->o, d2);
+    gpu_stream_destroy(s->o, s2);
+    *base = median(b, reps, NULL);
+    return median(t, reps, spread);
+}
+
 static void add_row(const struct setup *s, const char *name, const char *dir, double secs,
                     double base_secs, double spread, int sms, const char *method, int ok)
 {
@@ -459,6 +515,8 @@ static void run_geometry(umbp_gpu_engine_t *eng, const struct geometry *g)
         add_row(&s, "contiguous memcpy", dir ? "restore" : "store", base[dir], base[dir], spread,
                 0, "dma", 1);
     }
+    if (both_only)
+        goto both;
     static const char *const kname[2][3] = {
         {"gather alone  2 CTAs (D2D)", "gather alone  4 CTAs (D2D)", "gather alone  8 CTAs (D2D)"},
         {"scatter alone 2 CTAs (D2D)", "scatter alone 4 CTAs (D2D)", "scatter alone 8 CTAs (D2D)"}};
@@ -500,6 +558,11 @@ static void run_geometry(umbp_gpu_engine_t *eng, const struct geometry *g)
         }
     }
     umbp_gpu_engine_set_tuning(eng, &def);
+both:;
+    /* rows of 2 * total bytes: add_row counts total, so halve the times */
+    double bb, tb = time_both(&s, &spread, &bb);
+    add_row(&s, "store + restore together (auto)", "both", tb / 2, bb / 2,
+            spread, 0, "auto", 1);
     teardown_geometry(&s);
 }
 
@@ -511,11 +574,13 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
             if (reps < 1 || reps > 64)
                 reps = 20;
+        } else if (strcmp(argv[i], "--both") == 0) {
+            both_only = 1;
         } else if (strcmp(argv[i], "--host") == 0) {
             b = UMBP_GPU_BACKEND_HOST;
             gpu_blocks = 700;
         } else {
-            fprintf(stderr, "usage: %s [--reps N] [--host]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--both] [--host]\n", argv[0]);
             return 2;
         }
     }

@@ -1,0 +1,438 @@
+#!/usr/bin/env python3
+"""bench_py_kv - GPU store and restore of a 10,000-token prefix through
+``import umbp`` (what the vLLM and SGLang connectors call), against plain
+pinned copies measured in the same process.
+
+Each case runs in a fresh child process, because the costs that only the
+first transfers of a process pay (CUDA's lazy kernel loading, the copy
+engine's table allocations, driver state of a stream's first copy) are what
+the "first" columns measure:
+
+  first store, first restore   the first umbp store (625 fresh blocks) and
+               the first restore (into other, poisoned block ids) of a new
+               runtime, timed in Python from the call to the end of
+               Job.wait(): the time an engine waits
+  steady       best and median of --rounds later stores (fresh keys) and
+               restores
+  both ways    a store of a new prefix and a restore of a stored one
+               submitted together, against two plain pinned copies run
+               together on two streams (host to device and device to host)
+  baseline     one contiguous pinned host <-> device copy of the same bytes
+               (torch copy_, non_blocking, then synchronize), best of the
+               rounds, and its first call
+
+Every restore is compared byte for byte with the source blocks; a mismatch
+exits 1.  Ratios are umbp GB/s over the baseline's GB/s of the same process.
+
+  --decode     the miniature engine's decode step (connector/tests/gpu/
+               mini_engine.py's model, 853 M parameters, bf16, one request of
+               --context tokens) timed alone, then while 10,000-token restores
+               for another request run back to back: the slowdown in percent.
+
+Usage: python3 bench/python/bench_py_kv.py [--mode embedded|standalone|both]
+       [--layout mini|4k|32k] [--rounds N] [--decode] [--ab]
+--ab adds the same cases with gpu_warm_transfers=0 (no warming at
+registration), to show what the warming saves.  Prints "SKIP: ..." and exits
+0 without CUDA.  Environment: UMBP_LIBRARY, UMBP_SERVER as for the tests.
+"""
+import argparse
+import json
+import os
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "connector"))
+
+BLOCK = 16
+POISON = 0x5A5A  # int16 pattern written over restore targets
+# layer count, kv heads, head dim (bf16): one object = L * 2 * 16 * H * D * 2 bytes
+LAYOUTS = {
+    "mini": (16, 4, 128),   # the miniature engine's model: 16 KiB chunks, 512 KiB objects
+    "4k": (32, 1, 128),     # 4 KiB chunks, 256 KiB objects
+    "32k": (32, 8, 128),    # 32 KiB chunks, 2 MiB objects
+}
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---- the child: one runtime in a fresh process ---------------------------------------
+
+
+class Pinned:
+    """Best-of-N pinned copies with torch, the same bytes as a prefix."""
+
+    def __init__(self, torch, nbytes, dev):
+        self.torch = torch
+        self.h = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.h2 = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.d = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        self.d2 = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        self.s1 = torch.cuda.Stream(dev)
+        self.s2 = torch.cuda.Stream(dev)
+        self.h.random_(0, 255)
+        self.d2.random_(0, 255)
+
+    def h2d(self):
+        t = time.perf_counter()
+        self.d.copy_(self.h, non_blocking=True)
+        self.torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    def d2h(self):
+        t = time.perf_counter()
+        self.h2.copy_(self.d2, non_blocking=True)
+        self.torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    def both(self):
+        torch = self.torch
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.cuda.stream(self.s1):
+            self.d.copy_(self.h, non_blocking=True)
+        with torch.cuda.stream(self.s2):
+            self.h2.copy_(self.d2, non_blocking=True)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+
+def child(args):
+    import torch
+
+    import umbp
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    L, H, D = LAYOUTS[args.layout]
+    nblk = args.blocks
+    nb = 3 * nblk + 8  # three prefixes' worth of block ids: A (stored), B (restored into), C
+    caches = [torch.empty(2, nb, BLOCK, H, D, dtype=torch.bfloat16, device=dev) for _ in range(L)]
+    for c in caches:
+        c.view(torch.int16).random_(-32768, 32767)
+    obj = L * 2 * BLOCK * H * D * 2
+    nbytes = nblk * obj
+    out = {"mode": args.mode, "layout": args.layout, "blocks": nblk, "object_bytes": obj,
+           "bytes": nbytes, "warm": args.warm}
+
+    pin = Pinned(torch, nbytes, dev)
+    out["base_first_h2d"] = pin.h2d()
+    out["base_first_d2h"] = pin.d2h()
+    out["base_first_both"] = pin.both()
+
+    opts = {"capacity_bytes": args.capacity, "gpu_backend": "cuda",
+            "gpu_warm_transfers": args.warm, "log_level": "warn"}
+    if args.mode == "standalone":
+        opts.update(mode="standalone", socket_dir=args.socket_dir)
+    t = time.perf_counter()
+    rt = umbp.Runtime(opts)
+    kv = rt.register_kv_caches(caches, layout="flash_attn")
+    out["register_s"] = time.perf_counter() - t
+    ns = umbp.Namespace.derive("bench/py_kv", "", BLOCK, "NHD", "bfloat16")
+    A = list(range(0, nblk))
+    B = list(range(nblk, 2 * nblk))
+    C = list(range(2 * nblk, 3 * nblk))
+    serial = [0]
+
+    def fresh_keys():
+        serial[0] += 1
+        hashes = [os.urandom(32) for _ in range(nblk)]
+        return umbp.derive_keys(ns, (0, 0, 0, 0), 0, hashes)
+
+    def poison(ids):
+        idx = torch.tensor(ids, device=dev)
+        for c in caches:
+            c.view(torch.int16).index_fill_(1, idx, POISON)
+        torch.cuda.synchronize()
+
+    def verify(src, dst, what):
+        si = torch.tensor(src, device=dev)
+        di = torch.tensor(dst, device=dev)
+        for li, c in enumerate(caches):
+            c = c.view(torch.int16)  # bit patterns: random bf16 bits hold NaNs
+            a, b = c.index_select(1, si), c.index_select(1, di)
+            if not torch.equal(a, b):
+                bad = (a != b).flatten(2).any(-1)  # (2, blocks)
+                nbad = int(bad.any(0).sum())
+                first = int(bad.any(0).nonzero()[0])
+                poisoned = bool((b[:, first] == POISON).all())
+                log(f"FAIL: {what}: layer {li}: {nbad} of {len(src)} blocks differ (first: block "
+                    f"{first}, K {bool(bad[0, first])} V {bool(bad[1, first])}, "
+                    f"{'still poisoned' if poisoned else 'other bytes'})")
+                sys.exit(1)
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        job = fn()
+        job.wait()
+        dt = time.perf_counter() - t
+        if job.num_ok != len(job):
+            log(f"FAIL: {len(job) - job.num_ok} of {len(job)} keys failed: {job.statuses[:4]}")
+            sys.exit(1)
+        job.release()
+        return dt
+
+    keys = fresh_keys()
+    out["first_store"] = timed(lambda: rt.store_blocks(kv, keys, A))
+    poison(B)
+    out["first_restore"] = timed(lambda: rt.load_blocks(kv, keys, B))
+    verify(A, B, "first restore")
+
+    st, rs, bh, bs, bb = [], [], [], [], []
+    for r in range(args.rounds):
+        for c in caches:  # new contents in A each round
+            c[:, :nblk].view(torch.int16).random_(-32768, 32767)
+        keys = fresh_keys()
+        st.append(timed(lambda: rt.store_blocks(kv, keys, A)))
+        poison(B)
+        rs.append(timed(lambda: rt.load_blocks(kv, keys, B)))
+        verify(A, B, f"restore {r}")
+        bh.append(pin.h2d())
+        bs.append(pin.d2h())
+        bb.append(pin.both())
+    out.update(store=st, restore=rs, base_h2d=bh, base_d2h=bs, base_both=bb)
+
+    # both ways: restore the prefix stored last (keys, from A) into B while
+    # storing a new prefix from C
+    both, both_ends = [], []
+    for r in range(args.rounds):
+        for c in caches:
+            c[:, 2 * nblk:3 * nblk].view(torch.int16).random_(-32768, 32767)
+        poison(B)
+        k2 = fresh_keys()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        j1 = rt.load_blocks(kv, keys, B)
+        j2 = rt.store_blocks(kv, k2, C)
+        d1 = d2 = None
+        while d1 is None or d2 is None:  # when each one ends
+            if d1 is None and j1.done:
+                d1 = time.perf_counter() - t
+            if d2 is None and j2.done:
+                d2 = time.perf_counter() - t
+        both.append(time.perf_counter() - t)
+        both_ends.append((d1, d2))
+        if j1.num_ok != nblk or j2.num_ok != nblk:
+            log(f"FAIL: both ways: {nblk - j1.num_ok} loads, {nblk - j2.num_ok} stores failed")
+            sys.exit(1)
+        j1.release()
+        j2.release()
+        verify(A, B, f"restore beside a store {r}")
+        # the new prefix reads back too
+        poison(B)
+        timed(lambda: rt.load_blocks(kv, k2, B))
+        verify(C, B, f"store beside a restore {r}")
+    out["both"] = both
+    out["both_ends"] = both_ends
+
+    if args.decode:
+        out.update(decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev))
+    rt.deregister(kv)
+    rt.close()
+    print(json.dumps(out), flush=True)
+
+
+def decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev):
+    """Decode steps of the miniature engine's model, alone and beside restores."""
+    sys.path.insert(0, os.path.join(REPO, "connector", "tests", "gpu"))
+    import mini_engine as me
+
+    me._import_torch()
+    mc = dict(me.PRESETS["gpu"])
+    model = me.build_model(mc, dev, 1234, use_hf=True).to(torch.bfloat16)
+    pm = me.PagedLlama(model, mc, dev, torch.bfloat16, "NHD", 2048)
+    ctx = args.context
+    table = torch.arange(0, me.cdiv(ctx + args.steps + 1, BLOCK), device=dev)
+    prompt = torch.tensor(me.make_prompt(mc["vocab"], ctx, 1), device=dev)
+    pm.forward(prompt, 0, table)
+    tok = torch.tensor([1], device=dev)
+
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def step(pos, gpu):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        e0.record()
+        pm.forward(tok, pos, table)
+        e1.record()
+        torch.cuda.synchronize()
+        gpu.append(e0.elapsed_time(e1) / 1e3)
+        return time.perf_counter() - t
+
+    def one_restore_per_step(pos, gpu):
+        # a 10,000-token restore for another request starts with the step
+        j = rt.load_blocks(kv, keys, B)
+        dt = step(pos, gpu)
+        j.wait()
+        if j.num_ok != len(j):
+            log("FAIL: a restore beside the decode failed")
+            sys.exit(1)
+        j.release()
+        return dt
+
+    junk = []
+    for i in range(5):
+        step(ctx + i, junk)
+    res = {k: [] for k in ("alone", "one", "busy")}
+    gpu = {k: [] for k in res}
+    nloads = [0]
+
+    def restorer(stop):
+        while not stop.is_set():
+            j = rt.load_blocks(kv, keys, B)
+            j.wait()
+            if j.num_ok != len(j):
+                log("FAIL: a restore beside the decode failed")
+                os._exit(1)
+            j.release()
+            nloads[0] += 1
+
+    # alternate: the GPU's clocks and the host's load drift over a run
+    for _ in range(3):
+        res["alone"] += [step(ctx + i, gpu["alone"]) for i in range(args.steps)]
+        res["one"] += [one_restore_per_step(ctx + i, gpu["one"]) for i in range(args.steps)]
+        stop = threading.Event()
+        th = threading.Thread(target=restorer, args=(stop,))
+        th.start()
+        time.sleep(0.02)
+        res["busy"] += [step(ctx + i, gpu["busy"]) for i in range(args.steps)]
+        stop.set()
+        th.join()
+    out = {"decode_context": ctx, "decode_restores": nloads[0]}
+    for k in res:
+        out["decode_" + k] = res[k]
+        out["decode_gpu_" + k] = gpu[k]
+    return out
+
+
+# ---- the parent: cases, server, table ------------------------------------------------
+
+
+def gbs(nbytes, s):
+    return nbytes / s / 1e9
+
+
+def start_server(binary, socket_dir, capacity):
+    cfg = {"capacity_bytes": capacity, "socket_dir": socket_dir, "log_level": "warn"}
+    p = subprocess.Popen([binary, "--json", json.dumps(cfg)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    r, _, _ = select.select([p.stdout], [], [], 30)
+    line = p.stdout.readline() if r else ""
+    if "serving" not in line:
+        p.kill()
+        raise SystemExit(f"umbp-server did not start: {line!r}")
+    threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
+    return p
+
+
+def run_case(args, mode, warm, decode_too):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode, "--layout", args.layout,
+           "--rounds", str(args.rounds), "--blocks", str(args.blocks), "--warm", str(warm),
+           "--capacity", args.capacity, "--context", str(args.context), "--steps", str(args.steps)]
+    server = None
+    tmp = tempfile.mkdtemp(prefix="umbp-bench-")
+    if mode == "standalone":
+        binary = os.environ.get("UMBP_SERVER") or os.path.join(REPO, "build", "server", "umbp-server")
+        server = start_server(binary, tmp, args.server_capacity)
+        cmd += ["--socket-dir", tmp]
+    if decode_too:
+        cmd.append("--decode")
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(15)
+    if r.returncode != 0:
+        raise SystemExit(f"case {mode} warm={warm} failed (exit {r.returncode})")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def report(res):
+    n = res["bytes"]
+    bh, bs, bb = min(res["base_h2d"]), min(res["base_d2h"]), min(res["base_both"])
+    st, rs = res["store"], res["restore"]
+    tag = f"{res['mode']}, warm {res['warm']}"
+    rows = [
+        ("first store", gbs(n, res["first_store"]), gbs(n, bs)),
+        ("first restore", gbs(n, res["first_restore"]), gbs(n, bh)),
+        ("store best", gbs(n, min(st)), gbs(n, bs)),
+        ("store median", gbs(n, statistics.median(st)), gbs(n, bs)),
+        ("restore best", gbs(n, min(rs)), gbs(n, bh)),
+        ("restore median", gbs(n, statistics.median(rs)), gbs(n, bh)),
+        ("both ways best", gbs(2 * n, min(res["both"])), gbs(2 * n, bb)),
+        ("both ways median", gbs(2 * n, statistics.median(res["both"])), gbs(2 * n, bb)),
+    ]
+    print(f"## {tag}: {res['blocks']} blocks of {res['object_bytes']} bytes ({n / 1e6:.0f} MB), "
+          f"layout {res['layout']}, registration {res['register_s'] * 1e3:.1f} ms; baseline first "
+          f"calls h2d {gbs(n, res['base_first_h2d']):.1f}, d2h {gbs(n, res['base_first_d2h']):.1f} GB/s")
+    ends = res.get("both_ends") or []
+    if ends:
+        print(f"both ways, median end of the restore / the store: "
+              f"{statistics.median(e[0] for e in ends) * 1e3:.2f} / "
+              f"{statistics.median(e[1] for e in ends) * 1e3:.2f} ms (alone: "
+              f"{statistics.median(rs) * 1e3:.2f} / {statistics.median(st) * 1e3:.2f} ms)")
+    print("| case | umbp GB/s | pinned copy GB/s | ratio |")
+    print("|---|---|---|---|")
+    for name, u, b in rows:
+        print(f"| {name} | {u:.1f} | {b:.1f} | {u / b:.3f}× |")
+    if "decode_alone" in res:
+        print(f"decode step of the miniature engine (context {res['decode_context']}), median ms "
+              f"(wall / GPU time of the step's kernels):")
+        md = {k: (statistics.median(res["decode_" + k]), statistics.median(res["decode_gpu_" + k]))
+              for k in ("alone", "one", "busy")}
+        for k, what in (("alone", "alone"), ("one", "one 10,000-token restore starting with the step"),
+                        ("busy", f"restores back to back ({res['decode_restores']} in all)")):
+            w, g = md[k]
+            print(f"  {what}: {w * 1e3:.2f} / {g * 1e3:.2f} ms, slowdown "
+                  f"{(w / md['alone'][0] - 1) * 100:+.1f} % / {(g / md['alone'][1] - 1) * 100:+.1f} %")
+    sys.stdout.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", default="both", choices=["embedded", "standalone", "both"])
+    ap.add_argument("--layout", default="mini", choices=sorted(LAYOUTS))
+    ap.add_argument("--blocks", type=int, default=625, help="blocks per prefix (625: 10,000 tokens)")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--capacity", default="4GiB")
+    ap.add_argument("--server-capacity", default="4GiB")
+    ap.add_argument("--decode", action="store_true")
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--ab", action="store_true")
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--warm", type=int, default=16, help=argparse.SUPPRESS)
+    ap.add_argument("--socket-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: no torch")
+        return 0
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        return 0
+    modes = ["embedded", "standalone"] if args.mode == "both" else [args.mode]
+    warms = [16, 0] if args.ab else [16]
+    for m in modes:
+        for w in warms:
+            report(run_case(args, m, w, args.decode and m == modes[0] and w == warms[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
