@@ -131,8 +131,28 @@ def _abs_dir(name, v):
 
 # ---- the table ----------------------------------------------------------------
 
-EMB, STA = "embedded", "standalone"
-BOTH = (EMB, STA)
+def _mode(name, v):
+    """A mode of the C mode table; its properties come with it."""
+    from ..modes import mode_properties
+    from .._lib import UmbpError
+
+    if not isinstance(v, str):
+        raise UMBPConfigError(f"{name}: must be a string, got {v!r}")
+    try:
+        mode_properties(v)
+    except UmbpError as e:  # names the mode and the modes there are
+        raise UMBPConfigError(str(e)) from None
+    return v
+
+
+# Which modes an option is for, by the mode's properties (umbp.mode_properties),
+# never by name: ANY, SERVER (runtimes are sessions of umbp-server: its socket,
+# auto_start ...), PRIVATE (each rank has its own pool and serves its lookups).
+ANY, SERVER, PRIVATE = "any", "server", "private"
+
+
+def _applies(when, props):
+    return when == ANY or (when == SERVER) == props.sessions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +160,7 @@ class Opt:
     name: str
     check: Callable[[str, Any], Any]
     default: Any
-    modes: tuple = BOTH
+    modes: str = ANY
     runtime: str | None = None  # name of the umbp.Runtime option it sets
     doc: str = ""
 
@@ -149,7 +169,7 @@ OPTIONS: dict[str, Opt] = {
     o.name: o
     for o in [
         # -- connector behaviour (UMBP's names) --
-        Opt("mode", _choice(EMB, STA, "distributed"), EMB, doc="embedded | standalone"),
+        Opt("mode", _mode, "embedded", doc="embedded | standalone (the C mode table; umbp.mode_properties)"),
         Opt("key_namespace", _string(4096), "auto",
             doc="\"auto\" derives the key namespace from the model and layout; any other string is the namespace"),
         Opt("load_async", _bool, True,
@@ -179,32 +199,32 @@ OPTIONS: dict[str, Opt] = {
             doc="ask vLLM for one cross-layer KV tensor (register_cross_layers_kv_cache) when layers are uniform"),
         Opt("strict_options", _bool, True, doc="false: unknown options are logged and ignored"),
         # -- embedded: lookup sockets and the pool --
-        Opt("lookup_dir", _abs_dir, "", modes=(EMB,),
+        Opt("lookup_dir", _abs_dir, "", modes=PRIVATE,
             doc="directory of the workers' lookup sockets (\"\" = the library's default)"),
-        Opt("capacity_bytes", _size(True), None, modes=(EMB, STA), runtime="capacity_bytes",
+        Opt("capacity_bytes", _size(True), None, modes=ANY, runtime="capacity_bytes",
             doc="pool per worker rank (runtime default 1GiB)"),
-        Opt("total_capacity_bytes", _size(True), None, modes=(EMB, STA), runtime="total_capacity_bytes",
+        Opt("total_capacity_bytes", _size(True), None, modes=ANY, runtime="total_capacity_bytes",
             doc="pool per engine, split over the ranks"),
-        Opt("dram_use_shared_memory", _bool, None, modes=(EMB,), runtime="dram_use_shared_memory"),
-        Opt("dram_shm_name", _string(255, allow_empty=False), None, modes=(EMB,), runtime="dram_shm_name"),
-        Opt("dram_use_hugepages", _bool, None, modes=(EMB,), runtime="dram_use_hugepages"),
-        Opt("dram_hugepage_size", _size(True), None, modes=(EMB,), runtime="dram_hugepage_size"),
-        Opt("dram_numa_node", _int(-1, 1023), None, modes=(EMB,), runtime="dram_numa_node"),
-        Opt("dram_prefault", _bool, None, modes=(EMB,), runtime="dram_prefault"),
-        Opt("dram_high_watermark", _number(0.01, 1.0), None, modes=(EMB,), runtime="dram_high_watermark"),
-        Opt("dram_low_watermark", _number(0.0, 0.99), None, modes=(EMB,), runtime="dram_low_watermark"),
+        Opt("dram_use_shared_memory", _bool, None, modes=PRIVATE, runtime="dram_use_shared_memory"),
+        Opt("dram_shm_name", _string(255, allow_empty=False), None, modes=PRIVATE, runtime="dram_shm_name"),
+        Opt("dram_use_hugepages", _bool, None, modes=PRIVATE, runtime="dram_use_hugepages"),
+        Opt("dram_hugepage_size", _size(True), None, modes=PRIVATE, runtime="dram_hugepage_size"),
+        Opt("dram_numa_node", _int(-1, 1023), None, modes=PRIVATE, runtime="dram_numa_node"),
+        Opt("dram_prefault", _bool, None, modes=PRIVATE, runtime="dram_prefault"),
+        Opt("dram_high_watermark", _number(0.01, 1.0), None, modes=PRIVATE, runtime="dram_high_watermark"),
+        Opt("dram_low_watermark", _number(0.0, 0.99), None, modes=PRIVATE, runtime="dram_low_watermark"),
         # -- standalone: where the server is --
-        Opt("endpoint", _string(200, allow_empty=False), None, modes=(STA,),
+        Opt("endpoint", _string(200, allow_empty=False), None, modes=SERVER,
             doc="UMBP's name: the server socket, unix:///dir/umbp-dp<N>[-<instance>].sock"),
-        Opt("socket_dir", _abs_dir, None, modes=(STA,), runtime="socket_dir"),
-        Opt("dp_rank", _dp_rank, 0, modes=(STA,), runtime="dp_rank",
+        Opt("socket_dir", _abs_dir, None, modes=SERVER, runtime="socket_dir"),
+        Opt("dp_rank", _dp_rank, 0, modes=SERVER, runtime="dp_rank",
             doc="server index in the socket path; \"auto\" = the engine's data-parallel rank"),
-        Opt("auto_start", _bool, None, modes=(STA,), runtime="auto_start"),
-        Opt("server_path", _string(255, allow_empty=False), None, modes=(STA,), runtime="server_path"),
-        Opt("startup_timeout_ms", _int(1, 600000), None, modes=(STA,), runtime="startup_timeout_ms"),
-        Opt("reconnect_max_ms", _int(10, 60000), None, modes=(STA,), runtime="reconnect_max_ms"),
-        Opt("engine_id", _string(63), None, modes=(STA,), runtime="engine_id"),
-        Opt("tenant_namespace", _string(63), None, modes=(STA,), runtime="namespace",
+        Opt("auto_start", _bool, None, modes=SERVER, runtime="auto_start"),
+        Opt("server_path", _string(255, allow_empty=False), None, modes=SERVER, runtime="server_path"),
+        Opt("startup_timeout_ms", _int(1, 600000), None, modes=SERVER, runtime="startup_timeout_ms"),
+        Opt("reconnect_max_ms", _int(10, 60000), None, modes=SERVER, runtime="reconnect_max_ms"),
+        Opt("engine_id", _string(63), None, modes=SERVER, runtime="engine_id"),
+        Opt("tenant_namespace", _string(63), None, modes=SERVER, runtime="namespace",
             doc="the server's quota namespace (umbp option `namespace`)"),
         # -- runtime tuning, both modes --
         Opt("put_wait_ms", _int(0, 3_600_000), None, runtime="put_wait_ms"),
@@ -257,6 +277,7 @@ class ConnectorOptions:
 
     values: dict
     given: frozenset
+    props: Any = None  #: the mode's umbp.ModeProperties
 
     def __getattr__(self, name):
         try:
@@ -297,40 +318,39 @@ class ConnectorOptions:
             for name in unknown:
                 extra.pop(name, None)
 
-        mode = OPTIONS["mode"].check("mode", extra.get("mode", EMB))
-        if mode == "distributed":
-            raise UMBPConfigError(
-                "mode: 'distributed' is not supported by this connector yet; use 'embedded' or 'standalone'"
-            )
+        from ..modes import mode_properties
+
+        mode = OPTIONS["mode"].check("mode", extra.get("mode", OPTIONS["mode"].default))
+        props = mode_properties(mode)
         values = {}
         for name, opt in OPTIONS.items():
             if name in extra:
                 v = extra[name]
                 if v is None:
                     raise UMBPConfigError(f"{name}: null is not a value; leave the option out for its default")
-                if mode not in opt.modes:
-                    raise UMBPConfigError(cls._wrong_mode(name, mode))
+                if not _applies(opt.modes, props):
+                    raise UMBPConfigError(cls._wrong_mode(name, mode, props))
                 values[name] = opt.check(name, v)
             else:
                 values[name] = opt.default
         given = frozenset(extra)
-        self = cls(values=values, given=given)
+        self = cls(values=values, given=given, props=props)
         self._cross_checks()
         return self
 
     @staticmethod
-    def _wrong_mode(name, mode):
-        if mode == STA and (name.startswith("dram_") or name == "lookup_dir"):
+    def _wrong_mode(name, mode, props):
+        if props.sessions:
             what = ("the pool belongs to umbp-server: set it in the server's config or UMBP_DRAM_* environment"
-                    if name.startswith("dram_") else "standalone lookups go to the server's socket")
-            return f"{name}: not an option in standalone mode ({what})"
-        return f"{name}: only an option in {' or '.join(OPTIONS[name].modes)} mode (mode is {mode!r})"
+                    if name.startswith("dram_") else "its lookups go to the server's socket")
+            return f"{name}: not an option in {mode} mode ({what})"
+        return f"{name}: only an option in a mode with a server, e.g. standalone (mode is {mode!r})"
 
     def _cross_checks(self):
         v, given = self.values, self.given
         if "capacity_bytes" in given and "total_capacity_bytes" in given:
             raise UMBPConfigError("capacity_bytes and total_capacity_bytes are mutually exclusive; set one")
-        if v["mode"] == STA:
+        if self.props.sessions:
             if ("capacity_bytes" in given or "total_capacity_bytes" in given) and not v["auto_start"]:
                 raise UMBPConfigError(
                     "capacity_bytes/total_capacity_bytes: in standalone mode the pool belongs to umbp-server "
@@ -369,9 +389,9 @@ class ConnectorOptions:
         for name, opt in OPTIONS.items():
             if opt.runtime is None or v.get(name) is None:
                 continue
-            if v["mode"] not in opt.modes:
+            if not _applies(opt.modes, self.props):
                 continue
-            if name == "lookup_instance" and v["mode"] == EMB:
+            if name == "lookup_instance" and not self.props.sessions:
                 continue  # embedded: part of the lookup socket path only
             if name == "dp_rank":
                 cfg["dp_rank"] = dp_rank if v[name] == "auto" else v[name]
@@ -379,7 +399,7 @@ class ConnectorOptions:
             if name in ("load_failure_quarantine_ms",) and v[name] == 0:
                 continue
             cfg[opt.runtime] = v[name]
-        if role is not None and v["mode"] == STA:
+        if role is not None and self.props.sessions:
             cfg["role"] = role
         if gpu_backend is not None and v["gpu_backend"] is None:
             cfg["gpu_backend"] = gpu_backend
