@@ -103,6 +103,12 @@ def _choice(*values):
     return check
 
 
+def _runtime(name, v):
+    """A umbp runtime option: C checks it (umbp.check_config, the runtime's
+    own parse), so its bounds live only in the C option tables."""
+    return v
+
+
 def _instance(name, v):
     v = _string(31)(name, v)
     if v and not re.fullmatch(r"[A-Za-z0-9._-]+", v):
@@ -111,9 +117,8 @@ def _instance(name, v):
 
 
 def _dp_rank(name, v):
-    if v == "auto":
-        return v
-    return _int(0, 65535)(name, v)
+    """"auto" (the engine's data-parallel rank) or a runtime dp_rank, which C checks."""
+    return v
 
 
 def _hash_block_size(name, v):
@@ -183,17 +188,17 @@ OPTIONS: dict[str, Opt] = {
             doc="false: store newly full blocks every step (eager); true: store a request's blocks when it finishes"),
         Opt("hash_block_size", _hash_block_size, "auto",
             doc="tokens per engine block hash; auto = the engine's"),
-        Opt("load_failure_quarantine_ms", _int(0, 3_600_000), 0, runtime="load_failure_quarantine_ms",
+        Opt("load_failure_quarantine_ms", _runtime, 0, runtime="load_failure_quarantine_ms",
             doc="a key whose load failed counts as a miss this long (0 = off)"),
-        Opt("timeout_ms", _int(1, 3_600_000), None, runtime="timeout_ms",
+        Opt("timeout_ms", _runtime, None, runtime="timeout_ms",
             doc="bound on every transfer (runtime default 10000)"),
-        Opt("lookup_timeout_ms", _int(1, 60000), 100, runtime="lookup_timeout_ms",
+        Opt("lookup_timeout_ms", _runtime, 100, runtime="lookup_timeout_ms",
             doc="bound on one scheduler lookup (all ranks)"),
-        Opt("enable_events", _bool, False, runtime="enable_events",
+        Opt("enable_events", _runtime, False, runtime="enable_events",
             doc="emit BlockStored/BlockRemoved KV events from the runtime's events"),
         Opt("lookup_instance", _instance, "", runtime="lookup_instance",
             doc="separates engines (embedded lookup sockets) or servers (standalone) on one host"),
-        Opt("num_workers", _int(1, 64), None, runtime="copy_threads",
+        Opt("num_workers", _runtime, None, runtime="copy_threads",
             doc="UMBP's transfer threads: umbp's copy_threads"),
         Opt("prefer_cross_layer_blocks", _bool, False,
             doc="ask vLLM for one cross-layer KV tensor (register_cross_layers_kv_cache) when layers are uniform"),
@@ -201,45 +206,45 @@ OPTIONS: dict[str, Opt] = {
         # -- embedded: lookup sockets and the pool --
         Opt("lookup_dir", _abs_dir, "", modes=PRIVATE,
             doc="directory of the workers' lookup sockets (\"\" = the library's default)"),
-        Opt("capacity_bytes", _size(True), None, modes=ANY, runtime="capacity_bytes",
+        Opt("capacity_bytes", _runtime, None, modes=ANY, runtime="capacity_bytes",
             doc="pool per worker rank (runtime default 1GiB)"),
-        Opt("total_capacity_bytes", _size(True), None, modes=ANY, runtime="total_capacity_bytes",
+        Opt("total_capacity_bytes", _runtime, None, modes=ANY, runtime="total_capacity_bytes",
             doc="pool per engine, split over the ranks"),
-        Opt("dram_use_shared_memory", _bool, None, modes=PRIVATE, runtime="dram_use_shared_memory"),
-        Opt("dram_shm_name", _string(255, allow_empty=False), None, modes=PRIVATE, runtime="dram_shm_name"),
-        Opt("dram_use_hugepages", _bool, None, modes=PRIVATE, runtime="dram_use_hugepages"),
-        Opt("dram_hugepage_size", _size(True), None, modes=PRIVATE, runtime="dram_hugepage_size"),
-        Opt("dram_numa_node", _int(-1, 1023), None, modes=PRIVATE, runtime="dram_numa_node"),
-        Opt("dram_prefault", _bool, None, modes=PRIVATE, runtime="dram_prefault"),
-        Opt("dram_high_watermark", _number(0.01, 1.0), None, modes=PRIVATE, runtime="dram_high_watermark"),
-        Opt("dram_low_watermark", _number(0.0, 0.99), None, modes=PRIVATE, runtime="dram_low_watermark"),
+        Opt("dram_use_shared_memory", _runtime, None, modes=PRIVATE, runtime="dram_use_shared_memory"),
+        Opt("dram_shm_name", _runtime, None, modes=PRIVATE, runtime="dram_shm_name"),
+        Opt("dram_use_hugepages", _runtime, None, modes=PRIVATE, runtime="dram_use_hugepages"),
+        Opt("dram_hugepage_size", _runtime, None, modes=PRIVATE, runtime="dram_hugepage_size"),
+        Opt("dram_numa_node", _runtime, None, modes=PRIVATE, runtime="dram_numa_node"),
+        Opt("dram_prefault", _runtime, None, modes=PRIVATE, runtime="dram_prefault"),
+        Opt("dram_high_watermark", _runtime, None, modes=PRIVATE, runtime="dram_high_watermark"),
+        Opt("dram_low_watermark", _runtime, None, modes=PRIVATE, runtime="dram_low_watermark"),
         # -- standalone: where the server is --
         Opt("endpoint", _string(200, allow_empty=False), None, modes=SERVER,
             doc="UMBP's name: the server socket, unix:///dir/umbp-dp<N>[-<instance>].sock"),
-        Opt("socket_dir", _abs_dir, None, modes=SERVER, runtime="socket_dir"),
+        Opt("socket_dir", _runtime, None, modes=SERVER, runtime="socket_dir"),
         Opt("dp_rank", _dp_rank, 0, modes=SERVER, runtime="dp_rank",
             doc="server index in the socket path; \"auto\" = the engine's data-parallel rank"),
-        Opt("auto_start", _bool, None, modes=SERVER, runtime="auto_start"),
-        Opt("server_path", _string(255, allow_empty=False), None, modes=SERVER, runtime="server_path"),
-        Opt("startup_timeout_ms", _int(1, 600000), None, modes=SERVER, runtime="startup_timeout_ms"),
-        Opt("reconnect_max_ms", _int(10, 60000), None, modes=SERVER, runtime="reconnect_max_ms"),
-        Opt("engine_id", _string(63), None, modes=SERVER, runtime="engine_id"),
-        Opt("tenant_namespace", _string(63), None, modes=SERVER, runtime="namespace",
+        Opt("auto_start", _runtime, None, modes=SERVER, runtime="auto_start"),
+        Opt("server_path", _runtime, None, modes=SERVER, runtime="server_path"),
+        Opt("startup_timeout_ms", _runtime, None, modes=SERVER, runtime="startup_timeout_ms"),
+        Opt("reconnect_max_ms", _runtime, None, modes=SERVER, runtime="reconnect_max_ms"),
+        Opt("engine_id", _runtime, None, modes=SERVER, runtime="engine_id"),
+        Opt("tenant_namespace", _runtime, None, modes=SERVER, runtime="namespace",
             doc="the server's quota namespace (umbp option `namespace`)"),
         # -- runtime tuning, both modes --
-        Opt("put_wait_ms", _int(0, 3_600_000), None, runtime="put_wait_ms"),
-        Opt("lease_ttl_ms", _int(10, 3_600_000), None, runtime="lease_ttl_ms"),
-        Opt("max_inflight_ops", _int(4, 1 << 20), None, runtime="max_inflight_ops"),
-        Opt("copy_threads", _int(1, 64), None, runtime="copy_threads"),
-        Opt("event_queue_size", _int(16, 1 << 24), None, runtime="event_queue_size"),
-        Opt("log_level", _choice("error", "warn", "info", "debug"), None, runtime="log_level"),
-        Opt("poll_wait", _choice("auto", "on", "off"), None, runtime="poll_wait"),
-        Opt("gpu_backend", _choice("auto", "cuda", "hip", "host"), None, runtime="gpu_backend",
+        Opt("put_wait_ms", _runtime, None, runtime="put_wait_ms"),
+        Opt("lease_ttl_ms", _runtime, None, runtime="lease_ttl_ms"),
+        Opt("max_inflight_ops", _runtime, None, runtime="max_inflight_ops"),
+        Opt("copy_threads", _runtime, None, runtime="copy_threads"),
+        Opt("event_queue_size", _runtime, None, runtime="event_queue_size"),
+        Opt("log_level", _runtime, None, runtime="log_level"),
+        Opt("poll_wait", _runtime, None, runtime="poll_wait"),
+        Opt("gpu_backend", _runtime, None, runtime="gpu_backend",
             doc="auto picks host for CPU KV tensors"),
-        Opt("gpu_max_ctas", _int(1, 1024), None, runtime="gpu_max_ctas"),
-        Opt("gpu_staging_bytes", _size(True), None, runtime="gpu_staging_bytes"),
-        Opt("gpu_store_slice_blocks", _int(0, 1 << 24), None, runtime="gpu_store_slice_blocks"),
-        Opt("gpu_load_head_blocks", _int(0, 1 << 24), None, runtime="gpu_load_head_blocks"),
+        Opt("gpu_max_ctas", _runtime, None, runtime="gpu_max_ctas"),
+        Opt("gpu_staging_bytes", _runtime, None, runtime="gpu_staging_bytes"),
+        Opt("gpu_store_slice_blocks", _runtime, None, runtime="gpu_store_slice_blocks"),
+        Opt("gpu_load_head_blocks", _runtime, None, runtime="gpu_load_head_blocks"),
     ]
 }
 
@@ -278,6 +283,8 @@ class ConnectorOptions:
     values: dict
     given: frozenset
     props: Any = None  #: the mode's umbp.ModeProperties
+    #: every runtime option's value as C resolves it (defaults, UMBP_* variables)
+    resolved: dict = dataclasses.field(default_factory=dict)
 
     def __getattr__(self, name):
         try:
@@ -336,6 +343,13 @@ class ConnectorOptions:
         given = frozenset(extra)
         self = cls(values=values, given=given, props=props)
         self._cross_checks()
+        from ..modes import check_config
+        from .._lib import UmbpError
+
+        try:  # C's parse, as a rank's runtime will do it: its message names the option
+            self.resolved = check_config(self.runtime_config(rank=0, world_size=1))
+        except UmbpError as e:
+            raise UMBPConfigError(f"kv_connector_extra_config: {e}") from None
         return self
 
     @staticmethod
@@ -347,9 +361,8 @@ class ConnectorOptions:
         return f"{name}: only an option in a mode with a server, e.g. standalone (mode is {mode!r})"
 
     def _cross_checks(self):
+        """The connector's own rules; those between runtime options are C's."""
         v, given = self.values, self.given
-        if "capacity_bytes" in given and "total_capacity_bytes" in given:
-            raise UMBPConfigError("capacity_bytes and total_capacity_bytes are mutually exclusive; set one")
         if self.props.sessions:
             if ("capacity_bytes" in given or "total_capacity_bytes" in given) and not v["auto_start"]:
                 raise UMBPConfigError(
@@ -367,14 +380,6 @@ class ConnectorOptions:
                     if o in given:
                         raise UMBPConfigError(f"endpoint and {o} are mutually exclusive; endpoint names all three")
                 v["socket_dir"], v["dp_rank"], v["lookup_instance"] = m.group(1), int(m.group(2)), m.group(3) or ""
-        hi = v["dram_high_watermark"] if v["dram_high_watermark"] is not None else 0.9
-        lo = v["dram_low_watermark"] if v["dram_low_watermark"] is not None else 0.7
-        if (v["dram_high_watermark"] is not None or v["dram_low_watermark"] is not None) and not lo < hi:
-            raise UMBPConfigError(
-                f"dram_low_watermark ({lo}) must be below dram_high_watermark ({hi})"
-            )
-        if v["dram_shm_name"] is not None and not v["dram_use_shared_memory"]:
-            raise UMBPConfigError("dram_shm_name: needs dram_use_shared_memory=true")
         if "copy_threads" in given and "num_workers" in given:
             raise UMBPConfigError("num_workers (UMBP's name) and copy_threads are the same option; set one")
 

@@ -58,7 +58,7 @@ class UMBPWorker:
         self.ns = derive_namespace(umbp, vllm_config, self.groups, self.topo, opts.key_namespace, self.layout)
         self.rank = self.topo.worker_rank(vllm_config, _compat.parallel_ranks())
         self.rank_id = self.topo.rank_id(self.rank)
-        self.timeout_ms = opts.timeout_ms or 10000
+        self.timeout_ms = opts.resolved["timeout_ms"]
 
         self.rt = None
         self.kv: dict = {}  # vLLM group id -> umbp KV registration
