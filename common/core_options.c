@@ -15,7 +15,7 @@
 #define MiB (1024.0 * 1024.0)
 #define TiB (1024.0 * 1024.0 * 1024.0 * 1024.0)
 
-#define MODE_NAME(mode, tier) mode,
+#define MODE_NAME(mode, tier, flags) mode,
 static const char *const modes[] = {UMBP_MODES(MODE_NAME) NULL};
 #undef MODE_NAME
 static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
@@ -118,10 +118,26 @@ bool umbp_poll_wait_spins(const char *poll_wait)
 
 const char *umbp_mode_tier(const char *mode)
 {
-#define MODE_TIER(m, tier)      \
-    if (strcmp(mode, m) == 0)   \
+#define MODE_TIER(m, tier, flags) \
+    if (strcmp(mode, m) == 0)     \
         return tier;
     UMBP_MODES(MODE_TIER)
 #undef MODE_TIER
     return NULL;
+}
+
+int umbp_mode_props(const char *mode, unsigned *flags, char *err, size_t errlen)
+{
+#define MODE_FLAGS(m, tier, f)          \
+    if (mode && strcmp(mode, m) == 0) { \
+        *flags = (f);                   \
+        return 0;                       \
+    }
+    UMBP_MODES(MODE_FLAGS)
+#undef MODE_FLAGS
+#define MODE_LIST(m, tier, f) " " m
+    snprintf(err, errlen, "mode: must be one of" UMBP_MODES(MODE_LIST) ", got '%s'",
+             mode ? mode : "(null)");
+#undef MODE_LIST
+    return -EINVAL;
 }

@@ -43,16 +43,24 @@ extern const struct umbp_option umbp_core_options[];
 int umbp_core_validate(const struct umbp_core_config *core, uint64_t *rank_capacity, char *err,
                        size_t errlen);
 
-/* The modes the `mode` option accepts and, for each, the tier that declares
- * it in its ops->modes when that tier is built (its primary tier).  One
- * table: the option's accepted values come from it, and a mode whose tier
- * is not built is refused naming that tier. */
-#define UMBP_MODES(X)           \
-    X("embedded", "dram")       \
-    X("standalone", "shm")      \
-    X("distributed", "rdma")
+/* The modes the `mode` option accepts: for each, the tier that declares it
+ * in its ops->modes when that tier is built (its primary tier), and its
+ * properties (UMBP_MODE_*, umbp/umbp.h), which connectors read through
+ * umbp_mode_flags() instead of comparing names.  One table: the option's
+ * accepted values, the lookup client's and the connectors' come from it, and
+ * a mode whose tier is not built is refused naming that tier.  A new mode is
+ * one row.  distributed's flags: the design's (a cluster-wide pool indexed
+ * by umbp-master), until its tier lands. */
+#define UMBP_MODES(X)                                                              \
+    X("embedded", "dram", 0)                                                       \
+    X("standalone", "shm",                                                         \
+      UMBP_MODE_SHARED_POOL | UMBP_MODE_SESSIONS | UMBP_MODE_SHARED_LOOKUP)        \
+    X("distributed", "rdma", UMBP_MODE_SHARED_POOL | UMBP_MODE_SHARED_LOOKUP)
 /* The tier mode needs; NULL for a mode not in the table. */
 const char *umbp_mode_tier(const char *mode);
+/* mode's UMBP_MODE_* flags in *flags; -EINVAL (and err listing the modes)
+ * for a mode not in the table.  Whether its tier is built is not asked. */
+int umbp_mode_props(const char *mode, unsigned *flags, char *err, size_t errlen);
 
 /* poll_wait's rule, for every thread that may poll before sleeping (waiters,
  * the runtime's loop, umbp-server's loop, the shm client): "on", or "auto"

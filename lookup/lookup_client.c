@@ -737,7 +737,7 @@ int umbp_lookup_client_create(const char *json_options, umbp_lookup_client_t **o
     c->ino_fd = -1;
     int rc = lookup_client_config_parse(json_options, &c->cfg, err, sizeof(err));
     if (rc == 0) {
-        c->standalone = strcmp(c->cfg.mode, "standalone") == 0;
+        c->standalone = c->cfg.ask_server;
         rc = c->standalone ? standalone_open(c, err, sizeof(err))
                            : embedded_open(c, err, sizeof(err));
     }

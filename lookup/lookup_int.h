@@ -44,7 +44,8 @@ int lookup_dir_prepare(const char *dir, bool is_default, const char *what, char 
 /* ---- the client's options (lookup_options.c) --------------------------- */
 
 struct lookup_client_config {
-    char mode[16];                  /* embedded | standalone */
+    char mode[16];                  /* a mode of UMBP_MODES (common/options.h) */
+    bool ask_server;                /* its UMBP_MODE_SHARED_LOOKUP: the server, not the ranks */
     char lookup_dir[LK_PATH_MAX];   /* "" = the default */
     char lookup_instance[32];
     char name_space[64];            /* embedded: 32 hex, required */

@@ -13,11 +13,15 @@
 
 #define OFF(f) offsetof(struct lookup_client_config, f)
 
-static const char *const modes[] = {"embedded", "standalone", NULL};
+#define MODE_NAME(mode, tier, flags) mode,
+static const char *const modes[] = {UMBP_MODES(MODE_NAME) NULL};
+#undef MODE_NAME
 
 const struct umbp_option lookup_client_options[] = {
     {"mode", UMBP_OPT_STRING, OFF(mode), "embedded", 0, 0, 16, modes,
-     "embedded: ask each worker rank's lookup service; standalone: ask umbp-server"},
+     "the engine's mode: embedded asks each worker rank's lookup service, standalone asks "
+     "umbp-server (a mode whose lookups go to a shared index without a server session has "
+     "no lookup client)"},
     {"lookup_timeout_ms", UMBP_OPT_INT, OFF(lookup_timeout_ms), "1000", 1, 60000, 0, NULL,
      "bound on one query, all ranks together"},
     {"namespace", UMBP_OPT_STRING, OFF(name_space), "", 0, 0, 64, NULL,
@@ -53,8 +57,17 @@ int lookup_client_config_parse(const char *json, struct lookup_client_config *c,
     if ((rc = umbp_options_apply(&t, 1, json, err, errlen)) < 0 ||
         (rc = lookup_check_instance(c->lookup_instance, err, errlen)) < 0)
         return rc;
-    bool embedded = strcmp(c->mode, "embedded") == 0;
-    if (embedded) {
+    unsigned flags;
+    if ((rc = umbp_mode_props(c->mode, &flags, err, errlen)) < 0)
+        return rc;
+    /* the ranks serve the lookups, or a server session does */
+    if ((flags & UMBP_MODE_SHARED_LOOKUP) && !(flags & UMBP_MODE_SESSIONS)) {
+        snprintf(err, errlen, "mode: '%s' has no lookup client (its lookups go to the shared "
+                 "index through a runtime of role lookup)", c->mode);
+        return -ENOTSUP;
+    }
+    c->ask_server = (flags & UMBP_MODE_SHARED_LOOKUP) != 0;
+    if (!c->ask_server) {
         if (!c->name_space[0]) {
             snprintf(err, errlen, "namespace: required in embedded mode (the engine's "
                      "namespace, %d hex digits, as its workers serve it)",

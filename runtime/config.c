@@ -11,8 +11,12 @@
  * Every option lives in exactly one table: umbp_core_options
  * (common/core_options.c), or a tier's ops->options; a name in two tables
  * is refused at creation.
+ *
+ * umbp_config_check() and umbp_mode_flags() answer connectors before any
+ * runtime exists: the same parse, and the mode table's row.
  */
 #include <errno.h>
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,4 +158,61 @@ int config_primary_tier(const struct umbp_core_config *core, const struct umbp_t
     }
     *out = ops;
     return 0;
+}
+
+static void add_values(json_object *o, const struct umbp_option *opts, const void *base)
+{
+    for (const struct umbp_option *op = opts; op && op->name; op++) {
+        const char *p = (const char *)base + op->offset;
+        json_object *v = NULL;
+        switch (op->type) {
+        case UMBP_OPT_BOOL: v = json_object_new_boolean(*(const bool *)p); break;
+        case UMBP_OPT_INT: v = json_object_new_int64(*(const int64_t *)p); break;
+        case UMBP_OPT_SIZE: v = json_object_new_uint64(*(const uint64_t *)p); break;
+        case UMBP_OPT_DOUBLE: v = json_object_new_double(*(const double *)p); break;
+        case UMBP_OPT_STRING: v = json_object_new_string(p); break;
+        }
+        json_object_object_add(o, op->name, v);
+    }
+}
+
+int umbp_config_check(const char *json_config, char *resolved, size_t len)
+{
+    struct rt_config *c = NULL;
+    int rc = config_parse(json_config, &c);
+    if (rc < 0 || !resolved)
+        goto out;
+    json_object *o = json_object_new_object();
+    if (!o) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    add_values(o, umbp_core_options, &c->core);
+    add_values(o, c->primary->options, config_tier(c, c->primary));
+    const char *text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+    if (!text || strlen(text) >= len) {
+        umbp_set_error("umbp_config_check: the resolved config needs %zu bytes, got %zu",
+                       text ? strlen(text) + 1 : 0, len);
+        rc = text ? -ENOSPC : -ENOMEM;
+    } else {
+        memcpy(resolved, text, strlen(text) + 1);
+    }
+    json_object_put(o);
+out:
+    config_free(c);
+    return rc;
+}
+
+int umbp_mode_flags(const char *mode)
+{
+    char err[512];
+    unsigned flags;
+    const struct umbp_tier_ops *ops;
+    int rc;
+    if ((rc = umbp_mode_props(mode, &flags, err, sizeof(err))) < 0 ||
+        (rc = mode_tier(mode, &ops, err, sizeof(err))) < 0) {
+        umbp_set_error("%s", err);
+        return rc;
+    }
+    return (int)flags;
 }

@@ -60,6 +60,7 @@ int main(void)
     F(umbp_event_t, type); F(umbp_event_t, key);
     C(UMBP_KEY_SIZE); C(UMBP_NS_SIZE); C(UMBP_NS_HEX_SIZE); C(UMBP_BLOCK_HASH_MAX);
     C(UMBP_KV_MAX_DIMS); C(UMBP_LOOKUP_TOUCH); C(UMBP_EVENT_STORED); C(UMBP_EVENT_REMOVED);
+    C(UMBP_MODE_SHARED_POOL); C(UMBP_MODE_SESSIONS); C(UMBP_MODE_SHARED_LOOKUP);
 #define ERR(name, value, text) C(name);
     UMBP_ERRORS(ERR)
     return 0;

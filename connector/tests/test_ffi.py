@@ -53,6 +53,10 @@ def test_constants_and_error_codes(c_layout):
     assert consts["UMBP_KV_MAX_DIMS"] == _ffi.KV_MAX_DIMS
     assert consts["UMBP_EVENT_STORED"] == umbp.EVENT_STORED
     assert consts["UMBP_EVENT_REMOVED"] == umbp.EVENT_REMOVED
+    from umbp import modes
+    assert consts["UMBP_MODE_SHARED_POOL"] == modes.SHARED_POOL
+    assert consts["UMBP_MODE_SESSIONS"] == modes.SESSIONS
+    assert consts["UMBP_MODE_SHARED_LOOKUP"] == modes.SHARED_LOOKUP
     c_errors = {k[len("UMBP_"):]: v for k, v in consts.items() if k.startswith("UMBP_E_")}
     assert c_errors == umbp.ERRORS
     for name, v in umbp.ERRORS.items():

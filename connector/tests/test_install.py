@@ -1,6 +1,8 @@
-"""Both ways of installing the package give an importable umbp: pip (offline,
---no-build-isolation, from a copy of connector/ so that the build leaves
-nothing in the tree) and cmake --install (which bundles libumbp.so).
+"""Every way of installing the package gives an importable umbp: the wheel
+(`pip wheel ./connector`, offline, --no-build-isolation, from a copy of
+connector/ so that the build leaves nothing in the tree; it runs CMake and
+bundles libumbp.so), the pure package (UMBP_BUNDLE_LIBRARY=0, library from
+$UMBP_LIBRARY) and cmake --install (which bundles libumbp.so).
 
 After either install into an empty prefix, the two engine entry points the
 docs name must import from the installed copy (not from this tree):
@@ -55,22 +57,105 @@ def _run_clean(code, path, **env):
                           cwd="/", timeout=120)
 
 
-def test_pip_install_offline(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True)
-    if r.returncode:
+def _pip(*args, **env):
+    e = dict(os.environ)
+    e.update(env)
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True,
+                          env=e, timeout=600)
+
+
+def _need_pip():
+    if _pip("--version").returncode:
         pytest.skip("pip is not installed for %s" % sys.executable)
+
+
+def _source_copy(tmp_path):
+    """connector/ without its tests, so that the build leaves nothing in this tree."""
     src = tmp_path / "src"
     shutil.copytree(CONNECTOR, src, ignore=shutil.ignore_patterns("__pycache__", "build",
-                                                                  "*.egg-info", "tests"))
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation",
-                        "--no-index", "--target", str(tmp_path / "site"), str(src)],
-                       capture_output=True, text=True, timeout=300)
+                                                                  "*.egg-info", "tests", "_lib"))
+    return src
+
+
+def _wheel(tmp_path, src, **env):
+    r = _pip("wheel", "-q", "--no-build-isolation", "--no-index", "--no-deps",
+             "-w", str(tmp_path / "dist"), str(src), **env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (whl,) = (tmp_path / "dist").glob("umbp-*.whl")
+    return whl
+
+
+def _install(tmp_path, whl):
+    r = _pip("install", "-q", "--no-index", "--no-deps", "--target", str(tmp_path / "site"),
+             str(whl))
     assert r.returncode == 0, r.stderr
+    return tmp_path / "site"
+
+
+def test_pure_package_without_the_library(tmp_path):
+    """UMBP_BUNDLE_LIBRARY=0: the Python package alone (any platform), which
+    loads the library $UMBP_LIBRARY names."""
+    _need_pip()
+    whl = _wheel(tmp_path, _source_copy(tmp_path), UMBP_BUNDLE_LIBRARY="0")
+    assert whl.name.endswith("-py3-none-any.whl"), whl.name
+    site = _install(tmp_path, whl)
+    assert not (site / "umbp" / "_lib").exists()
     import umbp
-    r = _run_clean(PROBE, str(tmp_path / "site"), UMBP_LIBRARY=umbp.library_path)
+    r = _run_clean(PROBE, str(site), UMBP_LIBRARY=umbp.library_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == umbp.library_path
-    _check_engines(tmp_path / "site")
+    _check_engines(site)
+
+
+# From an environment that names no library: both engines' module paths
+# import from the install, the library loaded is the wheel's, and an
+# embedded runtime round-trips bytes exactly.
+WHEEL_PROBE = ENGINES.replace("print('ok')\n", "") + """
+import numpy as np, umbp
+want = os.path.join(prefix, 'umbp', '_lib', 'libumbp.so')
+assert umbp.library_path == want, (umbp.library_path, want)
+rt = umbp.Runtime({'mode': 'embedded', 'capacity_bytes': '8MiB', 'gpu_backend': 'host'})
+n, size = 4, 8192
+src = np.random.default_rng(7).integers(0, 256, n * size, dtype=np.uint8)
+dst = np.zeros_like(src)
+keys = np.arange(n * 32, dtype=np.uint8).reshape(n, 32)
+offs = np.arange(n, dtype=np.uint64) * size
+with rt.put(keys, src.ctypes.data + offs, size) as job:
+    job.wait(); assert job.num_ok == n, job.statuses()
+with rt.get(keys, dst.ctypes.data + offs, size) as job:
+    job.wait(); assert job.num_ok == n, job.statuses()
+assert dst.tobytes() == src.tobytes()
+rt.close()
+print('ok')
+"""
+NO_LIBRARY_ENV = ("UMBP_LIBRARY", "UMBP_BUILD_DIR", "LD_LIBRARY_PATH", "PYTHONPATH")
+
+
+def test_wheel_bundles_the_library(tmp_path):
+    """The documented install: `pip wheel ./connector` runs CMake (here in the
+    configured build/, reused as CI does) and the platform wheel carries
+    libumbp.so, umbp-server and umbp."""
+    _need_pip()
+    build = os.path.join(REPO, "build")
+    if not os.path.exists(os.path.join(build, "CMakeCache.txt")):
+        pytest.skip("no configured build/ to reuse (UMBP_CMAKE_BUILD_DIR)")
+    whl = _wheel(tmp_path, _source_copy(tmp_path), UMBP_SOURCE_DIR=REPO,
+                 UMBP_CMAKE_BUILD_DIR=build)
+    assert "-py3-none-linux_" in whl.name, whl.name
+    site = _install(tmp_path, whl)
+    for name in ("libumbp.so", "umbp-server", "umbp"):
+        assert (site / "umbp" / "_lib" / name).is_file(), name
+    e = {k: v for k, v in os.environ.items() if k not in NO_LIBRARY_ENV}
+    e["PYTHONPATH"] = os.pathsep.join([str(site), HARNESS])
+    r = subprocess.run([sys.executable, "-c", WHEEL_PROBE, str(site)], capture_output=True,
+                       text=True, env=e, cwd="/", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+    # the commands exec the bundled binaries
+    for cmd, usage in (("umbp-server", "usage: umbp-server"), ("umbp", "usage: umbp ")):
+        r = subprocess.run([str(site / "bin" / cmd), "--help"], capture_output=True, text=True,
+                           env=e, timeout=60)
+        assert usage in r.stdout + r.stderr, (cmd, r.stdout, r.stderr)
 
 
 def test_cmake_install_bundles_the_library(tmp_path):

@@ -16,6 +16,7 @@ from ._lib import UmbpError, LibraryTooOld, strerror, last_error
 from .keys import Namespace, derive_keys
 from .runtime import Runtime, Job, KVCache, keys_array
 from .lookup import LookupClient, lookup_socket_path
+from .modes import ModeProperties, mode_properties, check_config
 
 __version__ = "0.1.0"
 
@@ -58,5 +59,5 @@ def has_lookup_service():
 
 __all__ = ["UmbpError", "LibraryTooOld", "strerror", "last_error", "KEY_SIZE", "NS_SIZE",
            "Namespace", "derive_keys", "Runtime", "Job", "KVCache", "LookupClient",
-           "lookup_socket_path", "gpu_backends_built", "has_lookup_service", "library_path",
+           "lookup_socket_path", "ModeProperties", "mode_properties", "check_config", "gpu_backends_built", "has_lookup_service", "library_path",
            "ERRORS", "EVENT_STORED", "EVENT_REMOVED"] + list(ERRORS)

@@ -2,7 +2,8 @@
 
 Lookup order (the first that exists is loaded; failure names every path):
   1. $UMBP_LIBRARY (a path to libumbp.so)
-  2. umbp/_lib/libumbp.so* inside this package (cmake --install puts it there;
+  2. umbp/_lib/libumbp.so* inside this package (the wheel, which
+     connector/setup.py builds with CMake, and cmake --install put it there;
      a data directory, not a Python package: this module is umbp._lib)
   3. $UMBP_BUILD_DIR/libumbp.so
   4. <repo>/build/libumbp.so, when the package runs from a source tree
@@ -40,6 +41,8 @@ _FUNCS = {
     "umbp_strerror": (_str, [_int]),
     "umbp_last_error": (_str, []),
     "umbp_runtime_create": (_int, [_str, _vpp]),
+    "umbp_config_check": (_int, [_str, _vp, _sz]),
+    "umbp_mode_flags": (_int, [_str]),
     "umbp_runtime_destroy": (None, [_vp]),
     "umbp_mem_register": (_int, [_vp, ctypes.POINTER(_ffi.MemDesc), ctypes.POINTER(_u64)]),
     "umbp_mem_deregister": (_int, [_vp, _u64]),
@@ -118,7 +121,8 @@ def _load():
     else:
         tried.append("ctypes.util.find_library('umbp') (not found)")
     raise ImportError("umbp: cannot load libumbp.so; tried: " + "; ".join(tried)
-                      + ". Set UMBP_LIBRARY to its path.")
+                      + ". Set UMBP_LIBRARY to its path, or install the wheel that bundles it "
+                      "(pip wheel --no-build-isolation ./connector; docs/python.md)")
 
 
 lib, path = _load()

@@ -104,6 +104,33 @@ UMBP_API const char *umbp_last_error(void);
 
 typedef struct umbp_runtime umbp_runtime_t;
 
+/* Checks a config exactly as umbp_runtime_create would (every option table,
+ * UMBP_* variables, the rules between options, the mode's tier) and creates
+ * nothing: 0, or a negative code with umbp_last_error() naming the option.
+ * With resolved non-NULL it receives, NUL-terminated, a JSON object of the
+ * value every option of the core and of the mode's tier would have
+ * (defaults and UMBP_* variables applied); -ENOSPC if len is too small.
+ * Connectors check an engine's options with it before any rank starts, and
+ * read the values they need from it instead of repeating defaults. */
+UMBP_API int umbp_config_check(const char *json_config, char *resolved, size_t len);
+
+/* What a mode (the `mode` option's values) means for the processes around
+ * a runtime.  One table (UMBP_MODES, common/options.h) has a row per mode;
+ * connectors read these instead of comparing mode names. */
+#define UMBP_MODE_SHARED_POOL (1u << 0)   /* one pool for every rank and engine attached:
+                                           * a clear by one rank clears everyone's */
+#define UMBP_MODE_SESSIONS (1u << 1)      /* runtimes are sessions of a server process;
+                                           * option `role` says worker or lookup */
+#define UMBP_MODE_SHARED_LOOKUP (1u << 2) /* a scheduler looks up in the shared index
+                                           * with a runtime of its own (role lookup);
+                                           * without it each rank serves its pool's
+                                           * lookups (umbp_lookup_serve) and the lookup
+                                           * client asks every rank */
+/* The UMBP_MODE_* flags of mode (>= 0); -EINVAL for a name that is not a
+ * mode, -ENOTSUP for a mode whose tier this library lacks, with
+ * umbp_last_error() naming the mode and the modes there are. */
+UMBP_API int umbp_mode_flags(const char *mode);
+
 /*
  * Creates a per-rank runtime from a JSON object of options (see
  * docs/configuration.md).  NULL or "" means all defaults.  Every option may

@@ -766,6 +766,55 @@ Test(config, mode_table_matches_the_tiers)
     cr_assert_null(umbp_mode_tier("bogus"));
 }
 
+/* umbp_mode_flags reads the mode table's row: connectors branch on these. */
+Test(config, mode_flags_come_from_the_mode_table)
+{
+    if (umbp_tier_find("dram"))
+        cr_assert_eq(umbp_mode_flags("embedded"), 0);
+    if (umbp_tier_find("shm"))
+        cr_assert_eq(umbp_mode_flags("standalone"),
+                     (int)(UMBP_MODE_SHARED_POOL | UMBP_MODE_SESSIONS | UMBP_MODE_SHARED_LOOKUP));
+    cr_assert_eq(umbp_mode_flags("bogus"), -EINVAL);
+    const char *msg = umbp_last_error();
+    cr_assert(strstr(msg, "mode") && strstr(msg, "bogus") && strstr(msg, "embedded") &&
+              strstr(msg, "distributed"), "%s", msg);
+    cr_assert_eq(umbp_mode_flags(NULL), -EINVAL);
+    if (!umbp_tier_find("rdma")) {
+        cr_assert_eq(umbp_mode_flags("distributed"), -ENOTSUP);
+        cr_assert(strstr(umbp_last_error(), "'rdma' tier"), "%s", umbp_last_error());
+    }
+}
+
+/* umbp_config_check refuses what umbp_runtime_create refuses, with the same
+ * message, and creates nothing. */
+Test(config, config_check_is_the_runtime_parse)
+{
+    static const char *const bad[] = {
+        "{\"copy_threads\": 0}", "{\"copy_threads\": \"two\"}", "{\"no_such\": 1}",
+        "{\"capacity_bytes\": \"4MiB\", \"total_capacity_bytes\": \"8MiB\"}",
+        "{\"mode\": \"bogus\"}", "{\"rank\": 2, \"world_size\": 2}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_lt(umbp_config_check(bad[i], NULL, 0), 0, "%s", bad[i]);
+        char want[512];
+        snprintf(want, sizeof(want), "%s", umbp_last_error());
+        umbp_runtime_t *rt = NULL;
+        cr_assert_lt(umbp_runtime_create(bad[i], &rt), 0, "%s", bad[i]);
+        cr_assert_str_eq(umbp_last_error(), want, "%s", bad[i]);
+    }
+    char out[8192];
+    cr_assert_eq(umbp_config_check("{\"copy_threads\": 4, \"capacity_bytes\": \"4MiB\"}", out,
+                                   sizeof(out)), 0, "%s", umbp_last_error());
+    /* the resolved values: given, and defaults */
+    cr_assert(strstr(out, "\"copy_threads\":4"), "%s", out);
+    cr_assert(strstr(out, "\"capacity_bytes\":4194304"), "%s", out);
+    cr_assert(strstr(out, "\"timeout_ms\":10000"), "%s", out);
+    cr_assert(strstr(out, "\"mode\":\"embedded\""), "%s", out);
+    cr_assert_eq(umbp_config_check(NULL, out, 16), -ENOSPC);
+    cr_assert(strstr(umbp_last_error(), "bytes"), "%s", umbp_last_error());
+    cr_assert_eq(umbp_config_check(NULL, NULL, 0), 0, "%s", umbp_last_error());
+}
+
 /* ---- dram options ------------------------------------------------------------------------ */
 
 Test(config, dram_option_checks)

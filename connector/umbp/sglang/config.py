@@ -20,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ..modes import ModeProperties, mode_properties
+from .._lib import UmbpError
+
 # Keys of the extra config that SGLang reads (sglang/srt/mem_cache/storage/
 # backend_factory.py, managers/cache_controller.py, mem_cache/hiradix_cache.py
 # at the commit in docs/sglang.md).  They are not umbp options.
@@ -28,8 +31,6 @@ SGLANG_KEYS = frozenset({
     "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
     "prefetch_timeout_max", "hicache_storage_pass_prefix_keys",
 })
-
-MODES = ("embedded", "standalone")
 
 # name: (default, what it is) -- docs/sglang.md repeats this table
 BACKEND_OPTIONS = {
@@ -66,6 +67,8 @@ class BackendConfig:
     passthrough_keys: List[str] = field(default_factory=list)
     runtime_options: Dict[str, Any] = field(default_factory=dict)
     interface_v1: bool = False
+    #: the mode's row of the C mode table (umbp.mode_properties)
+    props: ModeProperties = field(default_factory=lambda: mode_properties("embedded"))
 
     def runtime_config(self, rank: int, world_size: int, dp_rank: int) -> Dict[str, Any]:
         """The dict given to umbp.Runtime for one rank."""
@@ -73,7 +76,7 @@ class BackendConfig:
         opts["mode"] = self.mode
         opts["rank"] = rank
         opts["world_size"] = world_size
-        if self.mode == "standalone":
+        if self.props.sessions:  # dp_rank names the server's socket
             opts["dp_rank"] = dp_rank if self.dp_rank == "auto" else self.dp_rank
         return opts
 
@@ -99,8 +102,10 @@ def parse(extra_config: Optional[Dict[str, Any]]) -> BackendConfig:
     cfg.passthrough_keys = list(pk)
 
     mode = extra_config.get("mode", "embedded")
-    if mode not in MODES:
-        raise _bad("mode", " or ".join(repr(m) for m in MODES), mode)
+    try:
+        cfg.props = mode_properties(mode)
+    except UmbpError as e:  # C's message names the modes there are
+        raise UMBPStoreConfigError(f"umbp.sglang: extra_config 'mode': {e}") from None
     cfg.mode = mode
 
     if "key_namespace" in extra_config:

@@ -183,7 +183,7 @@ class UMBPStore(HiCacheStorage):
             raise UMBPStoreConfigError(
                 "umbp.sglang: heterogeneous TP (should_split_heads, page_head split pages) is "
                 "not supported by the umbp backend")
-        if self.is_mla and self.tp_size > 1 and self._cfg.mode == "embedded":
+        if self.is_mla and self.tp_size > 1 and not self._cfg.props.shared_pool:
             raise UMBPStoreConfigError(
                 f"umbp.sglang: mode 'embedded' with an MLA model and tp_size {self.tp_size}: "
                 "SGLang backs up MLA pages from TP rank 0 only, so the private pools of the "
@@ -547,7 +547,7 @@ class UMBPStore(HiCacheStorage):
         (default true) says whether to clear it anyway."""
         if self._closed or self._rt is None:
             return False
-        if self._cfg.mode == "standalone" and not self._cfg.clear_shared_pool:
+        if self._cfg.props.shared_pool and not self._cfg.clear_shared_pool:
             logger.warning("umbp.sglang: clear() ignored: the standalone pool is shared by every "
                            "engine on the host and clear_shared_pool is false")
             return False

@@ -103,6 +103,12 @@ def _choice(*values):
     return check
 
 
+def _runtime(name, v):
+    """A umbp runtime option: C checks it (umbp.check_config, the runtime's
+    own parse), so its bounds live only in the C option tables."""
+    return v
+
+
 def _instance(name, v):
     v = _string(31)(name, v)
     if v and not re.fullmatch(r"[A-Za-z0-9._-]+", v):
@@ -111,9 +117,8 @@ def _instance(name, v):
 
 
 def _dp_rank(name, v):
-    if v == "auto":
-        return v
-    return _int(0, 65535)(name, v)
+    """"auto" (the engine's data-parallel rank) or a runtime dp_rank, which C checks."""
+    return v
 
 
 def _hash_block_size(name, v):
@@ -131,8 +136,28 @@ def _abs_dir(name, v):
 
 # ---- the table ----------------------------------------------------------------
 
-EMB, STA = "embedded", "standalone"
-BOTH = (EMB, STA)
+def _mode(name, v):
+    """A mode of the C mode table; its properties come with it."""
+    from ..modes import mode_properties
+    from .._lib import UmbpError
+
+    if not isinstance(v, str):
+        raise UMBPConfigError(f"{name}: must be a string, got {v!r}")
+    try:
+        mode_properties(v)
+    except UmbpError as e:  # names the mode and the modes there are
+        raise UMBPConfigError(str(e)) from None
+    return v
+
+
+# Which modes an option is for, by the mode's properties (umbp.mode_properties),
+# never by name: ANY, SERVER (runtimes are sessions of umbp-server: its socket,
+# auto_start ...), PRIVATE (each rank has its own pool and serves its lookups).
+ANY, SERVER, PRIVATE = "any", "server", "private"
+
+
+def _applies(when, props):
+    return when == ANY or (when == SERVER) == props.sessions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +165,7 @@ class Opt:
     name: str
     check: Callable[[str, Any], Any]
     default: Any
-    modes: tuple = BOTH
+    modes: str = ANY
     runtime: str | None = None  # name of the umbp.Runtime option it sets
     doc: str = ""
 
@@ -149,7 +174,7 @@ OPTIONS: dict[str, Opt] = {
     o.name: o
     for o in [
         # -- connector behaviour (UMBP's names) --
-        Opt("mode", _choice(EMB, STA, "distributed"), EMB, doc="embedded | standalone"),
+        Opt("mode", _mode, "embedded", doc="embedded | standalone (the C mode table; umbp.mode_properties)"),
         Opt("key_namespace", _string(4096), "auto",
             doc="\"auto\" derives the key namespace from the model and layout; any other string is the namespace"),
         Opt("load_async", _bool, True,
@@ -163,63 +188,63 @@ OPTIONS: dict[str, Opt] = {
             doc="false: store newly full blocks every step (eager); true: store a request's blocks when it finishes"),
         Opt("hash_block_size", _hash_block_size, "auto",
             doc="tokens per engine block hash; auto = the engine's"),
-        Opt("load_failure_quarantine_ms", _int(0, 3_600_000), 0, runtime="load_failure_quarantine_ms",
+        Opt("load_failure_quarantine_ms", _runtime, 0, runtime="load_failure_quarantine_ms",
             doc="a key whose load failed counts as a miss this long (0 = off)"),
-        Opt("timeout_ms", _int(1, 3_600_000), None, runtime="timeout_ms",
+        Opt("timeout_ms", _runtime, None, runtime="timeout_ms",
             doc="bound on every transfer (runtime default 10000)"),
-        Opt("lookup_timeout_ms", _int(1, 60000), 100, runtime="lookup_timeout_ms",
+        Opt("lookup_timeout_ms", _runtime, 100, runtime="lookup_timeout_ms",
             doc="bound on one scheduler lookup (all ranks)"),
-        Opt("enable_events", _bool, False, runtime="enable_events",
+        Opt("enable_events", _runtime, False, runtime="enable_events",
             doc="emit BlockStored/BlockRemoved KV events from the runtime's events"),
         Opt("lookup_instance", _instance, "", runtime="lookup_instance",
             doc="separates engines (embedded lookup sockets) or servers (standalone) on one host"),
-        Opt("num_workers", _int(1, 64), None, runtime="copy_threads",
+        Opt("num_workers", _runtime, None, runtime="copy_threads",
             doc="UMBP's transfer threads: umbp's copy_threads"),
         Opt("prefer_cross_layer_blocks", _bool, False,
             doc="ask vLLM for one cross-layer KV tensor (register_cross_layers_kv_cache) when layers are uniform"),
         Opt("strict_options", _bool, True, doc="false: unknown options are logged and ignored"),
         # -- embedded: lookup sockets and the pool --
-        Opt("lookup_dir", _abs_dir, "", modes=(EMB,),
+        Opt("lookup_dir", _abs_dir, "", modes=PRIVATE,
             doc="directory of the workers' lookup sockets (\"\" = the library's default)"),
-        Opt("capacity_bytes", _size(True), None, modes=(EMB, STA), runtime="capacity_bytes",
+        Opt("capacity_bytes", _runtime, None, modes=ANY, runtime="capacity_bytes",
             doc="pool per worker rank (runtime default 1GiB)"),
-        Opt("total_capacity_bytes", _size(True), None, modes=(EMB, STA), runtime="total_capacity_bytes",
+        Opt("total_capacity_bytes", _runtime, None, modes=ANY, runtime="total_capacity_bytes",
             doc="pool per engine, split over the ranks"),
-        Opt("dram_use_shared_memory", _bool, None, modes=(EMB,), runtime="dram_use_shared_memory"),
-        Opt("dram_shm_name", _string(255, allow_empty=False), None, modes=(EMB,), runtime="dram_shm_name"),
-        Opt("dram_use_hugepages", _bool, None, modes=(EMB,), runtime="dram_use_hugepages"),
-        Opt("dram_hugepage_size", _size(True), None, modes=(EMB,), runtime="dram_hugepage_size"),
-        Opt("dram_numa_node", _int(-1, 1023), None, modes=(EMB,), runtime="dram_numa_node"),
-        Opt("dram_prefault", _bool, None, modes=(EMB,), runtime="dram_prefault"),
-        Opt("dram_high_watermark", _number(0.01, 1.0), None, modes=(EMB,), runtime="dram_high_watermark"),
-        Opt("dram_low_watermark", _number(0.0, 0.99), None, modes=(EMB,), runtime="dram_low_watermark"),
+        Opt("dram_use_shared_memory", _runtime, None, modes=PRIVATE, runtime="dram_use_shared_memory"),
+        Opt("dram_shm_name", _runtime, None, modes=PRIVATE, runtime="dram_shm_name"),
+        Opt("dram_use_hugepages", _runtime, None, modes=PRIVATE, runtime="dram_use_hugepages"),
+        Opt("dram_hugepage_size", _runtime, None, modes=PRIVATE, runtime="dram_hugepage_size"),
+        Opt("dram_numa_node", _runtime, None, modes=PRIVATE, runtime="dram_numa_node"),
+        Opt("dram_prefault", _runtime, None, modes=PRIVATE, runtime="dram_prefault"),
+        Opt("dram_high_watermark", _runtime, None, modes=PRIVATE, runtime="dram_high_watermark"),
+        Opt("dram_low_watermark", _runtime, None, modes=PRIVATE, runtime="dram_low_watermark"),
         # -- standalone: where the server is --
-        Opt("endpoint", _string(200, allow_empty=False), None, modes=(STA,),
+        Opt("endpoint", _string(200, allow_empty=False), None, modes=SERVER,
             doc="UMBP's name: the server socket, unix:///dir/umbp-dp<N>[-<instance>].sock"),
-        Opt("socket_dir", _abs_dir, None, modes=(STA,), runtime="socket_dir"),
-        Opt("dp_rank", _dp_rank, 0, modes=(STA,), runtime="dp_rank",
+        Opt("socket_dir", _runtime, None, modes=SERVER, runtime="socket_dir"),
+        Opt("dp_rank", _dp_rank, 0, modes=SERVER, runtime="dp_rank",
             doc="server index in the socket path; \"auto\" = the engine's data-parallel rank"),
-        Opt("auto_start", _bool, None, modes=(STA,), runtime="auto_start"),
-        Opt("server_path", _string(255, allow_empty=False), None, modes=(STA,), runtime="server_path"),
-        Opt("startup_timeout_ms", _int(1, 600000), None, modes=(STA,), runtime="startup_timeout_ms"),
-        Opt("reconnect_max_ms", _int(10, 60000), None, modes=(STA,), runtime="reconnect_max_ms"),
-        Opt("engine_id", _string(63), None, modes=(STA,), runtime="engine_id"),
-        Opt("tenant_namespace", _string(63), None, modes=(STA,), runtime="namespace",
+        Opt("auto_start", _runtime, None, modes=SERVER, runtime="auto_start"),
+        Opt("server_path", _runtime, None, modes=SERVER, runtime="server_path"),
+        Opt("startup_timeout_ms", _runtime, None, modes=SERVER, runtime="startup_timeout_ms"),
+        Opt("reconnect_max_ms", _runtime, None, modes=SERVER, runtime="reconnect_max_ms"),
+        Opt("engine_id", _runtime, None, modes=SERVER, runtime="engine_id"),
+        Opt("tenant_namespace", _runtime, None, modes=SERVER, runtime="namespace",
             doc="the server's quota namespace (umbp option `namespace`)"),
         # -- runtime tuning, both modes --
-        Opt("put_wait_ms", _int(0, 3_600_000), None, runtime="put_wait_ms"),
-        Opt("lease_ttl_ms", _int(10, 3_600_000), None, runtime="lease_ttl_ms"),
-        Opt("max_inflight_ops", _int(4, 1 << 20), None, runtime="max_inflight_ops"),
-        Opt("copy_threads", _int(1, 64), None, runtime="copy_threads"),
-        Opt("event_queue_size", _int(16, 1 << 24), None, runtime="event_queue_size"),
-        Opt("log_level", _choice("error", "warn", "info", "debug"), None, runtime="log_level"),
-        Opt("poll_wait", _choice("auto", "on", "off"), None, runtime="poll_wait"),
-        Opt("gpu_backend", _choice("auto", "cuda", "hip", "host"), None, runtime="gpu_backend",
+        Opt("put_wait_ms", _runtime, None, runtime="put_wait_ms"),
+        Opt("lease_ttl_ms", _runtime, None, runtime="lease_ttl_ms"),
+        Opt("max_inflight_ops", _runtime, None, runtime="max_inflight_ops"),
+        Opt("copy_threads", _runtime, None, runtime="copy_threads"),
+        Opt("event_queue_size", _runtime, None, runtime="event_queue_size"),
+        Opt("log_level", _runtime, None, runtime="log_level"),
+        Opt("poll_wait", _runtime, None, runtime="poll_wait"),
+        Opt("gpu_backend", _runtime, None, runtime="gpu_backend",
             doc="auto picks host for CPU KV tensors"),
-        Opt("gpu_max_ctas", _int(1, 1024), None, runtime="gpu_max_ctas"),
-        Opt("gpu_staging_bytes", _size(True), None, runtime="gpu_staging_bytes"),
-        Opt("gpu_store_slice_blocks", _int(0, 1 << 24), None, runtime="gpu_store_slice_blocks"),
-        Opt("gpu_load_head_blocks", _int(0, 1 << 24), None, runtime="gpu_load_head_blocks"),
+        Opt("gpu_max_ctas", _runtime, None, runtime="gpu_max_ctas"),
+        Opt("gpu_staging_bytes", _runtime, None, runtime="gpu_staging_bytes"),
+        Opt("gpu_store_slice_blocks", _runtime, None, runtime="gpu_store_slice_blocks"),
+        Opt("gpu_load_head_blocks", _runtime, None, runtime="gpu_load_head_blocks"),
     ]
 }
 
@@ -257,6 +282,9 @@ class ConnectorOptions:
 
     values: dict
     given: frozenset
+    props: Any = None  #: the mode's umbp.ModeProperties
+    #: every runtime option's value as C resolves it (defaults, UMBP_* variables)
+    resolved: dict = dataclasses.field(default_factory=dict)
 
     def __getattr__(self, name):
         try:
@@ -297,40 +325,45 @@ class ConnectorOptions:
             for name in unknown:
                 extra.pop(name, None)
 
-        mode = OPTIONS["mode"].check("mode", extra.get("mode", EMB))
-        if mode == "distributed":
-            raise UMBPConfigError(
-                "mode: 'distributed' is not supported by this connector yet; use 'embedded' or 'standalone'"
-            )
+        from ..modes import mode_properties
+
+        mode = OPTIONS["mode"].check("mode", extra.get("mode", OPTIONS["mode"].default))
+        props = mode_properties(mode)
         values = {}
         for name, opt in OPTIONS.items():
             if name in extra:
                 v = extra[name]
                 if v is None:
                     raise UMBPConfigError(f"{name}: null is not a value; leave the option out for its default")
-                if mode not in opt.modes:
-                    raise UMBPConfigError(cls._wrong_mode(name, mode))
+                if not _applies(opt.modes, props):
+                    raise UMBPConfigError(cls._wrong_mode(name, mode, props))
                 values[name] = opt.check(name, v)
             else:
                 values[name] = opt.default
         given = frozenset(extra)
-        self = cls(values=values, given=given)
+        self = cls(values=values, given=given, props=props)
         self._cross_checks()
+        from ..modes import check_config
+        from .._lib import UmbpError
+
+        try:  # C's parse, as a rank's runtime will do it: its message names the option
+            self.resolved = check_config(self.runtime_config(rank=0, world_size=1))
+        except UmbpError as e:
+            raise UMBPConfigError(f"kv_connector_extra_config: {e}") from None
         return self
 
     @staticmethod
-    def _wrong_mode(name, mode):
-        if mode == STA and (name.startswith("dram_") or name == "lookup_dir"):
+    def _wrong_mode(name, mode, props):
+        if props.sessions:
             what = ("the pool belongs to umbp-server: set it in the server's config or UMBP_DRAM_* environment"
-                    if name.startswith("dram_") else "standalone lookups go to the server's socket")
-            return f"{name}: not an option in standalone mode ({what})"
-        return f"{name}: only an option in {' or '.join(OPTIONS[name].modes)} mode (mode is {mode!r})"
+                    if name.startswith("dram_") else "its lookups go to the server's socket")
+            return f"{name}: not an option in {mode} mode ({what})"
+        return f"{name}: only an option in a mode with a server, e.g. standalone (mode is {mode!r})"
 
     def _cross_checks(self):
+        """The connector's own rules; those between runtime options are C's."""
         v, given = self.values, self.given
-        if "capacity_bytes" in given and "total_capacity_bytes" in given:
-            raise UMBPConfigError("capacity_bytes and total_capacity_bytes are mutually exclusive; set one")
-        if v["mode"] == STA:
+        if self.props.sessions:
             if ("capacity_bytes" in given or "total_capacity_bytes" in given) and not v["auto_start"]:
                 raise UMBPConfigError(
                     "capacity_bytes/total_capacity_bytes: in standalone mode the pool belongs to umbp-server "
@@ -347,14 +380,6 @@ class ConnectorOptions:
                     if o in given:
                         raise UMBPConfigError(f"endpoint and {o} are mutually exclusive; endpoint names all three")
                 v["socket_dir"], v["dp_rank"], v["lookup_instance"] = m.group(1), int(m.group(2)), m.group(3) or ""
-        hi = v["dram_high_watermark"] if v["dram_high_watermark"] is not None else 0.9
-        lo = v["dram_low_watermark"] if v["dram_low_watermark"] is not None else 0.7
-        if (v["dram_high_watermark"] is not None or v["dram_low_watermark"] is not None) and not lo < hi:
-            raise UMBPConfigError(
-                f"dram_low_watermark ({lo}) must be below dram_high_watermark ({hi})"
-            )
-        if v["dram_shm_name"] is not None and not v["dram_use_shared_memory"]:
-            raise UMBPConfigError("dram_shm_name: needs dram_use_shared_memory=true")
         if "copy_threads" in given and "num_workers" in given:
             raise UMBPConfigError("num_workers (UMBP's name) and copy_threads are the same option; set one")
 
@@ -369,9 +394,9 @@ class ConnectorOptions:
         for name, opt in OPTIONS.items():
             if opt.runtime is None or v.get(name) is None:
                 continue
-            if v["mode"] not in opt.modes:
+            if not _applies(opt.modes, self.props):
                 continue
-            if name == "lookup_instance" and v["mode"] == EMB:
+            if name == "lookup_instance" and not self.props.sessions:
                 continue  # embedded: part of the lookup socket path only
             if name == "dp_rank":
                 cfg["dp_rank"] = dp_rank if v[name] == "auto" else v[name]
@@ -379,7 +404,7 @@ class ConnectorOptions:
             if name in ("load_failure_quarantine_ms",) and v[name] == 0:
                 continue
             cfg[opt.runtime] = v[name]
-        if role is not None and v["mode"] == STA:
+        if role is not None and self.props.sessions:
             cfg["role"] = role
         if gpu_backend is not None and v["gpu_backend"] is None:
             cfg["gpu_backend"] = gpu_backend

@@ -324,7 +324,7 @@ class UMBPScheduler:
         if not self.load_enabled:
             return LookupBackend()
         o = self.opts
-        if o.mode == "standalone":
+        if o.props.shared_lookup:
             cfg = o.runtime_config(rank=0, world_size=self.world, dp_rank=self.topo.dp_rank, role="lookup")
             return StandaloneLookup(self.umbp.Runtime(cfg))
         return EmbeddedLookup(self.umbp, self.ns.hex, self.world, self.topo.dp_rank, o.lookup_dir,

@@ -58,7 +58,7 @@ class UMBPWorker:
         self.ns = derive_namespace(umbp, vllm_config, self.groups, self.topo, opts.key_namespace, self.layout)
         self.rank = self.topo.worker_rank(vllm_config, _compat.parallel_ranks())
         self.rank_id = self.topo.rank_id(self.rank)
-        self.timeout_ms = opts.timeout_ms or 10000
+        self.timeout_ms = opts.resolved["timeout_ms"]
 
         self.rt = None
         self.kv: dict = {}  # vLLM group id -> umbp KV registration
@@ -105,14 +105,14 @@ class UMBPWorker:
         dev = device.index if self.is_cuda and device.index is not None else (0 if self.is_cuda else None)
         cfg = self.opts.runtime_config(rank=self.rank, world_size=self.topo.world_size,
                                        dp_rank=self.topo.dp_rank,
-                                       role="worker" if self.opts.mode == "standalone" else None,
+                                       role="worker" if self.opts.props.sessions else None,
                                        gpu_backend=backend, gpu_device=dev)
         self.rt = self.umbp.Runtime(cfg)
         return self.rt
 
     def _after_register(self):
         o = self.opts
-        if o.mode == "embedded" and o.enable_lookup:
+        if not o.props.shared_lookup and o.enable_lookup:
             try:
                 self.rt.serve_lookups(self.ns.hex, self.topo.dp_rank, self.rank, o.lookup_dir or None,
                                       o.lookup_instance)
@@ -227,9 +227,9 @@ class UMBPWorker:
     def _handle_clear(self, meta):
         if meta.clear_epoch > self.cleared_epoch:
             try:
-                # standalone: one pool for every rank; a second rank's clear
-                # would remove what the first stored since
-                if self.opts.mode != "standalone" or self.rank == 0:
+                # a shared pool (standalone): one pool for every rank; a second
+                # rank's clear would remove what the first stored since
+                if not self.opts.props.shared_pool or self.rank == 0:
                     self.rt.clear()
             except Exception as e:
                 log.warning("umbp: reset_cache: clearing rank %d's pool failed: %s", self.rank, e)
