@@ -231,6 +231,36 @@ def test_sliding_window_and_mamba_groups(async_scheduling, tp):
         assert stored == {0: 6, 1: 5, 2: 2}
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_stores_of_reused_blocks_are_waited_for_before_update_states(async_scheduling):
+    """A sliding-window block leaves the window and is reallocated (and zeroed
+    by the V1 runner's _update_states) in the next step, while its store may
+    still read it: the connector waits for such stores in handle_preemptions,
+    before _update_states.  Every later restore of those windows is exact."""
+    r = S.reused_source_blocks(async_scheduling=async_scheduling)
+    assert r["loaded"][0][1] > 0  # the windows were restored
+
+
+def test_the_harness_catches_stores_of_reused_blocks_waited_for_in_bind(monkeypatch):
+    """The same scenario with the wait only in bind_connector_metadata (where
+    it was): the stores read the zeroed blocks and publish zeros under valid
+    keys; a later restore generates GARBAGE."""
+    from umbp.vllm.worker import UMBPWorker
+
+    real = UMBPWorker.handle_preemptions
+
+    def bind_only(self, arg):
+        self._flush = lambda meta: None
+        try:
+            real(self, arg)
+        finally:
+            del self._flush
+
+    monkeypatch.setattr(UMBPWorker, "handle_preemptions", bind_only)
+    with pytest.raises(AssertionError, match="GARBAGE|-1|wrong KV"):
+        S.reused_source_blocks()
+
+
 REAL_ENGINES = pytest.mark.parametrize("engine", ["00024d31", "mixin"])
 HYBRIDS = pytest.mark.parametrize("groups", [[(FULL, 2, 0), (SWA, 2, 32)], [(FULL, 2, 0), (SWA, 2, 32), (MAMBA, 1, 0)]],
                                   ids=["full+swa", "full+swa+mamba"])

@@ -38,6 +38,10 @@ class HarnessConfig:
     #: handle_preemptions(meta) -> _update_states, which zeroes newly allocated
     #: blocks -> bind) or of the V2 runner ("v2": bind -> handle_preemptions)
     runner: str = "v1"
+    #: stores read their source blocks as late as the engine allows: when the
+    #: connector waits for them, else after the next step's block zeroing
+    #: (worker.LateStore); False: as soon as submitted
+    late_stores: bool = True
     mamba_cache_mode: str = "align"  # vLLM's cache_config.mamba_cache_mode (Mamba groups)
 
     def layers(self) -> list:

@@ -332,6 +332,41 @@ def hybrid(**kw):
     return out
 
 
+def reused_source_blocks(**kw):
+    """Stores whose source blocks vLLM frees and reallocates in the next step
+    (sliding-window blocks leaving the window; Mamba state blocks).  A's
+    prompt is computed in chunks on a pool with no spare block, so every
+    block that leaves the window is reallocated and zeroed by the next step's
+    _update_states; the harness's stores read their source as late as the
+    engine allows (worker.LateStore).  Then requests whose prompts are
+    prefixes of A's restore each window A stored: every restored block must
+    hold A's KV (a store that read a zeroed block published zeros under a
+    valid key: the forward sees wrong KV and generates GARBAGE)."""
+    mt = kw.pop("max_tokens", 2)
+    n = kw.pop("prompt_blocks", 10)
+    kw.setdefault("groups", [(FULL, 1, 0), (SWA, 1, 32)])
+    kw.setdefault("engine", "hma")
+    kw.setdefault("max_num_batched_tokens", 64)  # 4 blocks a chunk: a window block is freed the step after its store
+    kw.setdefault("num_blocks", 15)  # A's 10 full-attention blocks + 4 window blocks: no spare block
+    prompt = list(range(1, 16 * n + 1))
+    with engine(**kw) as e:
+        e.add("A", prompt, mt)
+        e.run()
+        e.check_clean()
+        prompts = {"A": prompt}
+        for k in range(3, n):
+            rid = f"B{k}"
+            prompts[rid] = prompt[:16 * k + 1]
+            e.add(rid, prompts[rid], mt)
+            e.run()
+        e.check_outputs(prompts, mt)
+        if e.bad:
+            raise HarnessError(f"forward passes saw wrong KV: {e.bad}")
+        loaded = [w["blocks_loaded_by_group"] for w in e.counters()["workers"]]
+        c = e.check_clean()
+        return {"loaded": loaded, "counters": c, "matched": {r: e.matched(r) for r in prompts}}
+
+
 def events(**kw):
     """KV events from the runtime's events: BlockStored once every rank holds a
     block, BlockRemoved after reset_cache clears it."""
@@ -448,7 +483,7 @@ def server_death(kill, **kw):
 
 
 SCENARIOS = {f.__name__: f for f in (restore, partial, preemption, abort, store_inflight, reset, failed_load,
-                                     hybrid, events, lookup_async, roles, unrecoverable)}
+                                     hybrid, events, lookup_async, roles, unrecoverable, reused_source_blocks)}
 
 
 def main(argv):

@@ -24,6 +24,55 @@ from .config import FULL, MAMBA, SWA
 from .engine import HarnessError
 
 
+class LateStore:
+    """A store the connector submitted whose copy has not read its source
+    blocks yet.  On a GPU a store's copy runs on its own stream after the
+    event recorded on the compute stream, and nothing orders it before the
+    next step's block zeroing (_update_states) unless the connector waits for
+    it.  The harness takes the worst case the engine allows: the copy starts
+    when the connector waits for the job, else right after the next step's
+    zeroing (HarnessWorker.start_late_stores), so a store of a block freed and
+    reallocated meanwhile reads zeros and publishes them under a valid key.
+    poll()/done stay False until the copy has started and completed."""
+
+    __slots__ = ("_launch", "_job")
+
+    def __init__(self, launch):
+        self._launch = launch
+        self._job = None
+
+    def start(self):
+        if self._job is None:
+            self._job = self._launch()
+            self._launch = None
+        return self._job
+
+    def poll(self):
+        return self._job is not None and self._job.poll()
+
+    @property
+    def done(self):
+        return self.poll()
+
+    def wait(self, timeout_ms=None):
+        return self.start().wait(timeout_ms)
+
+    @property
+    def statuses(self):
+        if self._job is None:
+            import umbp
+
+            raise umbp.UmbpError(umbp.E_INPROGRESS, "store not started")
+        return self._job.statuses
+
+    @property
+    def num_ok(self):
+        return self.start().num_ok
+
+    def release(self):
+        self.start().release()  # released unstarted: a put still completes
+
+
 class HarnessWorker:
     def __init__(self, cfg, rank: int):
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -52,6 +101,17 @@ class HarnessWorker:
                 else:
                     self.kv[name] = torch.zeros(2, cfg.num_blocks, self.B, cfg.heads, cfg.dim, device=dev)
             self.conn.register_kv_caches(dict(self.kv))
+        self.late = []  # LateStore jobs not started yet
+        if cfg.late_stores:
+            rt = self.conn._worker.rt
+            real = rt.store_blocks
+
+            def store_blocks(*a, **kw):
+                j = LateStore(lambda: real(*a, **kw))
+                self.late.append(j)
+                return j
+
+            rt.store_blocks = store_blocks
         self.reqs = {}  # rid -> per-group block ids
         self.digest_cache = {}  # rid -> (tokens, digests)
         self.calls = []  # connector calls of the last step, for order checks
@@ -78,24 +138,15 @@ class HarnessWorker:
         return torch.from_numpy(x).to(self.dev)
 
     def _zero_new_blocks(self, so):
-        """The V1 runner's _update_states: _zero_block_ids(new blocks) (and
-        kv_cache_block_copies) run on blocks the scheduler allocated in this
-        step, before bind.  A store of the connector that is still uncollected
-        and reads one of them could read zeros: a harness error.  Then the
-        blocks are zeroed in every layer (a block id belongs to one group)."""
+        """The V1 runner's _update_states (gpu_model_runner.py@000fc94b):
+        _zero_block_ids(new_block_ids_to_zero), then kv_cache_block_copies, on
+        the blocks the scheduler allocated in this step (async-load
+        destinations excepted).  The bytes are overwritten in every layer (a
+        block id belongs to one group): a store still to read a freed and
+        reallocated block reads these zeros."""
         zero = getattr(so, "_harness_zero", None) or set()
         if not zero:
             return
-        w = getattr(self.conn, "_worker", None)
-        for j in (getattr(w, "jobs", None) or ()):
-            if j.kind != "store":
-                continue
-            ids = j.plan.block_ids
-            src = set(np.frombuffer(ids, dtype=np.int64).tolist()) if isinstance(ids, bytes) else set(ids)
-            hit = src & zero
-            if hit:
-                raise HarnessError(f"blocks {sorted(hit)} zeroed by _update_states while store plan "
-                                   f"{j.plan.plan_id} of {j.req_id} still reads them")
         idx = torch.tensor(sorted(zero), dtype=torch.long)
         for name, *_ in self.layers:
             t = self.kv.get(name) if isinstance(self.kv, dict) else None
@@ -121,6 +172,13 @@ class HarnessWorker:
             elif nb:
                 for g, x in enumerate(nb):
                     self.reqs[rid][g].extend(x)
+
+    def start_late_stores(self):
+        """The copies of the stores submitted before this point start now
+        (LateStore): after this step's block zeroing."""
+        late, self.late = self.late, []
+        for j in late:
+            j.start()
 
     # ---- the fake forward ------------------------------------------------------------
 
@@ -194,6 +252,7 @@ class HarnessWorker:
             self.preemption_args.append(("meta", set(getattr(meta, "preempted_req_ids", ()))))
             self._update_states(so)
             self._zero_new_blocks(so)
+            self.start_late_stores()
             conn.bind_connector_metadata(meta)
             self.calls += [("handle_preemptions",), ("bind_connector_metadata",)]
         elif self.cfg.api == "new":
@@ -210,6 +269,7 @@ class HarnessWorker:
             self.calls.append(("bind_connector_metadata",))
         if not (self.cfg.api == "new" and self.cfg.runner == "v1"):
             self._update_states(so)
+            self.start_late_stores()
         from vllm.forward_context import ForwardContext
 
         conn.start_load_kv(ForwardContext())
