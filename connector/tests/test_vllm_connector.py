@@ -261,6 +261,37 @@ def test_the_harness_catches_stores_of_reused_blocks_waited_for_in_bind(monkeypa
         S.reused_source_blocks()
 
 
+NEW_MIXIN = dict(mixin="00f4240e")  # start_load_kv after the forward launch when a step has no sync loads
+
+
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sched-sync", "sched-async"])
+def test_restore_with_start_load_kv_after_the_forward(load_async, async_scheduling):
+    r = S.restore(extra={"load_async": load_async}, async_scheduling=async_scheduling, **NEW_MIXIN)
+    assert r["matched"] == (0, 96, load_async)
+
+
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+def test_failed_load_with_start_load_kv_after_the_forward(load_async):
+    S.failed_load(extra={"load_async": load_async}, **NEW_MIXIN)
+
+
+def test_hybrid_and_reused_blocks_with_start_load_kv_after_the_forward():
+    S.hybrid(**NEW_MIXIN)
+    S.reused_source_blocks(**NEW_MIXIN)
+
+
+def test_the_harness_catches_a_sync_load_started_after_the_forward(monkeypatch):
+    """The harness runs start_load_kv after the forward only where the mixin
+    does: were a synchronous load started there, the forward would read the
+    blocks before they are loaded (GARBAGE)."""
+    from vllm_harness import worker as hw
+
+    monkeypatch.setattr(hw.HarnessWorker, "_starts_load_after_forward", lambda self, so: self._new_mixin())
+    with pytest.raises(AssertionError):
+        S.restore(extra={"load_async": False}, **NEW_MIXIN)
+
+
 REAL_ENGINES = pytest.mark.parametrize("engine", ["00024d31", "mixin"])
 HYBRIDS = pytest.mark.parametrize("groups", [[(FULL, 2, 0), (SWA, 2, 32)], [(FULL, 2, 0), (SWA, 2, 32), (MAMBA, 1, 0)]],
                                   ids=["full+swa", "full+swa+mamba"])
@@ -478,13 +509,18 @@ def test_gpu_scenarios(name, kw, _gpu):
 
 
 def _run_old(name, **kw):
-    env = dict(os.environ, FAKE_VLLM_API="old",
-               PYTHONPATH=os.pathsep.join([HARNESS, HERE, CONNECTOR, os.environ.get("PYTHONPATH", "")]))
     kw["api"] = "old"
+    return _run_api("old", name, **kw)
+
+
+def _run_api(api, name, **kw):
+    """A scenario in a subprocess whose fake vLLM is base.py version `api`."""
+    env = dict(os.environ, FAKE_VLLM_API=api,
+               PYTHONPATH=os.pathsep.join([HARNESS, HERE, CONNECTOR, os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-m", "vllm_harness.scenarios", name, json.dumps(kw)], cwd=HERE,
                        env=env, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
-        raise HarnessError(f"old-API scenario {name} failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+        raise HarnessError(f"{api}-API scenario {name} failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
     line = [x for x in p.stdout.splitlines() if x.startswith("SCENARIO-RESULT ")][-1]
     return json.loads(line[len("SCENARIO-RESULT "):])
 
@@ -504,6 +540,55 @@ def test_old_vllm_api(name, kw):
     """An older vLLM: no SupportsHMA/KVConnectorWorkerMetadata/transfer results
     in base.py, handle_preemptions(set[str]) only when something was preempted."""
     _run_old(name, **kw)
+
+
+@pytest.mark.parametrize("api,mixin", [("003df296", "23ec7c7f"), ("00f4240e", "00f4240e")])
+@pytest.mark.parametrize("name,kw", [
+    ("restore", {"async_scheduling": True}),
+    ("failed_load", {"extra": {"load_async": True}}),
+    ("failed_load", {"tp": 2, "fail_rank": 1, "extra": {"load_async": False}}),
+    ("reused_source_blocks", {}),
+], ids=lambda x: x if isinstance(x, str) else json.dumps(x, separators=(",", ":")))
+def test_each_base_version(api, mixin, name, kw):
+    """base.py@003df296 (no transfer results: get_finished) and the base of
+    the mixin @00f4240e (results with prefix_replay_checkpoints, no field
+    defaulted; start_load_kv after the forward without sync loads)."""
+    _run_api(api, name, mixin=mixin, **kw)
+
+
+def test_transfer_results_fields():
+    """prefix_replay_checkpoints is passed empty (umbp certifies no replay
+    checkpoint: the engine replays the window); an unknown required field is
+    refused by name."""
+    import dataclasses
+
+    from umbp.vllm import _compat
+
+    @dataclasses.dataclass
+    class R1:
+        finished_sending: set
+        finished_recving: set
+        failed_recving: set
+        prefix_replay_checkpoints: dict
+
+    @dataclasses.dataclass
+    class R2:
+        finished_sending: set
+        finished_recving: set
+        failed_recving: set
+        replay_tokens: dict
+
+    @dataclasses.dataclass
+    class R3:
+        finished_sending: set = dataclasses.field(default_factory=set)
+        finished_recving: set = dataclasses.field(default_factory=set)
+        failed_recving: set = dataclasses.field(default_factory=set)
+        extra: dict = dataclasses.field(default_factory=dict)
+
+    assert _compat.transfer_results_extra(R1) == {"prefix_replay_checkpoints": {}}
+    with pytest.raises(TypeError, match="replay_tokens"):
+        _compat.transfer_results_extra(R2)
+    assert _compat.transfer_results_extra(R3) == {}
 
 
 # ---- TP=2 across processes -----------------------------------------------------------------

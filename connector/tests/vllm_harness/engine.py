@@ -259,6 +259,7 @@ class _SchedulerCore:
         self.step_no += 1
         self.pool.fresh = []
         no_zero = set()  # async-load destinations (vLLM's _skip_zero_block_ids)
+        sync_loads = False  # SchedulerOutput.has_sync_kv_loads: a request scheduled with external tokens loaded now
         budget = self.cfg.max_num_batched_tokens
         scheduled = {}
         new_reqs, cached_ids, resumed = [], [], set()
@@ -343,6 +344,8 @@ class _SchedulerCore:
                         req.num_computed_tokens = computed
                     skipped.append(req)
                     continue
+                if ext and not load_async:
+                    sync_loads = True
                 req.num_computed_tokens = computed
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = computed
@@ -381,6 +384,7 @@ class _SchedulerCore:
                              num_scheduled_tokens=dict(scheduled),
                              total_num_scheduled_tokens=sum(scheduled.values()),
                              finished_req_ids=set(self.finished_req_ids), preempted_req_ids=set(preempted))
+        so.has_sync_kv_loads = sync_loads
         so.kv_connector_metadata = self.conn.build_connector_meta(so)
         # tokens each worker needs (placeholders predicted: the model is deterministic)
         tokens = {}

@@ -173,6 +173,14 @@ class HarnessWorker:
                 for g, x in enumerate(nb):
                     self.reqs[rid][g].extend(x)
 
+    def _new_mixin(self) -> bool:
+        return self.cfg.api == "new" and self.cfg.runner == "v1" and self.cfg.mixin == "00f4240e"
+
+    def _starts_load_after_forward(self, so) -> bool:
+        """kv_connector_model_runner_mixin.py@00f4240e: start_after_forward =
+        not scheduler_output.has_sync_kv_loads."""
+        return self._new_mixin() and not getattr(so, "has_sync_kv_loads", False)
+
     def start_late_stores(self):
         """The copies of the stores submitted before this point start now
         (LateStore): after this step's block zeroing."""
@@ -272,8 +280,10 @@ class HarnessWorker:
             self.start_late_stores()
         from vllm.forward_context import ForwardContext
 
-        conn.start_load_kv(ForwardContext())
-        self.calls.append(("start_load_kv",))
+        self._load_after_forward = self._starts_load_after_forward(so)
+        if not self._load_after_forward:
+            conn.start_load_kv(ForwardContext())
+            self.calls.append(("start_load_kv",))
         self._so, self._tokens = so, tokens
         self._work = []
         if so.total_num_scheduled_tokens > 0:
@@ -288,14 +298,27 @@ class HarnessWorker:
     def execute_finish(self, bad_all):
         from vllm.v1.outputs import KVConnectorOutput
 
+        from vllm.forward_context import ForwardContext
+
         conn, so = self.conn, self._so
         sampled = {}
         if so.total_num_scheduled_tokens > 0:
             sampled = self._write(self._tokens, self._work, set(bad_all))
+        if self._load_after_forward:  # the mixin's finally: after the forward launch
+            conn.start_load_kv(ForwardContext())
+            self.calls.append(("start_load_kv",))
+        if so.total_num_scheduled_tokens > 0 or self._new_mixin():
             conn.wait_for_save()
             self.calls.append(("wait_for_save",))
             self.inflight_after_save = conn.debug_counters()["jobs_inflight"]
-        if self.cfg.api == "new" and hasattr(conn, "get_transfer_results"):
+        replay = None
+        if self._new_mixin():  # the mixin @00f4240e calls it unconditionally
+            res = conn.get_transfer_results(so.finished_req_ids)
+            fs, fr = res.finished_sending or None, res.finished_recving or None
+            failed = res.failed_recving
+            replay = res.prefix_replay_checkpoints
+            self.calls.append(("get_transfer_results",))
+        elif self.cfg.api == "new" and hasattr(conn, "get_transfer_results"):
             res = conn.get_transfer_results(so.finished_req_ids)
             fs, fr = res.finished_sending or None, res.finished_recving or None
             failed = res.failed_recving
@@ -312,7 +335,8 @@ class HarnessWorker:
         self.calls.append(("clear_connector_metadata",))
         out = KVConnectorOutput(finished_sending=fs, finished_recving=fr, kv_connector_stats=stats,
                                 kv_cache_events=events, kv_connector_worker_meta=wmeta,
-                                invalid_block_ids=set(invalid), failed_recving=failed)
+                                invalid_block_ids=set(invalid), failed_recving=failed,
+                                prefix_replay_checkpoints=replay)
         return {"sampled": sampled, "bad": set(bad_all), "kv": out, "rank": self.rank}
 
     # ---- test controls ---------------------------------------------------------------
