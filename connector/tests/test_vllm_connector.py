@@ -214,6 +214,14 @@ def test_stores_stop_at_num_publishable_block_hashes(publishable):
         assert e.matched("C")[1] == (96 if publishable is None else 16 * publishable)
 
 
+@pytest.mark.parametrize("engine", ["00024d31", "mixin"])
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sched-sync", "sched-async"])
+def test_failed_load_under_the_fail_policy_ends_the_request(engine, load_async, async_scheduling):
+    r = S.failed_load_fails(engine=engine, extra={"load_async": load_async}, async_scheduling=async_scheduling)
+    assert r["failed"] == ["B"]
+
+
 def test_failed_load_quarantine_outlives_a_later_store():
     r = S.failed_load(keep=2, extra={"load_failure_quarantine_ms": 60000})
     assert r["matched_C"][1] == 32  # blocks 2.. failed: misses for 60 s even though B stored them again
@@ -261,24 +269,26 @@ def test_the_harness_catches_stores_of_reused_blocks_waited_for_in_bind(monkeypa
         S.reused_source_blocks()
 
 
-NEW_MIXIN = dict(mixin="00f4240e")  # start_load_kv after the forward launch when a step has no sync loads
+def _new_mixin(name, **kw):
+    """A scenario under the mixin @00f4240e and the base.py it pairs with."""
+    return _run_api("00f4240e", name, mixin="00f4240e", **kw)
 
 
 @pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sched-sync", "sched-async"])
 def test_restore_with_start_load_kv_after_the_forward(load_async, async_scheduling):
-    r = S.restore(extra={"load_async": load_async}, async_scheduling=async_scheduling, **NEW_MIXIN)
-    assert r["matched"] == (0, 96, load_async)
+    r = _new_mixin("restore", extra={"load_async": load_async}, async_scheduling=async_scheduling)
+    assert r["matched"] == [0, 96, load_async]
 
 
 @pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
 def test_failed_load_with_start_load_kv_after_the_forward(load_async):
-    S.failed_load(extra={"load_async": load_async}, **NEW_MIXIN)
+    _new_mixin("failed_load", extra={"load_async": load_async})
 
 
-def test_hybrid_and_reused_blocks_with_start_load_kv_after_the_forward():
-    S.hybrid(**NEW_MIXIN)
-    S.reused_source_blocks(**NEW_MIXIN)
+@pytest.mark.parametrize("name", ["hybrid", "reused_source_blocks"])
+def test_hybrid_and_reused_blocks_with_start_load_kv_after_the_forward(name):
+    _new_mixin(name)
 
 
 def test_the_harness_catches_a_sync_load_started_after_the_forward(monkeypatch):
@@ -287,9 +297,9 @@ def test_the_harness_catches_a_sync_load_started_after_the_forward(monkeypatch):
     blocks before they are loaded (GARBAGE)."""
     from vllm_harness import worker as hw
 
-    monkeypatch.setattr(hw.HarnessWorker, "_starts_load_after_forward", lambda self, so: self._new_mixin())
+    monkeypatch.setattr(hw.HarnessWorker, "_starts_load_after_forward", lambda self, so: True)
     with pytest.raises(AssertionError):
-        S.restore(extra={"load_async": False}, **NEW_MIXIN)
+        S.restore(extra={"load_async": False})
 
 
 REAL_ENGINES = pytest.mark.parametrize("engine", ["00024d31", "mixin"])
@@ -509,13 +519,14 @@ def test_gpu_scenarios(name, kw, _gpu):
 
 
 def _run_old(name, **kw):
-    kw["api"] = "old"
+    kw["api"] = "old"  # HarnessConfig.api: the old call conventions
     return _run_api("old", name, **kw)
 
 
-def _run_api(api, name, **kw):
-    """A scenario in a subprocess whose fake vLLM is base.py version `api`."""
-    env = dict(os.environ, FAKE_VLLM_API=api,
+def _run_api(fake_api, name, **kw):
+    """A scenario in a subprocess whose fake vLLM is base.py version `fake_api`."""
+    api = fake_api
+    env = dict(os.environ, FAKE_VLLM_API=fake_api,
                PYTHONPATH=os.pathsep.join([HARNESS, HERE, CONNECTOR, os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-m", "vllm_harness.scenarios", name, json.dumps(kw)], cwd=HERE,
                        env=env, capture_output=True, text=True, timeout=300)

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+from . import model
 from .config import FULL, MAMBA, SWA, HarnessConfig
 from .engine import Engine, HarnessError
 
@@ -317,6 +318,40 @@ def failed_load(**kw):
                 "failed_seen": list(e.agg.failed_seen)}
 
 
+def failed_load_fails(**kw):
+    """kv_load_failure_policy "fail": B's load fails (its objects vanish
+    between lookup and load); vLLM ends B with FINISHED_ERROR, frees its
+    blocks once the connector lets go, A and C are served, and nothing
+    leaks.  No forward reads wrong KV that a token comes from."""
+    kw.setdefault("load_failure_policy", "fail")
+    with engine(**kw) as e:
+        a = e.add("A", PROMPT, 3)
+        e.run()
+        e.add("B", PROMPT, 3)
+        hashes = list(a.block_hashes[:6])
+        done = []
+
+        def sabotage(so):
+            if not done and any(p.req_id == "B" for p in so.kv_connector_metadata.loads):
+                for w in e.workers:
+                    for g in range(len(e.cfg.groups)):
+                        w.remove_objects(g, hashes, 2)
+                done.append(so._harness_step)
+
+        e.run(before_execute=sabotage)
+        if not done:
+            raise HarnessError("B never planned a load")
+        failed = [r for what, r, _v in e.sched.log if what == "failed_error"]
+        if failed != ["B"]:
+            raise HarnessError(f"requests ended with FINISHED_ERROR: {failed}, expected ['B']")
+        if model.GARBAGE in e.sched.outputs["B"]:
+            raise HarnessError(f"B emitted a token computed from wrong KV: {e.sched.outputs['B']}")
+        e.add("C", PROMPT, 3)
+        e.run()
+        e.check_outputs({"A": PROMPT, "C": PROMPT}, 3)
+        return {"failed": failed, "B": e.sched.outputs["B"], "counters": e.check_clean()}
+
+
 def hybrid(**kw):
     """Full + sliding-window + Mamba groups: a restore loads only the window's
     blocks of the SWA group and one state block of the Mamba group; stores write
@@ -483,7 +518,8 @@ def server_death(kill, **kw):
 
 
 SCENARIOS = {f.__name__: f for f in (restore, partial, preemption, abort, store_inflight, reset, failed_load,
-                                     hybrid, events, lookup_async, roles, unrecoverable, reused_source_blocks)}
+                                     hybrid, events, lookup_async, roles, unrecoverable, reused_source_blocks,
+                                     failed_load_fails)}
 
 
 def main(argv):

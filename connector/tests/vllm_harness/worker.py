@@ -3,6 +3,10 @@ role) over the REAL runtime, and a fake model forward that checks every value
 it attends to (model.py).  The calls follow vLLM's worker order
 (connector-api.md §1.4):
 
+    new API, V1 runner (gpu_model_runner.py@000fc94b): handle_preemptions(meta) ->
+        _update_states (zeroes reallocated blocks; late stores start after it) ->
+        bind_connector_metadata -> start_load_kv (mixin 00f4240e without sync loads:
+        after the forward, before wait_for_save)
     new API (V2 runner): bind_connector_metadata -> handle_preemptions(meta) -> start_load_kv
     old API:             handle_preemptions(set) if any -> bind_connector_metadata -> start_load_kv
     then per layer wait_for_layer_load / (attention) / save_kv_layer; wait_for_save (if a forward ran);
@@ -101,6 +105,10 @@ class HarnessWorker:
                 else:
                     self.kv[name] = torch.zeros(2, cfg.num_blocks, self.B, cfg.heads, cfg.dim, device=dev)
             self.conn.register_kv_caches(dict(self.kv))
+        import vllm
+
+        if getattr(cfg, "mixin", "") == "00f4240e" and vllm.API != "00f4240e":
+            raise HarnessError("mixin 00f4240e pairs with its base.py: run it with FAKE_VLLM_API=00f4240e")
         self.late = []  # LateStore jobs not started yet
         if cfg.late_stores:
             rt = self.conn._worker.rt
@@ -174,7 +182,8 @@ class HarnessWorker:
                     self.reqs[rid][g].extend(x)
 
     def _new_mixin(self) -> bool:
-        return self.cfg.api == "new" and self.cfg.runner == "v1" and self.cfg.mixin == "00f4240e"
+        cfg = self.cfg
+        return cfg.api == "new" and cfg.runner == "v1" and getattr(cfg, "mixin", "") == "00f4240e"
 
     def _starts_load_after_forward(self, so) -> bool:
         """kv_connector_model_runner_mixin.py@00f4240e: start_after_forward =
@@ -184,7 +193,7 @@ class HarnessWorker:
     def start_late_stores(self):
         """The copies of the stores submitted before this point start now
         (LateStore): after this step's block zeroing."""
-        late, self.late = self.late, []
+        late, self.late = getattr(self, "late", []), []  # subclasses may not run __init__
         for j in late:
             j.start()
 
@@ -304,7 +313,7 @@ class HarnessWorker:
         sampled = {}
         if so.total_num_scheduled_tokens > 0:
             sampled = self._write(self._tokens, self._work, set(bad_all))
-        if self._load_after_forward:  # the mixin's finally: after the forward launch
+        if getattr(self, "_load_after_forward", False):  # the mixin's finally: after the forward launch
             conn.start_load_kv(ForwardContext())
             self.calls.append(("start_load_kv",))
         if so.total_num_scheduled_tokens > 0 or self._new_mixin():
