@@ -214,6 +214,14 @@ def test_stores_stop_at_num_publishable_block_hashes(publishable):
         assert e.matched("C")[1] == (96 if publishable is None else 16 * publishable)
 
 
+@pytest.mark.parametrize("engine", ["00024d31", "mixin"])
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sched-sync", "sched-async"])
+def test_failed_load_under_the_fail_policy_ends_the_request(engine, load_async, async_scheduling):
+    r = S.failed_load_fails(engine=engine, extra={"load_async": load_async}, async_scheduling=async_scheduling)
+    assert r["failed"] == ["B"]
+
+
 def test_failed_load_quarantine_outlives_a_later_store():
     r = S.failed_load(keep=2, extra={"load_failure_quarantine_ms": 60000})
     assert r["matched_C"][1] == 32  # blocks 2.. failed: misses for 60 s even though B stored them again
@@ -229,6 +237,69 @@ def test_sliding_window_and_mamba_groups(async_scheduling, tp):
         assert loaded == {0: 6, 1: 2, 2: 1}
         # SWA stores the window (+1) of each chunk's end: [1, 4) then [4, 6); Mamba the states at 64, 96
         assert stored == {0: 6, 1: 5, 2: 2}
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_stores_of_reused_blocks_are_waited_for_before_update_states(async_scheduling):
+    """A sliding-window block leaves the window and is reallocated (and zeroed
+    by the V1 runner's _update_states) in the next step, while its store may
+    still read it: the connector waits for such stores in handle_preemptions,
+    before _update_states.  Every later restore of those windows is exact."""
+    r = S.reused_source_blocks(async_scheduling=async_scheduling)
+    assert r["loaded"][0][1] > 0  # the windows were restored
+
+
+def test_the_harness_catches_stores_of_reused_blocks_waited_for_in_bind(monkeypatch):
+    """The same scenario with the wait only in bind_connector_metadata (where
+    it was): the stores read the zeroed blocks and publish zeros under valid
+    keys; a later restore generates GARBAGE."""
+    from umbp.vllm.worker import UMBPWorker
+
+    real = UMBPWorker.handle_preemptions
+
+    def bind_only(self, arg):
+        self._flush = lambda meta: None
+        try:
+            real(self, arg)
+        finally:
+            del self._flush
+
+    monkeypatch.setattr(UMBPWorker, "handle_preemptions", bind_only)
+    with pytest.raises(AssertionError, match="GARBAGE|-1|wrong KV"):
+        S.reused_source_blocks()
+
+
+def _new_mixin(name, **kw):
+    """A scenario under the mixin @00f4240e and the base.py it pairs with."""
+    return _run_api("00f4240e", name, mixin="00f4240e", **kw)
+
+
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sched-sync", "sched-async"])
+def test_restore_with_start_load_kv_after_the_forward(load_async, async_scheduling):
+    r = _new_mixin("restore", extra={"load_async": load_async}, async_scheduling=async_scheduling)
+    assert r["matched"] == [0, 96, load_async]
+
+
+@pytest.mark.parametrize("load_async", [False, True], ids=["sync", "async"])
+def test_failed_load_with_start_load_kv_after_the_forward(load_async):
+    _new_mixin("failed_load", extra={"load_async": load_async})
+
+
+@pytest.mark.parametrize("name", ["hybrid", "reused_source_blocks"])
+def test_hybrid_and_reused_blocks_with_start_load_kv_after_the_forward(name):
+    _new_mixin(name)
+
+
+def test_the_harness_catches_a_sync_load_started_after_the_forward(monkeypatch):
+    """The harness runs start_load_kv after the forward only where the mixin
+    does: were a synchronous load started there, the forward would read the
+    blocks before they are loaded (GARBAGE)."""
+    from vllm_harness import worker as hw
+
+    monkeypatch.setattr(hw.HarnessWorker, "_starts_load_after_forward", lambda self, so: True)
+    with pytest.raises(AssertionError):
+        S.restore(extra={"load_async": False})
 
 
 REAL_ENGINES = pytest.mark.parametrize("engine", ["00024d31", "mixin"])
@@ -448,13 +519,19 @@ def test_gpu_scenarios(name, kw, _gpu):
 
 
 def _run_old(name, **kw):
-    env = dict(os.environ, FAKE_VLLM_API="old",
+    kw["api"] = "old"  # HarnessConfig.api: the old call conventions
+    return _run_api("old", name, **kw)
+
+
+def _run_api(fake_api, name, **kw):
+    """A scenario in a subprocess whose fake vLLM is base.py version `fake_api`."""
+    api = fake_api
+    env = dict(os.environ, FAKE_VLLM_API=fake_api,
                PYTHONPATH=os.pathsep.join([HARNESS, HERE, CONNECTOR, os.environ.get("PYTHONPATH", "")]))
-    kw["api"] = "old"
     p = subprocess.run([sys.executable, "-m", "vllm_harness.scenarios", name, json.dumps(kw)], cwd=HERE,
                        env=env, capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
-        raise HarnessError(f"old-API scenario {name} failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+        raise HarnessError(f"{api}-API scenario {name} failed:\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
     line = [x for x in p.stdout.splitlines() if x.startswith("SCENARIO-RESULT ")][-1]
     return json.loads(line[len("SCENARIO-RESULT "):])
 
@@ -474,6 +551,55 @@ def test_old_vllm_api(name, kw):
     """An older vLLM: no SupportsHMA/KVConnectorWorkerMetadata/transfer results
     in base.py, handle_preemptions(set[str]) only when something was preempted."""
     _run_old(name, **kw)
+
+
+@pytest.mark.parametrize("api,mixin", [("003df296", "23ec7c7f"), ("00f4240e", "00f4240e")])
+@pytest.mark.parametrize("name,kw", [
+    ("restore", {"async_scheduling": True}),
+    ("failed_load", {"extra": {"load_async": True}}),
+    ("failed_load", {"tp": 2, "fail_rank": 1, "extra": {"load_async": False}}),
+    ("reused_source_blocks", {}),
+], ids=lambda x: x if isinstance(x, str) else json.dumps(x, separators=(",", ":")))
+def test_each_base_version(api, mixin, name, kw):
+    """base.py@003df296 (no transfer results: get_finished) and the base of
+    the mixin @00f4240e (results with prefix_replay_checkpoints, no field
+    defaulted; start_load_kv after the forward without sync loads)."""
+    _run_api(api, name, mixin=mixin, **kw)
+
+
+def test_transfer_results_fields():
+    """prefix_replay_checkpoints is passed empty (umbp certifies no replay
+    checkpoint: the engine replays the window); an unknown required field is
+    refused by name."""
+    import dataclasses
+
+    from umbp.vllm import _compat
+
+    @dataclasses.dataclass
+    class R1:
+        finished_sending: set
+        finished_recving: set
+        failed_recving: set
+        prefix_replay_checkpoints: dict
+
+    @dataclasses.dataclass
+    class R2:
+        finished_sending: set
+        finished_recving: set
+        failed_recving: set
+        replay_tokens: dict
+
+    @dataclasses.dataclass
+    class R3:
+        finished_sending: set = dataclasses.field(default_factory=set)
+        finished_recving: set = dataclasses.field(default_factory=set)
+        failed_recving: set = dataclasses.field(default_factory=set)
+        extra: dict = dataclasses.field(default_factory=dict)
+
+    assert _compat.transfer_results_extra(R1) == {"prefix_replay_checkpoints": {}}
+    with pytest.raises(TypeError, match="replay_tokens"):
+        _compat.transfer_results_extra(R2)
+    assert _compat.transfer_results_extra(R3) == {}
 
 
 # ---- TP=2 across processes -----------------------------------------------------------------

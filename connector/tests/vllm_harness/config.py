@@ -38,6 +38,16 @@ class HarnessConfig:
     #: handle_preemptions(meta) -> _update_states, which zeroes newly allocated
     #: blocks -> bind) or of the V2 runner ("v2": bind -> handle_preemptions)
     runner: str = "v1"
+    #: with runner "v1": the KVConnectorModelRunnerMixin version.  "23ec7c7f":
+    #: bind -> start_load_kv -> forward -> wait_for_save (only after a forward).
+    #: "00f4240e": start_load_kv before the forward only when the step has sync
+    #: loads (SchedulerOutput.has_sync_kv_loads), else after the forward launch
+    #: (before wait_for_save); wait_for_save also in steps without a forward
+    mixin: str = "23ec7c7f"
+    #: stores read their source blocks as late as the engine allows: when the
+    #: connector waits for them, else after the next step's block zeroing
+    #: (worker.LateStore); False: as soon as submitted
+    late_stores: bool = True
     mamba_cache_mode: str = "align"  # vLLM's cache_config.mamba_cache_mode (Mamba groups)
 
     def layers(self) -> list:

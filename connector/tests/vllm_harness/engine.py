@@ -259,6 +259,7 @@ class _SchedulerCore:
         self.step_no += 1
         self.pool.fresh = []
         no_zero = set()  # async-load destinations (vLLM's _skip_zero_block_ids)
+        sync_loads = False  # SchedulerOutput.has_sync_kv_loads: a request scheduled with external tokens loaded now
         budget = self.cfg.max_num_batched_tokens
         scheduled = {}
         new_reqs, cached_ids, resumed = [], [], set()
@@ -343,6 +344,8 @@ class _SchedulerCore:
                         req.num_computed_tokens = computed
                     skipped.append(req)
                     continue
+                if ext and not load_async:
+                    sync_loads = True
                 req.num_computed_tokens = computed
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = computed
@@ -381,6 +384,7 @@ class _SchedulerCore:
                              num_scheduled_tokens=dict(scheduled),
                              total_num_scheduled_tokens=sum(scheduled.values()),
                              finished_req_ids=set(self.finished_req_ids), preempted_req_ids=set(preempted))
+        so.has_sync_kv_loads = sync_loads
         so.kv_connector_metadata = self.conn.build_connector_meta(so)
         # tokens each worker needs (placeholders predicted: the model is deterministic)
         tokens = {}
@@ -411,12 +415,20 @@ class _SchedulerCore:
     # -- outputs --
 
     def _handle_invalid_blocks(self, invalid):
-        """scheduler.py _handle_invalid_blocks, recompute policy: every
-        async-loading waiting request, then every running one, through the
-        engine version's _update_requests_with_invalid_blocks."""
+        """scheduler.py@00024d31 _handle_invalid_blocks (connector-api.md §1.7;
+        every version modelled handles the policy alike): every async-loading
+        waiting request, then every running one, through the engine version's
+        _update_requests_with_invalid_blocks.  Policy "recompute": async
+        requests go to failed_recving_kv_req_ids (recomputed from the valid
+        prefix once their recv completes), running ones recompute (this step's
+        output is skipped).  Policy "fail": the affected requests are returned
+        and update_from_output ends them with FINISHED_ERROR.  Returns the
+        affected ids (skipped in update_from_output's main loop)."""
         waiting = [r for r in self.waiting if r.status == self.RS.WAITING_FOR_REMOTE_KVS]
         affected = self._update_requests_with_invalid_blocks(waiting, invalid)
         affected |= self._update_requests_with_invalid_blocks(list(self.running), invalid)
+        if self.cfg.load_failure_policy == "fail":
+            return affected
         for rid in affected:
             req = self.requests[rid]
             if req.status == self.RS.WAITING_FOR_REMOTE_KVS:
@@ -468,11 +480,12 @@ class _SchedulerCore:
 
     def update_from_output(self, so, out):
         kvo = out["kv"]
+        failed = set()
         if kvo.invalid_block_ids:
-            self._handle_invalid_blocks(kvo.invalid_block_ids)
+            failed = self._handle_invalid_blocks(kvo.invalid_block_ids)
         for rid, s in so._harness_sched.items():
             req = self.requests.get(rid)
-            if req is None or req.is_finished():
+            if req is None or req.is_finished() or rid in failed:
                 continue
             if s.epoch != self.epoch[rid]:
                 self.discarded.append((so._harness_step, rid))
@@ -487,6 +500,14 @@ class _SchedulerCore:
                 self.running.remove(req)
                 req.status = self.RS.FINISHED_LENGTH_CAPPED
                 self._free_request(req)
+        if failed and self.cfg.load_failure_policy == "fail":
+            # kv_load_failure_policy "fail": the requests whose loads failed end
+            # with FINISHED_ERROR (finish_requests -> _free_request ->
+            # request_finished*: a request still loading keeps its blocks)
+            for rid in sorted(failed):
+                if rid in self.requests and not self.requests[rid].is_finished():
+                    self.finish_request(rid, self.RS.FINISHED_ERROR)
+                    self.log.append(("failed_error", rid, self.step_no))
         # _update_from_kv_xfer_finished
         self.conn.update_connector_output(kvo)
         for rid in kvo.finished_recving or ():

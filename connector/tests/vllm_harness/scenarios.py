@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+from . import model
 from .config import FULL, MAMBA, SWA, HarnessConfig
 from .engine import Engine, HarnessError
 
@@ -317,6 +318,40 @@ def failed_load(**kw):
                 "failed_seen": list(e.agg.failed_seen)}
 
 
+def failed_load_fails(**kw):
+    """kv_load_failure_policy "fail": B's load fails (its objects vanish
+    between lookup and load); vLLM ends B with FINISHED_ERROR, frees its
+    blocks once the connector lets go, A and C are served, and nothing
+    leaks.  No forward reads wrong KV that a token comes from."""
+    kw.setdefault("load_failure_policy", "fail")
+    with engine(**kw) as e:
+        a = e.add("A", PROMPT, 3)
+        e.run()
+        e.add("B", PROMPT, 3)
+        hashes = list(a.block_hashes[:6])
+        done = []
+
+        def sabotage(so):
+            if not done and any(p.req_id == "B" for p in so.kv_connector_metadata.loads):
+                for w in e.workers:
+                    for g in range(len(e.cfg.groups)):
+                        w.remove_objects(g, hashes, 2)
+                done.append(so._harness_step)
+
+        e.run(before_execute=sabotage)
+        if not done:
+            raise HarnessError("B never planned a load")
+        failed = [r for what, r, _v in e.sched.log if what == "failed_error"]
+        if failed != ["B"]:
+            raise HarnessError(f"requests ended with FINISHED_ERROR: {failed}, expected ['B']")
+        if model.GARBAGE in e.sched.outputs["B"]:
+            raise HarnessError(f"B emitted a token computed from wrong KV: {e.sched.outputs['B']}")
+        e.add("C", PROMPT, 3)
+        e.run()
+        e.check_outputs({"A": PROMPT, "C": PROMPT}, 3)
+        return {"failed": failed, "B": e.sched.outputs["B"], "counters": e.check_clean()}
+
+
 def hybrid(**kw):
     """Full + sliding-window + Mamba groups: a restore loads only the window's
     blocks of the SWA group and one state block of the Mamba group; stores write
@@ -330,6 +365,41 @@ def hybrid(**kw):
     stored = [w["blocks_stored_by_group"] for w in out["counters"]["workers"]]
     out["loaded"], out["stored"] = loaded, stored
     return out
+
+
+def reused_source_blocks(**kw):
+    """Stores whose source blocks vLLM frees and reallocates in the next step
+    (sliding-window blocks leaving the window; Mamba state blocks).  A's
+    prompt is computed in chunks on a pool with no spare block, so every
+    block that leaves the window is reallocated and zeroed by the next step's
+    _update_states; the harness's stores read their source as late as the
+    engine allows (worker.LateStore).  Then requests whose prompts are
+    prefixes of A's restore each window A stored: every restored block must
+    hold A's KV (a store that read a zeroed block published zeros under a
+    valid key: the forward sees wrong KV and generates GARBAGE)."""
+    mt = kw.pop("max_tokens", 2)
+    n = kw.pop("prompt_blocks", 10)
+    kw.setdefault("groups", [(FULL, 1, 0), (SWA, 1, 32)])
+    kw.setdefault("engine", "hma")
+    kw.setdefault("max_num_batched_tokens", 64)  # 4 blocks a chunk: a window block is freed the step after its store
+    kw.setdefault("num_blocks", 15)  # A's 10 full-attention blocks + 4 window blocks: no spare block
+    prompt = list(range(1, 16 * n + 1))
+    with engine(**kw) as e:
+        e.add("A", prompt, mt)
+        e.run()
+        e.check_clean()
+        prompts = {"A": prompt}
+        for k in range(3, n):
+            rid = f"B{k}"
+            prompts[rid] = prompt[:16 * k + 1]
+            e.add(rid, prompts[rid], mt)
+            e.run()
+        e.check_outputs(prompts, mt)
+        if e.bad:
+            raise HarnessError(f"forward passes saw wrong KV: {e.bad}")
+        loaded = [w["blocks_loaded_by_group"] for w in e.counters()["workers"]]
+        c = e.check_clean()
+        return {"loaded": loaded, "counters": c, "matched": {r: e.matched(r) for r in prompts}}
 
 
 def events(**kw):
@@ -448,7 +518,8 @@ def server_death(kill, **kw):
 
 
 SCENARIOS = {f.__name__: f for f in (restore, partial, preemption, abort, store_inflight, reset, failed_load,
-                                     hybrid, events, lookup_async, roles, unrecoverable)}
+                                     hybrid, events, lookup_async, roles, unrecoverable, reused_source_blocks,
+                                     failed_load_fails)}
 
 
 def main(argv):

@@ -3,6 +3,10 @@ role) over the REAL runtime, and a fake model forward that checks every value
 it attends to (model.py).  The calls follow vLLM's worker order
 (connector-api.md §1.4):
 
+    new API, V1 runner (gpu_model_runner.py@000fc94b): handle_preemptions(meta) ->
+        _update_states (zeroes reallocated blocks; late stores start after it) ->
+        bind_connector_metadata -> start_load_kv (mixin 00f4240e without sync loads:
+        after the forward, before wait_for_save)
     new API (V2 runner): bind_connector_metadata -> handle_preemptions(meta) -> start_load_kv
     old API:             handle_preemptions(set) if any -> bind_connector_metadata -> start_load_kv
     then per layer wait_for_layer_load / (attention) / save_kv_layer; wait_for_save (if a forward ran);
@@ -22,6 +26,55 @@ import torch
 from . import model
 from .config import FULL, MAMBA, SWA
 from .engine import HarnessError
+
+
+class LateStore:
+    """A store the connector submitted whose copy has not read its source
+    blocks yet.  On a GPU a store's copy runs on its own stream after the
+    event recorded on the compute stream, and nothing orders it before the
+    next step's block zeroing (_update_states) unless the connector waits for
+    it.  The harness takes the worst case the engine allows: the copy starts
+    when the connector waits for the job, else right after the next step's
+    zeroing (HarnessWorker.start_late_stores), so a store of a block freed and
+    reallocated meanwhile reads zeros and publishes them under a valid key.
+    poll()/done stay False until the copy has started and completed."""
+
+    __slots__ = ("_launch", "_job")
+
+    def __init__(self, launch):
+        self._launch = launch
+        self._job = None
+
+    def start(self):
+        if self._job is None:
+            self._job = self._launch()
+            self._launch = None
+        return self._job
+
+    def poll(self):
+        return self._job is not None and self._job.poll()
+
+    @property
+    def done(self):
+        return self.poll()
+
+    def wait(self, timeout_ms=None):
+        return self.start().wait(timeout_ms)
+
+    @property
+    def statuses(self):
+        if self._job is None:
+            import umbp
+
+            raise umbp.UmbpError(umbp.E_INPROGRESS, "store not started")
+        return self._job.statuses
+
+    @property
+    def num_ok(self):
+        return self.start().num_ok
+
+    def release(self):
+        self.start().release()  # released unstarted: a put still completes
 
 
 class HarnessWorker:
@@ -52,6 +105,21 @@ class HarnessWorker:
                 else:
                     self.kv[name] = torch.zeros(2, cfg.num_blocks, self.B, cfg.heads, cfg.dim, device=dev)
             self.conn.register_kv_caches(dict(self.kv))
+        import vllm
+
+        if getattr(cfg, "mixin", "") == "00f4240e" and vllm.API != "00f4240e":
+            raise HarnessError("mixin 00f4240e pairs with its base.py: run it with FAKE_VLLM_API=00f4240e")
+        self.late = []  # LateStore jobs not started yet
+        if cfg.late_stores:
+            rt = self.conn._worker.rt
+            real = rt.store_blocks
+
+            def store_blocks(*a, **kw):
+                j = LateStore(lambda: real(*a, **kw))
+                self.late.append(j)
+                return j
+
+            rt.store_blocks = store_blocks
         self.reqs = {}  # rid -> per-group block ids
         self.digest_cache = {}  # rid -> (tokens, digests)
         self.calls = []  # connector calls of the last step, for order checks
@@ -78,24 +146,15 @@ class HarnessWorker:
         return torch.from_numpy(x).to(self.dev)
 
     def _zero_new_blocks(self, so):
-        """The V1 runner's _update_states: _zero_block_ids(new blocks) (and
-        kv_cache_block_copies) run on blocks the scheduler allocated in this
-        step, before bind.  A store of the connector that is still uncollected
-        and reads one of them could read zeros: a harness error.  Then the
-        blocks are zeroed in every layer (a block id belongs to one group)."""
+        """The V1 runner's _update_states (gpu_model_runner.py@000fc94b):
+        _zero_block_ids(new_block_ids_to_zero), then kv_cache_block_copies, on
+        the blocks the scheduler allocated in this step (async-load
+        destinations excepted).  The bytes are overwritten in every layer (a
+        block id belongs to one group): a store still to read a freed and
+        reallocated block reads these zeros."""
         zero = getattr(so, "_harness_zero", None) or set()
         if not zero:
             return
-        w = getattr(self.conn, "_worker", None)
-        for j in (getattr(w, "jobs", None) or ()):
-            if j.kind != "store":
-                continue
-            ids = j.plan.block_ids
-            src = set(np.frombuffer(ids, dtype=np.int64).tolist()) if isinstance(ids, bytes) else set(ids)
-            hit = src & zero
-            if hit:
-                raise HarnessError(f"blocks {sorted(hit)} zeroed by _update_states while store plan "
-                                   f"{j.plan.plan_id} of {j.req_id} still reads them")
         idx = torch.tensor(sorted(zero), dtype=torch.long)
         for name, *_ in self.layers:
             t = self.kv.get(name) if isinstance(self.kv, dict) else None
@@ -121,6 +180,22 @@ class HarnessWorker:
             elif nb:
                 for g, x in enumerate(nb):
                     self.reqs[rid][g].extend(x)
+
+    def _new_mixin(self) -> bool:
+        cfg = self.cfg
+        return cfg.api == "new" and cfg.runner == "v1" and getattr(cfg, "mixin", "") == "00f4240e"
+
+    def _starts_load_after_forward(self, so) -> bool:
+        """kv_connector_model_runner_mixin.py@00f4240e: start_after_forward =
+        not scheduler_output.has_sync_kv_loads."""
+        return self._new_mixin() and not getattr(so, "has_sync_kv_loads", False)
+
+    def start_late_stores(self):
+        """The copies of the stores submitted before this point start now
+        (LateStore): after this step's block zeroing."""
+        late, self.late = getattr(self, "late", []), []  # subclasses may not run __init__
+        for j in late:
+            j.start()
 
     # ---- the fake forward ------------------------------------------------------------
 
@@ -194,6 +269,7 @@ class HarnessWorker:
             self.preemption_args.append(("meta", set(getattr(meta, "preempted_req_ids", ()))))
             self._update_states(so)
             self._zero_new_blocks(so)
+            self.start_late_stores()
             conn.bind_connector_metadata(meta)
             self.calls += [("handle_preemptions",), ("bind_connector_metadata",)]
         elif self.cfg.api == "new":
@@ -210,10 +286,13 @@ class HarnessWorker:
             self.calls.append(("bind_connector_metadata",))
         if not (self.cfg.api == "new" and self.cfg.runner == "v1"):
             self._update_states(so)
+            self.start_late_stores()
         from vllm.forward_context import ForwardContext
 
-        conn.start_load_kv(ForwardContext())
-        self.calls.append(("start_load_kv",))
+        self._load_after_forward = self._starts_load_after_forward(so)
+        if not self._load_after_forward:
+            conn.start_load_kv(ForwardContext())
+            self.calls.append(("start_load_kv",))
         self._so, self._tokens = so, tokens
         self._work = []
         if so.total_num_scheduled_tokens > 0:
@@ -228,14 +307,27 @@ class HarnessWorker:
     def execute_finish(self, bad_all):
         from vllm.v1.outputs import KVConnectorOutput
 
+        from vllm.forward_context import ForwardContext
+
         conn, so = self.conn, self._so
         sampled = {}
         if so.total_num_scheduled_tokens > 0:
             sampled = self._write(self._tokens, self._work, set(bad_all))
+        if getattr(self, "_load_after_forward", False):  # the mixin's finally: after the forward launch
+            conn.start_load_kv(ForwardContext())
+            self.calls.append(("start_load_kv",))
+        if so.total_num_scheduled_tokens > 0 or self._new_mixin():
             conn.wait_for_save()
             self.calls.append(("wait_for_save",))
             self.inflight_after_save = conn.debug_counters()["jobs_inflight"]
-        if self.cfg.api == "new" and hasattr(conn, "get_transfer_results"):
+        replay = None
+        if self._new_mixin():  # the mixin @00f4240e calls it unconditionally
+            res = conn.get_transfer_results(so.finished_req_ids)
+            fs, fr = res.finished_sending or None, res.finished_recving or None
+            failed = res.failed_recving
+            replay = res.prefix_replay_checkpoints
+            self.calls.append(("get_transfer_results",))
+        elif self.cfg.api == "new" and hasattr(conn, "get_transfer_results"):
             res = conn.get_transfer_results(so.finished_req_ids)
             fs, fr = res.finished_sending or None, res.finished_recving or None
             failed = res.failed_recving
@@ -252,7 +344,8 @@ class HarnessWorker:
         self.calls.append(("clear_connector_metadata",))
         out = KVConnectorOutput(finished_sending=fs, finished_recving=fr, kv_connector_stats=stats,
                                 kv_cache_events=events, kv_connector_worker_meta=wmeta,
-                                invalid_block_ids=set(invalid), failed_recving=failed)
+                                invalid_block_ids=set(invalid), failed_recving=failed,
+                                prefix_replay_checkpoints=replay)
         return {"sampled": sampled, "bad": set(bad_all), "kv": out, "rank": self.rank}
 
     # ---- test controls ---------------------------------------------------------------

@@ -139,6 +139,54 @@ def make_failed_recving(req_ids, cls=None):
     return {rid: failure for rid in ids}
 
 
+# ---- KVConnectorTransferResults: every field the engine's class declares ------
+#
+# base.py@7ba3df63 (third-party walk): finished_sending, finished_recving,
+# failed_recving.  The mixin @00f4240e also reads prefix_replay_checkpoints:
+# the (req_id -> checkpoint) a load certified for a sliding-window group's
+# bounded replay.  umbp certifies none (and defines no
+# can_load_prefix_replay_checkpoint): the engine replays the window, which is
+# always correct.  A field umbp does not know and the class gives no default
+# is refused when the connector is created, naming it.
+
+_KNOWN_RESULT_FIELDS = ("finished_sending", "finished_recving", "failed_recving")
+_EMPTY_RESULT_FIELDS = {"prefix_replay_checkpoints"}
+
+
+def _empty_of(f):
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    t = str(t).lstrip().lower()
+    if t.startswith(("dict", "mapping")):
+        return {}
+    if t.startswith(("set", "frozenset")):
+        return set()
+    if t.startswith(("list", "tuple", "sequence")):
+        return []
+    return None
+
+
+def transfer_results_extra(cls=None) -> dict:
+    """The empty values umbp passes for the fields of the engine's
+    KVConnectorTransferResults beyond the three it fills.  Raises TypeError
+    naming a required field it cannot fill."""
+    cls = KVConnectorTransferResults if cls is None else cls
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return {}
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in _KNOWN_RESULT_FIELDS or not f.init:
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.name in _EMPTY_RESULT_FIELDS:
+            out[f.name] = _empty_of(f) if required else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+        elif required:
+            raise TypeError(f"umbp: this vLLM's KVConnectorTransferResults has a required field {f.name!r} "
+                            f"that umbp does not know how to fill; use a vLLM whose transfer results umbp "
+                            f"supports (docs/vllm.md, \"Which vLLM\")")
+    return out
+
+
 # ---- stats and metrics ------------------------------------------------------
 
 KVConnectorStats = None

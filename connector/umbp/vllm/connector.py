@@ -78,6 +78,8 @@ class UMBPConnector(KVConnectorBase_V1, SupportsHMA):
         kv_role = getattr(ktc, "kv_role", None) or "kv_both"
         if kv_role not in ("kv_both", "kv_producer", "kv_consumer"):
             raise UMBPConfigError(f"kv_role: must be kv_both, kv_producer or kv_consumer, got {kv_role!r}")
+        if _compat.HAS_TRANSFER_RESULTS:
+            _compat.transfer_results_extra()  # a results field umbp cannot fill: refused now, by name
         self._umbp_role = "scheduler" if _is_scheduler(role) else "worker"
         self._scheduler = None
         self._worker = None
@@ -165,7 +167,7 @@ class UMBPConnector(KVConnectorBase_V1, SupportsHMA):
             failed = _compat.make_failed_recving(self._worker.last_failed_recving)
             return _compat.KVConnectorTransferResults(
                 finished_sending=set(sending or ()), finished_recving=set(recving or ()),
-                failed_recving=failed)
+                failed_recving=failed, **_compat.transfer_results_extra())
 
     def get_block_ids_with_load_errors(self) -> set:
         return self._worker.get_block_ids_with_load_errors() if self._worker is not None else set()

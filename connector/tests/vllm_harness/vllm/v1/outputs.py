@@ -14,6 +14,8 @@ class KVConnectorOutput:
     # newer vLLM: request ids whose async load failed, a set or a mapping
     # {req_id: KVTransferFailure} (umbp.vllm._compat.make_failed_recving)
     failed_recving: object = None
+    # the mixin @00f4240e: transfer_results.prefix_replay_checkpoints
+    prefix_replay_checkpoints: object = None
 
     def is_empty(self):
         return not (self.finished_sending or self.finished_recving or self.kv_connector_stats

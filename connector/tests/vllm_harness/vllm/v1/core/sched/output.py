@@ -53,3 +53,7 @@ class SchedulerOutput:
     pending_structured_output_tokens: bool = False
     kv_connector_metadata: object = None
     ec_connector_metadata: object = None
+    # newer vLLM (read by kv_connector_model_runner_mixin.py@00f4240e): whether a
+    # request of this step loads external KV synchronously (else start_load_kv
+    # runs after the forward launch)
+    has_sync_kv_loads: bool = False

@@ -1,7 +1,22 @@
-"""Fake vllm/distributed/kv_transfer/kv_connector/v1/base.py: the
-KVConnectorBase_V1 of base.py@003df296 (connector-api.md §1.1-1.3) plus the
-later get_transfer_results API; FAKE_VLLM_API=old removes what base.py@13f4ad0f
-lacks (SupportsHMA, KVConnectorWorkerMetadata, transfer results)."""
+"""Fake vllm/distributed/kv_transfer/kv_connector/v1/base.py: ONE real
+version per FAKE_VLLM_API value (vllm.API), never a mix:
+
+- ``old``: base.py@13f4ad0f: handle_preemptions(set), no SupportsHMA,
+  KVConnectorWorkerMetadata or transfer results;
+- ``003df296``: base.py@003df296 (connector-api.md §1.1-1.3):
+  handle_preemptions(metadata), KVConnectorWorkerMetadata, SupportsHMA; no
+  KVConnectorTransferResults / get_transfer_results;
+- ``new`` (the default): base.py@7ba3df63 as a third-party walk cites it
+  (lines 87-96): the 003df296 surface plus
+  KVConnectorTransferResults(finished_sending, finished_recving,
+  failed_recving: set[str]) and get_transfer_results;
+- ``00f4240e``: the base.py the mixin @00f4240e is written against: that
+  mixin reads transfer_results.prefix_replay_checkpoints, so the results
+  class has that field too.  Its declaration is not stored anywhere read, so
+  the fake gives NO field a default: a connector must pass every field.
+
+The mixin a harness engine runs (HarnessConfig.mixin) must match: "00f4240e"
+calls get_transfer_results unconditionally."""
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -9,6 +24,7 @@ from dataclasses import dataclass, field
 import vllm
 
 NEW = vllm.API != "old"
+HAS_RESULTS = vllm.API in ("new", "00f4240e")
 
 
 class KVConnectorRole(enum.Enum):
@@ -36,11 +52,25 @@ if NEW:
         def request_finished_all_groups(self, request, block_ids):
             raise NotImplementedError
 
+
+if vllm.API == "new":
+
     @dataclass
     class KVConnectorTransferResults:
         finished_sending: set = field(default_factory=set)
         finished_recving: set = field(default_factory=set)
         failed_recving: set = field(default_factory=set)
+
+elif vllm.API == "00f4240e":
+
+    @dataclass
+    class KVConnectorTransferResults:
+        finished_sending: set
+        finished_recving: set
+        failed_recving: set
+        # req_id -> the replay checkpoint a load certified (SWA bounded replay);
+        # a request without one replays its window
+        prefix_replay_checkpoints: dict
 
 
 def supports_hma(connector) -> bool:
@@ -118,11 +148,17 @@ class KVConnectorBase_V1(ABC):
     def get_finished(self, finished_req_ids):
         return None, None
 
-    if NEW:
+    if vllm.API == "new":
 
         def get_transfer_results(self, finished_req_ids):
             s, r = self.get_finished(finished_req_ids)
             return KVConnectorTransferResults(set(s or ()), set(r or ()), set())
+
+    elif vllm.API == "00f4240e":
+
+        def get_transfer_results(self, finished_req_ids):
+            s, r = self.get_finished(finished_req_ids)
+            return KVConnectorTransferResults(set(s or ()), set(r or ()), set(), {})
 
     def get_block_ids_with_load_errors(self):
         return set()
