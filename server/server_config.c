@@ -15,7 +15,7 @@
 #include <string.h>
 #include <arpa/inet.h>
 
-#include "dram.h"
+#include "dram_options.h"
 #include "options.h"
 #include "proto.h"
 #include "server_config.h"
