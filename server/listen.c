@@ -29,6 +29,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "inbuf.h"
 #include "srv.h"
 #include "util.h"
 

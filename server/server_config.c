@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 
 #include "dram_options.h"
+#include "fdpass.h"
 #include "options.h"
 #include "proto.h"
 #include "server_config.h"
