@@ -46,6 +46,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "inbuf.h"
 #include "lookup_int.h"
 #include "proto.h"
 #include "util.h"

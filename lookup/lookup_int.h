@@ -8,7 +8,7 @@
  *   lookup_options.c  the client's option table
  *
  * The service and the client speak the lookup role of the standalone
- * protocol (backends/shm/proto.h): HELLO / HELLO_OK, then LOOKUP / LOOKUP_R
+ * protocol (net/proto.h): HELLO / HELLO_OK, then LOOKUP / LOOKUP_R
  * (and PING, STATS), with the codec's encoders and decoders.
  */
 #ifndef UMBP_LOOKUP_INT_H

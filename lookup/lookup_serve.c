@@ -5,7 +5,7 @@
  *
  * Setting up (umbp_lookup_serve, caller's thread): the directory, then the
  * path.  One service per path: it holds flock(LOCK_EX) on "<path>.lock" for
- * its lifetime, so two engines starting at once cannot both take a path; a
+ * its lifetime (net/lockfile.c, shared with umbp-server), so two engines starting at once cannot both take a path; a
  * socket file at the path that nobody holds the lock for, and that refuses a
  * connect(), is a dead engine's and is replaced; one that accepts is a live
  * engine's (never taken over: -EADDRINUSE naming lookup_instance); a file
@@ -39,12 +39,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "inbuf.h"
+#include "lockfile.h"
 #include "lookup_int.h"
 #include "proto.h"
 #include "rt.h"
@@ -507,8 +508,7 @@ static void release_files(struct lookup_service *s)
             unlink(s->path);
     }
     if (s->lock_fd >= 0) {
-        unlink(s->lock_path); /* while still locked: see lock_take */
-        close(s->lock_fd);
+        net_lock_release(s->lock_path, s->lock_fd);
         s->lock_fd = -1;
     }
 }
@@ -549,16 +549,6 @@ void lookup_service_free(struct umbp_runtime *rt)
 
 /* ---- setting up (caller's thread) ------------------------------------------------------ */
 
-/* The file we locked is still the one at lock_path: a stopping service
- * unlinks its lock file, and a lock on the unlinked inode would not keep
- * out the next service that creates a new one. */
-static bool lock_is_current(const struct lookup_service *s, int fd)
-{
-    struct stat a, b;
-    return fstat(fd, &a) == 0 && stat(s->lock_path, &b) == 0 && a.st_dev == b.st_dev &&
-           a.st_ino == b.st_ino;
-}
-
 static int busy(const struct lookup_service *s, const char *who, char *err, size_t errlen)
 {
     snprintf(err, errlen, "lookup socket %s is served by another live engine%s; a live socket "
@@ -567,39 +557,33 @@ static int busy(const struct lookup_service *s, const char *who, char *err, size
     return -EADDRINUSE;
 }
 
+/* The lock file itself is net/lockfile.c; the words are ours. */
 static int lock_take(struct lookup_service *s, char *err, size_t errlen)
 {
-    for (int attempt = 0; attempt < 8; attempt++) {
-        int fd = open(s->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0) {
-            int e = errno;
-            snprintf(err, errlen, "lookup socket lock %s: cannot open it (%s)", s->lock_path,
-                     strerror(e));
-            return -e;
-        }
-        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-            int e = errno;
-            char who[48] = "", buf[24] = "";
-            ssize_t n = e == EWOULDBLOCK ? pread(fd, buf, sizeof(buf) - 1, 0) : 0;
-            if (n > 0)
-                snprintf(who, sizeof(who), " (pid %ld)", strtol(buf, NULL, 10));
-            close(fd);
-            if (e == EWOULDBLOCK)
-                return busy(s, who, err, errlen);
-            snprintf(err, errlen, "lookup socket lock %s: flock: %s", s->lock_path,
-                     strerror(e));
-            return -e;
-        }
-        if (lock_is_current(s, fd)) {
-            char pid[24];
-            int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
-            if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) != n)
-                umbp_log(UMBP_LOG_WARN, "lookup socket lock %s: cannot record the pid (%s)",
-                         s->lock_path, strerror(errno));
-            s->lock_fd = fd;
-            return 0;
-        }
-        close(fd);
+    struct net_lock_result r;
+    char who[48] = "";
+    net_lock_take(s->lock_path, &r);
+    switch (r.outcome) {
+    case NET_LOCK_TAKEN:
+        if (r.pid_failed)
+            umbp_log(UMBP_LOG_WARN, "lookup socket lock %s: cannot record the pid (%s)",
+                     s->lock_path, strerror(r.pid_errno));
+        s->lock_fd = r.fd;
+        return 0;
+    case NET_LOCK_OPEN_FAILED:
+        snprintf(err, errlen, "lookup socket lock %s: cannot open it (%s)", s->lock_path,
+                 strerror(r.err));
+        return -r.err;
+    case NET_LOCK_HELD:
+        if (r.holder_known)
+            snprintf(who, sizeof(who), " (pid %ld)", r.holder_pid);
+        return busy(s, who, err, errlen);
+    case NET_LOCK_FLOCK_FAILED:
+        snprintf(err, errlen, "lookup socket lock %s: flock: %s", s->lock_path,
+                 strerror(r.err));
+        return -r.err;
+    case NET_LOCK_REPLACED:
+        break;
     }
     snprintf(err, errlen, "lookup socket lock %s keeps being replaced; is another engine "
              "starting and stopping on this path?", s->lock_path);

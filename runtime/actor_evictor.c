@@ -79,5 +79,3 @@ void evictor_init(struct umbp_runtime *rt)
 {
     rt->evict_kick.type = MSG_EVICT_KICK;
 }
-
-void evictor_stop(struct umbp_runtime *rt) { (void)rt; }

@@ -1,7 +1,8 @@
 /*
- * actor_lease.c - the lease actor: ends read leases past their TTL.
+ * actor_lease.c - the lease sweep: ends read leases past their TTL.
  *
- * Loop thread only.  A periodic timer (a tenth of lease_ttl_ms, between 5 ms
+ * Not a mailbox actor (nothing posts to it): loop thread only.  A periodic
+ * timer (a tenth of lease_ttl_ms, between 5 ms
  * and 1 s) asks the tier to expire old leases, so a reader that died or
  * stalled cannot pin memory forever; its late release is then validated by
  * the tier (UMBP_E_STALE if the region was reused).  Expired leases make
@@ -10,22 +11,13 @@
 #include "rt.h"
 #include "tier_call.h"
 
-static void lease_sweep(struct umbp_runtime *rt)
+static void lease_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
+    struct umbp_runtime *rt = w->data;
+
     tier_expire_leases(rt->tier, umbp_now_ns());
     if (rt->space_waiters_head)
         evictor_kick(rt);
-}
-
-static void lease_on_timer(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    lease_sweep(w->data);
-}
-
-void lease_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m)
-{
-    atomic_store(&rt->lease_sweep_queued, false);
-    lease_sweep(rt);
 }
 
 int lease_actor_init(struct umbp_runtime *rt)
@@ -38,7 +30,6 @@ int lease_actor_init(struct umbp_runtime *rt)
     ev_timer_init(&rt->lease_timer, lease_on_timer, period, period);
     rt->lease_timer.data = rt;
     ev_timer_start(rt->loop, &rt->lease_timer);
-    rt->lease_sweep.type = MSG_LEASE_SWEEP;
     return 0;
 }
 

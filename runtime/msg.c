@@ -21,6 +21,6 @@ enum actor_id msg_actor(enum msg_type t) { return msg_actors[t]; }
 
 const char *actor_name(enum actor_id a)
 {
-    static const char *const names[] = {"lookup", "store", "load", "evictor", "lease"};
+    static const char *const names[] = {"lookup", "store", "load", "evictor"};
     return a < ACTOR_COUNT ? names[a] : "?";
 }

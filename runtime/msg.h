@@ -23,15 +23,13 @@
     X(STATS, LOOKUP)       /* caller -> lookup: counters snapshot */       \
     X(CLEAR, LOOKUP)       /* caller -> lookup: remove everything */       \
     X(LOOKUP_SERVE, LOOKUP) /* caller -> lookup: start the lookup service */ \
-    X(EVICT_KICK, EVICTOR) /* store/lookup -> evictor: check watermarks */ \
-    X(LEASE_SWEEP, LEASE)  /* any -> lease: expire leases now */
+    X(EVICT_KICK, EVICTOR) /* store/lookup -> evictor: check watermarks */
 
 enum actor_id {
     ACTOR_LOOKUP,
     ACTOR_STORE,
     ACTOR_LOAD,
     ACTOR_EVICTOR,
-    ACTOR_LEASE,
     ACTOR_COUNT
 };
 

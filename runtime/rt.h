@@ -5,8 +5,8 @@
  *  - caller threads (the engine's) validate arguments, take an op from the
  *    free list, fill it and post it to an actor's mailbox; they wait on the
  *    op's futex word.  They touch only the op they hold and atomics.
- *  - the loop thread runs libev and the five actors (lookup, store, load,
- *    evictor, lease).  It owns the tiers, the actors' lists and timers and
+ *  - the loop thread runs libev and the actors (lookup, store, load and
+ *    evictor, each with a mailbox; lease, a timer).  It owns the tiers, the actors' lists and timers and
  *    every op between its arrival in a mailbox and its completion, except
  *    while the op's bytes are being copied.
  *  - copy workers run memcpy jobs for put and get ops; while an op has jobs
@@ -319,7 +319,6 @@ struct umbp_runtime {
     const struct umbp_core_config *core;
     struct umbp_tier *tier;      /* the composition's first tier */
     const char *tier_name;
-    double high_watermark, low_watermark;
 
     struct ev_loop *loop;
     pthread_t loop_thread;
@@ -372,10 +371,8 @@ struct umbp_runtime {
     ev_idle evict_idle;
     uint64_t space_wanted;     /* bytes waiting puts need */
     uint64_t space_wanted_run; /* the largest single key among them */
-    /* lease actor */
+    /* lease sweep (a timer, no mailbox) */
     ev_timer lease_timer;
-    struct msg_hdr lease_sweep;
-    _Atomic bool lease_sweep_queued;
     /* ops whose bytes the copy workers move, for their deadlines */
     struct umbp_op *copying_head;
     ev_timer copy_timer;
@@ -388,7 +385,6 @@ void store_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m);
 void load_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m);
 void lookup_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m);
 void evictor_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m);
-void lease_actor_handle(struct umbp_runtime *rt, struct msg_hdr *m);
 int store_actor_init(struct umbp_runtime *rt);
 void store_actor_stop(struct umbp_runtime *rt); /* fail waiters */
 bool store_actor_idle(struct umbp_runtime *rt);
@@ -399,7 +395,6 @@ void evictor_kick(struct umbp_runtime *rt);
  * now; returns bytes freed, *more if it stopped on max_objects. */
 uint64_t evictor_make_room(struct umbp_runtime *rt, size_t max_objects, bool *more);
 void evictor_init(struct umbp_runtime *rt);
-void evictor_stop(struct umbp_runtime *rt);
 void tier_space_freed(void *ctx);
 void tier_emit_event(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
 void tier_events_lost(void *ctx, uint64_t n);

@@ -92,7 +92,6 @@ static const mailbox_handler handlers[ACTOR_COUNT] = {
     [ACTOR_STORE] = store_actor_handle,
     [ACTOR_LOAD] = load_actor_handle,
     [ACTOR_EVICTOR] = evictor_actor_handle,
-    [ACTOR_LEASE] = lease_actor_handle,
 };
 
 static int create_tier(struct umbp_runtime *rt)

@@ -7,7 +7,8 @@
  *    (the group may, with socket_group): otherwise someone else could
  *    replace the socket under the clients, and the server refuses to start.
  *  - One server per socket path: the server holds flock(LOCK_EX) on
- *    "<socket>.lock" for its lifetime (the file holds its pid), so a second
+ *    "<socket>.lock" for its lifetime (the file holds its pid; the lock
+ *    file is net/lockfile.c, shared with the lookup service), so a second
  *    server fails naming the live one, while a socket file nobody holds the
  *    lock for (a server that was killed) is stale and simply replaced.
  *  - The socket is 0600 (0660 with socket_group), and every connection is
@@ -23,12 +24,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "inbuf.h"
+#include "lockfile.h"
 #include "srv.h"
 #include "util.h"
 
@@ -102,59 +104,32 @@ static int dir_open(struct umbp_server *s, char *err, size_t errlen)
 
 /* ---- the lock ------------------------------------------------------------------- */
 
-static long lock_holder_pid(int fd)
-{
-    char buf[32] = "";
-    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    return strtol(buf, NULL, 10);
-}
-
-/* The file we locked is still the one at lock_path: a stopping server
- * unlinks its lock file, and a lock on the unlinked inode would not keep
- * out the next server that creates a new one. */
-static bool lock_is_current(const struct umbp_server *s, int fd)
-{
-    struct stat a, b;
-    return fstat(fd, &a) == 0 && stat(s->lock_path, &b) == 0 && a.st_dev == b.st_dev &&
-           a.st_ino == b.st_ino;
-}
-
+/* The lock file itself is net/lockfile.c; the words are ours. */
 static int lock_take(struct umbp_server *s, char *err, size_t errlen)
 {
-    for (int attempt = 0; attempt < 8; attempt++) {
-        int fd = open(s->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-        if (fd < 0) {
-            int e = errno;
-            snprintf(err, errlen, "socket lock %s: cannot open it (%s); remove it, or check "
-                     "socket_dir", s->lock_path, strerror(e));
-            return -e;
-        }
-        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-            int e = errno;
-            long pid = e == EWOULDBLOCK ? lock_holder_pid(fd) : -1;
-            close(fd);
-            if (e == EWOULDBLOCK)
-                snprintf(err, errlen, "socket %s is served by a live umbp-server (pid %ld); "
-                         "give this one another lookup_instance or dp_rank", s->sock_path,
-                         pid);
-            else
-                snprintf(err, errlen, "socket lock %s: flock: %s", s->lock_path,
-                         strerror(e));
-            return e == EWOULDBLOCK ? -EADDRINUSE : -e;
-        }
-        if (lock_is_current(s, fd)) {
-            char pid[32];
-            int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
-            if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) != n)
-                umbp_log(UMBP_LOG_WARN, "socket lock %s: cannot record the pid (%s)",
-                         s->lock_path, strerror(errno));
-            s->lock_fd = fd;
-            return 0;
-        }
-        close(fd);
+    struct net_lock_result r;
+    net_lock_take(s->lock_path, &r);
+    switch (r.outcome) {
+    case NET_LOCK_TAKEN:
+        if (r.pid_failed)
+            umbp_log(UMBP_LOG_WARN, "socket lock %s: cannot record the pid (%s)",
+                     s->lock_path, strerror(r.pid_errno));
+        s->lock_fd = r.fd;
+        return 0;
+    case NET_LOCK_OPEN_FAILED:
+        snprintf(err, errlen, "socket lock %s: cannot open it (%s); remove it, or check "
+                 "socket_dir", s->lock_path, strerror(r.err));
+        return -r.err;
+    case NET_LOCK_HELD:
+        snprintf(err, errlen, "socket %s is served by a live umbp-server (pid %ld); "
+                 "give this one another lookup_instance or dp_rank", s->sock_path,
+                 r.holder_known ? r.holder_pid : -1L);
+        return -EADDRINUSE;
+    case NET_LOCK_FLOCK_FAILED:
+        snprintf(err, errlen, "socket lock %s: flock: %s", s->lock_path, strerror(r.err));
+        return -r.err;
+    case NET_LOCK_REPLACED:
+        break;
     }
     snprintf(err, errlen, "socket lock %s keeps being replaced; is another umbp-server "
              "starting and stopping on this socket?", s->lock_path);
@@ -260,8 +235,7 @@ void srv_listen_close(struct umbp_server *s, bool release_lock)
         s->socket_created = false;
     }
     if (release_lock && s->lock_fd >= 0) {
-        unlink(s->lock_path); /* while still locked: see lock_is_current */
-        close(s->lock_fd);
+        net_lock_release(s->lock_path, s->lock_fd);
         s->lock_fd = -1;
     }
 }

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "fdpass.h"
 #include "metrics.h"
 #include "srv.h"
 #include "util.h"

@@ -21,7 +21,7 @@
  * orphaned, never freed: their writers may still be copying), the socket
  * and its lock file go, the pool is unmapped.  A named pool (dram_shm_name)
  * stays in /dev/shm with its journal, and the next server on it adopts
- * every published object (backends/dram/journal.h) and holds the region of
+ * every published object (store/journal.h) and holds the region of
  * every put left unfinished until its writer's declared deadline (the
  * record's hold time; adopt_grace_ms for records without one).
  *
@@ -38,7 +38,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "dram.h"
+#include "dram_options.h"
 #include "metrics.h"
 #include "options.h"
 #include "server.h"

@@ -1,7 +1,7 @@
 /*
  * server.h - umbp-server as a library: the standalone-mode daemon that owns
  * one host's shared-memory pool and serves every engine process on the host
- * over a Unix socket (the protocol of backends/shm/proto.h).  The program
+ * over a Unix socket (the protocol of net/proto.h).  The program
  * tools/umbp_server.c is a thin main over these four calls.
  *
  * Threads: create, run and destroy on one thread; run is the server's loop

@@ -15,7 +15,8 @@
 #include <string.h>
 #include <arpa/inet.h>
 
-#include "dram.h"
+#include "dram_options.h"
+#include "fdpass.h"
 #include "options.h"
 #include "proto.h"
 #include "server_config.h"

@@ -38,6 +38,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "inbuf.h"
 #include "srv.h"
 #include "util.h"
 

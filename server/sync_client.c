@@ -13,6 +13,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "fdpass.h"
+#include "inbuf.h"
 #include "sync_client.h"
 
 #define IN_INITIAL (64u << 10)

@@ -22,10 +22,12 @@
 #include <string.h>
 
 #include "umbp/tier.h"
-#include "dram.h"
+#include "dram_config.h"
+#include "dram_options.h"
 #include "store.h"
 
-#include "dram_config.h"
+/* also declared by the generated registry (tier_registry.c) */
+extern const struct umbp_tier_ops umbp_tier_dram_ops;
 
 struct dram_tier {
     struct umbp_tier base;

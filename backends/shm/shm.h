@@ -38,6 +38,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "fdpass.h"
+#include "inbuf.h"
 #include "proto.h"
 #include "shm_config.h"
 #include "umbp/tier.h"

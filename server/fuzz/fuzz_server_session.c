@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fdpass.h"
 #include "server.h"
 #include "srv.h"
 

@@ -1,7 +1,7 @@
 /*
  * fuzz_journal_adopt.c - libFuzzer target of the one decoder of bytes that
  * another process wrote and this one trusts at start: a named pool's
- * journal (/dev/shm/<name>.meta, backends/dram/journal.h), which a restarted
+ * journal (/dev/shm/<name>.meta, store/journal.h), which a restarted
  * umbp-server adopts.  The input is the journal's slot area (64-byte slots
  * after the 4 KiB header) and, when its first byte is odd, also the
  * header's bytes; the pool file exists and has the right size.

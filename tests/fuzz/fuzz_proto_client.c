@@ -8,8 +8,8 @@
  * client learns it) or else the input's first 8 bytes, and the sizes at and
  * around the item's own end.
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Ibackends/shm \
- *       tests/fuzz/fuzz_proto_client.c backends/shm/proto.c -o fuzz_proto_client
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Inet \
+ *       tests/fuzz/fuzz_proto_client.c net/proto.c -o fuzz_proto_client
  *   ./fuzz_proto_client tests/fuzz/corpus/client
  */
 #include "fuzz_common.h"

@@ -4,8 +4,8 @@
  * frame, every accessor of every record called, every valid frame re-encoded
  * and compared byte for byte (the properties are in fuzz_common.h).
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Ibackends/shm \
- *       tests/fuzz/fuzz_proto_server.c backends/shm/proto.c -o fuzz_proto_server
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Inet \
+ *       tests/fuzz/fuzz_proto_server.c net/proto.c -o fuzz_proto_server
  *   ./fuzz_proto_server tests/fuzz/corpus/server
  */
 #include "fuzz_common.h"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make_corpus.py - seed corpora for the proto fuzzers: valid frames of every type.
 
-Written from the layouts in backends/shm/proto.h with Python's struct module,
+Written from the layouts in net/proto.h with Python's struct module,
 not through proto.c, so the seeds are also an independent statement of the
 wire format (the fuzzers reject nothing here: tests/unit/test_shm_proto.c
 parses every seed).  Writes tests/fuzz/corpus/server/ (frames a client sends)

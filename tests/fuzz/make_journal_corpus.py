@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Seeds of fuzz_journal_adopt: journal slot areas written from the layout in
-backends/dram/journal.h (64-byte slots: u32 state, u32 pad, u64 offset,
+store/journal.h (64-byte slots: u32 state, u32 pad, u64 offset,
 u64 size, u64 oid, 32-byte key), independently of journal.c.  The first byte
 of each seed is the fuzzer's switch: odd = the next 48 bytes replace the
 header.  Run from the repository root."""

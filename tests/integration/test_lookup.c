@@ -38,6 +38,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fdpass.h"
 #include "proto.h"
 #include "server_fixture.h"
 #include "test_util.h"

@@ -1,5 +1,6 @@
 /*
- * test_shm_proto.c - the wire codec of backends/shm/proto.c.
+ * test_shm_proto.c - the wire codec of net/proto.c (and net/fdpass.c,
+ * net/inbuf.c: fd passing and input buffers).
  *
  * Every message type has a sample (a frame built with proto_put_* from
  * fixed, distinctive values) and a check that parses it back and compares
@@ -11,8 +12,9 @@
  * that err names.  The socket tests pass a real file over a socketpair.
  *
  * Built by hand while the shm tier is not registered (from the repo root):
- *   gcc -std=gnu11 -Wall -Wextra -Iinclude -Ibackends/shm -Itests/common \
- *       tests/unit/test_shm_proto.c backends/shm/proto.c -lcriterion -o t && ./t
+ *   gcc -std=gnu11 -Wall -Wextra -Iinclude -Inet -Itests/common \
+ *       tests/unit/test_shm_proto.c net/proto.c net/fdpass.c net/inbuf.c \
+ *       -lcriterion -o t && ./t
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -27,6 +29,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "fdpass.h"
+#include "inbuf.h"
 #include "proto.h"
 #include "test_util.h"
 #include "umbp/tier.h"

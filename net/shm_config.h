@@ -3,7 +3,8 @@
  * tier and umbp-server (which reads the same config as its clients: both
  * must agree on where the socket is).  The table is shm_options[] in
  * shm_config.c; names are unique across every table (common/options.c
- * refuses duplicates).  Caller's thread at creation.
+ * refuses duplicates).  In net/, not in the shm tier, because the server
+ * reads it without linking any tier.  Caller's thread at creation.
  */
 #ifndef UMBP_SHM_CONFIG_H
 #define UMBP_SHM_CONFIG_H

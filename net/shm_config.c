@@ -1,5 +1,6 @@
 /*
- * shm_config.c - standalone mode's shared option table (see shm_config.h).
+ * shm_config.c - standalone mode's shared option table (see shm_config.h):
+ * the shm tier's options, which umbp-server reads too.
  */
 #include <errno.h>
 #include <stdio.h>

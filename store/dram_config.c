@@ -9,8 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dram.h"
 #include "dram_config.h"
+#include "dram_options.h"
 #include "store.h"
 
 #define CFG(field) offsetof(struct dram_config, field)

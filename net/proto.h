@@ -41,10 +41,14 @@
  * name of the offending field into err ("RESERVE.n", "frame.flags"); the
  * server logs it and disconnects that client only.
  *
+ * This header is the codec only (bytes in, bytes out); the socket's
+ * particulars are fdpass.h (socket path, SCM_RIGHTS) and inbuf.h (a
+ * stream's input buffers and output drain).
+ *
  * Threads: stateless functions; any thread.
  */
-#ifndef UMBP_SHM_PROTO_H
-#define UMBP_SHM_PROTO_H
+#ifndef UMBP_NET_PROTO_H
+#define UMBP_NET_PROTO_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -333,45 +337,4 @@ int proto_put_error_frame(struct proto_buf *b, uint16_t type, uint64_t seq, int3
 
 const char *proto_type_name(uint16_t type); /* "RESERVE", or "?" */
 
-/* ---- the socket ------------------------------------------------------------------- */
-
-/* The socket path of a server: <dir>/umbp-dp<dp_index>[-<instance>].sock.
- * -ENAMETOOLONG if it does not fit sun_path (err says so, naming the
- * options socket_dir and lookup_instance). */
-int proto_socket_path(const char *dir, unsigned dp_index, const char *instance, char *out,
-                      size_t outlen, char *err, size_t errlen);
-
-/* sendmsg of a whole buffer with one fd attached to its first byte
- * (SCM_RIGHTS; fd < 0: none); blocking socket; never raises SIGPIPE.  0 or
- * -errno (-EPIPE: the peer is gone); after an error part of buf may have
- * been sent, so the stream is unusable. */
-int proto_send_with_fd(int sock, const void *buf, size_t len, int fd);
-/* recvmsg of up to len bytes; an attached fd (if any) is stored in *fd,
- * close-on-exec (else -1; more than one fd, or fds the kernel had to cut:
- * every one closed, -EPROTO, and the bytes read are lost with them, so drop
- * the connection).  Returns bytes read, 0 on EOF, or -errno (-EAGAIN on a
- * non-blocking socket; -EINVAL for len 0). */
-long proto_recv_with_fd(int sock, void *buf, size_t len, int *fd);
-
-/* Sends b's bytes [*off, b->len) on a non-blocking socket, advancing *off,
- * until they are all sent or the socket would block (then *off < b->len).
- * 0, or -errno when the peer is gone (-EPIPE for a zero-length send). */
-int proto_out_send(int sock, const struct proto_buf *b, size_t *off);
-
-/* ---- input buffers ----------------------------------------------------------- */
-
-/* The two shapes every reader of frames keeps its input in.
- *
- * proto_in_room (a peer that reads whole frames into [0, *len), parses from
- * 0 and moves the rest down): a full buffer doubles, up to one largest frame
- * (the parser's len check guarantees that is enough); an empty one that grew
- * shrinks back to `initial`.  -ENOBUFS when full at the largest frame,
- * -ENOMEM when it cannot grow and is full.
- *
- * proto_in_reserve (a peer that parses at *off): drops what was parsed,
- * then makes room for at least `chunk` more bytes (compacting first,
- * doubling after).  -ENOMEM. */
-int proto_in_room(uint8_t **buf, size_t len, size_t *cap, size_t initial);
-int proto_in_reserve(uint8_t **buf, size_t *off, size_t *len, size_t *cap, size_t chunk);
-
-#endif /* UMBP_SHM_PROTO_H */
+#endif /* UMBP_NET_PROTO_H */
