@@ -66,7 +66,7 @@ const struct umbp_option umbp_core_options[] = {
     {"gpu_max_ctas", UMBP_OPT_INT, OFF(gpu_max_ctas), "8", 1, 1024, 0, NULL,
      "thread blocks (at most one SM each) a KV copy kernel may occupy"},
     {"gpu_staging_bytes", UMBP_OPT_SIZE, OFF(gpu_staging_bytes), "64MiB", 1 << 20, 16.0 * (1ull << 30), 0,
-     NULL, "device staging buffer of the staged copy method"},
+     NULL, "device staging buffer of the staged copy method, half for stores and half for restores"},
     {"gpu_store_slice_blocks", UMBP_OPT_INT, OFF(gpu_store_slice_blocks), "128", 0, 1 << 24, 0, NULL,
      "umbp_kv_store batches larger than this run as slices that overlap reservation "
      "and publish with copying (0: never split)"},

@@ -133,6 +133,9 @@ def child(args):
             "gpu_warm_transfers": args.warm, "log_level": "warn"}
     if args.mode == "standalone":
         opts.update(mode="standalone", socket_dir=args.socket_dir)
+    for kv_ in args.opt or []:
+        k_, _, v_ = kv_.partition("=")
+        opts[k_] = v_
     t = time.perf_counter()
     rt = umbp.Runtime(opts)
     kv = rt.register_kv_caches(caches, layout="flash_attn")
@@ -212,8 +215,12 @@ def child(args):
         k2 = fresh_keys()
         torch.cuda.synchronize()
         t = time.perf_counter()
-        j1 = rt.load_blocks(kv, keys, B)
-        j2 = rt.store_blocks(kv, k2, C)
+        if args.store_first:
+            j2 = rt.store_blocks(kv, k2, C)
+            j1 = rt.load_blocks(kv, keys, B)
+        else:
+            j1 = rt.load_blocks(kv, keys, B)
+            j2 = rt.store_blocks(kv, k2, C)
         d1 = d2 = None
         while d1 is None or d2 is None:  # when each one ends
             if d1 is None and j1.done:
@@ -347,6 +354,10 @@ def run_case(args, mode, warm, decode_too):
         cmd += ["--socket-dir", tmp]
     if decode_too:
         cmd.append("--decode")
+    if args.store_first:
+        cmd.append("--store-first")
+    for o in args.opt or []:
+        cmd += ["--opt", o]
     try:
         r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
     finally:
@@ -411,6 +422,8 @@ def main():
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--ab", action="store_true")
+    ap.add_argument("--store-first", action="store_true", help="both ways: submit the store first")
+    ap.add_argument("--opt", action="append", metavar="NAME=VALUE", help="a runtime option (repeatable)")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--warm", type=int, default=16, help=argparse.SUPPRESS)

@@ -134,7 +134,8 @@ typedef struct umbp_gpu_config {
     uint32_t vec_per_lane;    /* 16-byte loads in flight per thread: 4, 8 or 16;
                                  0 = default (8) */
     uint64_t staging_bytes;   /* device staging buffer of the STAGED method,
-                                 split into 4 slots; 0 = default (64 MiB);
+                                 split into 4 slots per direction (stores,
+                                 restores); 0 = default (64 MiB);
                                  allocated only if a method is AUTO or STAGED
                                  at creation (else STAGED acts as KERNEL) */
     uint32_t max_inflight;    /* transfers in flight at once; 0 = default (64) */
