@@ -20,20 +20,7 @@
 #include <unistd.h>
 
 #include "fdpass.h"
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || !errlen)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+#include "seterr.h"
 
 /* ---- the socket path ------------------------------------------------------------ */
 
@@ -55,12 +42,12 @@ int proto_socket_path(const char *dir, unsigned dp_index, const char *instance, 
     int n;
 
     if (!dir || !dir[0]) {
-        seterr(err, errlen, "socket_dir is empty; set it to the directory of the server's "
+        net_seterr(err, errlen, "socket_dir is empty; set it to the directory of the server's "
                "socket, e.g. /run/umbp");
         return -EINVAL;
     }
     if (inst && !instance_valid(instance)) {
-        seterr(err, errlen, "lookup_instance=%s: only letters, digits, '.', '_' and '-' "
+        net_seterr(err, errlen, "lookup_instance=%s: only letters, digits, '.', '_' and '-' "
                "may appear (it becomes part of the socket's file name)", instance);
         return -EINVAL;
     }
@@ -68,13 +55,13 @@ int proto_socket_path(const char *dir, unsigned dp_index, const char *instance, 
     n = snprintf(path, sizeof(path), "%s%sumbp-dp%u%s%s.sock", dir, sep, dp_index,
                  inst ? "-" : "", inst ? instance : "");
     if (n < 0 || (size_t)n >= sizeof(path)) {
-        seterr(err, errlen, "socket path %s%sumbp-dp%u%s%s.sock: %d bytes, over the %zu a "
+        net_seterr(err, errlen, "socket path %s%sumbp-dp%u%s%s.sock: %d bytes, over the %zu a "
                "Unix socket address holds; shorten socket_dir or lookup_instance", dir,
                sep, dp_index, inst ? "-" : "", inst ? instance : "", n, sizeof(path) - 1);
         return -ENAMETOOLONG;
     }
     if ((size_t)n >= outlen) {
-        seterr(err, errlen, "socket path %s: %d bytes, the output buffer holds %zu", path,
+        net_seterr(err, errlen, "socket path %s: %d bytes, the output buffer holds %zu", path,
                n, outlen ? outlen - 1 : 0);
         return -ENAMETOOLONG;
     }

@@ -28,6 +28,7 @@
 
 #include "umbp/tier.h"
 #include "proto.h"
+#include "seterr.h"
 
 /* ---- little-endian bytes ------------------------------------------------- */
 
@@ -144,20 +145,6 @@ static inline void wr_string(struct wr *w, const char *s, size_t cap)
     memcpy(w->p, s, n);
     memset(w->p + n, 0, cap - n);
     w->p += cap;
-}
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || !errlen)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
 }
 
 /* ---- the type table ------------------------------------------------------- */
@@ -281,24 +268,24 @@ static int check_arg(const struct type_info *t, uint32_t arg, char *err, size_t 
     case ARG_ZERO:
         if (arg == 0)
             return 0;
-        seterr(err, errlen, "%s.arg: must be 0, got %u", t->name, arg);
+        net_seterr(err, errlen, "%s.arg: must be 0, got %u", t->name, arg);
         return -EPROTO;
     case ARG_LOOKUP:
         if (!(arg & ~PROTO_LOOKUP_TOUCH))
             return 0;
-        seterr(err, errlen,
+        net_seterr(err, errlen,
                "%s.arg: unknown flag bits 0x%x (known: PROTO_LOOKUP_TOUCH = 0x%x)", t->name,
                arg & ~PROTO_LOOKUP_TOUCH, PROTO_LOOKUP_TOUCH);
         return -EPROTO;
     case ARG_TTL:
         if (arg > 0)
             return 0;
-        seterr(err, errlen, "%s.arg: lease ttl must be > 0 ms, got 0", t->name);
+        net_seterr(err, errlen, "%s.arg: lease ttl must be > 0 ms, got 0", t->name);
         return -EPROTO;
     case ARG_WRITE:
         if (arg <= PROTO_WRITE_DEADLINE_MAX_MS)
             return 0;
-        seterr(err, errlen, "%s.arg: write deadline %u ms exceeds %u", t->name, arg,
+        net_seterr(err, errlen, "%s.arg: write deadline %u ms exceeds %u", t->name, arg,
                PROTO_WRITE_DEADLINE_MAX_MS);
         return -EPROTO;
     case ARG_ANY:
@@ -317,30 +304,30 @@ static int check_header(const uint8_t *h, bool from_server, const struct type_in
     const struct type_info *t = type_info(type);
 
     if (flags) {
-        seterr(err, errlen, "frame.flags: must be 0, got %u", flags);
+        net_seterr(err, errlen, "frame.flags: must be 0, got %u", flags);
         return -EPROTO;
     }
     if (len > PROTO_MAX_BODY) {
-        seterr(err, errlen, "frame.len: %u bytes exceed PROTO_MAX_BODY (%u)", len,
+        net_seterr(err, errlen, "frame.len: %u bytes exceed PROTO_MAX_BODY (%u)", len,
                PROTO_MAX_BODY);
         return -EMSGSIZE;
     }
     if (!t) {
-        seterr(err, errlen, "frame.type: unknown type %u", type);
+        net_seterr(err, errlen, "frame.type: unknown type %u", type);
         return -EPROTO;
     }
     if (t->from_server != from_server) {
-        seterr(err, errlen, "frame.type: %s is a %s frame; the %s may not send it", t->name,
+        net_seterr(err, errlen, "frame.type: %s is a %s frame; the %s may not send it", t->name,
                t->from_server ? "server" : "client", from_server ? "server" : "client");
         return -EPROTO;
     }
     if (len < PROTO_BODY_HDR_SIZE) {
-        seterr(err, errlen, "%s.len: %u bytes, shorter than the %d-byte body header",
+        net_seterr(err, errlen, "%s.len: %u bytes, shorter than the %d-byte body header",
                t->name, len, PROTO_BODY_HDR_SIZE);
         return -EPROTO;
     }
     if (t->unsolicited && seq) {
-        seterr(err, errlen, "%s.seq: an unsolicited frame carries seq 0, got %llu", t->name,
+        net_seterr(err, errlen, "%s.seq: an unsolicited frame carries seq 0, got %llu", t->name,
                (unsigned long long)seq);
         return -EPROTO;
     }
@@ -354,17 +341,17 @@ static int check_body(const struct type_info *t, uint32_t len, uint32_t n, uint3
                       char *err, size_t errlen)
 {
     if (t->max_records == 1 && n != 1) {
-        seterr(err, errlen, "%s.n: must be 1, got %u", t->name, n);
+        net_seterr(err, errlen, "%s.n: must be 1, got %u", t->name, n);
         return -EPROTO;
     }
     if (n > t->max_records) {
-        seterr(err, errlen, "%s.n: %u records exceed %u", t->name, n, t->max_records);
+        net_seterr(err, errlen, "%s.n: %u records exceed %u", t->name, n, t->max_records);
         return -EPROTO;
     }
     if (check_arg(t, arg, err, errlen))
         return -EPROTO;
     if ((uint64_t)PROTO_BODY_HDR_SIZE + (uint64_t)n * t->rec_size != len) {
-        seterr(err, errlen, "%s.len: %d + %u*%u != %u", t->name, PROTO_BODY_HDR_SIZE, n,
+        net_seterr(err, errlen, "%s.len: %d + %u*%u != %u", t->name, PROTO_BODY_HDR_SIZE, n,
                t->rec_size, len);
         return -EPROTO;
     }
@@ -425,7 +412,7 @@ static int check_string(const char *what, const char *s, size_t cap, char *err,
 
     if (!why)
         return 0;
-    seterr(err, errlen, "%s: %s (%zu bytes)", what, why, cap);
+    net_seterr(err, errlen, "%s: %s (%zu bytes)", what, why, cap);
     return -EINVAL;
 }
 
@@ -439,23 +426,23 @@ static bool role_known(uint32_t role) { return role <= PROTO_ROLE_ADMIN; }
 static int check_hello_values(const struct proto_hello *h, char *err, size_t errlen)
 {
     if (h->magic != PROTO_MAGIC) {
-        seterr(err, errlen, "HELLO.magic: 0x%08x, not PROTO_MAGIC 0x%08x", h->magic,
+        net_seterr(err, errlen, "HELLO.magic: 0x%08x, not PROTO_MAGIC 0x%08x", h->magic,
                PROTO_MAGIC);
         return -EINVAL;
     }
     if (!role_known(h->role)) {
-        seterr(err, errlen, "HELLO.role: unknown role %u", h->role);
+        net_seterr(err, errlen, "HELLO.role: unknown role %u", h->role);
         return -EINVAL;
     }
     if ((h->role == PROTO_ROLE_WORKER) != (h->write_deadline_ms != 0) ||
         h->write_deadline_ms > PROTO_WRITE_DEADLINE_MAX_MS) {
-        seterr(err, errlen, "HELLO.arg: write deadline %u ms; a worker declares one in "
+        net_seterr(err, errlen, "HELLO.arg: write deadline %u ms; a worker declares one in "
                "1..%u ms (how long after a reservation it may still write into the pool), "
                "other roles 0", h->write_deadline_ms, PROTO_WRITE_DEADLINE_MAX_MS);
         return -EINVAL;
     }
     if (h->flags & ~PROTO_HELLO_EVENTS) {
-        seterr(err, errlen,
+        net_seterr(err, errlen,
                "HELLO.flags: unknown bits 0x%x (known: PROTO_HELLO_EVENTS = 0x%x)",
                h->flags & ~PROTO_HELLO_EVENTS, PROTO_HELLO_EVENTS);
         return -EINVAL;
@@ -468,7 +455,7 @@ static int check_hello(const struct proto_hello *h, char *err, size_t errlen)
     if (check_hello_values(h, err, errlen))
         return -EINVAL;
     if (h->pad) {
-        seterr(err, errlen, "HELLO.pad: must be 0, got %u", h->pad);
+        net_seterr(err, errlen, "HELLO.pad: must be 0, got %u", h->pad);
         return -EINVAL;
     }
     if (check_string("HELLO.engine_id", h->engine_id, PROTO_NAME_MAX, err, errlen))
@@ -677,7 +664,7 @@ static int record_err(const struct proto_frame *f, uint32_t i, enum rec_kind kin
 {
     if (record_at(f, i, kind, out) == 0)
         return 0;
-    seterr(err, errlen, "%s: not a %s frame with that record (%s, n = %u)", what, what,
+    net_seterr(err, errlen, "%s: not a %s frame with that record (%s, n = %u)", what, what,
            f ? proto_type_name(f->type) : "no frame", f ? f->n : 0);
     return -EINVAL;
 }
@@ -739,7 +726,7 @@ int proto_get_welcome(const struct proto_frame *f, struct proto_welcome *out, ch
         return -EINVAL;
     dec_welcome(p, &w);
     if (w.pad) {
-        seterr(err, errlen, "HELLO_OK.pad: must be 0, got %u", w.pad);
+        net_seterr(err, errlen, "HELLO_OK.pad: must be 0, got %u", w.pad);
         return -EINVAL;
     }
     *out = w;
@@ -848,17 +835,17 @@ static int check_region_ok(const struct proto_region_item *it, uint64_t want_siz
                            uint64_t pool_size, const char *type, char *err, size_t errlen)
 {
     if (want_size && it->size != want_size) {
-        seterr(err, errlen, "%s.size: %llu bytes, the request asked for %llu", type,
+        net_seterr(err, errlen, "%s.size: %llu bytes, the request asked for %llu", type,
                (unsigned long long)it->size, (unsigned long long)want_size);
         return -EPROTO;
     }
     if (it->size == 0) {
-        seterr(err, errlen, "%s.size: 0 for a granted region", type);
+        net_seterr(err, errlen, "%s.size: 0 for a granted region", type);
         return -EPROTO;
     }
     /* Written so that offset + size cannot overflow. */
     if (it->offset > pool_size || it->size > pool_size - it->offset) {
-        seterr(err, errlen, "%s.offset: [%llu, +%llu) is not inside the pool of %llu bytes",
+        net_seterr(err, errlen, "%s.offset: [%llu, +%llu) is not inside the pool of %llu bytes",
                type, (unsigned long long)it->offset, (unsigned long long)it->size,
                (unsigned long long)pool_size);
         return -EPROTO;
@@ -870,12 +857,12 @@ static int check_region_failed(const struct proto_region_item *it, bool is_reser
                                const char *type, char *err, size_t errlen)
 {
     if (it->status > 0 && !(is_reserve && it->status == UMBP_TIER_EXISTS)) {
-        seterr(err, errlen, "%s.status: %d is neither 0, %sa negative code", type,
+        net_seterr(err, errlen, "%s.status: %d is neither 0, %sa negative code", type,
                it->status, is_reserve ? "UMBP_TIER_EXISTS (1) nor " : "nor ");
         return -EPROTO;
     }
     if (it->offset || it->size || it->token) {
-        seterr(err, errlen, "%s.offset: status %d with offset %llu, size %llu, token %llu; "
+        net_seterr(err, errlen, "%s.offset: status %d with offset %llu, size %llu, token %llu; "
                "all must be 0", type, it->status, (unsigned long long)it->offset,
                (unsigned long long)it->size, (unsigned long long)it->token);
         return -EPROTO;
