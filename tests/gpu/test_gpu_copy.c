@@ -27,7 +27,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "gpu.h" /* private: device allocation and copies for the test */
+#include "engine.h" /* private: the transfers' tables, for the warm-up test */
+#include "gpu.h"    /* private: device allocation and copies for the test */
 #include "umbp/gpu.h"
 
 static int n_passed, n_failed;
@@ -793,6 +794,35 @@ out:
 
 /* ---- main --------------------------------------------------------------- */
 
+/* umbp_gpu_engine_warm sizes the tables of the transfers taken first (the
+ * head of the free list) and no others; 0 blocks or transfers does nothing;
+ * on a device it also launches the kernel and the first copies, which must
+ * succeed. */
+static void test_warm(umbp_gpu_backend_t b)
+{
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = b;
+    umbp_gpu_engine_t *eng = NULL;
+    int rc = umbp_gpu_engine_create(&cfg, &eng);
+    CHECK(rc == 0, "warm: engine: %s", umbp_gpu_strerror(rc));
+    if (rc < 0)
+        return;
+    CHECK(umbp_gpu_engine_warm(NULL, 1, 1) == -EINVAL, "warm: NULL engine");
+    CHECK(umbp_gpu_engine_warm(eng, 0, 4) == 0 && eng->free_list->cap == 0,
+          "warm: 0 blocks allocates nothing");
+    CHECK(umbp_gpu_engine_warm(eng, 3000, 0) == 0 && eng->free_list->cap == 0,
+          "warm: 0 transfers allocates nothing");
+    rc = umbp_gpu_engine_warm(eng, 3000, 4);
+    CHECK(rc == 0, "warm: %s", umbp_gpu_strerror(rc));
+    unsigned i = 0, sized = 0;
+    for (struct umbp_gpu_xfer *x = eng->free_list; x != NULL; x = x->next, i++)
+        sized += i < 4 ? x->cap >= 3000 && x->htab != NULL && x->dtab != NULL : x->cap != 0;
+    CHECK(sized == 4 && i == cfg.max_inflight,
+          "warm: the first 4 of %u transfers sized for 3000 blocks, no other (%u)", i, sized);
+    umbp_gpu_engine_destroy(eng);
+}
+
 static void run_backend(umbp_gpu_backend_t b, int big)
 {
     const umbp_gpu_method_t methods[] = {UMBP_GPU_METHOD_KERNEL, UMBP_GPU_METHOD_STAGED,
@@ -812,6 +842,7 @@ static void run_backend(umbp_gpu_backend_t b, int big)
         run_layout(b, &specs[7], UMBP_GPU_METHOD_KERNEL, big, shapes[t]);
     }
     test_events(b);
+    test_warm(b);
 
     /* AUTO: small stores zero-copy, the rest staged (host: always the
      * kernel, a memcpy). */
