@@ -78,6 +78,7 @@ static void fail_all(struct net_session *s, int rc)
     struct net_call *c = s->head;
     s->head = s->tail = NULL;
     s->orphans = 0;
+    s->call_deadline_ns = 0;
     while (c) {
         struct net_call *next = c->next;
         call_finish(c, rc); /* may push calls: they see the new state */
@@ -100,6 +101,8 @@ void net_session_push(struct net_session *s, struct net_call *c,
     else
         s->head = c;
     s->tail = c;
+    if (deadline_ns && (!s->call_deadline_ns || deadline_ns < s->call_deadline_ns))
+        s->call_deadline_ns = deadline_ns;
     io_update(s);
 }
 
@@ -256,16 +259,23 @@ void net_session_stop(struct net_session *s)
 
 static void expire_calls(struct net_session *s, uint64_t now)
 {
-    uint64_t gen = s->gen;
-    /* on_done may append calls (with later deadlines) but removes none
-     * unless the connection drops, which moves gen */
+    uint64_t gen = s->gen, next = 0;
+    /* on_done may append calls (lowering call_deadline_ns itself) but
+     * removes none unless the connection drops, which moves gen */
+    s->call_deadline_ns = 0;
     for (struct net_call *c = s->head; c && s->gen == gen; c = c->next) {
-        if (c->orphan || !c->deadline_ns || c->deadline_ns > now)
+        if (c->orphan || !c->deadline_ns)
             continue;
+        if (c->deadline_ns > now) {
+            next = !next || c->deadline_ns < next ? c->deadline_ns : next;
+            continue;
+        }
         c->orphan = true;
         s->orphans++;
         c->ops->on_done(c, UMBP_E_TIMEOUT);
     }
+    if (s->gen == gen && next && (!s->call_deadline_ns || next < s->call_deadline_ns))
+        s->call_deadline_ns = next;
 }
 
 void net_session_tick(struct net_session *s, uint64_t now)
@@ -297,12 +307,7 @@ void net_session_want(const struct net_session *s, struct net_want *w)
     case NET_DISCONNECTED: w->deadline_ns = s->retry_ns; break;
     case NET_CONNECTING:
     case NET_HELLO: w->deadline_ns = s->hello_deadline_ns; break;
-    case NET_CONNECTED:
-        for (const struct net_call *c = s->head; c; c = c->next)
-            if (!c->orphan && c->deadline_ns &&
-                (!w->deadline_ns || c->deadline_ns < w->deadline_ns))
-                w->deadline_ns = c->deadline_ns;
-        break;
+    case NET_CONNECTED: w->deadline_ns = s->call_deadline_ns; break;
     default: break;
     }
 }

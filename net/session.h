@@ -131,7 +131,8 @@ struct net_want {
     bool dial;                       /* connect now, then net_session_dialing */
     bool read, write;
     bool watch_dir;                  /* disconnected after having been connected */
-    uint64_t deadline_ns;            /* 0: none; net_session_tick at or after it */
+    uint64_t deadline_ns;            /* 0: none; net_session_tick at or after it
+                                        (a tick finding nothing due is harmless) */
 };
 
 struct net_session {
@@ -149,6 +150,9 @@ struct net_session {
     int pending_fd;                  /* an fd that came with the bytes in `in` */
     struct net_call *head, *tail;
     size_t orphans;
+    uint64_t call_deadline_ns;       /* no live call's deadline is earlier (kept
+                                        lazily: a push lowers it, a tick
+                                        recomputes it; 0: none) */
     bool dialing;                    /* CONNECTING: the driver has dialled */
     uint64_t hello_deadline_ns;      /* CONNECTING, HELLO */
     uint64_t retry_ns;               /* DISCONNECTED: the next attempt */

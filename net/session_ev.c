@@ -203,7 +203,10 @@ void net_ev_sync(struct net_ev *d)
     } else if (d->ino_wd >= 0) {
         dir_unwatch(d);
     }
+    if (w.deadline_ns == d->timer_ns && ev_is_active(&d->timer))
+        return; /* armed for it already (the common case: a call pushed) */
     ev_timer_stop(d->loop, &d->timer);
+    d->timer_ns = w.deadline_ns;
     if (w.deadline_ns) {
         uint64_t now = umbp_now_ns();
         double in = w.deadline_ns > now ? (double)(w.deadline_ns - now) / 1e9 : 0.0;

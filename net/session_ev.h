@@ -46,6 +46,7 @@ struct net_ev {
     int fd;                  /* the connection; -1: none */
     ev_io rio, wio;
     ev_timer timer;          /* the session's next deadline (may fire early, never late) */
+    uint64_t timer_ns;       /* the deadline it is armed for */
     ev_timer fail_timer;     /* a write met a dead socket */
     int fail_errno;
     int ino_fd;              /* -1: not yet needed; -2: unavailable or stopped */
