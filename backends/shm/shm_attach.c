@@ -331,6 +331,23 @@ static int auto_start(const struct shm_tier *st, uint64_t deadline, int *fd, cha
 
 /* ---- the blocking handshake ---------------------------------------------- */
 
+/* One recvmsg into the session's input: bytes, 0 on EOF, -EAGAIN, -errno
+ * (-EPROTO: an fd too many). */
+static long in_read(struct shm_tier *st)
+{
+    uint8_t *p;
+    size_t room;
+    int fd = -1;
+    if (net_session_in_space(&st->sess, &p, &room) < 0)
+        return -ENOMEM;
+    long r = proto_recv_with_fd(st->drv.fd, p, room, &fd);
+    if (r < 0)
+        return r;
+    if (net_session_in_commit(&st->sess, (size_t)r, fd) < 0)
+        return -EPROTO;
+    return r;
+}
+
 static int wait_fd(int fd, short events, uint64_t deadline)
 {
     for (;;) {
@@ -348,15 +365,15 @@ static int wait_fd(int fd, short events, uint64_t deadline)
 
 static int flush_blocking(struct shm_tier *st, uint64_t deadline)
 {
-    while (st->out.len) {
+    while (st->sess.out.len) {
         size_t sent = 0;
-        int rc = proto_out_send(st->fd, &st->out, &sent);
-        proto_buf_consume(&st->out, sent);
+        int rc = proto_out_send(st->drv.fd, &st->sess.out, &sent);
+        proto_buf_consume(&st->sess.out, sent);
         if (rc < 0)
             return rc;
-        if (!st->out.len)
+        if (!st->sess.out.len)
             break;
-        rc = wait_fd(st->fd, POLLOUT, deadline);
+        rc = wait_fd(st->drv.fd, POLLOUT, deadline);
         if (rc < 0)
             return rc;
     }
@@ -369,7 +386,7 @@ static int recv_frame(struct shm_tier *st, const uint16_t want[2], uint64_t dead
                       struct proto_frame *f, long *used, char *err, size_t errlen)
 {
     for (;;) {
-        long r = shm_in_next(st, f, err, errlen);
+        long r = net_session_in_next(&st->sess, f, err, errlen);
         if (r < 0)
             return (int)r;
         if (r > 0 && (f->type == want[0] || f->type == want[1])) {
@@ -382,12 +399,12 @@ static int recv_frame(struct shm_tier *st, const uint16_t want[2], uint64_t dead
             return -EPROTO;
         }
         if (r > 0) {
-            shm_in_consume(st, r);
+            net_session_in_consume(&st->sess, r);
             continue;
         }
-        int rc = wait_fd(st->fd, POLLIN, deadline);
+        int rc = wait_fd(st->drv.fd, POLLIN, deadline);
         if (rc == 0) {
-            r = shm_in_read(st);
+            r = in_read(st);
             rc = r == 0 ? -ECONNRESET : r < 0 && r != -EAGAIN ? (int)r : 0;
         }
         if (rc < 0) {
@@ -422,19 +439,17 @@ int shm_send_hello(struct shm_tier *st)
 {
     struct proto_hello h;
     shm_hello_fill(st, &h);
-    int rc = proto_begin(&st->out, PROTO_HELLO, st->next_seq++, 1, 0);
+    int rc = proto_begin(&st->sess.out, PROTO_HELLO, st->sess.next_seq++, 1, 0);
     if (rc == 0) {
-        proto_put_hello(&st->out, &h);
-        rc = proto_end(&st->out);
+        proto_put_hello(&st->sess.out, &h);
+        rc = proto_end(&st->sess.out);
     }
     return rc;
 }
 
-int shm_hello_reply(struct shm_tier *st, const struct proto_frame *f, bool *same, char *err,
-                    size_t errlen)
+int shm_hello_reply(struct shm_tier *st, const struct proto_frame *f, int fd, bool *same,
+                    char *err, size_t errlen)
 {
-    int fd = st->pending_fd;
-    st->pending_fd = -1;
     if (f->type == PROTO_HELLO_ERR) {
         struct proto_error e = {0};
         if (fd >= 0)
@@ -458,13 +473,13 @@ static int first_stats(struct shm_tier *st, uint64_t deadline, char *err, size_t
     struct proto_frame f;
     long used;
     char why[256] = "";
-    int rc = proto_put_empty(&st->out, PROTO_STATS, st->next_seq++, 0);
+    int rc = proto_put_empty(&st->sess.out, PROTO_STATS, st->sess.next_seq++, 0);
     if (rc == 0)
         rc = flush_blocking(st, deadline);
     if (rc == 0)
         rc = recv_frame(st, want, deadline, &f, &used, why, sizeof(why));
     if (rc == 0 && (rc = proto_get_stats(&f, &st->stats)) == 0)
-        shm_in_consume(st, used);
+        net_session_in_consume(&st->sess, used);
     if (rc < 0)
         snprintf(err, errlen, "umbp-server at %s: first STATS failed: %s", st->path,
                  why[0] ? why : strerror(-rc));
@@ -478,12 +493,12 @@ static int handshake(struct shm_tier *st, uint64_t deadline, char *err, size_t e
     struct proto_frame f;
     long used;
     char why[256] = "";
-    int rc = shm_check_peer(st->fd, st->path, err, errlen);
+    int rc = shm_check_peer(st->drv.fd, st->path, err, errlen);
     if (rc < 0)
         return rc;
     /* a HELLO that meets a closed socket (EPIPE, ECONNRESET) is read on: a
      * server that refused this peer sent HELLO_ERR before closing */
-    if (fcntl(st->fd, F_SETFL, fcntl(st->fd, F_GETFL) | O_NONBLOCK) < 0 ||
+    if (fcntl(st->drv.fd, F_SETFL, fcntl(st->drv.fd, F_GETFL) | O_NONBLOCK) < 0 ||
         (rc = shm_send_hello(st)) < 0 ||
         ((rc = flush_blocking(st, deadline)) < 0 && rc != -EPIPE && rc != -ECONNRESET) ||
         (rc = recv_frame(st, want, deadline, &f, &used, why, sizeof(why))) < 0) {
@@ -493,9 +508,11 @@ static int handshake(struct shm_tier *st, uint64_t deadline, char *err, size_t e
         return rc ? rc : -errno;
     }
     bool same;
-    if ((rc = shm_hello_reply(st, &f, &same, err, errlen)) < 0)
+    int fd = st->sess.pending_fd;
+    st->sess.pending_fd = -1;
+    if ((rc = shm_hello_reply(st, &f, fd, &same, err, errlen)) < 0)
         return rc;
-    shm_in_consume(st, used);
+    net_session_in_consume(&st->sess, used);
     st->epoch = 1;
     return first_stats(st, deadline, err, errlen);
 }
@@ -503,12 +520,12 @@ static int handshake(struct shm_tier *st, uint64_t deadline, char *err, size_t e
 int shm_attach(struct shm_tier *st, char *err, size_t errlen)
 {
     uint64_t deadline = now_ms() + (uint64_t)st->cfg.startup_timeout_ms;
-    int rc = connect_once(st->path, &st->fd);
+    int rc = connect_once(st->path, &st->drv.fd);
     if (rc == -EACCES || rc == -EPERM) /* a server is there; starting one will not help */
         return shm_denied(st, rc, err, errlen);
     if (rc < 0 && !st->cfg.auto_start)
         return no_server(st, rc, err, errlen);
-    if (rc < 0 && (rc = auto_start(st, deadline, &st->fd, err, errlen)) < 0)
+    if (rc < 0 && (rc = auto_start(st, deadline, &st->drv.fd, err, errlen)) < 0)
         return rc;
     return handshake(st, deadline, err, errlen);
 }

@@ -1,20 +1,20 @@
 /*
  * shm_calls.c - the calls outstanding at the server: building their request
- * frames, matching replies to them, deadlines, and undoing late replies.
+ * frames, applying their replies, and undoing late replies.
  *
  * Loop thread only.  A call is one tier member invocation: its items are
  * split into frames of at most PROTO_MAX_RECORDS, sent back to back with
  * consecutive sequence numbers, and usually followed by one STATS frame, so
  * usage() is fresh when done fires (it reports the server's counters with
- * no round trip of its own).  The server answers in order: each reply must
- * be the next frame of the FIFO head, of the expected type and count, or
- * the connection is dropped as broken.
+ * no round trip of its own).  The session (net/session.h) matches replies
+ * to calls in order and keeps the deadlines; each reply must be of the
+ * expected type and count here, or the connection is dropped as broken.
  *
- * A call past its deadline completes at once (UMBP_E_TIMEOUT) and stays in
- * the FIFO as an orphan: its requests are forgotten (the runtime may reuse
- * them), its late replies consumed; a late grant is undone here (ABORT of
- * the reservations, RELEASE of the leases), using a copy of the keys taken
- * when it was orphaned.
+ * A call past its deadline completes at once (UMBP_E_TIMEOUT) and the
+ * session keeps it as an orphan: its requests are forgotten (the runtime
+ * may reuse them), its late replies consumed; a late grant is undone here
+ * (ABORT of the reservations, RELEASE of the leases), using a copy of the
+ * keys taken when it was orphaned.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -43,6 +43,7 @@ struct shm_call *shm_call_new(struct shm_tier *st, enum shm_kind kind,
     }
     if (n && reqs)
         memcpy(c->reqs, reqs, n * sizeof(*c->reqs));
+    c->st = st;
     c->kind = kind;
     c->n = n;
     c->done = done;
@@ -60,48 +61,14 @@ void shm_call_free(struct shm_call *c)
     free(c);
 }
 
-static void fifo_push(struct shm_tier *st, struct shm_call *c)
+/* A call whose frames could not be built: never queued. */
+static void finish_unsent(struct shm_call *c, int rc)
 {
-    if (st->may_spin && !ev_is_active(&st->poll_w))
-        ev_idle_start(st->base.env.loop, &st->poll_w);
-    c->next = NULL;
-    if (st->tail)
-        st->tail->next = c;
-    else
-        st->head = c;
-    st->tail = c;
-}
-
-static struct shm_call *fifo_pop(struct shm_tier *st)
-{
-    struct shm_call *c = st->head;
-    st->head = c->next;
-    if (!st->head)
-        st->tail = NULL;
-    c->next = NULL;
-    return c;
-}
-
-/* Completes a call that has left the FIFO (or was never in it). */
-static void call_finish(struct shm_call *c, int rc)
-{
-    umbp_tier_done_fn done = c->orphan ? NULL : c->done;
+    umbp_tier_done_fn done = c->done;
     void *arg = c->arg;
     shm_call_free(c);
     if (done)
         done(arg, rc);
-}
-
-void shm_calls_fail_all(struct shm_tier *st, int rc)
-{
-    struct shm_call *c = st->head;
-    st->head = st->tail = NULL;
-    st->stats_inflight = 0;
-    while (c) {
-        struct shm_call *next = c->next;
-        call_finish(c, rc); /* may queue new calls: they see the new state */
-        c = next;
-    }
 }
 
 /* ---- frames out -------------------------------------------------------------- */
@@ -159,53 +126,57 @@ static size_t frame_items(const struct shm_call *c, uint32_t frame)
     return left < PROTO_MAX_RECORDS ? left : PROTO_MAX_RECORDS;
 }
 
-static int put_frames(struct shm_tier *st, struct shm_call *c, uint32_t arg, bool stats)
+/* Appends the call's frames to the session's output: how many. */
+static int put_frames(struct shm_tier *st, struct shm_call *c, uint32_t arg, bool stats,
+                      uint32_t *frames)
 {
+    struct proto_buf *out = &st->sess.out;
     bool items = c->kind != SHM_CLEAR && c->kind != SHM_STATS;
     c->data_frames = c->kind == SHM_STATS ? 0
                      : items ? (uint32_t)((c->n + PROTO_MAX_RECORDS - 1) / PROTO_MAX_RECORDS)
                              : 1;
-    c->frames = c->data_frames + (stats ? 1 : 0);
-    c->first_seq = st->next_seq;
+    *frames = c->data_frames + (stats ? 1 : 0);
     c->reply_type = reply_type(c->kind);
     for (uint32_t f = 0; f < c->data_frames; f++) {
         size_t cnt = frame_items(c, f), base = (size_t)f * PROTO_MAX_RECORDS;
-        int rc = proto_begin(&st->out, request_type(c->kind), st->next_seq++, (uint32_t)cnt, arg);
+        int rc = proto_begin(out, request_type(c->kind), st->sess.next_seq++, (uint32_t)cnt,
+                             arg);
         if (rc < 0)
             return rc;
         for (size_t i = 0; i < cnt; i++)
-            put_item(&st->out, c, base + i); /* a failure sticks: proto_end says it */
-        if ((rc = proto_end(&st->out)) < 0)
+            put_item(out, c, base + i); /* a failure sticks: proto_end says it */
+        if ((rc = proto_end(out)) < 0)
             return rc;
     }
-    return stats ? proto_put_empty(&st->out, PROTO_STATS, st->next_seq++, 0) : 0;
+    return stats ? proto_put_empty(out, PROTO_STATS, st->sess.next_seq++, 0) : 0;
 }
+
+static const struct net_call_ops call_ops;
 
 void shm_call_send(struct shm_tier *st, struct shm_call *c, uint32_t arg, bool trailing_stats)
 {
-    size_t len0 = st->out.len;
-    uint64_t seq0 = st->next_seq;
-    int rc = put_frames(st, c, arg, trailing_stats);
+    size_t len0 = st->sess.out.len;
+    uint64_t seq0 = st->sess.next_seq;
+    uint32_t frames = 0;
+    int rc = put_frames(st, c, arg, trailing_stats, &frames);
     if (rc < 0) {
-        st->out.len = len0; /* drop the frames of this call built so far */
-        st->next_seq = seq0;
+        st->sess.out.len = len0; /* drop the frames of this call built so far */
+        st->sess.next_seq = seq0;
         umbp_log(UMBP_LOG_ERROR, "shm tier: cannot build a %s request of %zu items: %s",
                  proto_type_name(request_type(c->kind)), c->n, umbp_strerror(rc));
-        call_finish(c, rc);
+        finish_unsent(c, rc);
         return;
     }
-    uint64_t now = umbp_now_ns();
+    uint64_t now = umbp_now_ns(), deadline = 0;
     const struct umbp_core_config *core = st->base.env.core;
-    c->sent_ns = now;
     if (c->done)
-        c->deadline_ns = now + ms_ns(c->kind == SHM_LOOKUP || c->kind == SHM_STATS
-                                         ? core->lookup_timeout_ms
-                                         : core->timeout_ms);
-    if (trailing_stats)
+        deadline = now + ms_ns(c->kind == SHM_LOOKUP || c->kind == SHM_STATS
+                                   ? core->lookup_timeout_ms
+                                   : core->timeout_ms);
+    if (trailing_stats && st->sess.state == NET_CONNECTED)
         st->stats_inflight++;
-    fifo_push(st, c);
-    shm_deadline_arm(st, c->deadline_ns);
-    shm_conn_flush(st);
+    shm_conn_poll(st);
+    net_session_push(&st->sess, &c->nc, &call_ops, frames, seq0, now, deadline);
 }
 
 void shm_send_abort(struct shm_tier *st, const umbp_key_t *keys, const uint64_t *tokens,
@@ -213,28 +184,29 @@ void shm_send_abort(struct shm_tier *st, const umbp_key_t *keys, const uint64_t 
 {
     for (size_t base = 0; base < n; base += PROTO_MAX_RECORDS) {
         size_t cnt = n - base < PROTO_MAX_RECORDS ? n - base : PROTO_MAX_RECORDS;
-        size_t len0 = st->out.len;
-        int rc = proto_begin(&st->out, PROTO_ABORT, st->next_seq++, (uint32_t)cnt, 0);
+        struct proto_buf *out = &st->sess.out;
+        size_t len0 = out->len;
+        int rc = proto_begin(out, PROTO_ABORT, st->sess.next_seq++, (uint32_t)cnt, 0);
         for (size_t i = 0; rc == 0 && i < cnt; i++) {
             struct proto_token_item it = {keys[base + i], tokens[base + i]};
-            proto_put_token_item(&st->out, &it); /* a failure sticks */
+            proto_put_token_item(out, &it); /* a failure sticks */
         }
         if (rc == 0)
-            rc = proto_end(&st->out);
+            rc = proto_end(out);
         if (rc < 0) {
-            st->out.len = len0;
+            out->len = len0;
             umbp_log(UMBP_LOG_WARN, "shm tier: cannot send ABORT of %zu reservations (%s); "
                      "the server drops them when this session ends", cnt, umbp_strerror(rc));
         }
     }
-    shm_conn_flush(st);
+    net_session_flush(&st->sess);
 }
 
 /* ---- STATS --------------------------------------------------------------------- */
 
 void shm_stats_request(struct shm_tier *st, bool force)
 {
-    if (st->state != SHM_CONNECTED || (st->stats_inflight && !force))
+    if (st->sess.state != NET_CONNECTED || (st->stats_inflight && !force))
         return;
     struct shm_call *c = shm_call_new(st, SHM_STATS, NULL, 0, NULL, NULL);
     if (c)
@@ -293,7 +265,7 @@ static uint64_t lease_valid_until(const struct shm_tier *st, const struct shm_ca
     if (st->server_lease_ms && st->server_lease_ms < ms)
         ms = st->server_lease_ms;
     uint64_t ns = ms * 1000000ull;
-    return c->sent_ns + ns - ns / 10;
+    return c->nc.sent_ns + ns - ns / 10;
 }
 
 static void set_region(struct shm_tier *st, struct umbp_tier_req *r,
@@ -362,21 +334,21 @@ static int apply_regions(struct shm_tier *st, struct shm_call *c, const struct p
     umbp_key_t *keys = NULL;
     uint64_t *tokens = NULL;
     size_t nundo = 0;
-    if (c->orphan && c->keys && (!(keys = malloc(f->n * sizeof(*keys))) ||
+    if (c->nc.orphan && c->keys && (!(keys = malloc(f->n * sizeof(*keys))) ||
                                  !(tokens = malloc(f->n * sizeof(*tokens)))))
         umbp_log(UMBP_LOG_WARN, "shm tier: out of memory undoing a late %s",
                  proto_type_name(f->type));
     int rc = 0;
     for (uint32_t j = 0; j < f->n && rc == 0; j++) {
         struct proto_region_item it;
-        const struct umbp_tier_req *r = c->orphan ? NULL : c->reqs[base + j];
+        const struct umbp_tier_req *r = c->nc.orphan ? NULL : c->reqs[base + j];
         if (proto_get_region_item(f, j, &it) < 0) {
             snprintf(err, errlen, "%s item %u unreadable", proto_type_name(f->type), j);
             rc = -EPROTO;
         } else if ((rc = proto_region_check(&it, reserve && r ? r->size : 0, pool, reserve, err,
                                             errlen)) == 0) {
             full |= it.status == -ENOSPC;
-            if (!c->orphan) {
+            if (!c->nc.orphan) {
                 set_region(st, c->reqs[base + j], &it, lease_valid_until(st, c));
             } else if (it.status == 0 && keys && tokens) {
                 keys[nundo] = c->keys[base + j];
@@ -402,7 +374,7 @@ static int apply_statuses(struct shm_call *c, const struct proto_frame *f, size_
             snprintf(err, errlen, "%s item %u unreadable", proto_type_name(f->type), j);
             return -EPROTO;
         }
-        if (!c->orphan && c->kind != SHM_UNDO)
+        if (!c->nc.orphan && c->kind != SHM_UNDO)
             c->reqs[base + j]->status = s;
     }
     return 0;
@@ -417,7 +389,7 @@ static int apply_present(struct shm_call *c, const struct proto_frame *f, size_t
             snprintf(err, errlen, "LOOKUP_R item %u is not 0 or 1", j);
             return -EPROTO;
         }
-        if (!c->orphan)
+        if (!c->nc.orphan)
             c->present[base + j] = v;
     }
     return 0;
@@ -426,7 +398,8 @@ static int apply_present(struct shm_call *c, const struct proto_frame *f, size_t
 static int apply_data(struct shm_tier *st, struct shm_call *c, const struct proto_frame *f,
                       char *err, size_t errlen)
 {
-    size_t want = frame_items(c, c->answered), base = (size_t)c->answered * PROTO_MAX_RECORDS;
+    size_t want = frame_items(c, c->nc.answered);
+    size_t base = (size_t)c->nc.answered * PROTO_MAX_RECORDS;
     if (f->type != c->reply_type || f->n != want) {
         snprintf(err, errlen, "%s with %u items answered a %s of %zu", proto_type_name(f->type),
                  f->n, proto_type_name(request_type(c->kind)), want);
@@ -441,37 +414,18 @@ static int apply_data(struct shm_tier *st, struct shm_call *c, const struct prot
     }
 }
 
-static int handle_reply(struct shm_tier *st, const struct proto_frame *f, char *err,
-                        size_t errlen)
+/* A reply of c, live or orphaned (apply_* look at nc.orphan). */
+static int call_reply(struct net_call *nc, const struct proto_frame *f, char *err,
+                      size_t errlen)
 {
-    struct shm_call *c = st->head;
-    if (!c) {
-        snprintf(err, errlen, "%s (seq %llu) answers nothing outstanding",
-                 proto_type_name(f->type), (unsigned long long)f->seq);
-        return -EPROTO;
-    }
-    if (f->seq != c->first_seq + c->answered) {
-        snprintf(err, errlen, "%s has seq %llu, the next reply due is %llu",
-                 proto_type_name(f->type), (unsigned long long)f->seq,
-                 (unsigned long long)(c->first_seq + c->answered));
-        return -EPROTO;
-    }
-    int rc;
-    if (c->answered < c->data_frames) {
-        rc = apply_data(st, c, f, err, errlen);
-    } else if (f->type != PROTO_STATS_R) {
+    struct shm_call *c = umbp_container_of(nc, struct shm_call, nc);
+    if (nc->answered < c->data_frames)
+        return apply_data(c->st, c, f, err, errlen);
+    if (f->type != PROTO_STATS_R) {
         snprintf(err, errlen, "%s where STATS_R was due", proto_type_name(f->type));
-        rc = -EPROTO;
-    } else {
-        rc = apply_stats(st, f, err, errlen);
+        return -EPROTO;
     }
-    if (rc < 0)
-        return rc;
-    if (++c->answered == c->frames) {
-        int status = c->kind == SHM_CLEAR ? c->status : 0;
-        call_finish(fifo_pop(st), status);
-    }
-    return 0;
+    return apply_stats(c->st, f, err, errlen);
 }
 
 static void handle_events(struct shm_tier *st, const struct proto_frame *f)
@@ -490,13 +444,16 @@ static void handle_events(struct shm_tier *st, const struct proto_frame *f)
     }
 }
 
-int shm_handle_frame(struct shm_tier *st, const struct proto_frame *f, char *err, size_t errlen)
+int shm_on_frame(struct net_session *s, const struct proto_frame *f, char *err, size_t errlen)
 {
+    struct shm_tier *st = s->owner;
     struct proto_error e;
+    if (s->state == NET_HELLO) /* EVENTS from before this session counted: dropped */
+        return f->type == PROTO_EVENTS;
     switch (f->type) {
     case PROTO_EVENTS:
         handle_events(st, f);
-        return 0;
+        return 1;
     case PROTO_ERROR:
         if (proto_get_error(f, &e) < 0)
             snprintf(e.message, sizeof(e.message), "(unreadable)");
@@ -509,34 +466,18 @@ int shm_handle_frame(struct shm_tier *st, const struct proto_frame *f, char *err
         snprintf(err, errlen, "unexpected %s", proto_type_name(f->type));
         return -EPROTO;
     default:
-        return handle_reply(st, f, err, errlen);
+        return 0; /* a reply: the session matches it to its call */
     }
 }
 
 /* ---- deadlines ------------------------------------------------------------------ */
-
-void shm_deadline_arm(struct shm_tier *st, uint64_t deadline_ns)
-{
-    ev_timer *w = &st->deadline_timer;
-    struct ev_loop *loop = st->base.env.loop;
-    if (!deadline_ns)
-        return;
-    /* the timer may fire early (then it re-arms), never late */
-    double at = ev_now(loop) + (double)(int64_t)(deadline_ns - umbp_now_ns()) / 1e9;
-    if (ev_is_active(w) && ev_now(loop) + ev_timer_remaining(loop, w) <= at)
-        return;
-    ev_timer_stop(loop, w);
-    double in = at - ev_now(loop);
-    ev_timer_set(w, in > 0 ? in : 0.0, 0.0);
-    ev_timer_start(loop, w);
-}
 
 /* A reserve or acquire split over several frames timed out after some of
  * them were answered: those grants are in the requests, and done(TIMEOUT)
  * tells the runtime nothing was granted, so give them back now. */
 static void undo_answered(struct shm_tier *st, const struct shm_call *c)
 {
-    size_t done = (size_t)c->answered * PROTO_MAX_RECORDS, m = 0;
+    size_t done = (size_t)c->nc.answered * PROTO_MAX_RECORDS, m = 0;
     if (done > c->n)
         done = c->n;
     umbp_key_t *keys = done ? malloc(done * sizeof(*keys)) : NULL;
@@ -551,10 +492,11 @@ static void undo_answered(struct shm_tier *st, const struct shm_call *c)
     free(tokens);
 }
 
-/* Orphans c: done now with UMBP_E_TIMEOUT, late replies consumed later. */
+/* c became an orphan: done now with UMBP_E_TIMEOUT, late replies consumed
+ * later. */
 static void call_expire(struct shm_tier *st, struct shm_call *c)
 {
-    if ((c->kind == SHM_RESERVE || c->kind == SHM_ACQUIRE) && c->answered)
+    if ((c->kind == SHM_RESERVE || c->kind == SHM_ACQUIRE) && c->nc.answered)
         undo_answered(st, c);
     if (c->kind == SHM_RESERVE || c->kind == SHM_ACQUIRE) {
         c->keys = malloc(c->n * sizeof(*c->keys));
@@ -564,26 +506,32 @@ static void call_expire(struct shm_tier *st, struct shm_call *c)
     free(c->reqs);
     c->reqs = NULL;
     c->present = NULL;
-    c->orphan = true;
     umbp_log(UMBP_LOG_DEBUG, "umbp-server at %s: %s of %zu items timed out", st->path,
              proto_type_name(request_type(c->kind)), c->n);
     c->done(c->arg, UMBP_E_TIMEOUT);
 }
 
-void shm_on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
+/* Exactly once per call (net/session.h). */
+static void call_done(struct net_call *nc, int status)
 {
-    struct shm_tier *st = w->data;
-    uint64_t now = umbp_now_ns(), next = 0;
-    /* done callbacks may append calls (with later deadlines) but never
-     * remove any, so the walk stays valid */
-    for (struct shm_call *c = st->head; c; c = c->next) {
-        if (c->orphan || !c->deadline_ns)
-            continue;
-        if (c->deadline_ns <= now)
-            call_expire(st, c);
-        else if (!next || c->deadline_ns < next)
-            next = c->deadline_ns;
+    struct shm_call *c = umbp_container_of(nc, struct shm_call, nc);
+    if (!c->done)
+        return; /* internal: STATS, UNDO */
+    if (status == UMBP_E_TIMEOUT) {
+        call_expire(c->st, c);
+        return;
     }
-    if (next)
-        shm_deadline_arm(st, next);
+    c->done(c->arg, status == 0 && c->kind == SHM_CLEAR ? c->status : status);
 }
+
+static void call_free(struct net_call *nc)
+{
+    shm_call_free(umbp_container_of(nc, struct shm_call, nc));
+}
+
+static const struct net_call_ops call_ops = {
+    .on_reply = call_reply,
+    .on_late_reply = call_reply,
+    .on_done = call_done,
+    .on_free = call_free,
+};

@@ -40,9 +40,9 @@ static int refusal(const struct shm_tier *st, enum shm_kind k)
 {
     if (!st->worker && needs_pool(k))
         return -ENOTSUP; /* role lookup: an engine's scheduler owns no pool */
-    if (st->state == SHM_STOPPED)
+    if (st->sess.state == NET_STOPPED)
         return UMBP_E_NOT_ATTEMPTED;
-    if (st->state != SHM_CONNECTED)
+    if (st->sess.state != NET_CONNECTED)
         /* a reservation or lease died with the session it was made in */
         return k == SHM_PUBLISH || k == SHM_RELEASE ? -ECONNRESET : UMBP_E_NOT_ATTEMPTED;
     return 0;
@@ -164,9 +164,9 @@ static void shm_publish(struct umbp_tier *t, struct umbp_tier_req *const *reqs, 
  * server that died, even since our last read, has closed its end). */
 static bool session_alive(const struct shm_tier *st)
 {
-    if (st->state != SHM_CONNECTED || st->fd < 0)
+    if (st->sess.state != NET_CONNECTED || st->drv.fd < 0)
         return false;
-    struct pollfd p = {.fd = st->fd, .events = POLLRDHUP};
+    struct pollfd p = {.fd = st->drv.fd, .events = POLLRDHUP};
     return poll(&p, 1, 0) == 0;
 }
 
@@ -250,7 +250,7 @@ static void shm_abort(struct umbp_tier *t, struct umbp_tier_req *const *reqs, si
 static void shm_refresh_usage(struct umbp_tier *t, umbp_tier_done_fn done, void *arg)
 {
     struct shm_tier *st = to_shm_tier(t);
-    if (st->state != SHM_CONNECTED || t->ops->health(t) < 0) { /* stalled: don't queue */
+    if (st->sess.state != NET_CONNECTED || t->ops->health(t) < 0) { /* stalled: don't queue */
         done(arg, 0);
         return;
     }
@@ -288,17 +288,11 @@ static void shm_usage(struct umbp_tier *t, struct umbp_tier_usage *out)
     };
 }
 
+/* Disconnected, or a reply overdue (an orphan, or the oldest unanswered
+ * frame older than lookup_timeout_ms: shm_conn_init): not attempted. */
 static int shm_health(struct umbp_tier *t)
 {
-    struct shm_tier *st = to_shm_tier(t);
-    if (st->state != SHM_CONNECTED)
-        return UMBP_E_NOT_ATTEMPTED;
-    /* the oldest unanswered frame (orphans too) says whether the server
-     * keeps up: past lookup_timeout_ms it is stalled */
-    uint64_t bound = (uint64_t)st->base.env.core->lookup_timeout_ms * 1000000ull;
-    if (st->head && umbp_now_ns() - st->head->sent_ns > bound)
-        return UMBP_E_NOT_ATTEMPTED;
-    return 0;
+    return net_session_health(&to_shm_tier(t)->sess, umbp_now_ns());
 }
 
 /* Caller's thread; the loop may be swapping in a new pool meanwhile. */
@@ -321,12 +315,10 @@ static int shm_mapped_memory(struct umbp_tier *t, void **addr, size_t *len)
 static void shm_stop(struct umbp_tier *t)
 {
     struct shm_tier *st = to_shm_tier(t);
-    if (st->state == SHM_STOPPED)
+    if (st->sess.state == NET_STOPPED)
         return;
     shm_conn_stop_watchers(st);
-    shm_conn_close(st);
-    st->state = SHM_STOPPED;
-    shm_calls_fail_all(st, UMBP_E_NOT_ATTEMPTED);
+    net_session_stop(&st->sess); /* closes the socket, fails every call */
 }
 
 /* ---- lifetime ---------------------------------------------------------------- */
@@ -344,17 +336,14 @@ static void shm_destroy(struct umbp_tier *t)
         return;
     struct shm_tier *st = to_shm_tier(t);
     shm_conn_stop_watchers(st);
-    shm_conn_close(st);
+    if (st->drv.fd >= 0)
+        close(st->drv.fd);
+    st->drv.fd = -1;
     /* calls still queued (the runtime abandoned them): freed, never completed */
-    for (struct shm_call *c = st->head, *next; c; c = next) {
-        next = c->next;
-        shm_call_free(c);
-    }
+    net_session_destroy(&st->sess);
     for (size_t i = 0; i < st->nmaps; i++)
         munmap(st->maps[i].addr, st->maps[i].size);
     free(st->maps);
-    proto_buf_free(&st->out);
-    free(st->in);
     pthread_mutex_destroy(&st->map_lock);
     free(st);
 }
@@ -374,8 +363,6 @@ static int shm_create(const struct umbp_tier_env *env, const void *cfg, struct u
     st->base.env = *env;
     st->cfg = *(const struct shm_config *)cfg;
     st->worker = strcmp(st->cfg.role, "lookup") != 0;
-    st->next_seq = 1;
-    st->state = SHM_DISCONNECTED;
     pthread_mutex_init(&st->map_lock, NULL);
     shm_conn_init(st);
     char dir[SHM_PATH_MAX];
@@ -386,7 +373,6 @@ static int shm_create(const struct umbp_tier_env *env, const void *cfg, struct u
         shm_destroy(&st->base);
         return rc;
     }
-    st->state = SHM_CONNECTED;
     shm_conn_start(st); /* watchers on env->loop: it runs once the runtime starts it */
     *out = &st->base;
     return 0;

@@ -1,0 +1,502 @@
+/*
+ * test_net_session - the client session core (net/session.h) with no
+ * socket: frames are built here and fed as bytes, time is advanced by
+ * hand.  Every call's on_done runs exactly once (answered, UMBP_E_TIMEOUT,
+ * -ECONNRESET, UMBP_E_NOT_ATTEMPTED), late replies go to on_late_reply,
+ * the backoff doubles from 10 ms to its cap and quick retries follow the
+ * socket appearing, health follows the connection and overdue replies, and
+ * a broken stream drops the connection with the reason named.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "session.h"
+
+#define MS 1000000ull
+#define T0 (1000 * MS)
+
+/* ---- a fake owner ---------------------------------------------------------------- */
+
+struct owner {
+    int hellos, ups, downs, events;
+    bool last_was_connected, last_news, last_by_dir;
+    char last_why[384];
+    int welcome_rc;
+    bool stop_on_timeout;       /* a done callback stops the session */
+};
+
+static int o_hello(struct net_session *s, char *err, size_t errlen)
+{
+    struct owner *o = s->owner;
+    o->hellos++;
+    return proto_put_empty(&s->out, PROTO_PING, s->next_seq++, 0); /* stands for HELLO */
+}
+
+static int o_welcome(struct net_session *s, const struct proto_frame *f, int fd, char *err,
+                     size_t errlen)
+{
+    struct owner *o = s->owner;
+    if (fd >= 0)
+        close(fd);
+    if (f->type == PROTO_HELLO_ERR) {
+        snprintf(err, errlen, "refused");
+        return -EACCES;
+    }
+    if (o->welcome_rc)
+        snprintf(err, errlen, "welcome refused");
+    return o->welcome_rc;
+}
+
+static int o_frame(struct net_session *s, const struct proto_frame *f, char *err, size_t errlen)
+{
+    struct owner *o = s->owner;
+    if (f->type == PROTO_EVENTS) {
+        o->events++;
+        return 1;
+    }
+    if (f->type == PROTO_ERROR) {
+        snprintf(err, errlen, "the server sent ERROR");
+        return -ECONNRESET;
+    }
+    return 0;
+}
+
+static void o_up(struct net_session *s, uint64_t down_ms, bool by_dir)
+{
+    struct owner *o = s->owner;
+    o->ups++;
+    o->last_by_dir = by_dir;
+}
+
+static void o_down(struct net_session *s, const char *why, bool was_connected, bool news)
+{
+    struct owner *o = s->owner;
+    o->downs++;
+    o->last_was_connected = was_connected;
+    o->last_news = news;
+    snprintf(o->last_why, sizeof(o->last_why), "%s", why);
+}
+
+static const struct net_session_ops owner_ops = {
+    .hello = o_hello, .welcome = o_welcome, .on_frame = o_frame, .on_up = o_up,
+    .on_down = o_down,
+};
+
+/* ---- calls -------------------------------------------------------------------------- */
+
+struct tcall {
+    struct net_call nc;
+    struct owner *o;
+    int dones, status, replies, late, frees;
+};
+
+static int c_reply(struct net_call *nc, const struct proto_frame *f, char *err, size_t errlen)
+{
+    struct tcall *c = (struct tcall *)nc;
+    cr_assert(!nc->orphan);
+    c->replies++;
+    return 0;
+}
+
+static int c_late(struct net_call *nc, const struct proto_frame *f, char *err, size_t errlen)
+{
+    struct tcall *c = (struct tcall *)nc;
+    cr_assert(nc->orphan);
+    c->late++;
+    return 0;
+}
+
+static void c_done(struct net_call *nc, int status)
+{
+    struct tcall *c = (struct tcall *)nc;
+    c->dones++;
+    c->status = status;
+    cr_assert_eq(c->frees, 0, "on_done after on_free");
+    if (status == UMBP_E_TIMEOUT && c->o && c->o->stop_on_timeout)
+        net_session_stop(nc->s);
+}
+
+static void c_free(struct net_call *nc) { ((struct tcall *)nc)->frees++; }
+
+static const struct net_call_ops call_ops = {
+    .on_reply = c_reply, .on_late_reply = c_late, .on_done = c_done, .on_free = c_free,
+};
+
+/* Pushes c: `frames` PING frames (requests) and a deadline ms from now. */
+static void push(struct net_session *s, struct tcall *c, uint32_t frames, uint64_t now,
+                 uint64_t deadline_ms)
+{
+    uint64_t first = s->next_seq;
+    for (uint32_t i = 0; i < frames; i++)
+        cr_assert_eq(proto_put_empty(&s->out, PROTO_PING, s->next_seq++, 0), 0);
+    net_session_push(s, &c->nc, &call_ops, frames, first, now,
+                     deadline_ms ? now + deadline_ms * MS : 0);
+}
+
+/* ---- feeding bytes ------------------------------------------------------------------------ */
+
+static int feed(struct net_session *s, uint64_t now, const struct proto_buf *b, size_t off,
+                size_t len, int fd)
+{
+    uint8_t *p;
+    size_t room;
+    cr_assert_eq(net_session_in_space(s, &p, &room), 0);
+    cr_assert(room >= len);
+    memcpy(p, b->data + off, len);
+    return net_session_input(s, now, len, fd);
+}
+
+static int feed_pong(struct net_session *s, uint64_t now, uint64_t seq)
+{
+    struct proto_buf b = {0};
+    cr_assert_eq(proto_put_empty(&b, PROTO_PONG, seq, 0), 0);
+    int rc = feed(s, now, &b, 0, b.len, -1);
+    proto_buf_free(&b);
+    return rc;
+}
+
+static int feed_hello_ok(struct net_session *s, uint64_t now, uint64_t seq)
+{
+    struct proto_buf b = {0};
+    struct proto_welcome w = {.version = PROTO_VERSION, .lease_ttl_ms = 1000, .pool_size = 4096,
+                              .capacity_bytes = 4096};
+    cr_assert_eq(proto_begin(&b, PROTO_HELLO_OK, seq, 1, 0), 0);
+    cr_assert_eq(proto_put_welcome(&b, &w), 0);
+    cr_assert_eq(proto_end(&b), 0);
+    int rc = feed(s, now, &b, 0, b.len, -1);
+    proto_buf_free(&b);
+    return rc;
+}
+
+static void setup(struct net_session *s, struct owner *o, uint64_t stall_ms)
+{
+    memset(o, 0, sizeof(*o));
+    struct net_session_config cfg = {.peer = "the server", .backoff_max_ms = 100,
+                                     .hello_timeout_ms = 500,
+                                     .hello_timeout_name = "startup_timeout_ms",
+                                     .stall_ms = stall_ms};
+    net_session_init(s, &cfg, &owner_ops, o);
+    net_session_adopt(s, T0);
+}
+
+/* Drives one attempt that ends connected (HELLO out, HELLO_OK in). */
+static void reconnect(struct net_session *s, uint64_t now)
+{
+    struct net_want w;
+    net_session_want(s, &w);
+    cr_assert(w.dial);
+    net_session_dialing(s, now);
+    net_session_connected(s, now);
+    cr_assert_eq(s->state, NET_HELLO);
+    net_session_want(s, &w);
+    cr_assert(w.write && w.read);
+    uint64_t hello_seq = s->next_seq - 1;
+    net_session_wrote(s, s->out.len);
+    cr_assert_eq(feed_hello_ok(s, now, hello_seq), 0);
+    cr_assert_eq(s->state, NET_CONNECTED);
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+Test(net_session, every_done_exactly_once)
+{
+    struct net_session s;
+    struct owner o;
+    setup(&s, &o, 0);
+    struct tcall a = {0}, b = {0}, c = {0}, d = {0}, e = {0};
+    push(&s, &a, 2, T0, 100);       /* answered in two frames */
+    push(&s, &b, 1, T0, 50);        /* times out, answered late */
+    push(&s, &c, 1, T0, 1000);      /* connection lost */
+    struct net_want w;
+    net_session_want(&s, &w);
+    cr_assert(w.write);
+    cr_assert_eq(w.deadline_ns, T0 + 50 * MS, "the earliest deadline");
+    net_session_wrote(&s, s.out.len);
+
+    /* a's first reply split across two reads, then its second */
+    struct proto_buf r = {0};
+    cr_assert_eq(proto_put_empty(&r, PROTO_PONG, a.nc.first_seq, 0), 0);
+    cr_assert_eq(feed(&s, T0 + MS, &r, 0, 5, -1), 0);
+    cr_assert_eq(a.replies, 0, "half a frame is no reply");
+    cr_assert_eq(feed(&s, T0 + MS, &r, 5, r.len - 5, -1), 0);
+    proto_buf_free(&r);
+    cr_assert_eq(a.replies, 1);
+    cr_assert_eq(a.dones, 0);
+    cr_assert_eq(feed_pong(&s, T0 + 2 * MS, a.nc.first_seq + 1), 0);
+    cr_assert_eq(a.dones, 1);
+    cr_assert_eq(a.status, 0);
+    cr_assert_eq(a.frees, 1);
+
+    /* b past its deadline: done(TIMEOUT) once, kept as an orphan */
+    net_session_tick(&s, T0 + 49 * MS);
+    cr_assert_eq(b.dones, 0);
+    net_session_tick(&s, T0 + 50 * MS);
+    cr_assert_eq(b.dones, 1);
+    cr_assert_eq(b.status, UMBP_E_TIMEOUT);
+    cr_assert_eq(b.frees, 0, "an orphan stays queued for its late reply");
+    net_session_tick(&s, T0 + 60 * MS);
+    cr_assert_eq(b.dones, 1);
+    net_session_want(&s, &w);
+    cr_assert_eq(w.deadline_ns, T0 + 1000 * MS, "an orphan's deadline is gone");
+    cr_assert_eq(net_session_health(&s, T0 + 60 * MS), UMBP_E_NOT_ATTEMPTED,
+                 "single flight while a reply is overdue");
+
+    /* its late reply: on_late_reply, not on_reply nor on_done */
+    cr_assert_eq(feed_pong(&s, T0 + 70 * MS, b.nc.first_seq), 0);
+    cr_assert_eq(b.late, 1);
+    cr_assert_eq(b.replies, 0);
+    cr_assert_eq(b.dones, 1);
+    cr_assert_eq(b.frees, 1);
+    cr_assert_eq(net_session_health(&s, T0 + 70 * MS), 0);
+
+    /* c: the connection is lost */
+    net_session_lost(&s, T0 + 80 * MS, "Connection reset by peer");
+    cr_assert_eq(c.dones, 1);
+    cr_assert_eq(c.status, -ECONNRESET);
+    cr_assert_eq(c.frees, 1);
+    cr_assert(o.last_was_connected);
+
+    /* pushed while disconnected: refused at once */
+    push(&s, &d, 1, T0 + 81 * MS, 100);
+    cr_assert_eq(d.dones, 1);
+    cr_assert_eq(d.status, UMBP_E_NOT_ATTEMPTED);
+    cr_assert_eq(d.frees, 1);
+
+    /* back, then stopped with e outstanding */
+    net_session_tick(&s, T0 + 90 * MS);
+    reconnect(&s, T0 + 90 * MS);
+    push(&s, &e, 1, T0 + 91 * MS, 100);
+    net_session_stop(&s);
+    cr_assert_eq(e.dones, 1);
+    cr_assert_eq(e.status, UMBP_E_NOT_ATTEMPTED);
+    cr_assert_eq(e.frees, 1);
+    /* nothing runs twice afterwards */
+    net_session_tick(&s, T0 + 500 * MS);
+    net_session_lost(&s, T0 + 500 * MS, "late");
+    cr_assert_eq(a.dones + b.dones + c.dones + d.dones + e.dones, 5);
+    cr_assert_eq(a.frees + b.frees + c.frees + d.frees + e.frees, 5);
+    net_session_destroy(&s);
+}
+
+Test(net_session, a_done_callback_may_stop_the_session)
+{
+    struct net_session s;
+    struct owner o;
+    setup(&s, &o, 0);
+    o.stop_on_timeout = true;
+    struct tcall c[4];
+    memset(c, 0, sizeof(c));
+    for (int i = 0; i < 4; i++) {
+        c[i].o = &o;
+        push(&s, &c[i], 1, T0, i == 1 ? 10 : 100);
+    }
+    net_session_tick(&s, T0 + 10 * MS); /* c[1] times out, its done stops */
+    cr_assert_eq(s.state, NET_STOPPED);
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(c[i].dones, 1, "call %d: %d dones", i, c[i].dones);
+        cr_assert_eq(c[i].frees, 1, "call %d: %d frees", i, c[i].frees);
+        cr_assert_eq(c[i].status, i == 1 ? UMBP_E_TIMEOUT : UMBP_E_NOT_ATTEMPTED);
+    }
+    net_session_destroy(&s);
+}
+
+/* The time from now of the next attempt, after a failed one. */
+static uint64_t next_retry_ms(struct net_session *s, uint64_t now)
+{
+    struct net_want w;
+    net_session_want(s, &w);
+    cr_assert_eq(s->state, NET_DISCONNECTED);
+    cr_assert(w.deadline_ns > now);
+    return (w.deadline_ns - now) / MS;
+}
+
+Test(net_session, backoff_doubles_to_its_cap_and_resets)
+{
+    struct net_session s;
+    struct owner o;
+    setup(&s, &o, 0);
+    uint64_t now = T0;
+    net_session_lost(&s, now, "the server closed the connection");
+    const uint64_t want[] = {10, 20, 40, 80, 100, 100};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        uint64_t ms = next_retry_ms(&s, now);
+        cr_assert_eq(ms, want[i], "attempt %zu after %llu ms, want %llu", i,
+                     (unsigned long long)ms, (unsigned long long)want[i]);
+        net_session_tick(&s, now + ms * MS - 1);
+        struct net_want w;
+        net_session_want(&s, &w);
+        cr_assert(!w.dial, "no attempt before the backoff is over");
+        now += ms * MS;
+        net_session_tick(&s, now);
+        net_session_want(&s, &w);
+        cr_assert(w.dial);
+        cr_assert(w.watch_dir, "the directory is watched while disconnected");
+        net_session_dialing(&s, now);
+        net_session_lost(&s, now, strerror(ECONNREFUSED));
+        cr_assert(!o.last_was_connected);
+        cr_assert(!o.last_news, "no server there is not news");
+    }
+    /* a new reason is news, the same one again is not */
+    now += next_retry_ms(&s, now) * MS;
+    net_session_tick(&s, now);
+    net_session_dialing(&s, now);
+    net_session_lost(&s, now, "refused: uid");
+    cr_assert(o.last_news);
+    now += next_retry_ms(&s, now) * MS;
+    net_session_tick(&s, now);
+    net_session_dialing(&s, now);
+    net_session_lost(&s, now, "refused: uid");
+    cr_assert(!o.last_news);
+    /* connected again: the backoff starts over */
+    now += next_retry_ms(&s, now) * MS;
+    net_session_tick(&s, now);
+    reconnect(&s, now);
+    cr_assert_eq(o.ups, 1);
+    cr_assert(!o.last_by_dir);
+    struct net_want w;
+    net_session_want(&s, &w);
+    cr_assert(!w.watch_dir);
+    net_session_lost(&s, now, "the server closed the connection");
+    cr_assert_eq(next_retry_ms(&s, now), 10);
+    net_session_destroy(&s);
+}
+
+Test(net_session, the_socket_appearing_retries_quickly)
+{
+    struct net_session s;
+    struct owner o;
+    setup(&s, &o, 0);
+    uint64_t now = T0;
+    net_session_lost(&s, now, "the server closed the connection");
+    cr_assert_eq(next_retry_ms(&s, now), 10);
+    net_session_appeared(&s, now + MS);
+    struct net_want w;
+    net_session_want(&s, &w);
+    cr_assert(w.dial, "an attempt at once");
+    now += MS;
+    const uint64_t quick[] = {1, 2, 4, 20}; /* then the backoff where it was */
+    for (size_t i = 0; i < 4; i++) {
+        net_session_dialing(&s, now);
+        net_session_lost(&s, now, strerror(ECONNREFUSED));
+        uint64_t ms = next_retry_ms(&s, now);
+        cr_assert_eq(ms, quick[i], "retry %zu after %llu ms", i, (unsigned long long)ms);
+        now += ms * MS;
+        net_session_tick(&s, now);
+    }
+    /* an attempt after the socket appeared that connects says so */
+    net_session_dialing(&s, now);
+    net_session_lost(&s, now, strerror(ECONNREFUSED));
+    net_session_appeared(&s, now);
+    reconnect(&s, now);
+    cr_assert(o.last_by_dir);
+    net_session_destroy(&s);
+}
+
+Test(net_session, health)
+{
+    struct net_session s;
+    struct owner o;
+    setup(&s, &o, 50);
+    cr_assert_eq(net_session_health(&s, T0), 0);
+    struct tcall a = {0};
+    push(&s, &a, 1, T0, 1000);
+    cr_assert_eq(net_session_health(&s, T0 + 50 * MS), 0);
+    cr_assert_eq(net_session_health(&s, T0 + 51 * MS), UMBP_E_NOT_ATTEMPTED,
+                 "the oldest reply is overdue past stall_ms, before the call's deadline");
+    cr_assert_eq(feed_pong(&s, T0 + 60 * MS, a.nc.first_seq), 0);
+    cr_assert_eq(net_session_health(&s, T0 + 60 * MS), 0);
+    net_session_lost(&s, T0 + 70 * MS, "gone");
+    cr_assert_eq(net_session_health(&s, T0 + 70 * MS), UMBP_E_NOT_ATTEMPTED);
+    net_session_stop(&s);
+    cr_assert_eq(net_session_health(&s, T0 + 70 * MS), UMBP_E_NOT_ATTEMPTED);
+    net_session_destroy(&s);
+}
+
+Test(net_session, a_broken_stream_drops_the_connection_naming_why)
+{
+    struct net_session s;
+    struct owner o;
+    setup(&s, &o, 0);
+    struct tcall a = {0};
+    push(&s, &a, 1, T0, 100);
+    cr_assert_eq(feed_pong(&s, T0, a.nc.first_seq + 7), -1);
+    cr_assert(strstr(o.last_why, "PONG has seq"), "%s", o.last_why);
+    cr_assert_eq(a.dones, 1);
+    cr_assert_eq(a.status, -ECONNRESET);
+
+    reconnect(&s, (net_session_tick(&s, T0 + 10 * MS), T0 + 10 * MS));
+    cr_assert_eq(feed_pong(&s, T0 + 11 * MS, 99), -1);
+    cr_assert(strstr(o.last_why, "answers nothing outstanding"), "%s", o.last_why);
+
+    reconnect(&s, (net_session_tick(&s, T0 + 40 * MS), T0 + 40 * MS));
+    struct proto_buf b = {0};
+    cr_assert_eq(proto_put_empty(&b, PROTO_PONG, 0, 0), 0);
+    b.data[6] = 1; /* frame.flags */
+    cr_assert_eq(feed(&s, T0 + 41 * MS, &b, 0, b.len, -1), -1);
+    cr_assert(strstr(o.last_why, "malformed frame from the server: "), "%s", o.last_why);
+    proto_buf_free(&b);
+
+    reconnect(&s, (net_session_tick(&s, T0 + 90 * MS), T0 + 90 * MS));
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    close(p[1]);
+    a = (struct tcall){0};
+    push(&s, &a, 1, T0 + 91 * MS, 100);
+    cr_assert_eq(proto_put_empty(&b, PROTO_PONG, a.nc.first_seq, 0), 0);
+    cr_assert_eq(feed(&s, T0 + 91 * MS, &b, 0, b.len, p[0]), -1);
+    cr_assert_str_eq(o.last_why, "the server passed an fd outside HELLO_OK");
+    cr_assert_eq(fcntl(p[0], F_GETFD), -1, "the stray fd is closed");
+    proto_buf_free(&b);
+
+    reconnect(&s, (net_session_tick(&s, T0 + 200 * MS), T0 + 200 * MS));
+    cr_assert_eq(net_session_input(&s, T0 + 201 * MS, 0, -1), -1);
+    cr_assert_str_eq(o.last_why, "the server closed the connection");
+    net_session_destroy(&s);
+}
+
+Test(net_session, the_handshake)
+{
+    struct net_session s;
+    struct owner o;
+    setup(&s, &o, 0);
+    net_session_lost(&s, T0, "the server closed the connection");
+    uint64_t now = T0 + 10 * MS;
+    net_session_tick(&s, now);
+    net_session_dialing(&s, now);
+    net_session_connected(&s, now);
+    cr_assert_eq(o.hellos, 1);
+    /* EVENTS before HELLO_OK go to the owner; a reply does not */
+    struct proto_buf b = {0};
+    cr_assert_eq(proto_put_empty(&b, PROTO_EVENTS, 0, 0), 0);
+    cr_assert_eq(feed(&s, now, &b, 0, b.len, -1), 0);
+    cr_assert_eq(o.events, 1);
+    cr_assert_eq(s.state, NET_HELLO);
+    proto_buf_free(&b);
+    cr_assert_eq(feed_pong(&s, now, 5), -1);
+    cr_assert_str_eq(o.last_why, "PONG before HELLO_OK");
+    /* no HELLO_OK within the bound */
+    now += next_retry_ms(&s, now) * MS;
+    net_session_tick(&s, now);
+    net_session_dialing(&s, now);
+    net_session_connected(&s, now);
+    net_session_tick(&s, now + 499 * MS);
+    cr_assert_eq(s.state, NET_HELLO);
+    net_session_tick(&s, now + 500 * MS);
+    cr_assert_eq(s.state, NET_DISCONNECTED);
+    cr_assert_str_eq(o.last_why, "no HELLO_OK within startup_timeout_ms");
+    /* a refused welcome */
+    now += 500 * MS;
+    now += next_retry_ms(&s, now) * MS;
+    net_session_tick(&s, now);
+    o.welcome_rc = -EPROTO;
+    net_session_dialing(&s, now);
+    net_session_connected(&s, now);
+    cr_assert_eq(feed_hello_ok(&s, now, s.next_seq - 1), -1);
+    cr_assert_str_eq(o.last_why, "welcome refused");
+    cr_assert_eq(o.ups, 0);
+    net_session_destroy(&s);
+}
