@@ -253,6 +253,15 @@ class _SchedulerCore:
             return n2 if n2 > 0 else n
         return n
 
+    def _split(self, req, n, new_local=0, ext=0):
+        """Where this step's chunk of req ends: vLLM's Mamba 'align' split
+        (the vLLM version's own _mamba_block_aligned_split) when that mode
+        is on, else n.  The GPU mini engine overrides it to compute a
+        prompt's last block in a step of its own."""
+        if self.need_mamba_block_aligned_split:
+            return self._mamba_block_aligned_split(req, n, new_local, ext)
+        return n
+
     def schedule(self):
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
@@ -273,8 +282,7 @@ class _SchedulerCore:
             rid = req.request_id
             n = req.num_tokens + self.placeholders[rid] - req.num_computed_tokens
             n = min(n, budget)
-            if self.need_mamba_block_aligned_split:
-                n = self._mamba_block_aligned_split(req, n)
+            n = self._split(req, n)
             if n <= 0:
                 i += 1
                 continue
@@ -320,8 +328,7 @@ class _SchedulerCore:
                 else:
                     local, computed = req.num_computed_tokens, req.num_computed_tokens
                 n = min(req.num_tokens - computed, budget)
-                if self.need_mamba_block_aligned_split:
-                    n = self._mamba_block_aligned_split(req, n, computed - req.num_computed_tokens - ext, ext)
+                n = self._split(req, n, computed - req.num_computed_tokens - ext, ext)
                 if load_async:
                     n = 0
                 fresh = rid not in self.req_blocks
