@@ -17,13 +17,14 @@
  * Loads acquire leases, restore region -> block, then release and validate.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rt.h"
 #include "tier_call.h"
 
-#define WAIT_SLICE_MS 100
 /* blocks per transfer table that gpu_warm_transfers allocates: the engine's
  * first size, up to what a 64 Ki-token prefix of 16-token blocks needs */
 #define WARM_BLOCKS_MIN 1024
@@ -31,39 +32,84 @@
 
 /* ---- waiter thread -------------------------------------------------------- */
 
+/* Posts op back to the loop with the transfer's result. */
+static void kv_transfer_finished(struct umbp_runtime *rt, struct umbp_op *op, int rc)
+{
+    op->gpu_rc = rc;
+    umbp_gpu_xfer_release(op->xfer);
+    op->xfer = NULL;
+    rt_post(rt, &op->hdr); /* cannot fail: see rt.h */
+}
+
+/*
+ * The waiter watches every transfer in flight, not only the oldest: a
+ * restore submitted behind a store (or beside a store gated on the engine's
+ * forward by its wait_event) finishes on its own lane while the store still
+ * runs, and its op must complete then, not when the store does (a FIFO wait
+ * reported a restore 4.6 ms late beside a 10,000-token store on an H200
+ * host).  It tests each transfer without blocking, yield-spins through the
+ * first 100 ms without progress (transfers of a prefix take 1-30 ms; a
+ * sleep would add its timer slack to each), then naps 50 us at a time, and
+ * sleeps on the queue's condition when nothing is in flight.
+ */
 static void *kv_waiter(void *arg)
 {
     struct umbp_runtime *rt = arg;
     struct kv_state *kv = &rt->kv;
-    pthread_mutex_lock(&kv->qlock);
+    struct umbp_op *head = NULL, **tail = &head; /* in flight, oldest first */
+    uint64_t idle_since = 0;                     /* last progress */
+    bool warned = false;
     for (;;) {
-        while (!kv->qhead && !kv->quit)
-            pthread_cond_wait(&kv->qcond, &kv->qlock);
-        if (!kv->qhead)
-            break; /* quit with nothing left */
-        struct umbp_op *op = kv->qhead;
-        kv->qhead = op->gnext;
-        if (!kv->qhead)
-            kv->qtail = NULL;
-        pthread_mutex_unlock(&kv->qlock);
-        /* Transfers finish in bounded time unless the device is wedged;
-         * wait in slices so a wedged device is at least logged. */
-        int rc;
-        bool warned = false;
-        uint64_t t0 = umbp_now_ns();
-        while ((rc = umbp_gpu_xfer_wait(op->xfer, WAIT_SLICE_MS)) == UMBP_E_TIMEOUT)
-            if (!warned && umbp_now_ns() - t0 > ms_to_ns(rt->core->timeout_ms)) {
-                umbp_log(UMBP_LOG_WARN, "GPU transfer running for over timeout_ms; still "
-                         "waiting (the device may be wedged)");
-                warned = true;
-            }
-        op->gpu_rc = rc;
-        umbp_gpu_xfer_release(op->xfer);
-        op->xfer = NULL;
-        rt_post(rt, &op->hdr); /* cannot fail: see rt.h */
         pthread_mutex_lock(&kv->qlock);
+        while (!head && !kv->qhead && !kv->quit)
+            pthread_cond_wait(&kv->qcond, &kv->qlock);
+        if (!head && !kv->qhead) { /* quit with nothing left */
+            pthread_mutex_unlock(&kv->qlock);
+            break;
+        }
+        if (kv->qhead) { /* take every newly submitted transfer */
+            if (!head)
+                idle_since = umbp_now_ns();
+            *tail = kv->qhead;
+            tail = &kv->qtail->gnext;
+            kv->qhead = kv->qtail = NULL;
+        }
+        pthread_mutex_unlock(&kv->qlock);
+
+        bool progress = false;
+        for (struct umbp_op **pp = &head; *pp;) {
+            struct umbp_op *op = *pp;
+            int rc = umbp_gpu_xfer_test(op->xfer);
+            if (rc == UMBP_E_INPROGRESS) {
+                pp = &op->gnext;
+                continue;
+            }
+            *pp = op->gnext;
+            if (tail == &op->gnext)
+                tail = pp;
+            kv_transfer_finished(rt, op, rc);
+            progress = true;
+        }
+        uint64_t now = umbp_now_ns();
+        if (progress || !head) {
+            idle_since = now;
+            warned = false;
+            continue;
+        }
+        /* Transfers finish in bounded time unless the device is wedged: log
+         * once per stretch without progress longer than timeout_ms. */
+        if (!warned && now - idle_since > ms_to_ns(rt->core->timeout_ms)) {
+            umbp_log(UMBP_LOG_WARN, "GPU transfer running for over timeout_ms; still "
+                     "waiting (the device may be wedged)");
+            warned = true;
+        }
+        if (now - idle_since < ms_to_ns(100)) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
     }
-    pthread_mutex_unlock(&kv->qlock);
     return NULL;
 }
 
