@@ -135,7 +135,10 @@ def child(args):
         opts.update(mode="standalone", socket_dir=args.socket_dir)
     for kv_ in args.opt or []:
         k_, _, v_ = kv_.partition("=")
-        opts[k_] = v_
+        try:
+            opts[k_] = json.loads(v_)  # numbers and booleans as such
+        except ValueError:
+            opts[k_] = v_
     t = time.perf_counter()
     rt = umbp.Runtime(opts)
     kv = rt.register_kv_caches(caches, layout="flash_attn")
