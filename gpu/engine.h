@@ -38,7 +38,11 @@ struct umbp_gpu_xfer {
     umbp_gpu_method_t method;
     size_t cap;                  /* entries of the three tables below */
     struct gpu_copy_block *htab; /* pinned host copy of the block table */
-    struct gpu_copy_block *dtab; /* device copy the kernel reads */
+    struct gpu_copy_block *dtab; /* device copy the restore lane's kernels read */
+    /* htab as the device sees it (mapped): the store lane's kernels read
+     * their table there, so a store never queues a host-to-device upload
+     * behind a restore's DMAs (engine.c: table_of) */
+    const struct gpu_copy_block *htab_dev;
     uintptr_t *hsel;             /* host address of each object's selected bytes */
     umbp_kv_block_io_t *sorted;  /* STAGED: the blocks by host address */
     struct umbp_gpu_xfer *next;  /* free list / orphan list */

@@ -43,7 +43,7 @@ struct gpu_ops {
     void (*host_free)(void *p);
     int (*host_register)(void *p, size_t n); /* mapped, portable */
     int (*host_unregister)(void *p);
-    int (*host_dev_ptr)(void *p, void **dptr); /* registered memory only */
+    int (*host_dev_ptr)(void *p, void **dptr); /* registered or host_alloc memory */
 
     int (*stream_create)(gpu_stream_t *s); /* non-blocking, low priority */
     void (*stream_destroy)(gpu_stream_t s);
