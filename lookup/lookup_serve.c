@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "inbuf.h"
+#include "listen.h"
 #include "lockfile.h"
 #include "lookup_int.h"
 #include "proto.h"
@@ -79,9 +80,8 @@ struct lookup_service {
     char path[LK_PATH_MAX], lock_path[LK_PATH_MAX + 8];
     char ns[UMBP_LOOKUP_NS_HEX_LEN + 1];
     uint32_t dp_index, rank;
-    int listen_fd, lock_fd;
-    dev_t sock_dev;              /* the socket file we bound, so that we */
-    ino_t sock_ino;              /* never remove another engine's */
+    int lock_fd;
+    struct net_listener listener; /* net/listen.h: removes only the socket file we bound */
     bool started, stopped;
     ev_io accept_w;
     ev_timer accept_retry_w;
@@ -427,13 +427,14 @@ static void refuse(struct lookup_service *s, int fd, const struct ucred *cr, con
 static void accept_one(void *ctx, int fd)
 {
     struct lookup_service *s = ctx;
+    static const struct net_peer_rules rules = {.allow_root = true};
     struct ucred cr;
-    socklen_t len = sizeof(cr);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
-        refuse(s, fd, NULL, strerror(errno));
+    int rc = net_peer_check(fd, &rules, &cr);
+    if (rc < 0 && rc != -EACCES) {
+        refuse(s, fd, NULL, strerror(-rc));
         return;
     }
-    if (cr.uid != geteuid() && cr.uid != 0) {
+    if (rc == -EACCES) {
         refuse(s, fd, &cr, "not this engine's user (nor root)");
         return;
     }
@@ -467,7 +468,7 @@ static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
     struct lookup_service *s = umbp_container_of(w, struct lookup_service, accept_w);
     (void)revents;
-    int rc = umbp_accept_batch(s->listen_fd, ACCEPT_BATCH, accept_one, s);
+    int rc = umbp_accept_batch(s->listener.fd, ACCEPT_BATCH, accept_one, s);
     if (rc < 0) {
         umbp_log(UMBP_LOG_WARN, "lookup service %s: accept: %s; new connections wait "
                  "%.1f s", s->path, strerror(-rc), ACCEPT_RETRY_S);
@@ -491,7 +492,7 @@ void lookup_service_start(struct umbp_runtime *rt, struct msg_hdr *m)
     struct lookup_service *s = (struct lookup_service *)m;
     if (s->stopped)
         return; /* shutdown began before the message arrived */
-    ev_io_init(&s->accept_w, accept_cb, s->listen_fd, EV_READ);
+    ev_io_init(&s->accept_w, accept_cb, s->listener.fd, EV_READ);
     ev_timer_init(&s->accept_retry_w, accept_retry_cb, ACCEPT_RETRY_S, 0.0);
     ev_io_start(rt->loop, &s->accept_w);
     s->started = true;
@@ -500,13 +501,7 @@ void lookup_service_start(struct umbp_runtime *rt, struct msg_hdr *m)
 /* Closes the files and removes the socket if it is still the one we bound. */
 static void release_files(struct lookup_service *s)
 {
-    if (s->listen_fd >= 0) {
-        close(s->listen_fd);
-        s->listen_fd = -1;
-        struct stat st;
-        if (lstat(s->path, &st) == 0 && st.st_dev == s->sock_dev && st.st_ino == s->sock_ino)
-            unlink(s->path);
-    }
+    net_listen_close(s->path, &s->listener);
     if (s->lock_fd >= 0) {
         net_lock_release(s->lock_path, s->lock_fd);
         s->lock_fd = -1;
@@ -590,73 +585,46 @@ static int lock_take(struct lookup_service *s, char *err, size_t errlen)
     return -EAGAIN;
 }
 
-/* With the lock held: whatever is at the path.  A socket that accepts a
- * connection is a live listener that does not take our lock (never taken
- * over); one that refuses is stale and removed; anything else is refused. */
-static int clear_path(struct lookup_service *s, char *err, size_t errlen)
+/* With the lock held, the socket by net/listen.c: whatever is at the path
+ * by NET_STALE_PROBE (a socket that accepts a connection is a live listener
+ * that does not take our lock, never taken over; one that refuses is stale
+ * and removed; anything else is refused), then bind, 0600 (the first gate,
+ * SO_PEERCRED on accept the second), listen.  The words are ours. */
+static int listen_open(struct lookup_service *s, char *err, size_t errlen)
 {
-    struct stat st;
-    if (lstat(s->path, &st) < 0)
+    struct net_listen_params p = {.path = s->path, .stale = NET_STALE_PROBE, .mode = 0600};
+    struct net_listen_result r;
+    net_listen_open(&p, &s->listener, &r);
+    if (r.replaced)
+        umbp_log(UMBP_LOG_INFO, "lookup socket %s: replaced a stale socket (connect: %s)",
+                 s->path, strerror(r.probe_err));
+    switch (r.outcome) {
+    case NET_LISTEN_OK:
         return 0;
-    if (!S_ISSOCK(st.st_mode)) {
+    case NET_LISTEN_NOT_SOCKET:
         snprintf(err, errlen, "lookup socket %s: a file that is not a socket is in the way; "
                  "it is left alone: remove it, or choose another lookup_dir", s->path);
         return -EEXIST;
-    }
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    memcpy(a.sun_path, s->path, strlen(s->path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket(AF_UNIX): %s", strerror(e));
-        return -e;
-    }
-    int rc = connect(fd, (struct sockaddr *)&a, sizeof(a));
-    int e = rc < 0 ? errno : 0;
-    close(fd);
-    if (rc == 0 || e == EAGAIN || e == EINPROGRESS) /* EAGAIN: a listener, backlog full */
+    case NET_LISTEN_LIVE:
         return busy(s, "", err, errlen);
-    if (unlink(s->path) < 0) {
-        int ue = errno;
+    case NET_LISTEN_UNLINK_FAILED:
         snprintf(err, errlen, "lookup socket %s: cannot remove the stale socket (%s; connect "
-                 "said %s)", s->path, strerror(ue), strerror(e));
-        return -ue;
-    }
-    umbp_log(UMBP_LOG_INFO, "lookup socket %s: replaced a stale socket (connect: %s)", s->path,
-             strerror(e));
-    return 0;
-}
-
-static int listen_open(struct lookup_service *s, char *err, size_t errlen)
-{
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    struct stat st;
-    memcpy(a.sun_path, s->path, strlen(s->path) + 1); /* fits: the path was checked */
-    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (s->listen_fd < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket(AF_UNIX): %s", strerror(e));
-        return -e;
-    }
-    if (bind(s->listen_fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-        int e = errno;
+                 "said %s)", s->path, strerror(r.err), strerror(r.probe_err));
+        break;
+    case NET_LISTEN_SOCKET_FAILED:
+        snprintf(err, errlen, "socket(AF_UNIX): %s", strerror(r.err));
+        break;
+    case NET_LISTEN_BIND_FAILED:
         snprintf(err, errlen, "lookup socket %s: bind: %s; check lookup_dir", s->path,
-                 strerror(e));
-        close(s->listen_fd);
-        s->listen_fd = -1;
-        return -e;
+                 strerror(r.err));
+        break;
+    case NET_LISTEN_CHOWN_FAILED: /* not asked for */
+    case NET_LISTEN_CHMOD_FAILED:
+    case NET_LISTEN_LISTEN_FAILED:
+        snprintf(err, errlen, "lookup socket %s: %s", s->path, strerror(r.err));
+        break;
     }
-    if (lstat(s->path, &st) == 0) {
-        s->sock_dev = st.st_dev;
-        s->sock_ino = st.st_ino;
-    }
-    /* 0600 is the first gate (SO_PEERCRED on accept the second) */
-    if (chmod(s->path, 0600) < 0 || listen(s->listen_fd, SOMAXCONN) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "lookup socket %s: %s", s->path, strerror(e));
-        return -e; /* release_files removes it */
-    }
-    return 0;
+    return -r.err; /* release_files removes what was made */
 }
 
 static int serve_setup(struct umbp_runtime *rt, struct lookup_service *s, const char *dir,
@@ -684,8 +652,7 @@ static int serve_setup(struct umbp_runtime *rt, struct lookup_service *s, const 
     }
     snprintf(s->lock_path, sizeof(s->lock_path), "%s.lock", s->path);
     if ((rc = lookup_dir_prepare(dir, is_default, "lookup_dir", err, errlen)) < 0 ||
-        (rc = lock_take(s, err, errlen)) < 0 || (rc = clear_path(s, err, errlen)) < 0 ||
-        (rc = listen_open(s, err, errlen)) < 0)
+        (rc = lock_take(s, err, errlen)) < 0 || (rc = listen_open(s, err, errlen)) < 0)
         return rc;
     return 0;
 }
@@ -709,7 +676,8 @@ int umbp_lookup_serve(umbp_runtime_t *rt, const char *dir, const char *ns_hex,
     }
     s->hdr.type = MSG_LOOKUP_SERVE;
     s->rt = rt;
-    s->listen_fd = s->lock_fd = -1;
+    s->lock_fd = -1;
+    s->listener = (struct net_listener)NET_LISTENER_INIT;
     s->dp_index = dp_index;
     s->rank = rank;
     struct lookup_service *none = NULL;

@@ -253,6 +253,7 @@ int umbp_server_create(const char *json, struct umbp_server **out, char *err, si
         return -ENOMEM;
     }
     s->listen_fd = s->lock_fd = -1;
+    s->listener = (struct net_listener)NET_LISTENER_INIT;
     if ((rc = srv_config_parse(json, &s->cfg, err, errlen)) < 0)
         goto fail;
     apply_log_level(s->cfg);

@@ -52,6 +52,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "listen.h"
 #include "proto.h"
 #include "server_config.h"
 #include "store.h"
@@ -151,8 +152,8 @@ struct umbp_server {
     char dir[SHM_PATH_MAX];
     char sock_path[SHM_PATH_MAX];
     char lock_path[SHM_PATH_MAX + 8];
-    int listen_fd, lock_fd;
-    bool socket_created;             /* ours to unlink */
+    int listen_fd, lock_fd;          /* listen_fd: listener.fd while accepting */
+    struct net_listener listener;    /* net/listen.h */
     ev_io accept_w;
     ev_timer accept_retry_w;         /* out of descriptors: accept later */
     ev_async stop_w;
