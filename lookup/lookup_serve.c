@@ -14,9 +14,10 @@
  * hands it to the loop thread (connections that arrive meanwhile wait in
  * the backlog).
  *
- * Serving (loop thread only, like the lookup actor): connections are
- * accepted from this user or root (SO_PEERCRED), 64 at most; input is read
- * without blocking and cut into frames by proto_frame_parse.  The first
+ * Serving (loop thread only, like the lookup actor) is net/service.c's,
+ * with this file's words and handlers: connections are accepted from this
+ * user or root (SO_PEERCRED), 64 at most; input is read without blocking
+ * and cut into frames by proto_frame_parse.  The first
  * frame must be HELLO of role lookup (HELLO_OK back, no descriptor), then
  * LOOKUP (LOOKUP_R: one u8 per key), STATS, PING.  A LOOKUP is one tier
  * lookup of the whole frame, called as the lookup actor calls it: no LRU
@@ -50,6 +51,7 @@
 #include "lookup_int.h"
 #include "proto.h"
 #include "rt.h"
+#include "service.h"
 #include "tier_call.h"
 
 #define LK_MAX_CONNS 64
@@ -57,22 +59,6 @@
 #define OUT_PAUSE (1u << 20)
 #define ACCEPT_BATCH 16
 #define ACCEPT_RETRY_S 0.1
-
-struct lk_conn {
-    struct lookup_service *svc;
-    struct lk_conn *prev, *next;
-    int fd;
-    ev_io rio, wio;
-    uint64_t id;
-    pid_t pid;
-    bool greeted;
-    bool paused;                 /* not reading: replies above OUT_PAUSE */
-    uint8_t *in;                 /* unparsed input [0, in_len) */
-    size_t in_len, in_cap;
-    struct proto_buf out;        /* replies; [out_off, out.len) unsent */
-    size_t out_off;
-    char why[PROTO_ERRMSG_MAX];  /* why it closes, for the log */
-};
 
 struct lookup_service {
     struct msg_hdr hdr;          /* MSG_LOOKUP_SERVE */
@@ -83,11 +69,7 @@ struct lookup_service {
     int lock_fd;
     struct net_listener listener; /* net/listen.h: removes only the socket file we bound */
     bool started, stopped;
-    ev_io accept_w;
-    ev_timer accept_retry_w;
-    struct lk_conn *conns;
-    unsigned nconns;
-    uint64_t next_id;
+    struct net_service svc;      /* accept, connections, buffers (net/service.h) */
     uint64_t protocol_errors, refused;
     /* one lookup at a time (loop thread): the tier's requests */
     struct umbp_tier_req *reqs;
@@ -96,58 +78,17 @@ struct lookup_service {
     size_t cap;
 };
 
+static struct lookup_service *svc_of(const struct net_conn *c)
+{
+    return c->svc->p.owner;
+}
+
 #define CONN_FMT "lookup service %s: connection %llu (pid %d)"
-#define CONN_ARGS(c) (c)->svc->path, (unsigned long long)(c)->id, (int)(c)->pid
-
-/* ---- connections: closing, output ------------------------------------------ */
-
-static void conn_close(struct lk_conn *c)
-{
-    struct lookup_service *s = c->svc;
-    struct ev_loop *loop = s->rt->loop;
-    umbp_log(UMBP_LOG_DEBUG, CONN_FMT ": %s", CONN_ARGS(c), c->why[0] ? c->why : "closed");
-    ev_io_stop(loop, &c->rio);
-    ev_io_stop(loop, &c->wio);
-    close(c->fd);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    s->nconns--;
-    proto_buf_free(&c->out);
-    free(c->in);
-    free(c);
-}
-
-static size_t backlog(const struct lk_conn *c) { return c->out.len - c->out_off; }
-
-/* Writes what it can.  < 0: the peer is gone (why set). */
-static int conn_flush(struct lk_conn *c)
-{
-    struct ev_loop *loop = c->svc->rt->loop;
-    int rc = proto_out_send(c->fd, &c->out, &c->out_off);
-    if (rc < 0) {
-        snprintf(c->why, sizeof(c->why), "send: %s", strerror(-rc));
-        return rc;
-    }
-    if (c->out_off == c->out.len) {
-        c->out_off = 0;
-        if (c->out.cap > OUT_PAUSE)
-            proto_buf_free(&c->out); /* give a large buffer back */
-        else
-            proto_buf_consume(&c->out, c->out.len);
-        ev_io_stop(loop, &c->wio);
-    } else {
-        ev_io_start(loop, &c->wio);
-    }
-    return 0;
-}
+#define CONN_ARGS(c) svc_of(c)->path, (unsigned long long)(c)->id, (int)(c)->pid
 
 /* ---- requests ------------------------------------------------------------------ */
 
-static int reply_end(struct lk_conn *c, int rc)
+static int reply_end(struct net_conn *c, int rc)
 {
     int erc = proto_end(&c->out);
     rc = rc ? rc : erc;
@@ -187,9 +128,9 @@ static void lookup_answered(void *arg, int rc)
     call->rc = rc;
 }
 
-static int handle_lookup(struct lk_conn *c, const struct proto_frame *f)
+static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
 {
-    struct lookup_service *s = c->svc;
+    struct lookup_service *s = svc_of(c);
     struct umbp_runtime *rt = s->rt;
     size_t n = f->n;
     if (ensure_scratch(s, n ? n : 1) < 0) {
@@ -227,9 +168,9 @@ static int handle_lookup(struct lk_conn *c, const struct proto_frame *f)
 
 #define LOAD(f) atomic_load_explicit(&rt->cnt.f, memory_order_relaxed)
 
-static int handle_stats(struct lk_conn *c, const struct proto_frame *f)
+static int handle_stats(struct net_conn *c, const struct proto_frame *f)
 {
-    struct lookup_service *s = c->svc;
+    struct lookup_service *s = svc_of(c);
     struct umbp_runtime *rt = s->rt;
     struct umbp_tier_usage u;
     tier_usage(rt->tier, &u);
@@ -238,7 +179,7 @@ static int handle_stats(struct lk_conn *c, const struct proto_frame *f)
         .num_objects = u.num_objects, .num_pending = u.num_pending,
         .num_leased = u.num_leased, .evictions = u.evictions,
         .evicted_bytes = u.evicted_bytes, .leases_expired = u.leases_expired,
-        .sessions = s->nconns, .lookups = LOAD(lookups), .lookup_keys = LOAD(lookup_keys),
+        .sessions = s->svc.nconns, .lookups = LOAD(lookups), .lookup_keys = LOAD(lookup_keys),
         .lookup_hits = LOAD(lookup_hits), .protocol_errors = s->protocol_errors,
         .refused_connections = s->refused,
     };
@@ -248,13 +189,15 @@ static int handle_stats(struct lk_conn *c, const struct proto_frame *f)
     return reply_end(c, rc);
 }
 
+static const struct net_role lookup_role; /* below, with the handlers */
+
 /* HELLO: role lookup, this protocol version, and (where given) this
  * service's namespace, DP index and rank, so a client that computed the
  * path for another rank learns it at once. */
-static int handle_hello(struct lk_conn *c, const struct proto_frame *f, char *what,
+static int handle_hello(struct net_conn *c, const struct proto_frame *f, char *what,
                         size_t whatlen)
 {
-    struct lookup_service *s = c->svc;
+    struct lookup_service *s = svc_of(c);
     struct proto_hello h;
     if (f->type != PROTO_HELLO) {
         snprintf(what, whatlen, "frame.type: %s before HELLO; a session's first frame must "
@@ -299,190 +242,92 @@ static int handle_hello(struct lk_conn *c, const struct proto_frame *f, char *wh
         rc = proto_put_welcome(&c->out, &w);
     if ((rc = reply_end(c, rc)) < 0)
         return rc;
-    c->greeted = true;
+    c->role = &lookup_role;
     return 0;
 }
 
-/* One frame.  0, or < 0: close (why or what says why; -EPROTO: malformed). */
-static int handle_frame(struct lk_conn *c, const struct proto_frame *f, char *what,
-                        size_t whatlen)
+static int handle_ping(struct net_conn *c, const struct proto_frame *f)
 {
-    if (!c->greeted)
-        return handle_hello(c, f, what, whatlen);
-    switch (f->type) {
-    case PROTO_LOOKUP: return handle_lookup(c, f);
-    case PROTO_STATS: return handle_stats(c, f);
-    case PROTO_PING: {
-        int rc = proto_put_empty(&c->out, PROTO_PONG, f->seq, 0);
-        if (rc < 0)
-            snprintf(c->why, sizeof(c->why), "cannot build a reply: %s", strerror(-rc));
-        return rc;
-    }
-    case PROTO_HELLO:
-        snprintf(what, whatlen, "frame.type: HELLO after the handshake (once per session)");
-        return -EPROTO;
-    default:
-        snprintf(what, whatlen, "frame.type: %s is not allowed for role lookup (it may send "
-                 "LOOKUP, STATS, PING)", proto_type_name(f->type));
-        return -EPROTO;
-    }
-}
-
-/* ---- connections: input ------------------------------------------------------------ */
-
-static void malformed(struct lk_conn *c, const char *what)
-{
-    c->svc->protocol_errors++;
-    umbp_log(UMBP_LOG_WARN, CONN_FMT ": malformed frame: %s; disconnected", CONN_ARGS(c), what);
-    proto_put_error_frame(&c->out, PROTO_ERROR, 0, -EPROTO, what);
-    snprintf(c->why, sizeof(c->why), "malformed frame");
-}
-
-/* Handles the whole frames in `in` (until paused), then flushes.  < 0:
- * close the connection. */
-static int conn_process(struct lk_conn *c)
-{
-    size_t pos = 0;
-    int rc = 0;
-    while (rc == 0) {
-        if (backlog(c) > OUT_PAUSE) {
-            c->paused = true;
-            ev_io_stop(c->svc->rt->loop, &c->rio);
-            break;
-        }
-        struct proto_frame f;
-        char what[PROTO_ERRMSG_MAX] = "";
-        long n = proto_frame_parse(c->in + pos, c->in_len - pos, false, &f, what, sizeof(what));
-        if (n == 0)
-            break;
-        if (n > 0) {
-            rc = handle_frame(c, &f, what, sizeof(what));
-            pos += (size_t)n;
-        } else {
-            rc = (int)n;
-        }
-        if (rc == -EPROTO || rc == -EMSGSIZE)
-            malformed(c, what[0] ? what : "frame");
-    }
-    memmove(c->in, c->in + pos, c->in_len - pos);
-    c->in_len -= pos;
-    int frc = conn_flush(c); /* the replies, and an ERROR or HELLO_ERR before a close */
-    return rc < 0 ? rc : frc;
-}
-
-/* Room for more input (proto_in_room). */
-static int in_room(struct lk_conn *c)
-{
-    return proto_in_room(&c->in, c->in_len, &c->in_cap, IN_INITIAL);
-}
-
-static void read_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-    struct lk_conn *c = umbp_container_of(w, struct lk_conn, rio);
-    (void)loop;
-    (void)revents;
-    int rc = in_room(c);
-    if (rc < 0) {
-        snprintf(c->why, sizeof(c->why), "no memory for its input");
-        conn_close(c);
-        return;
-    }
-    ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    if (n <= 0) {
-        snprintf(c->why, sizeof(c->why), "%s", n == 0 ? "disconnected" : strerror(errno));
-        conn_close(c);
-        return;
-    }
-    c->in_len += (size_t)n;
-    if (conn_process(c) < 0)
-        conn_close(c);
-}
-
-static void write_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-    struct lk_conn *c = umbp_container_of(w, struct lk_conn, wio);
-    (void)revents;
-    int rc = conn_flush(c);
-    if (rc == 0 && c->paused && backlog(c) == 0) {
-        c->paused = false;
-        ev_io_start(loop, &c->rio);
-        rc = conn_process(c); /* the frames that waited */
-    }
+    int rc = proto_put_empty(&c->out, PROTO_PONG, f->seq, 0);
     if (rc < 0)
-        conn_close(c);
+        snprintf(c->why, sizeof(c->why), "cannot build a reply: %s", strerror(-rc));
+    return rc;
 }
 
-/* ---- accepting ------------------------------------------------------------------------ */
+/* What role lookup may send; anything else is malformed ("frame.type: X is
+ * not allowed for role lookup (it may send LOOKUP, STATS, PING)"). */
+static const struct net_role lookup_role = {
+    .name = "lookup",
+    .handlers = {
+        [PROTO_LOOKUP] = handle_lookup, [PROTO_STATS] = handle_stats,
+        [PROTO_PING] = handle_ping,
+    },
+};
 
-static void refuse(struct lookup_service *s, int fd, const struct ucred *cr, const char *why)
+/* ---- the service's hooks (net/service.h) ------------------------------------------- */
+
+static void conn_name(const struct net_conn *c, char *buf, size_t len)
 {
+    snprintf(buf, len, CONN_FMT, CONN_ARGS(c));
+}
+
+static int conn_open(struct net_conn *c)
+{
+    umbp_log(UMBP_LOG_DEBUG, CONN_FMT ": connected", CONN_ARGS(c));
+    return 0;
+}
+
+static void conn_refuse(struct net_service *svc, int fd, const struct ucred *cr,
+                        enum net_refusal why, int err)
+{
+    struct lookup_service *s = svc->p.owner;
+    const char *text = why == NET_REFUSE_CRED   ? strerror(err)
+                       : why == NET_REFUSE_PEER ? "not this engine's user (nor root)"
+                       : why == NET_REFUSE_FULL ? "64 lookup connections are open already"
+                                                : "out of memory for a connection";
+    (void)fd;
     s->refused++;
     umbp_log(UMBP_LOG_WARN, "lookup service %s: refused a connection from uid %u pid %d: %s",
-             s->path, cr ? (unsigned)cr->uid : 0u, cr ? (int)cr->pid : 0, why);
-    close(fd);
+             s->path, cr ? (unsigned)cr->uid : 0u, cr ? (int)cr->pid : 0, text);
 }
 
-static void accept_one(void *ctx, int fd)
+static void conn_malformed(struct net_conn *c) { svc_of(c)->protocol_errors++; }
+
+static void conn_accept_error(struct net_service *svc, int err, double retry_s)
 {
-    struct lookup_service *s = ctx;
-    static const struct net_peer_rules rules = {.allow_root = true};
-    struct ucred cr;
-    int rc = net_peer_check(fd, &rules, &cr);
-    if (rc < 0 && rc != -EACCES) {
-        refuse(s, fd, NULL, strerror(-rc));
-        return;
-    }
-    if (rc == -EACCES) {
-        refuse(s, fd, &cr, "not this engine's user (nor root)");
-        return;
-    }
-    if (s->nconns >= LK_MAX_CONNS) {
-        refuse(s, fd, &cr, "64 lookup connections are open already");
-        return;
-    }
-    struct lk_conn *c = calloc(1, sizeof(*c));
-    if (!c || !(c->in = malloc(IN_INITIAL))) {
-        free(c);
-        refuse(s, fd, &cr, "out of memory for a connection");
-        return;
-    }
-    c->svc = s;
-    c->fd = fd;
-    c->pid = cr.pid;
-    c->id = ++s->next_id;
-    c->in_cap = IN_INITIAL;
-    ev_io_init(&c->rio, read_cb, fd, EV_READ);
-    ev_io_init(&c->wio, write_cb, fd, EV_WRITE);
-    ev_io_start(s->rt->loop, &c->rio);
-    c->next = s->conns;
-    if (s->conns)
-        s->conns->prev = c;
-    s->conns = c;
-    s->nconns++;
-    umbp_log(UMBP_LOG_DEBUG, CONN_FMT ": connected", CONN_ARGS(c));
+    struct lookup_service *s = svc->p.owner;
+    umbp_log(UMBP_LOG_WARN, "lookup service %s: accept: %s; new connections wait %.1f s",
+             s->path, strerror(err), retry_s);
 }
 
-static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+static void conn_close(struct net_conn *c)
 {
-    struct lookup_service *s = umbp_container_of(w, struct lookup_service, accept_w);
-    (void)revents;
-    int rc = umbp_accept_batch(s->listener.fd, ACCEPT_BATCH, accept_one, s);
-    if (rc < 0) {
-        umbp_log(UMBP_LOG_WARN, "lookup service %s: accept: %s; new connections wait "
-                 "%.1f s", s->path, strerror(-rc), ACCEPT_RETRY_S);
-        ev_io_stop(loop, &s->accept_w);
-        ev_timer_start(loop, &s->accept_retry_w);
-    }
+    umbp_log(UMBP_LOG_DEBUG, CONN_FMT ": %s", CONN_ARGS(c), c->why[0] ? c->why : "closed");
 }
 
-static void accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
+static const struct net_service_ops lookup_service_ops = {
+    .name = conn_name,
+    .on_open = conn_open,
+    .on_refuse = conn_refuse,
+    .on_hello = handle_hello,
+    .on_malformed = conn_malformed,
+    .on_accept_error = conn_accept_error,
+    .on_close = conn_close,
+};
+
+/* Accepted from this user or root, 64 at most; a client whose replies are
+ * above OUT_PAUSE is not read until they have all gone; no timeouts (the
+ * scheduler's client bounds its own calls). */
+static void service_init(struct lookup_service *s)
 {
-    struct lookup_service *s = umbp_container_of(w, struct lookup_service, accept_retry_w);
-    (void)revents;
-    if (!s->stopped)
-        ev_io_start(loop, &s->accept_w);
+    struct net_service_params p = {
+        .loop = s->rt->loop, .ops = &lookup_service_ops, .owner = s,
+        .conn_size = sizeof(struct net_conn), .peer = {.allow_root = true},
+        .max_conns = LK_MAX_CONNS, .accept_batch = ACCEPT_BATCH,
+        .accept_retry_s = ACCEPT_RETRY_S, .in_initial = IN_INITIAL,
+        .out_pause = OUT_PAUSE, .out_resume = 1, .out_keep = OUT_PAUSE,
+    };
+    net_service_init(&s->svc, &p);
 }
 
 /* ---- the runtime's hooks --------------------------------------------------------------- */
@@ -490,11 +335,10 @@ static void accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
 void lookup_service_start(struct umbp_runtime *rt, struct msg_hdr *m)
 {
     struct lookup_service *s = (struct lookup_service *)m;
+    (void)rt;
     if (s->stopped)
         return; /* shutdown began before the message arrived */
-    ev_io_init(&s->accept_w, accept_cb, s->listener.fd, EV_READ);
-    ev_timer_init(&s->accept_retry_w, accept_retry_cb, ACCEPT_RETRY_S, 0.0);
-    ev_io_start(rt->loop, &s->accept_w);
+    net_service_start(&s->svc, s->listener.fd);
     s->started = true;
 }
 
@@ -514,14 +358,8 @@ void lookup_service_stop(struct umbp_runtime *rt)
     if (!s || s->stopped)
         return;
     s->stopped = true;
-    while (s->conns) {
-        snprintf(s->conns->why, sizeof(s->conns->why), "the runtime is shutting down");
-        conn_close(s->conns);
-    }
-    if (s->started) {
-        ev_io_stop(rt->loop, &s->accept_w);
-        ev_timer_stop(rt->loop, &s->accept_retry_w);
-    }
+    net_service_close_all(&s->svc, "the runtime is shutting down");
+    net_service_stop_accepting(&s->svc);
     release_files(s);
     umbp_log(UMBP_LOG_INFO, "lookup service %s: stopped", s->path);
 }
@@ -680,6 +518,7 @@ int umbp_lookup_serve(umbp_runtime_t *rt, const char *dir, const char *ns_hex,
     s->listener = (struct net_listener)NET_LISTENER_INIT;
     s->dp_index = dp_index;
     s->rank = rank;
+    service_init(s);
     struct lookup_service *none = NULL;
     if (!atomic_compare_exchange_strong(&rt->lookup_service, &none, s)) {
         umbp_set_error("umbp_lookup_serve: this runtime already serves lookups (one service "
