@@ -17,7 +17,11 @@
  *    max_sessions at once.  Refusals are logged (one line) and counted, and
  *    the client gets a HELLO_ERR naming the option before the close.
  *
- * create runs this on the creating thread; accept_cb on the loop thread.
+ * Accepting, the peer check and the cap are net/service.c's (configured in
+ * session.c); the words of a refusal are here (srv_listen_refuse).
+ *
+ * create runs this on the creating thread; the service's hooks on the loop
+ * thread.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,11 +39,6 @@
 #include "srv.h"
 #include "util.h"
 
-#define ACCEPT_BATCH 64
-#define ACCEPT_RETRY_S 0.1 /* after EMFILE: try again this much later */
-
-static void accept_cb(struct ev_loop *loop, ev_io *w, int revents);
-static void accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
 
 /* ---- the directory ------------------------------------------------------------- */
 
@@ -191,20 +190,13 @@ int srv_listen_bind(struct umbp_server *s, char *err, size_t errlen)
     int rc = socket_open(s, err, errlen);
     if (rc < 0)
         return rc;
-    s->listen_fd = s->listener.fd;
-    ev_io_init(&s->accept_w, accept_cb, s->listen_fd, EV_READ);
-    ev_io_start(s->loop, &s->accept_w);
-    ev_timer_init(&s->accept_retry_w, accept_retry_cb, ACCEPT_RETRY_S, 0.0);
+    net_service_start(&s->svc, s->listener.fd);
     return 0;
 }
 
 void srv_listen_close(struct umbp_server *s, bool release_lock)
 {
-    if (s->listen_fd >= 0) {
-        ev_io_stop(s->loop, &s->accept_w);
-        ev_timer_stop(s->loop, &s->accept_retry_w);
-        s->listen_fd = -1;
-    }
+    net_service_stop_accepting(&s->svc);
     net_listen_close(s->sock_path, &s->listener); /* the socket, if still ours */
     if (release_lock && s->lock_fd >= 0) {
         net_lock_release(s->lock_path, s->lock_fd);
@@ -214,73 +206,47 @@ void srv_listen_close(struct umbp_server *s, bool release_lock)
 
 /* ---- accepting ------------------------------------------------------------------- */
 
-/* Logs and counts a refusal, and tells the client why before closing: one
- * HELLO_ERR (seq 0: sent before its HELLO is read; arg = status) written
- * without blocking on the fresh socket (a frame this small fits its empty
- * buffer; if not, the client only sees the close).  The client reads it
- * even though its HELLO may meet the closed socket. */
-static void refuse(struct umbp_server *s, int fd, const struct ucred *cr, int status,
-                   const char *why)
+/* The service's on_refuse: logs and counts a refusal, and tells the client
+ * why before the service closes it: one HELLO_ERR (seq 0: sent before its
+ * HELLO is read; arg = status) written without blocking on the fresh
+ * socket (a frame this small fits its empty buffer; if not, the client
+ * only sees the close).  The client reads it even though its HELLO may
+ * meet the closed socket. */
+void srv_listen_refuse(struct net_service *svc, int fd, const struct ucred *cr,
+                       enum net_refusal reason, int err)
 {
+    struct umbp_server *s = svc->p.owner;
+    char why[PROTO_ERRMSG_MAX];
     s->c.refused_connections++;
+    switch (reason) {
+    case NET_REFUSE_CRED:
+        umbp_log(UMBP_LOG_WARN, "refused a connection: SO_PEERCRED: %s", strerror(err));
+        return;
+    case NET_REFUSE_PEER:
+        snprintf(why, sizeof(why), "uid %u (gid %u) is not in allowed_uids or allowed_gids "
+                 "of umbp-server (pid %ld, uid %u); add it to allowed_uids or allowed_gids",
+                 (unsigned)cr->uid, (unsigned)cr->gid, (long)getpid(), (unsigned)geteuid());
+        break;
+    case NET_REFUSE_FULL:
+        snprintf(why, sizeof(why), "max_sessions (%lld) reached on umbp-server (pid %ld); "
+                 "raise max_sessions", (long long)s->cfg->opt.max_sessions, (long)getpid());
+        break;
+    case NET_REFUSE_NOMEM:
+        snprintf(why, sizeof(why), "out of memory for a session");
+        break;
+    }
     umbp_log(UMBP_LOG_WARN, "refused a connection from uid %u gid %u pid %d: %s",
              (unsigned)cr->uid, (unsigned)cr->gid, (int)cr->pid, why);
     struct proto_buf b = {0};
     size_t sent = 0;
-    if (proto_put_error_frame(&b, PROTO_HELLO_ERR, 0, status, why) == 0)
+    if (proto_put_error_frame(&b, PROTO_HELLO_ERR, 0, -err, why) == 0)
         proto_out_send(fd, &b, &sent);
     proto_buf_free(&b);
-    close(fd);
 }
 
-static void accept_one(void *ctx, int fd)
+void srv_listen_accept_error(struct net_service *svc, int err, double retry_s)
 {
-    struct umbp_server *s = ctx;
-    const struct srv_config *c = s->cfg;
-    struct net_peer_rules rules = {
-        .uids = c->uids, .nuids = c->nuids, .gids = c->gids, .ngids = c->ngids,
-    };
-    struct ucred cr;
-    char why[PROTO_ERRMSG_MAX];
-    int rc = net_peer_check(fd, &rules, &cr);
-    if (rc < 0 && rc != -EACCES) {
-        umbp_log(UMBP_LOG_WARN, "refused a connection: SO_PEERCRED: %s", strerror(-rc));
-        s->c.refused_connections++;
-        close(fd);
-        return;
-    }
-    if (rc == -EACCES) {
-        snprintf(why, sizeof(why), "uid %u (gid %u) is not in allowed_uids or allowed_gids "
-                 "of umbp-server (pid %ld, uid %u); add it to allowed_uids or allowed_gids",
-                 (unsigned)cr.uid, (unsigned)cr.gid, (long)getpid(), (unsigned)geteuid());
-        refuse(s, fd, &cr, -EACCES, why);
-    } else if (s->nsessions >= (uint64_t)s->cfg->opt.max_sessions) {
-        snprintf(why, sizeof(why), "max_sessions (%lld) reached on umbp-server (pid %ld); "
-                 "raise max_sessions", (long long)s->cfg->opt.max_sessions, (long)getpid());
-        refuse(s, fd, &cr, -EUSERS, why);
-    } else if (!session_open(s, fd, cr.pid, cr.uid, cr.gid)) {
-        refuse(s, fd, &cr, -ENOMEM, "out of memory for a session");
-    }
-}
-
-static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-    struct umbp_server *s = umbp_container_of(w, struct umbp_server, accept_w);
-    (void)revents;
-    int rc = umbp_accept_batch(s->listen_fd, ACCEPT_BATCH, accept_one, s);
-    if (rc < 0) {
-        umbp_log(UMBP_LOG_WARN, "accept: %s; new connections wait %.1f s (raise the "
-                 "descriptor limit, ulimit -n, or lower max_sessions)", strerror(-rc),
-                 ACCEPT_RETRY_S);
-        ev_io_stop(loop, &s->accept_w);
-        ev_timer_start(loop, &s->accept_retry_w);
-    }
-}
-
-static void accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    struct umbp_server *s = umbp_container_of(w, struct umbp_server, accept_retry_w);
-    (void)revents;
-    if (s->listen_fd >= 0)
-        ev_io_start(loop, &s->accept_w);
+    (void)svc;
+    umbp_log(UMBP_LOG_WARN, "accept: %s; new connections wait %.1f s (raise the "
+             "descriptor limit, ulimit -n, or lower max_sessions)", strerror(err), retry_s);
 }

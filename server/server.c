@@ -121,7 +121,7 @@ static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
 
 static bool reservations_held(const struct umbp_server *s)
 {
-    for (const struct srv_session *ss = s->sessions; ss; ss = ss->next)
+    for (SESSIONS_EACH(s, ss))
         if (ss->reservations.n)
             return true;
     return false;
@@ -252,7 +252,7 @@ int umbp_server_create(const char *json, struct umbp_server **out, char *err, si
         snprintf(err, errlen, "out of memory for the server");
         return -ENOMEM;
     }
-    s->listen_fd = s->lock_fd = -1;
+    s->lock_fd = -1;
     s->listener = (struct net_listener)NET_LISTENER_INIT;
     if ((rc = srv_config_parse(json, &s->cfg, err, errlen)) < 0)
         goto fail;
@@ -267,6 +267,7 @@ int umbp_server_create(const char *json, struct umbp_server **out, char *err, si
         rc = -ENOMEM;
         goto fail;
     }
+    session_service_init(s);
     if ((rc = srv_listen_open(s, err, errlen)) < 0 ||
         (rc = srv_metrics_start(s, err, errlen)) < 0 || /* a taken port fails before the pool */
         (rc = pool_create(s, err, errlen)) < 0 || (rc = srv_listen_bind(s, err, errlen)) < 0)
@@ -296,10 +297,7 @@ void umbp_server_destroy(struct umbp_server *s)
     if (!s)
         return;
     srv_metrics_stop(s); /* first: its HTTP thread pokes the loop */
-    while (s->sessions) {
-        snprintf(s->sessions->why, sizeof(s->sessions->why), "server shutting down");
-        session_close(s->sessions);
-    }
+    net_service_close_all(&s->svc, "server shutting down");
     if (s->loop) {
         srv_listen_close(s, true);
         ev_async_stop(s->loop, &s->stop_w);
