@@ -1,7 +1,8 @@
 /*
  * requests.c - what the server does with each request frame: the tier
- * contract (include/umbp/tier.h) over the shared store, one reply frame per
- * request frame (ABORT has none), records in request order.
+ * contract (include/umbp/tier.h) over the store the server was handed
+ * (store_ops.h: s->st), one reply frame per request frame (ABORT has
+ * none), records in request order.
  *
  * A session may publish, abort and release only the tokens the server gave
  * it (track.c): a token of another session, or one already used, is
@@ -88,7 +89,7 @@ static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
     for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         umbp_key_t key;
         proto_get_key(f, i, &key);
-        bool hit = dram_store_lookup(s->store, &key, touch);
+        bool hit = srv_store_lookup(&s->st, &key, touch);
         s->c.lookup_hits += hit;
         rc = proto_put_u8(b->out, hit);
     }
@@ -97,24 +98,24 @@ static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
     return batch_end(ss, f, rc);
 }
 
-/* dram_store_reserve, evicting for this key once when the pool is full.
+/* The store's reserve, evicting for this key once when the pool is full.
  * An eviction that freed nothing (everything leased or pending) clears
  * *may_evict, so the rest of the batch does not scan the LRU list again. */
 static int reserve_one(struct umbp_server *s, unsigned ns, const umbp_key_t *key,
-                       uint64_t size, uint64_t until, struct dram_store_region *r,
+                       uint64_t size, uint64_t until, struct srv_region *r,
                        bool *may_evict)
 {
     /* a namespace over its quota evicts its own objects inside the store
      * (-EDQUOT when they are held); -ENOSPC is the whole pool's */
-    int rc = dram_store_reserve_until(s->store, key, size, ns, until, r);
+    int rc = srv_store_reserve(&s->st, key, size, ns, until, r);
     if (rc != -ENOSPC || !*may_evict)
         return rc;
     struct umbp_tier_usage u;
-    dram_store_usage(s->store, &u);
+    srv_store_usage(&s->st, &u);
     uint64_t target = u.capacity_bytes > size ? u.capacity_bytes - size : 0;
-    if (dram_store_evict(s->store, target, size, SRV_EVICT_INLINE_MAX, NULL) == 0)
+    if (srv_store_evict(&s->st, target, size, SRV_EVICT_INLINE_MAX) == 0)
         *may_evict = false;
-    return dram_store_reserve_until(s->store, key, size, ns, until, r);
+    return srv_store_reserve(&s->st, key, size, ns, until, r);
 }
 
 static int handle_reserve(struct net_conn *c, const struct proto_frame *f)
@@ -129,12 +130,12 @@ static int handle_reserve(struct net_conn *c, const struct proto_frame *f)
 
     for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         struct proto_reserve_item it;
-        struct dram_store_region r;
+        struct srv_region r;
         struct proto_region_item out = {0};
         proto_get_reserve_item(f, i, &it);
         out.status = reserve_one(s, ss->ns, &it.key, it.size, until, &r, &b->may_evict);
         if (out.status == 0 && track_add(&ss->reservations, r.token, &it.key) < 0) {
-            dram_store_abort(s->store, &it.key, r.token);
+            srv_store_abort(&s->st, &it.key, r.token);
             out.status = -ENOMEM;
         }
         if (out.status == 0) {
@@ -161,7 +162,7 @@ static int handle_publish(struct net_conn *c, const struct proto_frame *f)
         proto_get_token_item(f, i, &it);
         int st = -ENOENT;
         if (track_take(&ss->reservations, it.token, &it.key))
-            st = dram_store_publish(s->store, &it.key, it.token);
+            st = srv_store_publish(&s->st, &it.key, it.token);
         s->c.publishes += st == 0;
         rc = proto_put_status(b->out, st);
     }
@@ -176,7 +177,7 @@ static int handle_abort(struct net_conn *c, const struct proto_frame *f)
         struct proto_token_item it;
         proto_get_token_item(f, i, &it);
         if (track_take(&ss->reservations, it.token, &it.key))
-            dram_store_abort(ss->srv->store, &it.key, it.token);
+            srv_store_abort(&ss->srv->st, &it.key, it.token);
     }
     return b->to < f->n ? SRV_MORE : 0; /* ABORT has no reply */
 }
@@ -194,13 +195,12 @@ static int handle_acquire(struct net_conn *c, const struct proto_frame *f)
 
     for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         umbp_key_t key;
-        struct dram_store_region r;
+        struct srv_region r;
         struct proto_region_item out = {0};
         proto_get_key(f, i, &key);
-        out.status = dram_store_acquire(s->store, &key, now, ttl_ns, &r);
+        out.status = srv_store_acquire(&s->st, &key, now, ttl_ns, &r);
         if (out.status == 0 && track_add(&ss->leases, r.token, NULL) < 0) {
-            uint64_t freed = 0;
-            dram_store_release(s->store, r.token, &freed);
+            srv_store_release(&s->st, r.token);
             out.status = -ENOMEM;
         }
         if (out.status == 0) {
@@ -219,7 +219,6 @@ static int handle_release(struct net_conn *c, const struct proto_frame *f)
 {
     struct srv_session *ss = to_session(c);
     struct umbp_server *s = ss->srv;
-    uint64_t freed = 0;
     const struct srv_batch *b = &ss->batch;
     int rc = batch_begin(ss, f, PROTO_RELEASE_R);
 
@@ -228,7 +227,7 @@ static int handle_release(struct net_conn *c, const struct proto_frame *f)
         proto_get_token_item(f, i, &it);
         int st = UMBP_E_STALE; /* not a lease of this session (any more) */
         if (track_take(&ss->leases, it.token, NULL))
-            st = dram_store_release(s->store, it.token, &freed);
+            st = srv_store_release(&s->st, it.token);
         rc = proto_put_status(b->out, st);
     }
     return batch_end(ss, f, rc);
@@ -239,7 +238,7 @@ static int handle_release(struct net_conn *c, const struct proto_frame *f)
 static int handle_clear(struct net_conn *c, const struct proto_frame *f)
 {
     struct srv_session *ss = to_session(c);
-    dram_store_clear(ss->srv->store);
+    srv_store_clear(&ss->srv->st);
     umbp_log(UMBP_LOG_INFO, SESSION_FMT ": cleared the pool (for every engine)",
              SESSION_ARGS(ss));
     return reply_done(ss, proto_put_empty(&ss->conn.out, PROTO_CLEAR_R, f->seq, 0));
@@ -251,8 +250,8 @@ static int handle_stats(struct net_conn *c, const struct proto_frame *f)
     struct umbp_server *s = ss->srv;
     struct umbp_tier_usage u;
     uint64_t held, expired;
-    dram_store_usage(s->store, &u);
-    dram_store_writer_counts(s->store, &held, &expired);
+    srv_store_usage(&s->st, &u);
+    srv_store_writer_counts(&s->st, &held, &expired);
     struct proto_stats st = {
         .capacity_bytes = u.capacity_bytes, .used_bytes = u.used_bytes,
         .num_objects = u.num_objects, .num_pending = u.num_pending,
@@ -344,7 +343,7 @@ static int welcome(struct srv_session *ss, const struct proto_frame *f)
 {
     struct umbp_server *s = ss->srv;
     struct umbp_tier_usage u;
-    dram_store_usage(s->store, &u);
+    srv_store_usage(&s->st, &u);
     struct proto_welcome w = {
         .version = PROTO_VERSION, .lease_ttl_ms = (uint32_t)s->lease_ttl_ms,
         .session_id = ss->conn.id, .pool_id = s->pool_id, .pool_size = s->pool->size,

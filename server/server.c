@@ -202,6 +202,7 @@ static int pool_create(struct umbp_server *s, char *err, size_t errlen)
     int rc = dram_store_create(&p, &s->store, err, errlen);
     if (rc < 0)
         return rc;
+    s->st = (struct srv_store){&srv_dram_store_ops, s->store}; /* the handlers' store */
     s->pool = dram_store_pool(s->store);
     if (s->pool->fd < 0) {
         snprintf(err, errlen, "the pool has no descriptor to share (internal error)");

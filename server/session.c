@@ -147,20 +147,19 @@ void session_runq_stop(struct umbp_server *s) { ev_idle_stop(s->loop, &s->run_w)
 
 static void release_one(void *arg, uint64_t token, const umbp_key_t *key)
 {
-    uint64_t freed = 0;
     (void)key;
-    dram_store_release(arg, token, &freed);
+    srv_store_release(arg, token);
 }
 
 struct orphan_ctx {
-    struct dram_store *store;
+    const struct srv_store *st;
     uint64_t now;
 };
 
 static void orphan_one(void *arg, uint64_t token, const umbp_key_t *key)
 {
     struct orphan_ctx *o = arg;
-    dram_store_orphan(o->store, key, token, o->now);
+    srv_store_orphan(o->st, key, token, o->now);
 }
 
 /* The service's on_close: what the session held, and its line. */
@@ -170,8 +169,8 @@ static void session_end(struct net_conn *c)
     struct umbp_server *s = ss->srv;
     uint64_t leases = ss->leases.n, reservations = ss->reservations.n;
 
-    struct orphan_ctx o = {s->store, umbp_now_ns()};
-    track_drain(&ss->leases, release_one, s->store);
+    struct orphan_ctx o = {&s->st, umbp_now_ns()};
+    track_drain(&ss->leases, release_one, (void *)&s->st);
     track_drain(&ss->reservations, orphan_one, &o);
     umbp_log(UMBP_LOG_INFO, SESSION_FMT ": %s; released %llu leases; %llu unfinished "
              "reservations held until their writer's deadline (%llu ms after each grant)",

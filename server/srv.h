@@ -61,6 +61,7 @@
 #include "service.h"
 #include "server_config.h"
 #include "store.h"
+#include "store_ops.h"
 
 /* A session's unsent output is bounded: above SRV_OUT_PAUSE the session's
  * requests wait (its socket is not read) until the output drains below
@@ -152,7 +153,8 @@ struct umbp_server {
     unsigned nns;
     bool ns_full_warned;
     struct ev_loop *loop;
-    struct dram_store *store;
+    struct dram_store *store;        /* the pool's store: server.c, metrics.c */
+    struct srv_store st;             /* what requests and sessions use (store_ops.h) */
     const struct dram_pool *pool;
     uint64_t pool_id;
     uint64_t lease_ttl_ms;           /* the cap on a client's lease ttl */
