@@ -1,39 +1,43 @@
 /*
  * lookup_serve.c - a worker's lookup service: the scheduler asks this rank
  * which keys its pool holds, over the lookup role of the standalone
- * protocol, on a Unix stream socket.
+ * protocol, on a Unix stream socket.  It knows nothing of the runtime:
+ * the runtime hands it a lookup_host (lookup_serve.h; the runtime's side
+ * is runtime/lookup_host.c) and drives its life.
  *
- * Setting up (umbp_lookup_serve, caller's thread): the directory, then the
- * path.  One service per path: it holds flock(LOCK_EX) on "<path>.lock" for
- * its lifetime (net/lockfile.c, shared with umbp-server), so two engines starting at once cannot both take a path; a
- * socket file at the path that nobody holds the lock for, and that refuses a
- * connect(), is a dead engine's and is replaced; one that accepts is a live
- * engine's (never taken over: -EADDRINUSE naming lookup_instance); a file
- * that is not a socket is refused and left alone.  The listening socket is
- * bound, made 0600 and put in listen state here, then MSG_LOOKUP_SERVE
- * hands it to the loop thread (connections that arrive meanwhile wait in
- * the backlog).
+ * Setting up (lookup_serve_setup, caller's thread): the directory, then
+ * the path.  One service per path: it holds flock(LOCK_EX) on
+ * "<path>.lock" for its lifetime (net/lockfile.c, shared with
+ * umbp-server), so two engines starting at once cannot both take a path;
+ * a socket file at the path that nobody holds the lock for, and that
+ * refuses a connect(), is a dead engine's and is replaced; one that
+ * accepts is a live engine's (never taken over: -EADDRINUSE naming
+ * lookup_instance); a file that is not a socket is refused and left alone
+ * (net/listen.c, NET_STALE_PROBE).  The listening socket is bound, made
+ * 0600 and put in listen state here, then the runtime hands the service to
+ * the loop thread (connections that arrive meanwhile wait in the backlog).
  *
  * Serving (loop thread only, like the lookup actor) is net/service.c's,
  * with this file's words and handlers: connections are accepted from this
  * user or root (SO_PEERCRED), 64 at most; input is read without blocking
- * and cut into frames by proto_frame_parse.  The first
- * frame must be HELLO of role lookup (HELLO_OK back, no descriptor), then
- * LOOKUP (LOOKUP_R: one u8 per key), STATS, PING.  A LOOKUP is one tier
- * lookup of the whole frame, called as the lookup actor calls it: no LRU
- * change unless PROTO_LOOKUP_TOUCH, quarantined keys count as misses, the
- * lookup is counted in the runtime's stats.  The embedded tier answers
- * inline (remote tiers are refused at umbp_lookup_serve), so a frame's
- * reply is appended before the next frame is looked at.  A malformed frame
- * gets an ERROR frame naming the field (best effort), a log line, and that
- * connection is closed; nothing else notices.  A client that sends faster
- * than it reads is paused (not read) while its replies exceed OUT_PAUSE.
+ * and cut into frames by proto_frame_parse.  The first frame must be HELLO
+ * of role lookup (HELLO_OK back, no descriptor), then LOOKUP (LOOKUP_R:
+ * one u8 per key), STATS, PING.  A LOOKUP is one call of the host's
+ * lookup for the whole frame, which the runtime answers as the lookup
+ * actor does: no LRU change unless PROTO_LOOKUP_TOUCH, quarantined keys
+ * count as misses, the lookup is counted in the runtime's stats.  The
+ * embedded tier answers inline (remote tiers are refused at
+ * umbp_lookup_serve), so a frame's reply is appended before the next frame
+ * is looked at.  A malformed frame gets an ERROR frame naming the field
+ * (best effort), a log line, and that connection is closed; nothing else
+ * notices.  A client that sends faster than it reads is paused (not read)
+ * while its replies exceed OUT_PAUSE.
  *
- * Stopping: when umbp_runtime_destroy begins (on_stop, loop thread) every
- * connection is closed at once, the listener too, and the socket and lock
- * files are removed (the socket only if it is still ours).  What is left
- * when the loop has ended (a service whose start message was never
- * delivered) is freed by lookup_service_free.  Nothing here waits.
+ * Stopping (lookup_serve_stop: umbp_runtime_destroy began, loop thread):
+ * every connection is closed at once, the listener too, and the socket and
+ * lock files are removed (the socket only if it is still ours).  What is
+ * left when the loop has ended (a service that was never started) is freed
+ * by lookup_serve_free.  Nothing here waits.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -49,10 +53,9 @@
 #include "listen.h"
 #include "lockfile.h"
 #include "lookup_int.h"
+#include "lookup_serve.h"
 #include "proto.h"
-#include "rt.h"
 #include "service.h"
-#include "tier_call.h"
 
 #define LK_MAX_CONNS 64
 #define IN_INITIAL (64u << 10)
@@ -60,9 +63,8 @@
 #define ACCEPT_BATCH 16
 #define ACCEPT_RETRY_S 0.1
 
-struct lookup_service {
-    struct msg_hdr hdr;          /* MSG_LOOKUP_SERVE */
-    struct umbp_runtime *rt;
+struct lk_service {
+    struct lookup_host host;     /* the runtime's side: lookups, usage, counters */
     char path[LK_PATH_MAX], lock_path[LK_PATH_MAX + 8];
     char ns[UMBP_LOOKUP_NS_HEX_LEN + 1];
     uint32_t dp_index, rank;
@@ -78,7 +80,7 @@ struct lookup_service {
     size_t cap;
 };
 
-static struct lookup_service *svc_of(const struct net_conn *c)
+static struct lk_service *svc_of(const struct net_conn *c)
 {
     return c->svc->p.owner;
 }
@@ -97,7 +99,7 @@ static int reply_end(struct net_conn *c, int rc)
     return rc;
 }
 
-static int ensure_scratch(struct lookup_service *s, size_t n)
+static int ensure_scratch(struct lk_service *s, size_t n)
 {
     if (n <= s->cap)
         return 0;
@@ -116,22 +118,9 @@ static int ensure_scratch(struct lookup_service *s, size_t n)
     return 0;
 }
 
-struct lk_call {
-    bool done;
-    int rc;
-};
-
-static void lookup_answered(void *arg, int rc)
-{
-    struct lk_call *call = arg;
-    call->done = true;
-    call->rc = rc;
-}
-
 static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
 {
-    struct lookup_service *s = svc_of(c);
-    struct umbp_runtime *rt = s->rt;
+    struct lk_service *s = svc_of(c);
     size_t n = f->n;
     if (ensure_scratch(s, n ? n : 1) < 0) {
         snprintf(c->why, sizeof(c->why), "no memory for a lookup of %zu keys", n);
@@ -142,45 +131,35 @@ static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
         proto_get_key(f, (uint32_t)k, &s->reqs[k].key); /* parsed: in bounds */
         s->req_ptrs[k] = &s->reqs[k];
     }
-    struct lk_call call = {false, 0};
-    int h = tier_health(rt->tier);
-    if (h < 0 || n == 0)
-        lookup_answered(&call, h);
-    else
-        tier_lookup(rt->tier, s->req_ptrs, n, s->present, f->arg & PROTO_LOOKUP_TOUCH,
-                    lookup_answered, &call);
-    if (!call.done) {
+    if (lookup_host_lookup(&s->host, s->reqs, s->req_ptrs, n, s->present,
+                           f->arg & PROTO_LOOKUP_TOUCH) < 0) {
         /* a local tier answers inline (tier.h); one that does not would
          * write into our scratch later: refuse to go on */
         umbp_log(UMBP_LOG_ERROR, "lookup service %s: tier %s did not answer a lookup inline; "
-                 "the service stops", s->path, rt->tier_name);
+                 "the service stops", s->path, s->host.tier_name);
         snprintf(c->why, sizeof(c->why), "tier answered asynchronously");
         return -ENOTSUP;
     }
-    if (call.rc < 0)
-        memset(s->present, 0, n);
-    lookup_account(rt, s->reqs, s->present, n);
     int rc = proto_begin(&c->out, PROTO_LOOKUP_R, f->seq, (uint32_t)n, 0);
     for (size_t k = 0; rc == 0 && k < n; k++)
         rc = proto_put_u8(&c->out, s->present[k] ? 1 : 0);
     return reply_end(c, rc);
 }
 
-#define LOAD(f) atomic_load_explicit(&rt->cnt.f, memory_order_relaxed)
-
 static int handle_stats(struct net_conn *c, const struct proto_frame *f)
 {
-    struct lookup_service *s = svc_of(c);
-    struct umbp_runtime *rt = s->rt;
+    struct lk_service *s = svc_of(c);
     struct umbp_tier_usage u;
-    tier_usage(rt->tier, &u);
+    struct lookup_host_counters n;
+    lookup_host_usage(&s->host, &u);
+    lookup_host_counters(&s->host, &n);
     struct proto_stats st = {
         .capacity_bytes = u.capacity_bytes, .used_bytes = u.used_bytes,
         .num_objects = u.num_objects, .num_pending = u.num_pending,
         .num_leased = u.num_leased, .evictions = u.evictions,
         .evicted_bytes = u.evicted_bytes, .leases_expired = u.leases_expired,
-        .sessions = s->svc.nconns, .lookups = LOAD(lookups), .lookup_keys = LOAD(lookup_keys),
-        .lookup_hits = LOAD(lookup_hits), .protocol_errors = s->protocol_errors,
+        .sessions = s->svc.nconns, .lookups = n.lookups, .lookup_keys = n.lookup_keys,
+        .lookup_hits = n.lookup_hits, .protocol_errors = s->protocol_errors,
         .refused_connections = s->refused,
     };
     int rc = proto_begin(&c->out, PROTO_STATS_R, f->seq, 1, 0);
@@ -197,7 +176,7 @@ static const struct net_role lookup_role; /* below, with the handlers */
 static int handle_hello(struct net_conn *c, const struct proto_frame *f, char *what,
                         size_t whatlen)
 {
-    struct lookup_service *s = svc_of(c);
+    struct lk_service *s = svc_of(c);
     struct proto_hello h;
     if (f->type != PROTO_HELLO) {
         snprintf(what, whatlen, "frame.type: %s before HELLO; a session's first frame must "
@@ -229,11 +208,11 @@ static int handle_hello(struct net_conn *c, const struct proto_frame *f, char *w
         return -ECONNABORTED;
     }
     struct umbp_tier_usage u;
-    tier_usage(s->rt->tier, &u);
+    lookup_host_usage(&s->host, &u);
     /* as umbp-server answers a lookup session, without a descriptor; this
      * rank's pool is private to it, so pool_id 0 ("no shared pool") */
     struct proto_welcome w = {
-        .version = PROTO_VERSION, .lease_ttl_ms = (uint32_t)s->rt->core->lease_ttl_ms,
+        .version = PROTO_VERSION, .lease_ttl_ms = s->host.lease_ttl_ms,
         .session_id = c->id, .pool_id = 0, .pool_size = u.capacity_bytes,
         .capacity_bytes = u.capacity_bytes,
     };
@@ -280,7 +259,7 @@ static int conn_open(struct net_conn *c)
 static void conn_refuse(struct net_service *svc, int fd, const struct ucred *cr,
                         enum net_refusal why, int err)
 {
-    struct lookup_service *s = svc->p.owner;
+    struct lk_service *s = svc->p.owner;
     const char *text = why == NET_REFUSE_CRED   ? strerror(err)
                        : why == NET_REFUSE_PEER ? "not this engine's user (nor root)"
                        : why == NET_REFUSE_FULL ? "64 lookup connections are open already"
@@ -295,7 +274,7 @@ static void conn_malformed(struct net_conn *c) { svc_of(c)->protocol_errors++; }
 
 static void conn_accept_error(struct net_service *svc, int err, double retry_s)
 {
-    struct lookup_service *s = svc->p.owner;
+    struct lk_service *s = svc->p.owner;
     umbp_log(UMBP_LOG_WARN, "lookup service %s: accept: %s; new connections wait %.1f s",
              s->path, strerror(err), retry_s);
 }
@@ -318,10 +297,10 @@ static const struct net_service_ops lookup_service_ops = {
 /* Accepted from this user or root, 64 at most; a client whose replies are
  * above OUT_PAUSE is not read until they have all gone; no timeouts (the
  * scheduler's client bounds its own calls). */
-static void service_init(struct lookup_service *s)
+static void service_init(struct lk_service *s)
 {
     struct net_service_params p = {
-        .loop = s->rt->loop, .ops = &lookup_service_ops, .owner = s,
+        .loop = s->host.loop, .ops = &lookup_service_ops, .owner = s,
         .conn_size = sizeof(struct net_conn), .peer = {.allow_root = true},
         .max_conns = LK_MAX_CONNS, .accept_batch = ACCEPT_BATCH,
         .accept_retry_s = ACCEPT_RETRY_S, .in_initial = IN_INITIAL,
@@ -330,12 +309,10 @@ static void service_init(struct lookup_service *s)
     net_service_init(&s->svc, &p);
 }
 
-/* ---- the runtime's hooks --------------------------------------------------------------- */
+/* ---- starting and stopping (loop thread) ---------------------------------------------- */
 
-void lookup_service_start(struct umbp_runtime *rt, struct msg_hdr *m)
+void lookup_serve_start(struct lk_service *s)
 {
-    struct lookup_service *s = (struct lookup_service *)m;
-    (void)rt;
     if (s->stopped)
         return; /* shutdown began before the message arrived */
     net_service_start(&s->svc, s->listener.fd);
@@ -343,7 +320,7 @@ void lookup_service_start(struct umbp_runtime *rt, struct msg_hdr *m)
 }
 
 /* Closes the files and removes the socket if it is still the one we bound. */
-static void release_files(struct lookup_service *s)
+static void release_files(struct lk_service *s)
 {
     net_listen_close(s->path, &s->listener);
     if (s->lock_fd >= 0) {
@@ -352,10 +329,9 @@ static void release_files(struct lookup_service *s)
     }
 }
 
-void lookup_service_stop(struct umbp_runtime *rt)
+void lookup_serve_stop(struct lk_service *s)
 {
-    struct lookup_service *s = atomic_load_explicit(&rt->lookup_service, memory_order_acquire);
-    if (!s || s->stopped)
+    if (s->stopped)
         return;
     s->stopped = true;
     net_service_close_all(&s->svc, "the runtime is shutting down");
@@ -364,8 +340,10 @@ void lookup_service_stop(struct umbp_runtime *rt)
     umbp_log(UMBP_LOG_INFO, "lookup service %s: stopped", s->path);
 }
 
-static void service_free(struct lookup_service *s)
+void lookup_serve_free(struct lk_service *s)
 {
+    if (!s)
+        return;
     release_files(s);
     free(s->reqs);
     free(s->req_ptrs);
@@ -373,16 +351,11 @@ static void service_free(struct lookup_service *s)
     free(s);
 }
 
-void lookup_service_free(struct umbp_runtime *rt)
-{
-    struct lookup_service *s = atomic_exchange(&rt->lookup_service, NULL);
-    if (s)
-        service_free(s); /* the loop has ended: no connection is left */
-}
+const char *lookup_serve_path(const struct lk_service *s) { return s->path; }
 
 /* ---- setting up (caller's thread) ------------------------------------------------------ */
 
-static int busy(const struct lookup_service *s, const char *who, char *err, size_t errlen)
+static int busy(const struct lk_service *s, const char *who, char *err, size_t errlen)
 {
     snprintf(err, errlen, "lookup socket %s is served by another live engine%s; a live socket "
              "is never taken over: give this engine a distinct lookup_instance (or another "
@@ -391,7 +364,7 @@ static int busy(const struct lookup_service *s, const char *who, char *err, size
 }
 
 /* The lock file itself is net/lockfile.c; the words are ours. */
-static int lock_take(struct lookup_service *s, char *err, size_t errlen)
+static int lock_take(struct lk_service *s, char *err, size_t errlen)
 {
     struct net_lock_result r;
     char who[48] = "";
@@ -428,7 +401,7 @@ static int lock_take(struct lookup_service *s, char *err, size_t errlen)
  * that does not take our lock, never taken over; one that refuses is stale
  * and removed; anything else is refused), then bind, 0600 (the first gate,
  * SO_PEERCRED on accept the second), listen.  The words are ours. */
-static int listen_open(struct lookup_service *s, char *err, size_t errlen)
+static int listen_open(struct lk_service *s, char *err, size_t errlen)
 {
     struct net_listen_params p = {.path = s->path, .stale = NET_STALE_PROBE, .mode = 0600};
     struct net_listen_result r;
@@ -465,8 +438,23 @@ static int listen_open(struct lookup_service *s, char *err, size_t errlen)
     return -r.err; /* release_files removes what was made */
 }
 
-static int serve_setup(struct umbp_runtime *rt, struct lookup_service *s, const char *dir,
-                       const char *ns_hex, const char *instance, char *err, size_t errlen)
+struct lk_service *lookup_serve_new(const struct lookup_host *host, uint32_t dp_index,
+                                    uint32_t rank)
+{
+    struct lk_service *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->host = *host;
+    s->lock_fd = -1;
+    s->listener = (struct net_listener)NET_LISTENER_INIT;
+    s->dp_index = dp_index;
+    s->rank = rank;
+    service_init(s);
+    return s;
+}
+
+int lookup_serve_setup(struct lk_service *s, const char *dir, const char *ns_hex,
+                       const char *instance, char *err, size_t errlen)
 {
     char def[LK_PATH_MAX];
     bool is_default = !dir || !dir[0];
@@ -481,61 +469,9 @@ static int serve_setup(struct umbp_runtime *rt, struct lookup_service *s, const 
     for (size_t i = 0; i < UMBP_LOOKUP_NS_HEX_LEN; i++)
         s->ns[i] = (char)(ns_hex[i] >= 'A' && ns_hex[i] <= 'F' ? ns_hex[i] - 'A' + 'a'
                                                              : ns_hex[i]);
-    if (rt->tier->ops->caps & UMBP_TIER_CAP_REMOTE) {
-        snprintf(err, errlen, "umbp_lookup_serve: the runtime's tier %s is remote (mode %s); "
-                 "a lookup service serves an embedded rank's own pool, and in standalone "
-                 "mode the scheduler asks umbp-server (lookup client mode \"standalone\")",
-                 rt->tier_name, rt->core->mode);
-        return -ENOTSUP;
-    }
     snprintf(s->lock_path, sizeof(s->lock_path), "%s.lock", s->path);
     if ((rc = lookup_dir_prepare(dir, is_default, "lookup_dir", err, errlen)) < 0 ||
         (rc = lock_take(s, err, errlen)) < 0 || (rc = listen_open(s, err, errlen)) < 0)
         return rc;
-    return 0;
-}
-
-int umbp_lookup_serve(umbp_runtime_t *rt, const char *dir, const char *ns_hex,
-                      const char *instance, uint32_t dp_index, uint32_t rank)
-{
-    char err[512] = "";
-    if (!rt) {
-        umbp_set_error("umbp_lookup_serve: rt must not be NULL");
-        return -EINVAL;
-    }
-    if (atomic_load(&rt->closing)) {
-        umbp_set_error("umbp_lookup_serve: the runtime is shutting down");
-        return UMBP_E_NOT_ATTEMPTED;
-    }
-    struct lookup_service *s = calloc(1, sizeof(*s));
-    if (!s) {
-        umbp_set_error("umbp_lookup_serve: out of memory");
-        return -ENOMEM;
-    }
-    s->hdr.type = MSG_LOOKUP_SERVE;
-    s->rt = rt;
-    s->lock_fd = -1;
-    s->listener = (struct net_listener)NET_LISTENER_INIT;
-    s->dp_index = dp_index;
-    s->rank = rank;
-    service_init(s);
-    struct lookup_service *none = NULL;
-    if (!atomic_compare_exchange_strong(&rt->lookup_service, &none, s)) {
-        umbp_set_error("umbp_lookup_serve: this runtime already serves lookups (one service "
-                       "per runtime)");
-        free(s);
-        return -EBUSY;
-    }
-    int rc = serve_setup(rt, s, dir, ns_hex, instance, err, sizeof(err));
-    if (rc == 0 && (rc = rt_post(rt, &s->hdr)) < 0)
-        snprintf(err, sizeof(err), "umbp_lookup_serve: the lookup actor's mailbox is full");
-    if (rc < 0) {
-        atomic_store(&rt->lookup_service, NULL);
-        service_free(s);
-        umbp_set_error("%s", err);
-        return rc;
-    }
-    umbp_log(UMBP_LOG_INFO, "lookup service: dp %u rank %u at %s", (unsigned)dp_index,
-             (unsigned)rank, s->path);
     return 0;
 }
