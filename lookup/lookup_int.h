@@ -3,6 +3,7 @@
  *
  *   lookup_path.c     socket paths, the default directory, making it
  *   lookup_serve.c    the worker's service on the runtime's loop thread
+ *                     (lookup_serve.h: what the runtime hands it)
  *   lookup_client.c   the scheduler's client (embedded: one connection per
  *                     rank; standalone: one lookup-role runtime)
  *   lookup_options.c  the client's option table
@@ -64,7 +65,8 @@ extern const struct umbp_option lookup_client_options[];
 int lookup_client_config_parse(const char *json, struct lookup_client_config *c, char *err,
                                size_t errlen);
 
-/* ---- the runtime's hooks (lookup_serve.c; loop thread unless said) ----- */
+/* ---- the runtime's hooks (runtime/lookup_host.c, over lookup_serve.h;
+ * loop thread unless said) ----- */
 
 struct umbp_runtime;
 struct msg_hdr;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "listen.h"
 #include "lookup_int.h"
 #include "util.h"
 
@@ -130,32 +131,42 @@ int umbp_lookup_socket_path(const char *dir, const char *ns_hex, const char *ins
     return rc;
 }
 
+/* The rules are net/listen.c's (ownership and mode only for the default
+ * directory: one given is the operator's choice); the words are ours. */
 int lookup_dir_prepare(const char *dir, bool is_default, const char *what, char *err,
                        size_t errlen)
 {
-    struct stat st;
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
-        int e = errno;
+    struct net_dir_rules rules = {
+        .mode = 0700, .follow_links = !is_default, .check_owner = is_default,
+        .deny_write = is_default ? 0002 : 0,
+    };
+    struct net_dir_result r;
+    net_dir_prepare(dir, &rules, &r);
+    switch (r.outcome) {
+    case NET_DIR_OK:
+        return 0;
+    case NET_DIR_MKDIR_FAILED:
         snprintf(err, errlen, "%s=%s: cannot create it (mkdir: %s); create its parent, or "
-                 "choose another %s", what, dir, strerror(e), what);
-        return -e;
-    }
-    if ((is_default ? lstat(dir, &st) : stat(dir, &st)) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "%s=%s: %s", what, dir, strerror(e));
-        return -e;
-    }
-    if (!S_ISDIR(st.st_mode)) {
+                 "choose another %s", what, dir, strerror(r.err), what);
+        return -r.err;
+    case NET_DIR_STAT_FAILED:
+        snprintf(err, errlen, "%s=%s: %s", what, dir, strerror(r.err));
+        return -r.err;
+    case NET_DIR_NOT_DIR:
         snprintf(err, errlen, "%s=%s: not a directory; remove it, or choose another %s", what,
                  dir, what);
         return -ENOTDIR;
-    }
-    if (is_default && (st.st_uid != geteuid() || (st.st_mode & 0002))) {
+    case NET_DIR_NOT_OWNER:
+    case NET_DIR_WRITABLE:
         snprintf(err, errlen, "%s=%s (the default): %s, so another user could plant sockets "
                  "in it; remove it, or set %s to a directory of your own", what, dir,
-                 st.st_uid != geteuid() ? "owned by another user" : "writable by others",
+                 r.outcome == NET_DIR_NOT_OWNER ? "owned by another user" : "writable by others",
                  what);
         return -EPERM;
+    case NET_DIR_CHOWN_FAILED: /* not asked for: no share_group */
+    case NET_DIR_CHMOD_FAILED:
+        break;
     }
-    return 0;
+    snprintf(err, errlen, "%s=%s: %s", what, dir, strerror(r.err));
+    return -r.err;
 }

@@ -1,38 +1,43 @@
 /*
  * lookup_serve.c - a worker's lookup service: the scheduler asks this rank
  * which keys its pool holds, over the lookup role of the standalone
- * protocol, on a Unix stream socket.
+ * protocol, on a Unix stream socket.  It knows nothing of the runtime:
+ * the runtime hands it a lookup_host (lookup_serve.h; the runtime's side
+ * is runtime/lookup_host.c) and drives its life.
  *
- * Setting up (umbp_lookup_serve, caller's thread): the directory, then the
- * path.  One service per path: it holds flock(LOCK_EX) on "<path>.lock" for
- * its lifetime (net/lockfile.c, shared with umbp-server), so two engines starting at once cannot both take a path; a
- * socket file at the path that nobody holds the lock for, and that refuses a
- * connect(), is a dead engine's and is replaced; one that accepts is a live
- * engine's (never taken over: -EADDRINUSE naming lookup_instance); a file
- * that is not a socket is refused and left alone.  The listening socket is
- * bound, made 0600 and put in listen state here, then MSG_LOOKUP_SERVE
- * hands it to the loop thread (connections that arrive meanwhile wait in
- * the backlog).
+ * Setting up (lookup_serve_setup, caller's thread): the directory, then
+ * the path.  One service per path: it holds flock(LOCK_EX) on
+ * "<path>.lock" for its lifetime (net/lockfile.c, shared with
+ * umbp-server), so two engines starting at once cannot both take a path;
+ * a socket file at the path that nobody holds the lock for, and that
+ * refuses a connect(), is a dead engine's and is replaced; one that
+ * accepts is a live engine's (never taken over: -EADDRINUSE naming
+ * lookup_instance); a file that is not a socket is refused and left alone
+ * (net/listen.c, NET_STALE_PROBE).  The listening socket is bound, made
+ * 0600 and put in listen state here, then the runtime hands the service to
+ * the loop thread (connections that arrive meanwhile wait in the backlog).
  *
- * Serving (loop thread only, like the lookup actor): connections are
- * accepted from this user or root (SO_PEERCRED), 64 at most; input is read
- * without blocking and cut into frames by proto_frame_parse.  The first
- * frame must be HELLO of role lookup (HELLO_OK back, no descriptor), then
- * LOOKUP (LOOKUP_R: one u8 per key), STATS, PING.  A LOOKUP is one tier
- * lookup of the whole frame, called as the lookup actor calls it: no LRU
- * change unless PROTO_LOOKUP_TOUCH, quarantined keys count as misses, the
- * lookup is counted in the runtime's stats.  The embedded tier answers
- * inline (remote tiers are refused at umbp_lookup_serve), so a frame's
- * reply is appended before the next frame is looked at.  A malformed frame
- * gets an ERROR frame naming the field (best effort), a log line, and that
- * connection is closed; nothing else notices.  A client that sends faster
- * than it reads is paused (not read) while its replies exceed OUT_PAUSE.
+ * Serving (loop thread only, like the lookup actor) is net/service.c's,
+ * with this file's words and handlers: connections are accepted from this
+ * user or root (SO_PEERCRED), 64 at most; input is read without blocking
+ * and cut into frames by proto_frame_parse.  The first frame must be HELLO
+ * of role lookup (HELLO_OK back, no descriptor), then LOOKUP (LOOKUP_R:
+ * one u8 per key), STATS, PING.  A LOOKUP is one call of the host's
+ * lookup for the whole frame, which the runtime answers as the lookup
+ * actor does: no LRU change unless PROTO_LOOKUP_TOUCH, quarantined keys
+ * count as misses, the lookup is counted in the runtime's stats.  The
+ * embedded tier answers inline (remote tiers are refused at
+ * umbp_lookup_serve), so a frame's reply is appended before the next frame
+ * is looked at.  A malformed frame gets an ERROR frame naming the field
+ * (best effort), a log line, and that connection is closed; nothing else
+ * notices.  A client that sends faster than it reads is paused (not read)
+ * while its replies exceed OUT_PAUSE.
  *
- * Stopping: when umbp_runtime_destroy begins (on_stop, loop thread) every
- * connection is closed at once, the listener too, and the socket and lock
- * files are removed (the socket only if it is still ours).  What is left
- * when the loop has ended (a service whose start message was never
- * delivered) is freed by lookup_service_free.  Nothing here waits.
+ * Stopping (lookup_serve_stop: umbp_runtime_destroy began, loop thread):
+ * every connection is closed at once, the listener too, and the socket and
+ * lock files are removed (the socket only if it is still ours).  What is
+ * left when the loop has ended (a service that was never started) is freed
+ * by lookup_serve_free.  Nothing here waits.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,11 +50,12 @@
 #include <unistd.h>
 
 #include "inbuf.h"
+#include "listen.h"
 #include "lockfile.h"
 #include "lookup_int.h"
+#include "lookup_serve.h"
 #include "proto.h"
-#include "rt.h"
-#include "tier_call.h"
+#include "service.h"
 
 #define LK_MAX_CONNS 64
 #define IN_INITIAL (64u << 10)
@@ -57,37 +63,15 @@
 #define ACCEPT_BATCH 16
 #define ACCEPT_RETRY_S 0.1
 
-struct lk_conn {
-    struct lookup_service *svc;
-    struct lk_conn *prev, *next;
-    int fd;
-    ev_io rio, wio;
-    uint64_t id;
-    pid_t pid;
-    bool greeted;
-    bool paused;                 /* not reading: replies above OUT_PAUSE */
-    uint8_t *in;                 /* unparsed input [0, in_len) */
-    size_t in_len, in_cap;
-    struct proto_buf out;        /* replies; [out_off, out.len) unsent */
-    size_t out_off;
-    char why[PROTO_ERRMSG_MAX];  /* why it closes, for the log */
-};
-
-struct lookup_service {
-    struct msg_hdr hdr;          /* MSG_LOOKUP_SERVE */
-    struct umbp_runtime *rt;
+struct lk_service {
+    struct lookup_host host;     /* the runtime's side: lookups, usage, counters */
     char path[LK_PATH_MAX], lock_path[LK_PATH_MAX + 8];
     char ns[UMBP_LOOKUP_NS_HEX_LEN + 1];
     uint32_t dp_index, rank;
-    int listen_fd, lock_fd;
-    dev_t sock_dev;              /* the socket file we bound, so that we */
-    ino_t sock_ino;              /* never remove another engine's */
+    int lock_fd;
+    struct net_listener listener; /* net/listen.h: removes only the socket file we bound */
     bool started, stopped;
-    ev_io accept_w;
-    ev_timer accept_retry_w;
-    struct lk_conn *conns;
-    unsigned nconns;
-    uint64_t next_id;
+    struct net_service svc;      /* accept, connections, buffers (net/service.h) */
     uint64_t protocol_errors, refused;
     /* one lookup at a time (loop thread): the tier's requests */
     struct umbp_tier_req *reqs;
@@ -96,58 +80,17 @@ struct lookup_service {
     size_t cap;
 };
 
+static struct lk_service *svc_of(const struct net_conn *c)
+{
+    return c->svc->p.owner;
+}
+
 #define CONN_FMT "lookup service %s: connection %llu (pid %d)"
-#define CONN_ARGS(c) (c)->svc->path, (unsigned long long)(c)->id, (int)(c)->pid
-
-/* ---- connections: closing, output ------------------------------------------ */
-
-static void conn_close(struct lk_conn *c)
-{
-    struct lookup_service *s = c->svc;
-    struct ev_loop *loop = s->rt->loop;
-    umbp_log(UMBP_LOG_DEBUG, CONN_FMT ": %s", CONN_ARGS(c), c->why[0] ? c->why : "closed");
-    ev_io_stop(loop, &c->rio);
-    ev_io_stop(loop, &c->wio);
-    close(c->fd);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    s->nconns--;
-    proto_buf_free(&c->out);
-    free(c->in);
-    free(c);
-}
-
-static size_t backlog(const struct lk_conn *c) { return c->out.len - c->out_off; }
-
-/* Writes what it can.  < 0: the peer is gone (why set). */
-static int conn_flush(struct lk_conn *c)
-{
-    struct ev_loop *loop = c->svc->rt->loop;
-    int rc = proto_out_send(c->fd, &c->out, &c->out_off);
-    if (rc < 0) {
-        snprintf(c->why, sizeof(c->why), "send: %s", strerror(-rc));
-        return rc;
-    }
-    if (c->out_off == c->out.len) {
-        c->out_off = 0;
-        if (c->out.cap > OUT_PAUSE)
-            proto_buf_free(&c->out); /* give a large buffer back */
-        else
-            proto_buf_consume(&c->out, c->out.len);
-        ev_io_stop(loop, &c->wio);
-    } else {
-        ev_io_start(loop, &c->wio);
-    }
-    return 0;
-}
+#define CONN_ARGS(c) svc_of(c)->path, (unsigned long long)(c)->id, (int)(c)->pid
 
 /* ---- requests ------------------------------------------------------------------ */
 
-static int reply_end(struct lk_conn *c, int rc)
+static int reply_end(struct net_conn *c, int rc)
 {
     int erc = proto_end(&c->out);
     rc = rc ? rc : erc;
@@ -156,7 +99,7 @@ static int reply_end(struct lk_conn *c, int rc)
     return rc;
 }
 
-static int ensure_scratch(struct lookup_service *s, size_t n)
+static int ensure_scratch(struct lk_service *s, size_t n)
 {
     if (n <= s->cap)
         return 0;
@@ -175,22 +118,9 @@ static int ensure_scratch(struct lookup_service *s, size_t n)
     return 0;
 }
 
-struct lk_call {
-    bool done;
-    int rc;
-};
-
-static void lookup_answered(void *arg, int rc)
+static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
 {
-    struct lk_call *call = arg;
-    call->done = true;
-    call->rc = rc;
-}
-
-static int handle_lookup(struct lk_conn *c, const struct proto_frame *f)
-{
-    struct lookup_service *s = c->svc;
-    struct umbp_runtime *rt = s->rt;
+    struct lk_service *s = svc_of(c);
     size_t n = f->n;
     if (ensure_scratch(s, n ? n : 1) < 0) {
         snprintf(c->why, sizeof(c->why), "no memory for a lookup of %zu keys", n);
@@ -201,45 +131,35 @@ static int handle_lookup(struct lk_conn *c, const struct proto_frame *f)
         proto_get_key(f, (uint32_t)k, &s->reqs[k].key); /* parsed: in bounds */
         s->req_ptrs[k] = &s->reqs[k];
     }
-    struct lk_call call = {false, 0};
-    int h = tier_health(rt->tier);
-    if (h < 0 || n == 0)
-        lookup_answered(&call, h);
-    else
-        tier_lookup(rt->tier, s->req_ptrs, n, s->present, f->arg & PROTO_LOOKUP_TOUCH,
-                    lookup_answered, &call);
-    if (!call.done) {
+    if (lookup_host_lookup(&s->host, s->reqs, s->req_ptrs, n, s->present,
+                           f->arg & PROTO_LOOKUP_TOUCH) < 0) {
         /* a local tier answers inline (tier.h); one that does not would
          * write into our scratch later: refuse to go on */
         umbp_log(UMBP_LOG_ERROR, "lookup service %s: tier %s did not answer a lookup inline; "
-                 "the service stops", s->path, rt->tier_name);
+                 "the service stops", s->path, s->host.tier_name);
         snprintf(c->why, sizeof(c->why), "tier answered asynchronously");
         return -ENOTSUP;
     }
-    if (call.rc < 0)
-        memset(s->present, 0, n);
-    lookup_account(rt, s->reqs, s->present, n);
     int rc = proto_begin(&c->out, PROTO_LOOKUP_R, f->seq, (uint32_t)n, 0);
     for (size_t k = 0; rc == 0 && k < n; k++)
         rc = proto_put_u8(&c->out, s->present[k] ? 1 : 0);
     return reply_end(c, rc);
 }
 
-#define LOAD(f) atomic_load_explicit(&rt->cnt.f, memory_order_relaxed)
-
-static int handle_stats(struct lk_conn *c, const struct proto_frame *f)
+static int handle_stats(struct net_conn *c, const struct proto_frame *f)
 {
-    struct lookup_service *s = c->svc;
-    struct umbp_runtime *rt = s->rt;
+    struct lk_service *s = svc_of(c);
     struct umbp_tier_usage u;
-    tier_usage(rt->tier, &u);
+    struct lookup_host_counters n;
+    lookup_host_usage(&s->host, &u);
+    lookup_host_counters(&s->host, &n);
     struct proto_stats st = {
         .capacity_bytes = u.capacity_bytes, .used_bytes = u.used_bytes,
         .num_objects = u.num_objects, .num_pending = u.num_pending,
         .num_leased = u.num_leased, .evictions = u.evictions,
         .evicted_bytes = u.evicted_bytes, .leases_expired = u.leases_expired,
-        .sessions = s->nconns, .lookups = LOAD(lookups), .lookup_keys = LOAD(lookup_keys),
-        .lookup_hits = LOAD(lookup_hits), .protocol_errors = s->protocol_errors,
+        .sessions = s->svc.nconns, .lookups = n.lookups, .lookup_keys = n.lookup_keys,
+        .lookup_hits = n.lookup_hits, .protocol_errors = s->protocol_errors,
         .refused_connections = s->refused,
     };
     int rc = proto_begin(&c->out, PROTO_STATS_R, f->seq, 1, 0);
@@ -248,13 +168,15 @@ static int handle_stats(struct lk_conn *c, const struct proto_frame *f)
     return reply_end(c, rc);
 }
 
+static const struct net_role lookup_role; /* below, with the handlers */
+
 /* HELLO: role lookup, this protocol version, and (where given) this
  * service's namespace, DP index and rank, so a client that computed the
  * path for another rank learns it at once. */
-static int handle_hello(struct lk_conn *c, const struct proto_frame *f, char *what,
+static int handle_hello(struct net_conn *c, const struct proto_frame *f, char *what,
                         size_t whatlen)
 {
-    struct lookup_service *s = c->svc;
+    struct lk_service *s = svc_of(c);
     struct proto_hello h;
     if (f->type != PROTO_HELLO) {
         snprintf(what, whatlen, "frame.type: %s before HELLO; a session's first frame must "
@@ -286,11 +208,11 @@ static int handle_hello(struct lk_conn *c, const struct proto_frame *f, char *wh
         return -ECONNABORTED;
     }
     struct umbp_tier_usage u;
-    tier_usage(s->rt->tier, &u);
+    lookup_host_usage(&s->host, &u);
     /* as umbp-server answers a lookup session, without a descriptor; this
      * rank's pool is private to it, so pool_id 0 ("no shared pool") */
     struct proto_welcome w = {
-        .version = PROTO_VERSION, .lease_ttl_ms = (uint32_t)s->rt->core->lease_ttl_ms,
+        .version = PROTO_VERSION, .lease_ttl_ms = s->host.lease_ttl_ms,
         .session_id = c->id, .pool_id = 0, .pool_size = u.capacity_bytes,
         .capacity_bytes = u.capacity_bytes,
     };
@@ -299,240 +221,129 @@ static int handle_hello(struct lk_conn *c, const struct proto_frame *f, char *wh
         rc = proto_put_welcome(&c->out, &w);
     if ((rc = reply_end(c, rc)) < 0)
         return rc;
-    c->greeted = true;
+    c->role = &lookup_role;
     return 0;
 }
 
-/* One frame.  0, or < 0: close (why or what says why; -EPROTO: malformed). */
-static int handle_frame(struct lk_conn *c, const struct proto_frame *f, char *what,
-                        size_t whatlen)
+static int handle_ping(struct net_conn *c, const struct proto_frame *f)
 {
-    if (!c->greeted)
-        return handle_hello(c, f, what, whatlen);
-    switch (f->type) {
-    case PROTO_LOOKUP: return handle_lookup(c, f);
-    case PROTO_STATS: return handle_stats(c, f);
-    case PROTO_PING: {
-        int rc = proto_put_empty(&c->out, PROTO_PONG, f->seq, 0);
-        if (rc < 0)
-            snprintf(c->why, sizeof(c->why), "cannot build a reply: %s", strerror(-rc));
-        return rc;
-    }
-    case PROTO_HELLO:
-        snprintf(what, whatlen, "frame.type: HELLO after the handshake (once per session)");
-        return -EPROTO;
-    default:
-        snprintf(what, whatlen, "frame.type: %s is not allowed for role lookup (it may send "
-                 "LOOKUP, STATS, PING)", proto_type_name(f->type));
-        return -EPROTO;
-    }
-}
-
-/* ---- connections: input ------------------------------------------------------------ */
-
-static void malformed(struct lk_conn *c, const char *what)
-{
-    c->svc->protocol_errors++;
-    umbp_log(UMBP_LOG_WARN, CONN_FMT ": malformed frame: %s; disconnected", CONN_ARGS(c), what);
-    proto_put_error_frame(&c->out, PROTO_ERROR, 0, -EPROTO, what);
-    snprintf(c->why, sizeof(c->why), "malformed frame");
-}
-
-/* Handles the whole frames in `in` (until paused), then flushes.  < 0:
- * close the connection. */
-static int conn_process(struct lk_conn *c)
-{
-    size_t pos = 0;
-    int rc = 0;
-    while (rc == 0) {
-        if (backlog(c) > OUT_PAUSE) {
-            c->paused = true;
-            ev_io_stop(c->svc->rt->loop, &c->rio);
-            break;
-        }
-        struct proto_frame f;
-        char what[PROTO_ERRMSG_MAX] = "";
-        long n = proto_frame_parse(c->in + pos, c->in_len - pos, false, &f, what, sizeof(what));
-        if (n == 0)
-            break;
-        if (n > 0) {
-            rc = handle_frame(c, &f, what, sizeof(what));
-            pos += (size_t)n;
-        } else {
-            rc = (int)n;
-        }
-        if (rc == -EPROTO || rc == -EMSGSIZE)
-            malformed(c, what[0] ? what : "frame");
-    }
-    memmove(c->in, c->in + pos, c->in_len - pos);
-    c->in_len -= pos;
-    int frc = conn_flush(c); /* the replies, and an ERROR or HELLO_ERR before a close */
-    return rc < 0 ? rc : frc;
-}
-
-/* Room for more input (proto_in_room). */
-static int in_room(struct lk_conn *c)
-{
-    return proto_in_room(&c->in, c->in_len, &c->in_cap, IN_INITIAL);
-}
-
-static void read_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-    struct lk_conn *c = umbp_container_of(w, struct lk_conn, rio);
-    (void)loop;
-    (void)revents;
-    int rc = in_room(c);
-    if (rc < 0) {
-        snprintf(c->why, sizeof(c->why), "no memory for its input");
-        conn_close(c);
-        return;
-    }
-    ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-        return;
-    if (n <= 0) {
-        snprintf(c->why, sizeof(c->why), "%s", n == 0 ? "disconnected" : strerror(errno));
-        conn_close(c);
-        return;
-    }
-    c->in_len += (size_t)n;
-    if (conn_process(c) < 0)
-        conn_close(c);
-}
-
-static void write_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-    struct lk_conn *c = umbp_container_of(w, struct lk_conn, wio);
-    (void)revents;
-    int rc = conn_flush(c);
-    if (rc == 0 && c->paused && backlog(c) == 0) {
-        c->paused = false;
-        ev_io_start(loop, &c->rio);
-        rc = conn_process(c); /* the frames that waited */
-    }
+    int rc = proto_put_empty(&c->out, PROTO_PONG, f->seq, 0);
     if (rc < 0)
-        conn_close(c);
+        snprintf(c->why, sizeof(c->why), "cannot build a reply: %s", strerror(-rc));
+    return rc;
 }
 
-/* ---- accepting ------------------------------------------------------------------------ */
+/* What role lookup may send; anything else is malformed ("frame.type: X is
+ * not allowed for role lookup (it may send LOOKUP, STATS, PING)"). */
+static const struct net_role lookup_role = {
+    .name = "lookup",
+    .handlers = {
+        [PROTO_LOOKUP] = handle_lookup, [PROTO_STATS] = handle_stats,
+        [PROTO_PING] = handle_ping,
+    },
+};
 
-static void refuse(struct lookup_service *s, int fd, const struct ucred *cr, const char *why)
+/* ---- the service's hooks (net/service.h) ------------------------------------------- */
+
+static void conn_name(const struct net_conn *c, char *buf, size_t len)
 {
+    snprintf(buf, len, CONN_FMT, CONN_ARGS(c));
+}
+
+static int conn_open(struct net_conn *c)
+{
+    umbp_log(UMBP_LOG_DEBUG, CONN_FMT ": connected", CONN_ARGS(c));
+    return 0;
+}
+
+static void conn_refuse(struct net_service *svc, int fd, const struct ucred *cr,
+                        enum net_refusal why, int err)
+{
+    struct lk_service *s = svc->p.owner;
+    const char *text = why == NET_REFUSE_CRED   ? strerror(err)
+                       : why == NET_REFUSE_PEER ? "not this engine's user (nor root)"
+                       : why == NET_REFUSE_FULL ? "64 lookup connections are open already"
+                                                : "out of memory for a connection";
+    (void)fd;
     s->refused++;
     umbp_log(UMBP_LOG_WARN, "lookup service %s: refused a connection from uid %u pid %d: %s",
-             s->path, cr ? (unsigned)cr->uid : 0u, cr ? (int)cr->pid : 0, why);
-    close(fd);
+             s->path, cr ? (unsigned)cr->uid : 0u, cr ? (int)cr->pid : 0, text);
 }
 
-static void accept_one(void *ctx, int fd)
+static void conn_malformed(struct net_conn *c) { svc_of(c)->protocol_errors++; }
+
+static void conn_accept_error(struct net_service *svc, int err, double retry_s)
 {
-    struct lookup_service *s = ctx;
-    struct ucred cr;
-    socklen_t len = sizeof(cr);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
-        refuse(s, fd, NULL, strerror(errno));
-        return;
-    }
-    if (cr.uid != geteuid() && cr.uid != 0) {
-        refuse(s, fd, &cr, "not this engine's user (nor root)");
-        return;
-    }
-    if (s->nconns >= LK_MAX_CONNS) {
-        refuse(s, fd, &cr, "64 lookup connections are open already");
-        return;
-    }
-    struct lk_conn *c = calloc(1, sizeof(*c));
-    if (!c || !(c->in = malloc(IN_INITIAL))) {
-        free(c);
-        refuse(s, fd, &cr, "out of memory for a connection");
-        return;
-    }
-    c->svc = s;
-    c->fd = fd;
-    c->pid = cr.pid;
-    c->id = ++s->next_id;
-    c->in_cap = IN_INITIAL;
-    ev_io_init(&c->rio, read_cb, fd, EV_READ);
-    ev_io_init(&c->wio, write_cb, fd, EV_WRITE);
-    ev_io_start(s->rt->loop, &c->rio);
-    c->next = s->conns;
-    if (s->conns)
-        s->conns->prev = c;
-    s->conns = c;
-    s->nconns++;
-    umbp_log(UMBP_LOG_DEBUG, CONN_FMT ": connected", CONN_ARGS(c));
+    struct lk_service *s = svc->p.owner;
+    umbp_log(UMBP_LOG_WARN, "lookup service %s: accept: %s; new connections wait %.1f s",
+             s->path, strerror(err), retry_s);
 }
 
-static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+static void conn_close(struct net_conn *c)
 {
-    struct lookup_service *s = umbp_container_of(w, struct lookup_service, accept_w);
-    (void)revents;
-    int rc = umbp_accept_batch(s->listen_fd, ACCEPT_BATCH, accept_one, s);
-    if (rc < 0) {
-        umbp_log(UMBP_LOG_WARN, "lookup service %s: accept: %s; new connections wait "
-                 "%.1f s", s->path, strerror(-rc), ACCEPT_RETRY_S);
-        ev_io_stop(loop, &s->accept_w);
-        ev_timer_start(loop, &s->accept_retry_w);
-    }
+    umbp_log(UMBP_LOG_DEBUG, CONN_FMT ": %s", CONN_ARGS(c), c->why[0] ? c->why : "closed");
 }
 
-static void accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
+static const struct net_service_ops lookup_service_ops = {
+    .name = conn_name,
+    .on_open = conn_open,
+    .on_refuse = conn_refuse,
+    .on_hello = handle_hello,
+    .on_malformed = conn_malformed,
+    .on_accept_error = conn_accept_error,
+    .on_close = conn_close,
+};
+
+/* Accepted from this user or root, 64 at most; a client whose replies are
+ * above OUT_PAUSE is not read until they have all gone; no timeouts (the
+ * scheduler's client bounds its own calls). */
+static void service_init(struct lk_service *s)
 {
-    struct lookup_service *s = umbp_container_of(w, struct lookup_service, accept_retry_w);
-    (void)revents;
-    if (!s->stopped)
-        ev_io_start(loop, &s->accept_w);
+    struct net_service_params p = {
+        .loop = s->host.loop, .ops = &lookup_service_ops, .owner = s,
+        .conn_size = sizeof(struct net_conn), .peer = {.allow_root = true},
+        .max_conns = LK_MAX_CONNS, .accept_batch = ACCEPT_BATCH,
+        .accept_retry_s = ACCEPT_RETRY_S, .in_initial = IN_INITIAL,
+        .out_pause = OUT_PAUSE, .out_resume = 1, .out_keep = OUT_PAUSE,
+    };
+    net_service_init(&s->svc, &p);
 }
 
-/* ---- the runtime's hooks --------------------------------------------------------------- */
+/* ---- starting and stopping (loop thread) ---------------------------------------------- */
 
-void lookup_service_start(struct umbp_runtime *rt, struct msg_hdr *m)
+void lookup_serve_start(struct lk_service *s)
 {
-    struct lookup_service *s = (struct lookup_service *)m;
     if (s->stopped)
         return; /* shutdown began before the message arrived */
-    ev_io_init(&s->accept_w, accept_cb, s->listen_fd, EV_READ);
-    ev_timer_init(&s->accept_retry_w, accept_retry_cb, ACCEPT_RETRY_S, 0.0);
-    ev_io_start(rt->loop, &s->accept_w);
+    net_service_start(&s->svc, s->listener.fd);
     s->started = true;
 }
 
 /* Closes the files and removes the socket if it is still the one we bound. */
-static void release_files(struct lookup_service *s)
+static void release_files(struct lk_service *s)
 {
-    if (s->listen_fd >= 0) {
-        close(s->listen_fd);
-        s->listen_fd = -1;
-        struct stat st;
-        if (lstat(s->path, &st) == 0 && st.st_dev == s->sock_dev && st.st_ino == s->sock_ino)
-            unlink(s->path);
-    }
+    net_listen_close(s->path, &s->listener);
     if (s->lock_fd >= 0) {
         net_lock_release(s->lock_path, s->lock_fd);
         s->lock_fd = -1;
     }
 }
 
-void lookup_service_stop(struct umbp_runtime *rt)
+void lookup_serve_stop(struct lk_service *s)
 {
-    struct lookup_service *s = atomic_load_explicit(&rt->lookup_service, memory_order_acquire);
-    if (!s || s->stopped)
+    if (s->stopped)
         return;
     s->stopped = true;
-    while (s->conns) {
-        snprintf(s->conns->why, sizeof(s->conns->why), "the runtime is shutting down");
-        conn_close(s->conns);
-    }
-    if (s->started) {
-        ev_io_stop(rt->loop, &s->accept_w);
-        ev_timer_stop(rt->loop, &s->accept_retry_w);
-    }
+    net_service_close_all(&s->svc, "the runtime is shutting down");
+    net_service_stop_accepting(&s->svc);
     release_files(s);
     umbp_log(UMBP_LOG_INFO, "lookup service %s: stopped", s->path);
 }
 
-static void service_free(struct lookup_service *s)
+void lookup_serve_free(struct lk_service *s)
 {
+    if (!s)
+        return;
     release_files(s);
     free(s->reqs);
     free(s->req_ptrs);
@@ -540,16 +351,11 @@ static void service_free(struct lookup_service *s)
     free(s);
 }
 
-void lookup_service_free(struct umbp_runtime *rt)
-{
-    struct lookup_service *s = atomic_exchange(&rt->lookup_service, NULL);
-    if (s)
-        service_free(s); /* the loop has ended: no connection is left */
-}
+const char *lookup_serve_path(const struct lk_service *s) { return s->path; }
 
 /* ---- setting up (caller's thread) ------------------------------------------------------ */
 
-static int busy(const struct lookup_service *s, const char *who, char *err, size_t errlen)
+static int busy(const struct lk_service *s, const char *who, char *err, size_t errlen)
 {
     snprintf(err, errlen, "lookup socket %s is served by another live engine%s; a live socket "
              "is never taken over: give this engine a distinct lookup_instance (or another "
@@ -558,7 +364,7 @@ static int busy(const struct lookup_service *s, const char *who, char *err, size
 }
 
 /* The lock file itself is net/lockfile.c; the words are ours. */
-static int lock_take(struct lookup_service *s, char *err, size_t errlen)
+static int lock_take(struct lk_service *s, char *err, size_t errlen)
 {
     struct net_lock_result r;
     char who[48] = "";
@@ -590,77 +396,65 @@ static int lock_take(struct lookup_service *s, char *err, size_t errlen)
     return -EAGAIN;
 }
 
-/* With the lock held: whatever is at the path.  A socket that accepts a
- * connection is a live listener that does not take our lock (never taken
- * over); one that refuses is stale and removed; anything else is refused. */
-static int clear_path(struct lookup_service *s, char *err, size_t errlen)
+/* With the lock held, the socket by net/listen.c: whatever is at the path
+ * by NET_STALE_PROBE (a socket that accepts a connection is a live listener
+ * that does not take our lock, never taken over; one that refuses is stale
+ * and removed; anything else is refused), then bind, 0600 (the first gate,
+ * SO_PEERCRED on accept the second), listen.  The words are ours. */
+static int listen_open(struct lk_service *s, char *err, size_t errlen)
 {
-    struct stat st;
-    if (lstat(s->path, &st) < 0)
+    struct net_listen_params p = {.path = s->path, .stale = NET_STALE_PROBE, .mode = 0600};
+    struct net_listen_result r;
+    net_listen_open(&p, &s->listener, &r);
+    if (r.replaced)
+        umbp_log(UMBP_LOG_INFO, "lookup socket %s: replaced a stale socket (connect: %s)",
+                 s->path, strerror(r.probe_err));
+    switch (r.outcome) {
+    case NET_LISTEN_OK:
         return 0;
-    if (!S_ISSOCK(st.st_mode)) {
+    case NET_LISTEN_NOT_SOCKET:
         snprintf(err, errlen, "lookup socket %s: a file that is not a socket is in the way; "
                  "it is left alone: remove it, or choose another lookup_dir", s->path);
         return -EEXIST;
-    }
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    memcpy(a.sun_path, s->path, strlen(s->path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket(AF_UNIX): %s", strerror(e));
-        return -e;
-    }
-    int rc = connect(fd, (struct sockaddr *)&a, sizeof(a));
-    int e = rc < 0 ? errno : 0;
-    close(fd);
-    if (rc == 0 || e == EAGAIN || e == EINPROGRESS) /* EAGAIN: a listener, backlog full */
+    case NET_LISTEN_LIVE:
         return busy(s, "", err, errlen);
-    if (unlink(s->path) < 0) {
-        int ue = errno;
+    case NET_LISTEN_UNLINK_FAILED:
         snprintf(err, errlen, "lookup socket %s: cannot remove the stale socket (%s; connect "
-                 "said %s)", s->path, strerror(ue), strerror(e));
-        return -ue;
-    }
-    umbp_log(UMBP_LOG_INFO, "lookup socket %s: replaced a stale socket (connect: %s)", s->path,
-             strerror(e));
-    return 0;
-}
-
-static int listen_open(struct lookup_service *s, char *err, size_t errlen)
-{
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    struct stat st;
-    memcpy(a.sun_path, s->path, strlen(s->path) + 1); /* fits: the path was checked */
-    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (s->listen_fd < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket(AF_UNIX): %s", strerror(e));
-        return -e;
-    }
-    if (bind(s->listen_fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-        int e = errno;
+                 "said %s)", s->path, strerror(r.err), strerror(r.probe_err));
+        break;
+    case NET_LISTEN_SOCKET_FAILED:
+        snprintf(err, errlen, "socket(AF_UNIX): %s", strerror(r.err));
+        break;
+    case NET_LISTEN_BIND_FAILED:
         snprintf(err, errlen, "lookup socket %s: bind: %s; check lookup_dir", s->path,
-                 strerror(e));
-        close(s->listen_fd);
-        s->listen_fd = -1;
-        return -e;
+                 strerror(r.err));
+        break;
+    case NET_LISTEN_CHOWN_FAILED: /* not asked for */
+    case NET_LISTEN_CHMOD_FAILED:
+    case NET_LISTEN_LISTEN_FAILED:
+        snprintf(err, errlen, "lookup socket %s: %s", s->path, strerror(r.err));
+        break;
     }
-    if (lstat(s->path, &st) == 0) {
-        s->sock_dev = st.st_dev;
-        s->sock_ino = st.st_ino;
-    }
-    /* 0600 is the first gate (SO_PEERCRED on accept the second) */
-    if (chmod(s->path, 0600) < 0 || listen(s->listen_fd, SOMAXCONN) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "lookup socket %s: %s", s->path, strerror(e));
-        return -e; /* release_files removes it */
-    }
-    return 0;
+    return -r.err; /* release_files removes what was made */
 }
 
-static int serve_setup(struct umbp_runtime *rt, struct lookup_service *s, const char *dir,
-                       const char *ns_hex, const char *instance, char *err, size_t errlen)
+struct lk_service *lookup_serve_new(const struct lookup_host *host, uint32_t dp_index,
+                                    uint32_t rank)
+{
+    struct lk_service *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->host = *host;
+    s->lock_fd = -1;
+    s->listener = (struct net_listener)NET_LISTENER_INIT;
+    s->dp_index = dp_index;
+    s->rank = rank;
+    service_init(s);
+    return s;
+}
+
+int lookup_serve_setup(struct lk_service *s, const char *dir, const char *ns_hex,
+                       const char *instance, char *err, size_t errlen)
 {
     char def[LK_PATH_MAX];
     bool is_default = !dir || !dir[0];
@@ -675,60 +469,9 @@ static int serve_setup(struct umbp_runtime *rt, struct lookup_service *s, const 
     for (size_t i = 0; i < UMBP_LOOKUP_NS_HEX_LEN; i++)
         s->ns[i] = (char)(ns_hex[i] >= 'A' && ns_hex[i] <= 'F' ? ns_hex[i] - 'A' + 'a'
                                                              : ns_hex[i]);
-    if (rt->tier->ops->caps & UMBP_TIER_CAP_REMOTE) {
-        snprintf(err, errlen, "umbp_lookup_serve: the runtime's tier %s is remote (mode %s); "
-                 "a lookup service serves an embedded rank's own pool, and in standalone "
-                 "mode the scheduler asks umbp-server (lookup client mode \"standalone\")",
-                 rt->tier_name, rt->core->mode);
-        return -ENOTSUP;
-    }
     snprintf(s->lock_path, sizeof(s->lock_path), "%s.lock", s->path);
     if ((rc = lookup_dir_prepare(dir, is_default, "lookup_dir", err, errlen)) < 0 ||
-        (rc = lock_take(s, err, errlen)) < 0 || (rc = clear_path(s, err, errlen)) < 0 ||
-        (rc = listen_open(s, err, errlen)) < 0)
+        (rc = lock_take(s, err, errlen)) < 0 || (rc = listen_open(s, err, errlen)) < 0)
         return rc;
-    return 0;
-}
-
-int umbp_lookup_serve(umbp_runtime_t *rt, const char *dir, const char *ns_hex,
-                      const char *instance, uint32_t dp_index, uint32_t rank)
-{
-    char err[512] = "";
-    if (!rt) {
-        umbp_set_error("umbp_lookup_serve: rt must not be NULL");
-        return -EINVAL;
-    }
-    if (atomic_load(&rt->closing)) {
-        umbp_set_error("umbp_lookup_serve: the runtime is shutting down");
-        return UMBP_E_NOT_ATTEMPTED;
-    }
-    struct lookup_service *s = calloc(1, sizeof(*s));
-    if (!s) {
-        umbp_set_error("umbp_lookup_serve: out of memory");
-        return -ENOMEM;
-    }
-    s->hdr.type = MSG_LOOKUP_SERVE;
-    s->rt = rt;
-    s->listen_fd = s->lock_fd = -1;
-    s->dp_index = dp_index;
-    s->rank = rank;
-    struct lookup_service *none = NULL;
-    if (!atomic_compare_exchange_strong(&rt->lookup_service, &none, s)) {
-        umbp_set_error("umbp_lookup_serve: this runtime already serves lookups (one service "
-                       "per runtime)");
-        free(s);
-        return -EBUSY;
-    }
-    int rc = serve_setup(rt, s, dir, ns_hex, instance, err, sizeof(err));
-    if (rc == 0 && (rc = rt_post(rt, &s->hdr)) < 0)
-        snprintf(err, sizeof(err), "umbp_lookup_serve: the lookup actor's mailbox is full");
-    if (rc < 0) {
-        atomic_store(&rt->lookup_service, NULL);
-        service_free(s);
-        umbp_set_error("%s", err);
-        return rc;
-    }
-    umbp_log(UMBP_LOG_INFO, "lookup service: dp %u rank %u at %s", (unsigned)dp_index,
-             (unsigned)rank, s->path);
     return 0;
 }

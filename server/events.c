@@ -56,7 +56,7 @@ void srv_events_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key)
 /* One EVENTS frame of events[from, from + n) carrying `lost`. */
 static int put_events(struct srv_session *ss, size_t from, uint32_t n, uint32_t lost)
 {
-    struct proto_buf *b = ss->batch.open ? &ss->held : &ss->out;
+    struct proto_buf *b = ss->batch.open ? &ss->held : &ss->conn.out;
     int rc = proto_begin(b, PROTO_EVENTS, 0, n, lost);
     for (uint32_t i = 0; rc == 0 && i < n; i++)
         rc = proto_put_event_item(b, &ss->srv->events[from + i]);
@@ -83,7 +83,7 @@ static int events_to(struct srv_session *ss)
         uint32_t lost = ss->events_lost > UINT32_MAX ? UINT32_MAX : (uint32_t)ss->events_lost;
         int rc = put_events(ss, from, chunk, lost);
         if (rc < 0) {
-            snprintf(ss->why, sizeof(ss->why), "no memory for its events");
+            snprintf(ss->conn.why, sizeof(ss->conn.why), "no memory for its events");
             return rc;
         }
         ss->events_lost -= lost;
@@ -97,8 +97,8 @@ void srv_events_flush(struct umbp_server *s)
     if (!s->nevents && !s->any_lost && !s->events_unqueued)
         return;
     bool any_lost = false;
-    for (struct srv_session *ss = s->sessions, *next; ss; ss = next) {
-        next = ss->next;
+    for (struct srv_session *ss = (struct srv_session *)s->svc.conns, *next; ss; ss = next) {
+        next = (struct srv_session *)ss->conn.next;
         if (!ss->events)
             continue;
         ss->events_lost += s->events_unqueued;

@@ -17,7 +17,11 @@
  *    max_sessions at once.  Refusals are logged (one line) and counted, and
  *    the client gets a HELLO_ERR naming the option before the close.
  *
- * create runs this on the creating thread; accept_cb on the loop thread.
+ * Accepting, the peer check and the cap are net/service.c's (configured in
+ * session.c); the words of a refusal are here (srv_listen_refuse).
+ *
+ * create runs this on the creating thread; the service's hooks on the loop
+ * thread.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -30,76 +34,63 @@
 #include <unistd.h>
 
 #include "inbuf.h"
+#include "listen.h"
 #include "lockfile.h"
 #include "srv.h"
 #include "util.h"
 
-#define ACCEPT_BATCH 64
-#define ACCEPT_RETRY_S 0.1 /* after EMFILE: try again this much later */
 
 /* ---- the directory ------------------------------------------------------------- */
 
-static int dir_share_with_group(struct umbp_server *s, const struct stat *st, char *err,
-                                size_t errlen)
-{
-    const struct srv_config *c = s->cfg;
-    if (st->st_gid != c->sock_gid && chown(s->dir, (uid_t)-1, c->sock_gid) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket_group=%s: cannot give socket_dir %s to group %u "
-                 "(chown: %s); run umbp-server as a member of that group, or as root",
-                 c->opt.socket_group, s->dir, (unsigned)c->sock_gid, strerror(e));
-        return -e;
-    }
-    if ((st->st_mode & 07777) != 0770 && chmod(s->dir, 0770) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket_dir=%s: cannot make it 0770 for socket_group (chmod: "
-                 "%s)", s->dir, strerror(e));
-        return -e;
-    }
-    return 0;
-}
-
-static int dir_check(struct umbp_server *s, char *err, size_t errlen)
-{
-    struct stat st;
-    if (lstat(s->dir, &st) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket_dir=%s: %s; create it, or choose another socket_dir",
-                 s->dir, strerror(e));
-        return -e;
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        snprintf(err, errlen, "socket_dir=%s: is a %s, not a directory; remove it, or choose "
-                 "another socket_dir", s->dir, S_ISLNK(st.st_mode) ? "symbolic link" : "file");
-        return -ENOTDIR;
-    }
-    if (st.st_uid != geteuid()) {
-        snprintf(err, errlen, "socket_dir=%s: owned by uid %u, not by this server's uid %u, "
-                 "so another user could replace the socket; remove it, or choose a "
-                 "socket_dir of your own", s->dir, (unsigned)st.st_uid, (unsigned)geteuid());
-        return -EPERM;
-    }
-    if (s->cfg->has_group)
-        return dir_share_with_group(s, &st, err, errlen);
-    if (st.st_mode & 0022) {
-        snprintf(err, errlen, "socket_dir=%s: writable by %s (mode %03o), so another user "
-                 "could replace the socket; chmod go-w it, or set socket_group to share it "
-                 "with one group", s->dir, st.st_mode & 0020 ? "its group" : "others",
-                 (unsigned)(st.st_mode & 0777));
-        return -EPERM;
-    }
-    return 0;
-}
-
+/* The rules are net/listen.c's; the words are ours. */
 static int dir_open(struct umbp_server *s, char *err, size_t errlen)
 {
-    if (mkdir(s->dir, s->cfg->has_group ? 0770 : 0700) < 0 && errno != EEXIST) {
-        int e = errno;
+    const struct srv_config *c = s->cfg;
+    struct net_dir_rules rules = {
+        .mode = c->has_group ? 0770 : 0700, .check_owner = true, .deny_write = 0022,
+        .share_group = c->has_group, .gid = c->sock_gid,
+    };
+    struct net_dir_result r;
+    net_dir_prepare(s->dir, &rules, &r);
+    switch (r.outcome) {
+    case NET_DIR_OK:
+        return 0;
+    case NET_DIR_MKDIR_FAILED:
         snprintf(err, errlen, "socket_dir=%s: cannot create it (mkdir: %s); create its "
-                 "parent, or choose another socket_dir", s->dir, strerror(e));
-        return -e;
+                 "parent, or choose another socket_dir", s->dir, strerror(r.err));
+        return -r.err;
+    case NET_DIR_STAT_FAILED:
+        snprintf(err, errlen, "socket_dir=%s: %s; create it, or choose another socket_dir",
+                 s->dir, strerror(r.err));
+        return -r.err;
+    case NET_DIR_NOT_DIR:
+        snprintf(err, errlen, "socket_dir=%s: is a %s, not a directory; remove it, or choose "
+                 "another socket_dir", s->dir,
+                 S_ISLNK(r.st.st_mode) ? "symbolic link" : "file");
+        return -ENOTDIR;
+    case NET_DIR_NOT_OWNER:
+        snprintf(err, errlen, "socket_dir=%s: owned by uid %u, not by this server's uid %u, "
+                 "so another user could replace the socket; remove it, or choose a "
+                 "socket_dir of your own", s->dir, (unsigned)r.st.st_uid,
+                 (unsigned)geteuid());
+        return -EPERM;
+    case NET_DIR_WRITABLE:
+        snprintf(err, errlen, "socket_dir=%s: writable by %s (mode %03o), so another user "
+                 "could replace the socket; chmod go-w it, or set socket_group to share it "
+                 "with one group", s->dir, r.st.st_mode & 0020 ? "its group" : "others",
+                 (unsigned)(r.st.st_mode & 0777));
+        return -EPERM;
+    case NET_DIR_CHOWN_FAILED:
+        snprintf(err, errlen, "socket_group=%s: cannot give socket_dir %s to group %u "
+                 "(chown: %s); run umbp-server as a member of that group, or as root",
+                 c->opt.socket_group, s->dir, (unsigned)c->sock_gid, strerror(r.err));
+        return -r.err;
+    case NET_DIR_CHMOD_FAILED:
+        snprintf(err, errlen, "socket_dir=%s: cannot make it 0770 for socket_group (chmod: "
+                 "%s)", s->dir, strerror(r.err));
+        return -r.err;
     }
-    return dir_check(s, err, errlen);
+    return -EINVAL;
 }
 
 /* ---- the lock ------------------------------------------------------------------- */
@@ -147,93 +138,66 @@ int srv_listen_open(struct umbp_server *s, char *err, size_t errlen)
 
 /* ---- the socket ----------------------------------------------------------------- */
 
-static void accept_cb(struct ev_loop *loop, ev_io *w, int revents);
-static void accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
-
-/* A file at the socket path while we hold the lock is a dead server's. */
-static int remove_stale(struct umbp_server *s, char *err, size_t errlen)
+/* The socket by net/listen.c: a file at the path while we hold the lock is
+ * a dead server's and is replaced (NET_STALE_REPLACE); the words are ours. */
+static int socket_open(struct umbp_server *s, char *err, size_t errlen)
 {
-    struct stat st;
-    if (lstat(s->sock_path, &st) < 0)
+    const struct srv_config *c = s->cfg;
+    struct net_listen_params p = {
+        .path = s->sock_path, .stale = NET_STALE_REPLACE,
+        .mode = c->has_group ? 0660 : 0600, .chown_group = c->has_group, .gid = c->sock_gid,
+    };
+    struct net_listen_result r;
+    net_listen_open(&p, &s->listener, &r);
+    if (r.replaced)
+        umbp_log(UMBP_LOG_INFO, "replaced the stale socket %s (no server held its lock)",
+                 s->sock_path);
+    switch (r.outcome) {
+    case NET_LISTEN_OK:
         return 0;
-    if (!S_ISSOCK(st.st_mode)) {
+    case NET_LISTEN_NOT_SOCKET:
+    case NET_LISTEN_LIVE: /* not asked for with NET_STALE_REPLACE */
         snprintf(err, errlen, "socket %s: a file that is not a socket is in the way; remove "
                  "it", s->sock_path);
         return -EEXIST;
-    }
-    if (unlink(s->sock_path) < 0) {
-        int e = errno;
+    case NET_LISTEN_UNLINK_FAILED:
         snprintf(err, errlen, "socket %s: cannot remove the stale socket (%s)", s->sock_path,
-                 strerror(e));
-        return -e;
-    }
-    umbp_log(UMBP_LOG_INFO, "replaced the stale socket %s (no server held its lock)",
-             s->sock_path);
-    return 0;
-}
-
-static int socket_permissions(struct umbp_server *s, char *err, size_t errlen)
-{
-    const struct srv_config *c = s->cfg;
-    if (c->has_group && chown(s->sock_path, (uid_t)-1, c->sock_gid) < 0) {
-        int e = errno;
+                 strerror(r.err));
+        break;
+    case NET_LISTEN_SOCKET_FAILED:
+        snprintf(err, errlen, "socket(AF_UNIX): %s", strerror(r.err));
+        break;
+    case NET_LISTEN_BIND_FAILED:
+        snprintf(err, errlen, "socket %s: bind: %s; check socket_dir", s->sock_path,
+                 strerror(r.err));
+        break;
+    case NET_LISTEN_CHOWN_FAILED:
         snprintf(err, errlen, "socket_group=%s: cannot give socket %s to group %u (chown: %s)",
-                 c->opt.socket_group, s->sock_path, (unsigned)c->sock_gid, strerror(e));
-        return -e;
+                 c->opt.socket_group, s->sock_path, (unsigned)c->sock_gid, strerror(r.err));
+        break;
+    case NET_LISTEN_CHMOD_FAILED:
+        snprintf(err, errlen, "socket %s: chmod: %s", s->sock_path, strerror(r.err));
+        break;
+    case NET_LISTEN_LISTEN_FAILED:
+        snprintf(err, errlen, "socket %s: listen: %s", s->sock_path, strerror(r.err));
+        break;
     }
-    if (chmod(s->sock_path, c->has_group ? 0660 : 0600) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket %s: chmod: %s", s->sock_path, strerror(e));
-        return -e;
-    }
-    return 0;
+    return -r.err;
 }
 
 int srv_listen_bind(struct umbp_server *s, char *err, size_t errlen)
 {
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    int rc = remove_stale(s, err, errlen);
+    int rc = socket_open(s, err, errlen);
     if (rc < 0)
         return rc;
-    memcpy(addr.sun_path, s->sock_path, strlen(s->sock_path) + 1); /* fits: proto checked */
-    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (s->listen_fd < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket(AF_UNIX): %s", strerror(e));
-        return -e;
-    }
-    if (bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket %s: bind: %s; check socket_dir", s->sock_path,
-                 strerror(e));
-        return -e;
-    }
-    s->socket_created = true;
-    if ((rc = socket_permissions(s, err, errlen)) < 0)
-        return rc;
-    if (listen(s->listen_fd, SOMAXCONN) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "socket %s: listen: %s", s->sock_path, strerror(e));
-        return -e;
-    }
-    ev_io_init(&s->accept_w, accept_cb, s->listen_fd, EV_READ);
-    ev_io_start(s->loop, &s->accept_w);
-    ev_timer_init(&s->accept_retry_w, accept_retry_cb, ACCEPT_RETRY_S, 0.0);
+    net_service_start(&s->svc, s->listener.fd);
     return 0;
 }
 
 void srv_listen_close(struct umbp_server *s, bool release_lock)
 {
-    if (s->listen_fd >= 0) {
-        ev_io_stop(s->loop, &s->accept_w);
-        ev_timer_stop(s->loop, &s->accept_retry_w);
-        close(s->listen_fd);
-        s->listen_fd = -1;
-    }
-    if (s->socket_created) {
-        unlink(s->sock_path);
-        s->socket_created = false;
-    }
+    net_service_stop_accepting(&s->svc);
+    net_listen_close(s->sock_path, &s->listener); /* the socket, if still ours */
     if (release_lock && s->lock_fd >= 0) {
         net_lock_release(s->lock_path, s->lock_fd);
         s->lock_fd = -1;
@@ -242,101 +206,47 @@ void srv_listen_close(struct umbp_server *s, bool release_lock)
 
 /* ---- accepting ------------------------------------------------------------------- */
 
-static bool id_in(const unsigned *ids, size_t n, unsigned id)
+/* The service's on_refuse: logs and counts a refusal, and tells the client
+ * why before the service closes it: one HELLO_ERR (seq 0: sent before its
+ * HELLO is read; arg = status) written without blocking on the fresh
+ * socket (a frame this small fits its empty buffer; if not, the client
+ * only sees the close).  The client reads it even though its HELLO may
+ * meet the closed socket. */
+void srv_listen_refuse(struct net_service *svc, int fd, const struct ucred *cr,
+                       enum net_refusal reason, int err)
 {
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] == id)
-            return true;
-    return false;
-}
-
-/* A supplementary group of the peer (SO_PEERGROUPS) in allowed_gids. */
-static bool peer_group_allowed(const struct srv_config *c, int fd)
-{
-#ifdef SO_PEERGROUPS
-    gid_t groups[1024];
-    socklen_t len = sizeof(groups);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
-        return false;
-    for (size_t i = 0; i < len / sizeof(gid_t); i++)
-        if (id_in(c->gids, c->ngids, groups[i]))
-            return true;
-#endif
-    return false;
-}
-
-static bool peer_allowed(const struct srv_config *c, int fd, const struct ucred *cr)
-{
-    if (cr->uid == geteuid() || id_in(c->uids, c->nuids, cr->uid))
-        return true;
-    if (c->ngids && (id_in(c->gids, c->ngids, cr->gid) || peer_group_allowed(c, fd)))
-        return true;
-    return false;
-}
-
-/* Logs and counts a refusal, and tells the client why before closing: one
- * HELLO_ERR (seq 0: sent before its HELLO is read; arg = status) written
- * without blocking on the fresh socket (a frame this small fits its empty
- * buffer; if not, the client only sees the close).  The client reads it
- * even though its HELLO may meet the closed socket. */
-static void refuse(struct umbp_server *s, int fd, const struct ucred *cr, int status,
-                   const char *why)
-{
+    struct umbp_server *s = svc->p.owner;
+    char why[PROTO_ERRMSG_MAX];
     s->c.refused_connections++;
+    switch (reason) {
+    case NET_REFUSE_CRED:
+        umbp_log(UMBP_LOG_WARN, "refused a connection: SO_PEERCRED: %s", strerror(err));
+        return;
+    case NET_REFUSE_PEER:
+        snprintf(why, sizeof(why), "uid %u (gid %u) is not in allowed_uids or allowed_gids "
+                 "of umbp-server (pid %ld, uid %u); add it to allowed_uids or allowed_gids",
+                 (unsigned)cr->uid, (unsigned)cr->gid, (long)getpid(), (unsigned)geteuid());
+        break;
+    case NET_REFUSE_FULL:
+        snprintf(why, sizeof(why), "max_sessions (%lld) reached on umbp-server (pid %ld); "
+                 "raise max_sessions", (long long)s->cfg->opt.max_sessions, (long)getpid());
+        break;
+    case NET_REFUSE_NOMEM:
+        snprintf(why, sizeof(why), "out of memory for a session");
+        break;
+    }
     umbp_log(UMBP_LOG_WARN, "refused a connection from uid %u gid %u pid %d: %s",
              (unsigned)cr->uid, (unsigned)cr->gid, (int)cr->pid, why);
     struct proto_buf b = {0};
     size_t sent = 0;
-    if (proto_put_error_frame(&b, PROTO_HELLO_ERR, 0, status, why) == 0)
+    if (proto_put_error_frame(&b, PROTO_HELLO_ERR, 0, -err, why) == 0)
         proto_out_send(fd, &b, &sent);
     proto_buf_free(&b);
-    close(fd);
 }
 
-static void accept_one(void *ctx, int fd)
+void srv_listen_accept_error(struct net_service *svc, int err, double retry_s)
 {
-    struct umbp_server *s = ctx;
-    struct ucred cr;
-    socklen_t len = sizeof(cr);
-    char why[PROTO_ERRMSG_MAX];
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
-        umbp_log(UMBP_LOG_WARN, "refused a connection: SO_PEERCRED: %s", strerror(errno));
-        s->c.refused_connections++;
-        close(fd);
-        return;
-    }
-    if (!peer_allowed(s->cfg, fd, &cr)) {
-        snprintf(why, sizeof(why), "uid %u (gid %u) is not in allowed_uids or allowed_gids "
-                 "of umbp-server (pid %ld, uid %u); add it to allowed_uids or allowed_gids",
-                 (unsigned)cr.uid, (unsigned)cr.gid, (long)getpid(), (unsigned)geteuid());
-        refuse(s, fd, &cr, -EACCES, why);
-    } else if (s->nsessions >= (uint64_t)s->cfg->opt.max_sessions) {
-        snprintf(why, sizeof(why), "max_sessions (%lld) reached on umbp-server (pid %ld); "
-                 "raise max_sessions", (long long)s->cfg->opt.max_sessions, (long)getpid());
-        refuse(s, fd, &cr, -EUSERS, why);
-    } else if (!session_open(s, fd, cr.pid, cr.uid, cr.gid)) {
-        refuse(s, fd, &cr, -ENOMEM, "out of memory for a session");
-    }
-}
-
-static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
-{
-    struct umbp_server *s = umbp_container_of(w, struct umbp_server, accept_w);
-    (void)revents;
-    int rc = umbp_accept_batch(s->listen_fd, ACCEPT_BATCH, accept_one, s);
-    if (rc < 0) {
-        umbp_log(UMBP_LOG_WARN, "accept: %s; new connections wait %.1f s (raise the "
-                 "descriptor limit, ulimit -n, or lower max_sessions)", strerror(-rc),
-                 ACCEPT_RETRY_S);
-        ev_io_stop(loop, &s->accept_w);
-        ev_timer_start(loop, &s->accept_retry_w);
-    }
-}
-
-static void accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
-{
-    struct umbp_server *s = umbp_container_of(w, struct umbp_server, accept_retry_w);
-    (void)revents;
-    if (s->listen_fd >= 0)
-        ev_io_start(loop, &s->accept_w);
+    (void)svc;
+    umbp_log(UMBP_LOG_WARN, "accept: %s; new connections wait %.1f s (raise the "
+             "descriptor limit, ulimit -n, or lower max_sessions)", strerror(err), retry_s);
 }

@@ -234,7 +234,7 @@ static void render_scalars(struct mbuf *b, const struct umbp_server *s)
          c->protocol_errors},
         {"umbp_refused_connections_total", "counter", "Connections refused (not allowed, or "
          "max_sessions reached).", c->refused_connections},
-        {"umbp_sessions", "gauge", "Connected clients.", s->nsessions},
+        {"umbp_sessions", "gauge", "Connected clients.", (uint64_t)s->svc.nconns},
         {"umbp_held_regions", "gauge", "Regions of unfinished puts whose session ended, kept "
          "out of use until their writers' declared deadlines.", held},
         {"umbp_reservations_expired_total", "counter", "Reservations reclaimed at their "
@@ -255,7 +255,7 @@ static void put_session_labels(struct mbuf *b, const struct srv_session *ss)
 {
     uint32_t role = ss->hello.role;
     put(b, "{session=\"%llu\",pid=\"%d\",role=\"%s\",engine_id=\"",
-        (unsigned long long)ss->id, (int)ss->pid,
+        (unsigned long long)ss->conn.id, (int)ss->conn.pid,
         role < sizeof(role_names) / sizeof(role_names[0]) ? role_names[role] : "?");
     put_label_value(b, ss->hello.engine_id);
     put(b, "\",namespace=\"");
@@ -276,8 +276,8 @@ static void render_sessions(struct mbuf *b, const struct umbp_server *s)
     };
     for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
         put_head(b, fam[f].name, fam[f].type, fam[f].help);
-        for (const struct srv_session *ss = s->sessions; ss; ss = ss->next) {
-            if (!ss->greeted)
+        for (SESSIONS_EACH(s, ss)) {
+            if (!session_greeted(ss))
                 continue;
             uint64_t v = f == 0 ? ss->leases.n : f == 1 ? ss->reservations.n : ss->requests;
             put(b, "%s", fam[f].name);

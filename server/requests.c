@@ -1,7 +1,8 @@
 /*
  * requests.c - what the server does with each request frame: the tier
- * contract (include/umbp/tier.h) over the shared store, one reply frame per
- * request frame (ABORT has none), records in request order.
+ * contract (include/umbp/tier.h) over the store the server was handed
+ * (store_ops.h: s->st), one reply frame per request frame (ABORT has
+ * none), records in request order.
  *
  * A session may publish, abort and release only the tokens the server gave
  * it (track.c): a token of another session, or one already used, is
@@ -10,7 +11,8 @@
  * still holds is ended when it disconnects (session.c).
  *
  * The first frame must be HELLO; after it, each role may send only its own
- * types (role_allows); anything else is malformed.
+ * types (the role tables at the end, which net/service.c dispatches through);
+ * anything else is malformed.
  *
  * The batch types (LOOKUP .. RELEASE) do records [batch.from, batch.to)
  * per call and write into batch.out (see Fairness in srv.h):
@@ -26,16 +28,10 @@
 #include "srv.h"
 #include "util.h"
 
-#define T(x) (1u << PROTO_##x)
-
-static const uint32_t role_allows[] = {
-    [PROTO_ROLE_WORKER] = T(LOOKUP) | T(RESERVE) | T(PUBLISH) | T(ABORT) | T(ACQUIRE) |
-                          T(RELEASE) | T(CLEAR) | T(STATS) | T(PING),
-    [PROTO_ROLE_LOOKUP] = T(LOOKUP) | T(STATS) | T(PING),
-    [PROTO_ROLE_ADMIN] = T(STATS) | T(SESSIONS) | T(CLEAR) | T(PING),
-};
-
 static const char *const role_names[] = {"worker", "lookup", "admin"};
+
+/* What each role may send: the tables at the end, after the handlers. */
+static const struct net_role roles[PROTO_ROLE_ADMIN + 1];
 
 /* A reply appended whole (proto_put_empty), or rc of its failure: out of
  * memory ends the session. */
@@ -45,7 +41,7 @@ static int reply_done(struct srv_session *ss, int rc)
         return 0;
     umbp_log(UMBP_LOG_WARN, SESSION_FMT ": cannot build a reply (%s); disconnected",
              SESSION_ARGS(ss), strerror(-rc));
-    snprintf(ss->why, sizeof(ss->why), "no memory for a reply");
+    snprintf(ss->conn.why, sizeof(ss->conn.why), "no memory for a reply");
     return SRV_CLOSE;
 }
 
@@ -54,7 +50,7 @@ static int reply_done(struct srv_session *ss, int rc)
  * when proto_begin failed, so nothing is open). */
 static int reply_end(struct srv_session *ss, int rc)
 {
-    int erc = proto_end(&ss->out);
+    int erc = proto_end(&ss->conn.out);
     return reply_done(ss, rc ? rc : erc);
 }
 
@@ -82,8 +78,9 @@ static int batch_end(struct srv_session *ss, const struct proto_frame *f, int rc
 
 /* ---- lookup, reserve, publish, abort ------------------------------------------- */
 
-static int handle_lookup(struct srv_session *ss, const struct proto_frame *f)
+static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
 {
+    struct srv_session *ss = to_session(c);
     struct umbp_server *s = ss->srv;
     const struct srv_batch *b = &ss->batch;
     bool touch = f->arg & PROTO_LOOKUP_TOUCH;
@@ -92,7 +89,7 @@ static int handle_lookup(struct srv_session *ss, const struct proto_frame *f)
     for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         umbp_key_t key;
         proto_get_key(f, i, &key);
-        bool hit = dram_store_lookup(s->store, &key, touch);
+        bool hit = srv_store_lookup(&s->st, &key, touch);
         s->c.lookup_hits += hit;
         rc = proto_put_u8(b->out, hit);
     }
@@ -101,28 +98,29 @@ static int handle_lookup(struct srv_session *ss, const struct proto_frame *f)
     return batch_end(ss, f, rc);
 }
 
-/* dram_store_reserve, evicting for this key once when the pool is full.
+/* The store's reserve, evicting for this key once when the pool is full.
  * An eviction that freed nothing (everything leased or pending) clears
  * *may_evict, so the rest of the batch does not scan the LRU list again. */
 static int reserve_one(struct umbp_server *s, unsigned ns, const umbp_key_t *key,
-                       uint64_t size, uint64_t until, struct dram_store_region *r,
+                       uint64_t size, uint64_t until, struct srv_region *r,
                        bool *may_evict)
 {
     /* a namespace over its quota evicts its own objects inside the store
      * (-EDQUOT when they are held); -ENOSPC is the whole pool's */
-    int rc = dram_store_reserve_until(s->store, key, size, ns, until, r);
+    int rc = srv_store_reserve(&s->st, key, size, ns, until, r);
     if (rc != -ENOSPC || !*may_evict)
         return rc;
     struct umbp_tier_usage u;
-    dram_store_usage(s->store, &u);
+    srv_store_usage(&s->st, &u);
     uint64_t target = u.capacity_bytes > size ? u.capacity_bytes - size : 0;
-    if (dram_store_evict(s->store, target, size, SRV_EVICT_INLINE_MAX, NULL) == 0)
+    if (srv_store_evict(&s->st, target, size, SRV_EVICT_INLINE_MAX) == 0)
         *may_evict = false;
-    return dram_store_reserve_until(s->store, key, size, ns, until, r);
+    return srv_store_reserve(&s->st, key, size, ns, until, r);
 }
 
-static int handle_reserve(struct srv_session *ss, const struct proto_frame *f)
+static int handle_reserve(struct net_conn *c, const struct proto_frame *f)
 {
+    struct srv_session *ss = to_session(c);
     struct umbp_server *s = ss->srv;
     struct srv_batch *b = &ss->batch;
     /* the client writes into what it is granted for at most its declared
@@ -132,12 +130,12 @@ static int handle_reserve(struct srv_session *ss, const struct proto_frame *f)
 
     for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         struct proto_reserve_item it;
-        struct dram_store_region r;
+        struct srv_region r;
         struct proto_region_item out = {0};
         proto_get_reserve_item(f, i, &it);
         out.status = reserve_one(s, ss->ns, &it.key, it.size, until, &r, &b->may_evict);
         if (out.status == 0 && track_add(&ss->reservations, r.token, &it.key) < 0) {
-            dram_store_abort(s->store, &it.key, r.token);
+            srv_store_abort(&s->st, &it.key, r.token);
             out.status = -ENOMEM;
         }
         if (out.status == 0) {
@@ -152,8 +150,9 @@ static int handle_reserve(struct srv_session *ss, const struct proto_frame *f)
     return batch_end(ss, f, rc);
 }
 
-static int handle_publish(struct srv_session *ss, const struct proto_frame *f)
+static int handle_publish(struct net_conn *c, const struct proto_frame *f)
 {
+    struct srv_session *ss = to_session(c);
     struct umbp_server *s = ss->srv;
     const struct srv_batch *b = &ss->batch;
     int rc = batch_begin(ss, f, PROTO_PUBLISH_R);
@@ -163,29 +162,31 @@ static int handle_publish(struct srv_session *ss, const struct proto_frame *f)
         proto_get_token_item(f, i, &it);
         int st = -ENOENT;
         if (track_take(&ss->reservations, it.token, &it.key))
-            st = dram_store_publish(s->store, &it.key, it.token);
+            st = srv_store_publish(&s->st, &it.key, it.token);
         s->c.publishes += st == 0;
         rc = proto_put_status(b->out, st);
     }
     return batch_end(ss, f, rc);
 }
 
-static int handle_abort(struct srv_session *ss, const struct proto_frame *f)
+static int handle_abort(struct net_conn *c, const struct proto_frame *f)
 {
+    struct srv_session *ss = to_session(c);
     const struct srv_batch *b = &ss->batch;
     for (uint32_t i = b->from; i < b->to; i++) {
         struct proto_token_item it;
         proto_get_token_item(f, i, &it);
         if (track_take(&ss->reservations, it.token, &it.key))
-            dram_store_abort(ss->srv->store, &it.key, it.token);
+            srv_store_abort(&ss->srv->st, &it.key, it.token);
     }
     return b->to < f->n ? SRV_MORE : 0; /* ABORT has no reply */
 }
 
 /* ---- leases -------------------------------------------------------------------------- */
 
-static int handle_acquire(struct srv_session *ss, const struct proto_frame *f)
+static int handle_acquire(struct net_conn *c, const struct proto_frame *f)
 {
+    struct srv_session *ss = to_session(c);
     struct umbp_server *s = ss->srv;
     uint64_t ttl_ms = f->arg < s->lease_ttl_ms ? f->arg : s->lease_ttl_ms;
     uint64_t now = umbp_now_ns(), ttl_ns = ttl_ms * 1000000ull;
@@ -194,13 +195,12 @@ static int handle_acquire(struct srv_session *ss, const struct proto_frame *f)
 
     for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         umbp_key_t key;
-        struct dram_store_region r;
+        struct srv_region r;
         struct proto_region_item out = {0};
         proto_get_key(f, i, &key);
-        out.status = dram_store_acquire(s->store, &key, now, ttl_ns, &r);
+        out.status = srv_store_acquire(&s->st, &key, now, ttl_ns, &r);
         if (out.status == 0 && track_add(&ss->leases, r.token, NULL) < 0) {
-            uint64_t freed = 0;
-            dram_store_release(s->store, r.token, &freed);
+            srv_store_release(&s->st, r.token);
             out.status = -ENOMEM;
         }
         if (out.status == 0) {
@@ -215,10 +215,10 @@ static int handle_acquire(struct srv_session *ss, const struct proto_frame *f)
     return batch_end(ss, f, rc);
 }
 
-static int handle_release(struct srv_session *ss, const struct proto_frame *f)
+static int handle_release(struct net_conn *c, const struct proto_frame *f)
 {
+    struct srv_session *ss = to_session(c);
     struct umbp_server *s = ss->srv;
-    uint64_t freed = 0;
     const struct srv_batch *b = &ss->batch;
     int rc = batch_begin(ss, f, PROTO_RELEASE_R);
 
@@ -227,7 +227,7 @@ static int handle_release(struct srv_session *ss, const struct proto_frame *f)
         proto_get_token_item(f, i, &it);
         int st = UMBP_E_STALE; /* not a lease of this session (any more) */
         if (track_take(&ss->leases, it.token, NULL))
-            st = dram_store_release(s->store, it.token, &freed);
+            st = srv_store_release(&s->st, it.token);
         rc = proto_put_status(b->out, st);
     }
     return batch_end(ss, f, rc);
@@ -235,27 +235,29 @@ static int handle_release(struct srv_session *ss, const struct proto_frame *f)
 
 /* ---- clear, stats, sessions, ping ----------------------------------------------------- */
 
-static int handle_clear(struct srv_session *ss, const struct proto_frame *f)
+static int handle_clear(struct net_conn *c, const struct proto_frame *f)
 {
-    dram_store_clear(ss->srv->store);
+    struct srv_session *ss = to_session(c);
+    srv_store_clear(&ss->srv->st);
     umbp_log(UMBP_LOG_INFO, SESSION_FMT ": cleared the pool (for every engine)",
              SESSION_ARGS(ss));
-    return reply_done(ss, proto_put_empty(&ss->out, PROTO_CLEAR_R, f->seq, 0));
+    return reply_done(ss, proto_put_empty(&ss->conn.out, PROTO_CLEAR_R, f->seq, 0));
 }
 
-static int handle_stats(struct srv_session *ss, const struct proto_frame *f)
+static int handle_stats(struct net_conn *c, const struct proto_frame *f)
 {
+    struct srv_session *ss = to_session(c);
     struct umbp_server *s = ss->srv;
     struct umbp_tier_usage u;
     uint64_t held, expired;
-    dram_store_usage(s->store, &u);
-    dram_store_writer_counts(s->store, &held, &expired);
+    srv_store_usage(&s->st, &u);
+    srv_store_writer_counts(&s->st, &held, &expired);
     struct proto_stats st = {
         .capacity_bytes = u.capacity_bytes, .used_bytes = u.used_bytes,
         .num_objects = u.num_objects, .num_pending = u.num_pending,
         .num_leased = u.num_leased, .evictions = u.evictions,
         .evicted_bytes = u.evicted_bytes, .leases_expired = u.leases_expired,
-        .sessions = s->nsessions,
+        .sessions = s->svc.nconns,
         .lookups = s->c.lookups, .lookup_keys = s->c.lookup_keys,
         .lookup_hits = s->c.lookup_hits, .reserves = s->c.reserves,
         .publishes = s->c.publishes, .acquires = s->c.acquires,
@@ -263,16 +265,16 @@ static int handle_stats(struct srv_session *ss, const struct proto_frame *f)
         .refused_connections = s->c.refused_connections,
         .held_regions = held, .reservations_expired = expired,
     };
-    int rc = proto_begin(&ss->out, PROTO_STATS_R, f->seq, 1, 0);
+    int rc = proto_begin(&ss->conn.out, PROTO_STATS_R, f->seq, 1, 0);
     if (rc == 0)
-        rc = proto_put_stats(&ss->out, &st);
+        rc = proto_put_stats(&ss->conn.out, &st);
     return reply_end(ss, rc);
 }
 
 static struct proto_session_item session_item(const struct srv_session *o)
 {
     struct proto_session_item it = {
-        .session_id = o->id, .pid = (uint32_t)o->pid, .uid = o->uid,
+        .session_id = o->conn.id, .pid = (uint32_t)o->conn.pid, .uid = o->conn.uid,
         .role = o->hello.role, .dp_rank = o->hello.dp_rank, .tp_rank = o->hello.tp_rank,
         .leases = o->leases.n, .reservations = o->reservations.n, .requests = o->requests,
     };
@@ -281,25 +283,27 @@ static struct proto_session_item session_item(const struct srv_session *o)
     return it;
 }
 
-static int handle_sessions(struct srv_session *ss, const struct proto_frame *f)
+static int handle_sessions(struct net_conn *c, const struct proto_frame *f)
 {
+    struct srv_session *ss = to_session(c);
     struct umbp_server *s = ss->srv;
     uint32_t n = 0;
-    for (struct srv_session *o = s->sessions; o; o = o->next)
-        n += o->greeted;
+    for (SESSIONS_EACH(s, o))
+        n += session_greeted(o);
     /* max_sessions <= SRV_MAX_SESSIONS, SESSIONS_R's record limit */
-    int rc = proto_begin(&ss->out, PROTO_SESSIONS_R, f->seq, n, 0);
-    for (struct srv_session *o = s->sessions; rc == 0 && o; o = o->next)
-        if (o->greeted) {
+    int rc = proto_begin(&ss->conn.out, PROTO_SESSIONS_R, f->seq, n, 0);
+    for (SESSIONS_EACH(s, o))
+        if (rc == 0 && session_greeted(o)) {
             struct proto_session_item it = session_item(o);
-            rc = proto_put_session_item(&ss->out, &it);
+            rc = proto_put_session_item(&ss->conn.out, &it);
         }
     return reply_end(ss, rc);
 }
 
-static int handle_ping(struct srv_session *ss, const struct proto_frame *f)
+static int handle_ping(struct net_conn *c, const struct proto_frame *f)
 {
-    return reply_done(ss, proto_put_empty(&ss->out, PROTO_PONG, f->seq, 0));
+    struct srv_session *ss = to_session(c);
+    return reply_done(ss, proto_put_empty(&ss->conn.out, PROTO_PONG, f->seq, 0));
 }
 
 /* ---- the handshake ------------------------------------------------------------------ */
@@ -326,9 +330,9 @@ static int refuse_version(struct srv_session *ss, const struct proto_frame *f,
     snprintf(msg, sizeof(msg), "HELLO.version: this umbp-server speaks protocol version %d, "
              "not %u; use a client and a server of the same release", PROTO_VERSION,
              version);
-    proto_put_error_frame(&ss->out, PROTO_HELLO_ERR, f->seq, -EPROTO, msg);
+    proto_put_error_frame(&ss->conn.out, PROTO_HELLO_ERR, f->seq, -EPROTO, msg);
     umbp_log(UMBP_LOG_WARN, SESSION_FMT ": refused: %s", SESSION_ARGS(ss), msg);
-    snprintf(ss->why, sizeof(ss->why), "refused protocol version %u", version);
+    snprintf(ss->conn.why, sizeof(ss->conn.why), "refused protocol version %u", version);
     return SRV_CLOSE;
 }
 
@@ -339,24 +343,24 @@ static int welcome(struct srv_session *ss, const struct proto_frame *f)
 {
     struct umbp_server *s = ss->srv;
     struct umbp_tier_usage u;
-    dram_store_usage(s->store, &u);
+    srv_store_usage(&s->st, &u);
     struct proto_welcome w = {
         .version = PROTO_VERSION, .lease_ttl_ms = (uint32_t)s->lease_ttl_ms,
-        .session_id = ss->id, .pool_id = s->pool_id, .pool_size = s->pool->size,
+        .session_id = ss->conn.id, .pool_id = s->pool_id, .pool_size = s->pool->size,
         .capacity_bytes = u.capacity_bytes,
     };
-    int rc = proto_begin(&ss->out, PROTO_HELLO_OK, f->seq, 1, 0);
+    int rc = proto_begin(&ss->conn.out, PROTO_HELLO_OK, f->seq, 1, 0);
     if (rc == 0)
-        rc = proto_put_welcome(&ss->out, &w);
+        rc = proto_put_welcome(&ss->conn.out, &w);
     if ((rc = reply_end(ss, rc)) != 0 || ss->hello.role != PROTO_ROLE_WORKER)
         return rc;
-    rc = proto_send_with_fd(ss->fd, ss->out.data + ss->out_off, session_backlog(ss),
-                            s->pool->fd);
+    rc = proto_send_with_fd(ss->conn.fd, ss->conn.out.data + ss->conn.out_off,
+                            session_backlog(ss), s->pool->fd);
     if (rc < 0) {
-        snprintf(ss->why, sizeof(ss->why), "sending the pool descriptor: %s", strerror(-rc));
+        snprintf(ss->conn.why, sizeof(ss->conn.why), "sending the pool descriptor: %s", strerror(-rc));
         return SRV_CLOSE;
     }
-    ss->out_off = ss->out.len;
+    ss->conn.out_off = ss->conn.out.len;
     return 0;
 }
 
@@ -377,7 +381,7 @@ static int handle_hello(struct srv_session *ss, const struct proto_frame *f, cha
     ss->hello = h;
     ss->write_deadline_ns = (uint64_t)h.write_deadline_ms * 1000000ull;
     ss->ns = srv_namespace_id(ss->srv, h.name_space);
-    ss->greeted = true;
+    ss->conn.role = &roles[h.role];
     int rc = welcome(ss, f);
     if (rc)
         return rc;
@@ -391,33 +395,22 @@ static int handle_hello(struct srv_session *ss, const struct proto_frame *f, cha
 
 /* ---- dispatch ------------------------------------------------------------------------ */
 
-typedef int (*handler_fn)(struct srv_session *ss, const struct proto_frame *f);
+/* What each role may send (net/service.c refuses the rest as malformed,
+ * listing these). */
+#define LOOKUP_ROLE_HANDLERS                                                             \
+    [PROTO_LOOKUP] = handle_lookup, [PROTO_STATS] = handle_stats, [PROTO_PING] = handle_ping
 
-static const handler_fn handlers[] = {
-    [PROTO_LOOKUP] = handle_lookup,   [PROTO_RESERVE] = handle_reserve,
-    [PROTO_PUBLISH] = handle_publish, [PROTO_ABORT] = handle_abort,
-    [PROTO_ACQUIRE] = handle_acquire, [PROTO_RELEASE] = handle_release,
-    [PROTO_CLEAR] = handle_clear,     [PROTO_STATS] = handle_stats,
-    [PROTO_SESSIONS] = handle_sessions, [PROTO_PING] = handle_ping,
+static const struct net_role roles[PROTO_ROLE_ADMIN + 1] = {
+    [PROTO_ROLE_WORKER] = {.name = "worker", .handlers = {
+        LOOKUP_ROLE_HANDLERS, [PROTO_RESERVE] = handle_reserve,
+        [PROTO_PUBLISH] = handle_publish, [PROTO_ABORT] = handle_abort,
+        [PROTO_ACQUIRE] = handle_acquire, [PROTO_RELEASE] = handle_release,
+        [PROTO_CLEAR] = handle_clear}},
+    [PROTO_ROLE_LOOKUP] = {.name = "lookup", .handlers = {LOOKUP_ROLE_HANDLERS}},
+    [PROTO_ROLE_ADMIN] = {.name = "admin", .handlers = {
+        [PROTO_STATS] = handle_stats, [PROTO_SESSIONS] = handle_sessions,
+        [PROTO_CLEAR] = handle_clear, [PROTO_PING] = handle_ping}},
 };
-
-static void not_allowed(const struct srv_session *ss, uint16_t type, char *what,
-                        size_t whatlen)
-{
-    uint32_t allow = role_allows[ss->hello.role];
-    char list[160] = "";
-    for (uint16_t t = 0; t < 32; t++)
-        if (allow & (1u << t)) {
-            if (list[0])
-                strncat(list, ", ", sizeof(list) - strlen(list) - 1);
-            strncat(list, proto_type_name(t), sizeof(list) - strlen(list) - 1);
-        }
-    if (type == PROTO_HELLO)
-        snprintf(what, whatlen, "frame.type: HELLO after the handshake (once per session)");
-    else
-        snprintf(what, whatlen, "frame.type: %s is not allowed for role %s (it may send %s)",
-                 proto_type_name(type), role_names[ss->hello.role], list);
-}
 
 /* The next slice of f: records [from, to), at most *budget of them, and
  * where its reply goes. */
@@ -430,26 +423,27 @@ static void batch_next(struct srv_session *ss, const struct proto_frame *f, uint
     b->from = b->to;
     uint32_t left = f->n - b->from, n = left < *budget ? left : *budget;
     b->to = b->from + n;
-    b->out = b->open || b->to < f->n ? &ss->reply : &ss->out;
+    b->out = b->open || b->to < f->n ? &ss->reply : &ss->conn.out;
     *budget -= n ? n : 1;
 }
 
-int srv_handle_frame(struct srv_session *ss, const struct proto_frame *f, uint32_t *budget,
-                     char *what, size_t whatlen)
+int srv_handle_hello(struct net_conn *c, const struct proto_frame *f, char *what,
+                     size_t whatlen)
 {
-    if (!ss->greeted) {
-        *budget -= 1;
-        return handle_hello(ss, f, what, whatlen);
-    }
-    if (f->type >= 32 || !(role_allows[ss->hello.role] & (1u << f->type)) ||
-        f->type >= sizeof(handlers) / sizeof(handlers[0]) || !handlers[f->type]) {
-        not_allowed(ss, f->type, what, whatlen);
-        return -EPROTO;
-    }
+    struct srv_session *ss = to_session(c);
+    ss->requests++;
+    return handle_hello(ss, f, what, whatlen);
+}
+
+int srv_run_frame(struct net_conn *c, net_frame_fn h, const struct proto_frame *f,
+                  uint32_t *budget)
+{
+    struct srv_session *ss = to_session(c);
     struct srv_batch *b = &ss->batch;
+    ss->requests += !b->open;
     batch_next(ss, f, budget);
     uint64_t t0 = umbp_now_ns();
-    int rc = handlers[f->type](ss, f);
+    int rc = h(c, f);
     b->busy_ns += umbp_now_ns() - t0;
     b->open = rc == SRV_MORE;
     if (!b->open) /* the whole frame's handling time, not the wait between slices */

@@ -121,7 +121,7 @@ static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
 
 static bool reservations_held(const struct umbp_server *s)
 {
-    for (const struct srv_session *ss = s->sessions; ss; ss = ss->next)
+    for (SESSIONS_EACH(s, ss))
         if (ss->reservations.n)
             return true;
     return false;
@@ -202,6 +202,7 @@ static int pool_create(struct umbp_server *s, char *err, size_t errlen)
     int rc = dram_store_create(&p, &s->store, err, errlen);
     if (rc < 0)
         return rc;
+    s->st = (struct srv_store){&srv_dram_store_ops, s->store}; /* the handlers' store */
     s->pool = dram_store_pool(s->store);
     if (s->pool->fd < 0) {
         snprintf(err, errlen, "the pool has no descriptor to share (internal error)");
@@ -252,7 +253,8 @@ int umbp_server_create(const char *json, struct umbp_server **out, char *err, si
         snprintf(err, errlen, "out of memory for the server");
         return -ENOMEM;
     }
-    s->listen_fd = s->lock_fd = -1;
+    s->lock_fd = -1;
+    s->listener = (struct net_listener)NET_LISTENER_INIT;
     if ((rc = srv_config_parse(json, &s->cfg, err, errlen)) < 0)
         goto fail;
     apply_log_level(s->cfg);
@@ -266,6 +268,7 @@ int umbp_server_create(const char *json, struct umbp_server **out, char *err, si
         rc = -ENOMEM;
         goto fail;
     }
+    session_service_init(s);
     if ((rc = srv_listen_open(s, err, errlen)) < 0 ||
         (rc = srv_metrics_start(s, err, errlen)) < 0 || /* a taken port fails before the pool */
         (rc = pool_create(s, err, errlen)) < 0 || (rc = srv_listen_bind(s, err, errlen)) < 0)
@@ -295,10 +298,7 @@ void umbp_server_destroy(struct umbp_server *s)
     if (!s)
         return;
     srv_metrics_stop(s); /* first: its HTTP thread pokes the loop */
-    while (s->sessions) {
-        snprintf(s->sessions->why, sizeof(s->sessions->why), "server shutting down");
-        session_close(s->sessions);
-    }
+    net_service_close_all(&s->svc, "server shutting down");
     if (s->loop) {
         srv_listen_close(s, true);
         ev_async_stop(s->loop, &s->stop_w);

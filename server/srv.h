@@ -4,10 +4,14 @@
  *   server.c    create / run / stop / destroy; the housekeeping timer
  *               (lease expiry, watermark eviction)
  *   listen.c    the socket directory, the lock that keeps one server per
- *               socket path, the listening socket, accept and its checks
- *   session.c   one client: non-blocking reads, the frame loop, output,
- *               malformed input, disconnect (its leases and reservations end)
- *   requests.c  one handler per request type, and which role may send what
+ *               socket path, the listening socket (net/listen.c), the words
+ *               of a refused connection
+ *   session.c   one client over net/service.c (which owns its socket,
+ *               buffers, frame loop, pause and deadlines): the service's
+ *               options and hooks, the run queue, disconnect (its leases
+ *               and reservations end)
+ *   requests.c  the handshake, one handler per request type, the role
+ *               tables (which role may send what), slicing
  *   events.c    STORED / REMOVED fan-out to the sessions that asked for it
  *   track.c     a session's reservations and leases, keyed by token
  *   metrics.c   the /metrics endpoint (metrics_port), its HTTP thread
@@ -52,9 +56,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "listen.h"
 #include "proto.h"
+#include "service.h"
 #include "server_config.h"
 #include "store.h"
+#include "store_ops.h"
 
 /* A session's unsent output is bounded: above SRV_OUT_PAUSE the session's
  * requests wait (its socket is not read) until the output drains below
@@ -97,38 +104,40 @@ struct srv_batch {
     uint64_t busy_ns;              /* handling time of its slices so far */
 };
 
+/* A client: net/service.c's connection (socket, buffers, deadline, role)
+ * and what the server keeps for it. */
 struct srv_session {
+    struct net_conn conn;          /* first: to_session() */
     struct umbp_server *srv;
-    struct srv_session *prev, *next;
-    int fd;
-    ev_io rio, wio;
-    uint64_t id;
-    pid_t pid;
-    uid_t uid;
-    gid_t gid;
-    bool greeted;                  /* HELLO accepted */
-    bool paused;                   /* not reading: output above SRV_OUT_PAUSE */
-    bool was_paused;               /* ever (logged once) */
     bool events;                   /* asked for EVENTS frames */
     struct proto_hello hello;
     uint64_t write_deadline_ns;    /* hello.write_deadline_ms: a reservation's
                                       writer is done by grant + this */
     unsigned ns;                   /* the store namespace of hello.name_space */
-    uint8_t *in;                   /* unparsed input [0, in_len) */
-    size_t in_len, in_cap;
-    struct proto_buf out;          /* unsent output [out_off, out.len) */
-    size_t out_off;
     uint64_t events_lost;          /* dropped since the last EVENTS frame */
     uint64_t requests;
-    char why[160];                 /* why it is ending, for the close line */
     struct srv_track reservations, leases;
     struct srv_batch batch;
     struct proto_buf reply;        /* a sliced frame's reply being built */
     struct proto_buf held;         /* EVENTS frames waiting for that reply */
-    bool queued;                   /* on the run queue: has work left */
-    struct srv_session *run_next;
-    ev_timer deadline_w;           /* handshake_timeout_ms or frame_timeout_ms */
+    struct srv_session *run_next;  /* on the run queue while conn.held */
 };
+
+static inline struct srv_session *to_session(struct net_conn *c)
+{
+    return (struct srv_session *)c;
+}
+
+static inline bool session_greeted(const struct srv_session *ss)
+{
+    return ss->conn.role != NULL;
+}
+
+/* Every session: for (SESSIONS_EACH(s, ss)) ... (ss may not be closed in
+ * the body; events.c keeps the next one itself). */
+#define SESSIONS_EACH(s, ss)                                                            \
+    struct srv_session *ss = (struct srv_session *)(s)->svc.conns; ss;                  \
+    ss = (struct srv_session *)ss->conn.next
 
 struct srv_counters {
     uint64_t lookups, lookup_keys, lookup_hits;
@@ -144,17 +153,17 @@ struct umbp_server {
     unsigned nns;
     bool ns_full_warned;
     struct ev_loop *loop;
-    struct dram_store *store;
+    struct dram_store *store;        /* the pool's store: server.c, metrics.c */
+    struct srv_store st;             /* what requests and sessions use (store_ops.h) */
     const struct dram_pool *pool;
     uint64_t pool_id;
     uint64_t lease_ttl_ms;           /* the cap on a client's lease ttl */
     char dir[SHM_PATH_MAX];
     char sock_path[SHM_PATH_MAX];
     char lock_path[SHM_PATH_MAX + 8];
-    int listen_fd, lock_fd;
-    bool socket_created;             /* ours to unlink */
-    ev_io accept_w;
-    ev_timer accept_retry_w;         /* out of descriptors: accept later */
+    int lock_fd;
+    struct net_listener listener;    /* net/listen.h */
+    struct net_service svc;          /* accept, sessions' I/O (net/service.h) */
     ev_async stop_w;
     ev_timer tick_w;                 /* lease expiry, eviction check */
     ev_idle evict_w;                 /* more eviction slices while idle */
@@ -173,8 +182,6 @@ struct umbp_server {
     struct srv_session *runq, **runq_tail;
     size_t nrunq;
     bool evicting;                   /* above high: evicting down to low */
-    struct srv_session *sessions;
-    uint64_t nsessions, next_session_id;
     uint64_t subscribers;            /* sessions with events */
     struct proto_event_item *events; /* this iteration's events */
     size_t nevents, events_cap;
@@ -199,36 +206,53 @@ int srv_listen_bind(struct umbp_server *s, char *err, size_t errlen);
 void srv_listen_close(struct umbp_server *s, bool release_lock);
 
 /* session.c */
+/* The sessions' service (net/service.c) with the server's options and
+ * hooks; create runs it once the loop exists. */
+void session_service_init(struct umbp_server *s);
+/* A session on an accepted fd as accept opens it after its checks (the
+ * fuzz target's way in).  NULL: no memory. */
 struct srv_session *session_open(struct umbp_server *s, int fd, pid_t pid, uid_t uid,
                                  gid_t gid);
 /* Ends the session: every lease it holds is released now, and every
  * reservation orphaned (its region kept until its writer's deadline: the
- * client may still be copying); one log line with ss->why. */
+ * client may still be copying); one log line with why. */
 void session_close(struct srv_session *ss);
 /* The server's run queue watcher (init once, stop at destroy). */
 void session_runq_init(struct umbp_server *s);
 void session_runq_stop(struct umbp_server *s);
 /* Sends what it can now; arms or disarms the write watcher.  < 0: the
- * session must be closed (ss->why says why). */
-int session_flush(struct srv_session *ss);
-size_t session_backlog(const struct srv_session *ss);
+ * session must be closed (why says why). */
+static inline int session_flush(struct srv_session *ss) { return net_conn_flush(&ss->conn); }
+static inline size_t session_backlog(const struct srv_session *ss)
+{
+    return net_conn_backlog(&ss->conn);
+}
 /* A sliced frame's reply is complete in `reply`: it, then the EVENTS held
  * for the session meanwhile, go to `out`.  0, -ENOMEM. */
 int session_reply_done(struct srv_session *ss);
 /* "session 7 (pid 123)" for log lines. */
 #define SESSION_FMT "session %llu (pid %d)"
-#define SESSION_ARGS(ss) (unsigned long long)(ss)->id, (int)(ss)->pid
+#define SESSION_ARGS(ss) (unsigned long long)(ss)->conn.id, (int)(ss)->conn.pid
 
-/* requests.c: one frame, or its next slice of at most *budget records
- * (*budget is charged what was done, at least 1).  0: done; SRV_MORE:
- * records are left, call again with the same frame; SRV_CLOSE when the
+/* listen.c: the service's accept hooks (refusals, accept errors). */
+void srv_listen_refuse(struct net_service *svc, int fd, const struct ucred *cr,
+                       enum net_refusal why, int err);
+void srv_listen_accept_error(struct net_service *svc, int err, double retry_s);
+
+/* requests.c: the handshake (the service's on_hello: picks the role whose
+ * frame table applies from then on) and one slice of a frame (the
+ * service's run: records [from, to), at most *budget of them; *budget is
+ * charged what was done, at least 1).  Both return 0: done; NET_MORE:
+ * records are left, call again with the same frame; NET_CLOSE when the
  * session must end after its output is flushed (HELLO_ERR sent, out of
- * memory; ss->why says why); or < 0 with `what` naming the field when the
+ * memory; why says why); or -EPROTO with `what` naming the field when the
  * frame is malformed. */
-#define SRV_CLOSE 1
-#define SRV_MORE 2
-int srv_handle_frame(struct srv_session *ss, const struct proto_frame *f, uint32_t *budget,
-                     char *what, size_t whatlen);
+#define SRV_CLOSE NET_CLOSE
+#define SRV_MORE NET_MORE
+int srv_handle_hello(struct net_conn *c, const struct proto_frame *f, char *what,
+                     size_t whatlen);
+int srv_run_frame(struct net_conn *c, net_frame_fn h, const struct proto_frame *f,
+                  uint32_t *budget);
 
 /* server.c: starts background eviction if usage is above the high
  * watermark. */

@@ -107,7 +107,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t *stream;
     size_t len = build_stream(data, size, &stream), sent = 0;
     bool shut = false;
-    for (long i = 0; srv->nsessions; i++) {
+    for (long i = 0; srv->svc.nconns; i++) {
         CHECK(i < MAX_ITERATIONS);
         if (sent < len) {
             ssize_t n = send(sv[1], stream + sent, len - sent, MSG_NOSIGNAL);

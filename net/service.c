@@ -1,0 +1,429 @@
+/*
+ * service.c - one listening service of the wire protocol (see service.h):
+ * accepting, each connection's buffers, deadlines and frame loop.
+ *
+ * Loop thread of the service's loop only.  The libev callbacks here are
+ * the tops of the call chains: only they (and the owner's own callbacks)
+ * call net_conn_close.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "inbuf.h"
+#include "service.h"
+#include "util.h"
+
+static void read_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void write_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void accept_cb(struct ev_loop *loop, ev_io *w, int revents);
+static void accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
+
+#define LOOP(c) ((c)->svc->p.loop)
+
+size_t net_conn_backlog(const struct net_conn *c) { return c->out.len - c->out_off; }
+
+static const char *conn_name(const struct net_conn *c, char *buf, size_t len)
+{
+    c->svc->p.ops->name(c, buf, len);
+    return buf;
+}
+
+/* ---- the service ------------------------------------------------------------------- */
+
+void net_service_init(struct net_service *s, const struct net_service_params *p)
+{
+    memset(s, 0, sizeof(*s));
+    s->p = *p;
+    s->listen_fd = -1;
+    ev_io_init(&s->accept_w, accept_cb, -1, EV_READ);
+    ev_timer_init(&s->accept_retry_w, accept_retry_cb, p->accept_retry_s, 0.0);
+}
+
+void net_service_start(struct net_service *s, int listen_fd)
+{
+    s->listen_fd = listen_fd;
+    ev_io_set(&s->accept_w, listen_fd, EV_READ);
+    ev_io_start(s->p.loop, &s->accept_w);
+}
+
+void net_service_stop_accepting(struct net_service *s)
+{
+    if (s->listen_fd < 0)
+        return;
+    ev_io_stop(s->p.loop, &s->accept_w);
+    ev_timer_stop(s->p.loop, &s->accept_retry_w);
+    s->listen_fd = -1;
+}
+
+void net_service_close_all(struct net_service *s, const char *why)
+{
+    while (s->conns) {
+        snprintf(s->conns->why, sizeof(s->conns->why), "%s", why);
+        net_conn_close(s->conns);
+    }
+}
+
+/* ---- opening and closing ------------------------------------------------------------ */
+
+struct net_conn *net_service_adopt(struct net_service *s, int fd, const struct ucred *cr)
+{
+    struct net_conn *c = calloc(1, s->p.conn_size);
+    if (!c || !(c->in = malloc(s->p.in_initial))) {
+        free(c);
+        return NULL;
+    }
+    c->svc = s;
+    c->fd = fd;
+    c->pid = cr->pid;
+    c->uid = cr->uid;
+    c->gid = cr->gid;
+    c->in_cap = s->p.in_initial;
+    c->id = ++s->next_id;
+    if (s->p.ops->on_open && s->p.ops->on_open(c) < 0) {
+        free(c->in);
+        free(c);
+        return NULL;
+    }
+    ev_io_init(&c->rio, read_cb, fd, EV_READ);
+    ev_io_init(&c->wio, write_cb, fd, EV_WRITE);
+    ev_io_start(s->p.loop, &c->rio);
+    ev_timer_init(&c->deadline_w, deadline_cb, (double)s->p.handshake_timeout_ms / 1000.0,
+                  0.0);
+    if (s->p.handshake_timeout_ms > 0)
+        ev_timer_start(s->p.loop, &c->deadline_w);
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    s->nconns++;
+    return c;
+}
+
+void net_conn_close(struct net_conn *c)
+{
+    struct net_service *s = c->svc;
+    s->p.ops->on_close(c);
+    ev_io_stop(s->p.loop, &c->rio);
+    ev_io_stop(s->p.loop, &c->wio);
+    ev_timer_stop(s->p.loop, &c->deadline_w);
+    close(c->fd);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    s->nconns--;
+    proto_buf_free(&c->out);
+    free(c->in);
+    free(c);
+}
+
+/* ---- output -------------------------------------------------------------------------- */
+
+/* Drops what was sent from the front of `out` once that is at least half
+ * of it (so every byte moves at most about once), and gives a large
+ * buffer back once it is empty. */
+static void out_compact(struct net_conn *c)
+{
+    if (c->out_off == 0)
+        return;
+    if (c->out_off == c->out.len) {
+        c->out_off = 0;
+        if (c->out.cap > c->svc->p.out_keep)
+            proto_buf_free(&c->out);
+        else
+            proto_buf_consume(&c->out, c->out.len);
+    } else if (c->out_off >= c->out.len / 2) {
+        proto_buf_consume(&c->out, c->out_off);
+        c->out_off = 0;
+    }
+}
+
+int net_conn_flush(struct net_conn *c)
+{
+    const struct net_service_params *p = &c->svc->p;
+    int rc = proto_out_send(c->fd, &c->out, &c->out_off);
+    if (rc < 0) {
+        snprintf(c->why, sizeof(c->why), "send: %s", strerror(-rc));
+        return rc;
+    }
+    out_compact(c);
+    if (!net_conn_backlog(c)) {
+        ev_io_stop(p->loop, &c->wio);
+        return 0;
+    }
+    ev_io_start(p->loop, &c->wio);
+    if (p->out_max && net_conn_backlog(c) > p->out_max) {
+        char name[96];
+        umbp_log(UMBP_LOG_WARN, "%s: output backlog of %zu bytes is over %zu MiB (the client "
+                 "is not reading); disconnected", conn_name(c, name, sizeof(name)),
+                 net_conn_backlog(c), p->out_max >> 20);
+        snprintf(c->why, sizeof(c->why), "output backlog over %zu MiB", p->out_max >> 20);
+        return -ENOBUFS;
+    }
+    return 0;
+}
+
+/* ---- deadlines ------------------------------------------------------------------------ */
+
+/* After input was handled: the frame deadline runs while a greeted
+ * connection's input holds a partial frame that the service is reading;
+ * frame_done (a frame completed) restarts it for the next one.  Before
+ * the handshake, the deadline set at connect runs on. */
+static void deadline_update(struct net_conn *c, bool frame_done)
+{
+    const struct net_service_params *p = &c->svc->p;
+    ev_timer *w = &c->deadline_w;
+    if (!c->role)
+        return;
+    if (!c->in_len || c->paused || c->held || p->frame_timeout_ms <= 0) {
+        ev_timer_stop(p->loop, w);
+        return;
+    }
+    if (ev_is_active(w) && !frame_done)
+        return; /* the same frame is still arriving */
+    ev_timer_stop(p->loop, w);
+    ev_timer_set(w, (double)p->frame_timeout_ms / 1000.0, 0.0);
+    ev_timer_start(p->loop, w);
+}
+
+static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct net_conn *c = umbp_container_of(w, struct net_conn, deadline_w);
+    (void)loop;
+    (void)revents;
+    c->svc->p.ops->on_timeout(c, !c->role);
+    net_conn_close(c);
+}
+
+/* ---- frames ---------------------------------------------------------------------------- */
+
+/* The socket is read unless the connection is paused or held. */
+static void read_update(struct net_conn *c)
+{
+    if (c->paused || c->held)
+        ev_io_stop(LOOP(c), &c->rio);
+    else
+        ev_io_start(LOOP(c), &c->rio);
+}
+
+/* Ends the connection for a bad frame: the log line, the owner's counter,
+ * an ERROR frame naming the field (best effort). */
+static void malformed(struct net_conn *c, const char *what)
+{
+    char name[96];
+    umbp_log(UMBP_LOG_WARN, "%s: malformed frame: %s; disconnected",
+             conn_name(c, name, sizeof(name)), what);
+    if (c->svc->p.ops->on_malformed)
+        c->svc->p.ops->on_malformed(c);
+    proto_put_error_frame(&c->out, PROTO_ERROR, 0, -EPROTO, what);
+    snprintf(c->why, sizeof(c->why), "malformed frame");
+}
+
+/* Stops reading while the output is above out_pause. */
+static bool pause_if_backlogged(struct net_conn *c)
+{
+    if (net_conn_backlog(c) <= c->svc->p.out_pause)
+        return false;
+    if (!c->was_paused) {
+        char name[96];
+        umbp_log(UMBP_LOG_INFO, "%s: sends faster than it reads; its requests wait while %zu "
+                 "bytes of replies are unsent (logged once)", conn_name(c, name, sizeof(name)),
+                 net_conn_backlog(c));
+    }
+    c->was_paused = true;
+    c->paused = true;
+    read_update(c);
+    return true;
+}
+
+static void not_allowed(const struct net_conn *c, uint16_t type, char *what, size_t whatlen)
+{
+    char list[160] = "";
+    for (uint16_t t = 0; t < NET_MAX_TYPES; t++)
+        if (c->role->handlers[t]) {
+            if (list[0])
+                strncat(list, ", ", sizeof(list) - strlen(list) - 1);
+            strncat(list, proto_type_name(t), sizeof(list) - strlen(list) - 1);
+        }
+    if (type == PROTO_HELLO)
+        snprintf(what, whatlen, "frame.type: HELLO after the handshake (once per session)");
+    else
+        snprintf(what, whatlen, "frame.type: %s is not allowed for role %s (it may send %s)",
+                 proto_type_name(type), c->role->name, list);
+}
+
+static int dispatch(struct net_conn *c, const struct proto_frame *f, uint32_t *budget,
+                    char *what, size_t whatlen)
+{
+    const struct net_service_ops *ops = c->svc->p.ops;
+    if (!c->role) {
+        *budget -= 1;
+        return ops->on_hello(c, f, what, whatlen);
+    }
+    net_frame_fn h = f->type < NET_MAX_TYPES ? c->role->handlers[f->type] : NULL;
+    if (!h) {
+        not_allowed(c, f->type, what, whatlen);
+        return -EPROTO;
+    }
+    if (ops->run)
+        return ops->run(c, h, f, budget);
+    *budget -= 1;
+    return h(c, f);
+}
+
+/* A frame larger than what is left of this turn starts next turn, so
+ * small frames are never cut. */
+static bool turn_over(const struct net_conn *c, const struct proto_frame *f, uint32_t budget)
+{
+    uint32_t slice = c->svc->p.slice_records;
+    return slice && (budget == 0 || (!c->frame_open && f->n > budget && budget < slice));
+}
+
+int net_conn_process(struct net_conn *c)
+{
+    const struct net_service_params *p = &c->svc->p;
+    size_t pos = 0;
+    uint32_t budget = p->slice_records ? p->slice_records : UINT32_MAX;
+    bool more = false;
+    int rc = 0;
+
+    while (rc == 0 && !pause_if_backlogged(c)) {
+        struct proto_frame f;
+        char what[PROTO_ERRMSG_MAX] = "";
+        long n = proto_frame_parse(c->in + pos, c->in_len - pos, false, &f, what,
+                                   sizeof(what));
+        if (n == 0)
+            break;
+        if (n > 0 && turn_over(c, &f, budget)) {
+            more = true;
+            break;
+        }
+        if (n > 0) {
+            rc = dispatch(c, &f, &budget, what, sizeof(what));
+            c->frame_open = rc == NET_MORE;
+            if (rc == NET_MORE) {
+                rc = 0;
+                more = true;
+                break;
+            }
+            pos += (size_t)n;
+        } else {
+            rc = (int)n;
+        }
+        if (n < 0 || rc == -EPROTO || rc == -EMSGSIZE)
+            malformed(c, what[0] ? what : "frame");
+    }
+    memmove(c->in, c->in + pos, c->in_len - pos);
+    c->in_len -= pos;
+    if ((pos || more) && p->ops->on_processed)
+        p->ops->on_processed(c);
+    if (more && rc == 0)
+        p->ops->on_yield(c);
+    read_update(c);
+    deadline_update(c, pos > 0);
+    int frc = net_conn_flush(c); /* the replies, and an ERROR or HELLO_ERR before a close */
+    if (rc)
+        return rc < 0 ? rc : -ECONNRESET; /* NET_CLOSE: why is set */
+    return frc;
+}
+
+/* ---- input ------------------------------------------------------------------------------ */
+
+/* One non-blocking read.  1: got bytes; 0: none yet; < 0: end (why set). */
+static int conn_read(struct net_conn *c)
+{
+    int rc = proto_in_room(&c->in, c->in_len, &c->in_cap, c->svc->p.in_initial);
+    if (rc < 0) {
+        snprintf(c->why, sizeof(c->why), "no memory for its input");
+        return rc;
+    }
+    ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
+    if (n > 0) {
+        c->in_len += (size_t)n;
+        return 1;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    int e = n == 0 ? ECONNRESET : errno;
+    if (n == 0)
+        snprintf(c->why, sizeof(c->why), "disconnected");
+    else
+        snprintf(c->why, sizeof(c->why), "recv: %s", strerror(e));
+    return -e;
+}
+
+static void read_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct net_conn *c = umbp_container_of(w, struct net_conn, rio);
+    (void)loop;
+    (void)revents;
+    int rc = conn_read(c);
+    if (rc > 0)
+        rc = net_conn_process(c);
+    if (rc < 0)
+        net_conn_close(c);
+}
+
+static void write_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct net_conn *c = umbp_container_of(w, struct net_conn, wio);
+    (void)loop;
+    (void)revents;
+    int rc = net_conn_flush(c);
+    if (rc == 0 && c->paused && net_conn_backlog(c) < c->svc->p.out_resume) {
+        c->paused = false;
+        rc = net_conn_process(c); /* the frames that waited */
+    }
+    if (rc < 0)
+        net_conn_close(c);
+}
+
+/* ---- accepting ---------------------------------------------------------------------------- */
+
+static void refuse(struct net_service *s, int fd, const struct ucred *cr,
+                   enum net_refusal why, int err)
+{
+    s->p.ops->on_refuse(s, fd, cr, why, err);
+    close(fd);
+}
+
+static void accept_one(void *ctx, int fd)
+{
+    struct net_service *s = ctx;
+    struct ucred cr;
+    int rc = net_peer_check(fd, &s->p.peer, &cr);
+    if (rc < 0 && rc != -EACCES)
+        refuse(s, fd, NULL, NET_REFUSE_CRED, -rc);
+    else if (rc == -EACCES)
+        refuse(s, fd, &cr, NET_REFUSE_PEER, EACCES);
+    else if (s->nconns >= s->p.max_conns)
+        refuse(s, fd, &cr, NET_REFUSE_FULL, EUSERS);
+    else if (!net_service_adopt(s, fd, &cr))
+        refuse(s, fd, &cr, NET_REFUSE_NOMEM, ENOMEM);
+}
+
+static void accept_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+    struct net_service *s = umbp_container_of(w, struct net_service, accept_w);
+    (void)revents;
+    int rc = umbp_accept_batch(s->listen_fd, s->p.accept_batch, accept_one, s);
+    if (rc < 0) {
+        s->p.ops->on_accept_error(s, -rc, s->p.accept_retry_s);
+        ev_io_stop(loop, &s->accept_w);
+        ev_timer_start(loop, &s->accept_retry_w);
+    }
+}
+
+static void accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct net_service *s = umbp_container_of(w, struct net_service, accept_retry_w);
+    (void)revents;
+    if (s->listen_fd >= 0)
+        ev_io_start(loop, &s->accept_w);
+}
