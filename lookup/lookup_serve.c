@@ -675,7 +675,7 @@ static int serve_setup(struct umbp_runtime *rt, struct lookup_service *s, const 
     for (size_t i = 0; i < UMBP_LOOKUP_NS_HEX_LEN; i++)
         s->ns[i] = (char)(ns_hex[i] >= 'A' && ns_hex[i] <= 'F' ? ns_hex[i] - 'A' + 'a'
                                                              : ns_hex[i]);
-    if (rt->tier->ops->caps & UMBP_TIER_CAP_REMOTE) {
+    if (tier_caps(rt->tier) & UMBP_TIER_CAP_REMOTE) {
         snprintf(err, errlen, "umbp_lookup_serve: the runtime's tier %s is remote (mode %s); "
                  "a lookup service serves an embedded rank's own pool, and in standalone "
                  "mode the scheduler asks umbp-server (lookup client mode \"standalone\")",

@@ -476,7 +476,7 @@ void mover_choose(struct umbp_op *op)
 {
     if (op->kv_layout)
         op->mover = MOVER_GPU;
-    else if (op->rt->tier->ops->caps & UMBP_TIER_CAP_MAPPED)
+    else if (tier_caps(op->rt->tier) & UMBP_TIER_CAP_MAPPED)
         op->mover = MOVER_MEMCPY;
     else
         op->mover = MOVER_TIER;

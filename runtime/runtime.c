@@ -114,8 +114,7 @@ static int create_tier(struct umbp_runtime *rt)
         umbp_set_error("%s tier: %s", ops->name, err[0] ? err : umbp_strerror(rc));
         return rc;
     }
-    rt->tier->ops = ops;
-    rt->tier->env = env;
+    tier_instance_init(rt->tier, ops, &env);
     rt->tier_name = ops->name;
     return 0;
 }

@@ -193,7 +193,10 @@ enum umbp_tier_cap {
 
 struct umbp_tier_ops {
     const char *name;                       /* required: "dram" */
-    uint32_t caps;                          /* enum umbp_tier_cap bits */
+    uint32_t caps;                          /* enum umbp_tier_cap bits: every
+                                               instance's, unless its create
+                                               says otherwise (struct
+                                               umbp_tier's caps) */
     /* Modes this tier is the primary tier of ("embedded", ...), NULL-
      * terminated; NULL for none.  A mode is declared by exactly one tier. */
     const char *const *modes;
@@ -306,11 +309,26 @@ struct umbp_tier_ops {
                   void *arg);
 };
 
-/* Every tier embeds this as its first member (container_of to get back). */
+/* Every tier embeds this as its first member (container_of to get back).
+ * create sets ops and env (the runtime sets them again after create). */
 struct umbp_tier {
     const struct umbp_tier_ops *ops;
     struct umbp_tier_env env;
+    /* This instance's capabilities (enum umbp_tier_cap bits): ops->caps,
+     * unless create narrowed or extended them with umbp_tier_set_caps (a
+     * tier whose options decide whether its regions are mapped, a composite
+     * whose children decide).  Fixed once create returns; the runtime reads
+     * them through tier_caps() (runtime/tier_call.h), never ops->caps. */
+    uint32_t caps;
+    bool caps_set; /* create called umbp_tier_set_caps */
 };
+
+/* For create only: this instance's capabilities instead of ops->caps. */
+static inline void umbp_tier_set_caps(struct umbp_tier *t, uint32_t caps)
+{
+    t->caps = caps;
+    t->caps_set = true;
+}
 
 #define umbp_container_of(ptr, type, member) \
     ((type *)((char *)(ptr) - offsetof(type, member)))

@@ -32,6 +32,7 @@
 #include "config.h"
 #include "server_fixture.h"
 #include "test_util.h"
+#include "tier_call.h"
 #include "umbp/tier.h"
 #include "umbp/umbp.h"
 
@@ -66,7 +67,10 @@ static size_t tier_params_fill(void)
     }                                                                               \
     ParameterizedTest(struct tier_param *tp, conformance, test)
 
-static uint32_t tier_caps(const struct tier_param *tp)
+/* The ops table's caps, known before an instance exists (to skip a test
+ * before starting a peer); instances of the tiers here keep them, and the
+ * tier_* tests read the instance's (tier_caps). */
+static uint32_t registry_caps(const struct tier_param *tp)
 {
     const struct umbp_tier_ops *ops = umbp_tier_find(tp->name);
     return ops ? ops->caps : 0;
@@ -76,7 +80,7 @@ static uint32_t tier_caps(const struct tier_param *tp)
  * expiry when the tier does that itself (a server). */
 static void need_caps(const struct tier_param *tp, uint32_t caps, const char *what)
 {
-    if ((tier_caps(tp) & caps) != caps)
+    if ((registry_caps(tp) & caps) != caps)
         cr_skip_test("tier %s: %s", tp->name, what);
 }
 
@@ -1010,7 +1014,7 @@ static void lease_release_check(struct held *h, const struct tu_obj *objs, int w
  * evict: -ENOSPC at once, nothing changed. */
 TIER_TEST(put_into_full_pool_evicts_lru_only)
 {
-    if (!(tier_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY) || !tier_takes_watermarks(tp))
+    if (!(registry_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY) || !tier_takes_watermarks(tp))
         cr_skip_test("tier %s: needs a tier evicting locally with dram_high_watermark=1.0",
                      tp->name);
     struct tu_rng r;
@@ -1044,7 +1048,7 @@ TIER_TEST(put_into_full_pool_evicts_lru_only)
 
 TIER_TEST(put_into_full_leased_pool_enospc)
 {
-    if (!(tier_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY) || !tier_takes_watermarks(tp))
+    if (!(registry_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY) || !tier_takes_watermarks(tp))
         cr_skip_test("tier %s: needs a tier evicting locally with dram_high_watermark=1.0",
                      tp->name);
     struct tu_rng r;
@@ -1445,7 +1449,7 @@ static size_t drain_all(const struct tier_param *tp, umbp_runtime_t *rt, umbp_ev
 {
     size_t n = umbp_events_drain(rt, ev, max, lost);
     uint64_t end = tu_now_ms() + TU_WAIT_MS;
-    while ((tier_caps(tp) & UMBP_TIER_CAP_REMOTE) && n < want && n < max && tu_now_ms() < end) {
+    while ((registry_caps(tp) & UMBP_TIER_CAP_REMOTE) && n < want && n < max && tu_now_ms() < end) {
         tu_sleep_ms(1);
         uint64_t more = 0;
         n += umbp_events_drain(rt, ev + n, max - n, &more);
@@ -1460,7 +1464,7 @@ static size_t drain_all(const struct tier_param *tp, umbp_runtime_t *rt, umbp_ev
 static void wait_events_dropped(const struct tier_param *tp, umbp_runtime_t *rt, uint64_t want)
 {
     uint64_t end = tu_now_ms() + TU_WAIT_MS;
-    while ((tier_caps(tp) & UMBP_TIER_CAP_REMOTE) && tu_stats(rt).events_dropped < want &&
+    while ((registry_caps(tp) & UMBP_TIER_CAP_REMOTE) && tu_stats(rt).events_dropped < want &&
            tu_now_ms() < end)
         tu_sleep_ms(1);
 }
@@ -1805,8 +1809,7 @@ static void th_open(struct th *h, const struct tier_param *tp, uint64_t cap, con
     char err[512] = "";
     rc = h->ops->create(&env, config_tier(h->cfg, h->ops), &h->t, err, sizeof(err));
     cr_assert_eq(rc, 0, "%s create: %d %s", tp->name, rc, err);
-    h->t->ops = h->ops;
-    h->t->env = env;
+    tier_instance_init(h->t, h->ops, &env);
 }
 
 static void th_close(struct th *h)
@@ -1892,7 +1895,7 @@ static void th_clear(struct th *h)
 
 static bool th_evicts_locally(const struct th *h)
 {
-    return h->ops->caps & UMBP_TIER_CAP_EVICTS_LOCALLY;
+    return tier_caps(h->t) & UMBP_TIER_CAP_EVICTS_LOCALLY;
 }
 
 static uint64_t th_evict(struct th *h, uint64_t target, size_t max, bool *more)
@@ -2211,7 +2214,7 @@ TIER_TEST(tier_usage_and_watermarks)
 {
     struct th h;
     const uint64_t cap = 4 * MiB;
-    bool wm = tier_takes_watermarks(tp) && (tier_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY);
+    bool wm = tier_takes_watermarks(tp) && (registry_caps(tp) & UMBP_TIER_CAP_EVICTS_LOCALLY);
     th_open(&h, tp, cap, wm ? ", \"dram_high_watermark\": 0.75, \"dram_low_watermark\": 0.25" : NULL);
     struct umbp_tier_usage u = th_usage(&h);
     cr_assert_eq(u.capacity_bytes, cap);
