@@ -299,8 +299,14 @@ struct umbp_tier_ops {
      * (umbp_kv_register), may block; the loop may be running. */
     int (*mapped_memory)(struct umbp_tier *t, void **addr, size_t *len);
 
-    /* optional (default: -ENOTSUP).  For regions with addr == NULL: move the
-     * bytes of ranges between caller memory and the region. */
+    /* optional (default: -ENOTSUP); required when regions may have addr ==
+     * NULL.  Move the bytes of ranges (offsets within the object) between
+     * caller memory and such a region: read into the caller's memory, write
+     * from it.  Called per key, only for regions with addr == NULL (the
+     * runtime copies mapped ones itself, so a batch may mix both), between
+     * reserve and publish / acquire and release.  Loop thread, must not
+     * block; done once, inline or later from a watcher; r and ranges stay
+     * valid until done. */
     void (*read)(struct umbp_tier *t, const struct umbp_region *r,
                  const umbp_range_t *ranges, size_t n, umbp_tier_done_fn done,
                  void *arg);

@@ -72,9 +72,14 @@ static void server_peer_start(const struct tier_param *tp, const char *json, cha
                               size_t outlen);
 static void server_peer_stop(void);
 
+/* loopback: once more with half its regions mapped, so every batch mixes
+ * keys the copy workers move with keys the tier moves (per-key movers) */
+static const char *const loopback_variants[] = {", \"loopback_map_one_in\": 2", NULL};
+
 static const struct conf_fixture conf_fixtures[] = {
     /* standalone's client tier: a real umbp-server per test */
     {.tier = "shm", .peer_start = server_peer_start, .peer_stop = server_peer_stop},
+    {.tier = "loopback", .variants = loopback_variants},
     {.tier = NULL},
 };
 
