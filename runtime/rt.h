@@ -274,6 +274,8 @@ struct memreg_entry {
     umbp_mem_kind_t kind;
     int device;
     umbp_mem_handle_t handle;
+    bool in_tier;      /* the tier's mem_register took it */
+    void *tier_handle; /* ... and named it so */
 };
 
 struct memreg {
@@ -282,6 +284,8 @@ struct memreg {
     size_t n, cap;
     uint64_t next_handle;
 };
+/* Destruction, after the loop stopped: the tier's registrations end. */
+void memreg_fini(struct umbp_runtime *rt);
 
 
 /* ---- events ------------------------------------------------------------ */

@@ -171,6 +171,7 @@ static void free_runtime(struct umbp_runtime *rt)
 {
     kv_fini(rt); /* GPU transfers end and the pool is unpinned before unmap */
     lookup_service_free(rt);
+    memreg_fini(rt); /* the tier's registrations end before the tier */
     if (rt->tier)
         rt->tier->ops->destroy(rt->tier);
     for (int a = 0; a < ACTOR_COUNT; a++)

@@ -139,4 +139,19 @@ static inline void tier_write(struct umbp_tier *t, const struct umbp_region *r,
     t->ops->write(t, r, ranges, n, done, arg);
 }
 
+/* Caller's thread, serialized by the runtime's memory registry. */
+static inline int tier_mem_register(struct umbp_tier *t, void *addr, size_t len,
+                                    umbp_mem_kind_t kind, int device, void **handle)
+{
+    *handle = NULL;
+    return t->ops->mem_register ? t->ops->mem_register(t, addr, len, kind, device, handle)
+                                : -ENOTSUP;
+}
+
+static inline void tier_mem_deregister(struct umbp_tier *t, void *handle)
+{
+    if (t->ops->mem_deregister)
+        t->ops->mem_deregister(t, handle);
+}
+
 #endif

@@ -174,6 +174,9 @@ struct umbp_tier_usage {
     uint64_t high_watermark_bytes, low_watermark_bytes;
     uint64_t num_objects, num_pending, num_leased;
     uint64_t evictions, evicted_bytes, leases_expired;
+    /* Caller memory registered now (mem_register minus mem_deregister), for
+     * tiers that implement mem_register; 0 otherwise. */
+    uint64_t mem_registered_bytes, mem_registered_regions;
 };
 
 struct umbp_tier;
@@ -313,6 +316,26 @@ struct umbp_tier_ops {
     void (*write)(struct umbp_tier *t, const struct umbp_region *r,
                   const umbp_range_t *ranges, size_t n, umbp_tier_done_fn done,
                   void *arg);
+
+    /* optional (default: -ENOTSUP, nothing to register); for tiers that
+     * register memory with a NIC (ibv_reg_mr, ucp_mem_map).  The engine
+     * declared [addr, addr + len) with umbp_mem_register: ranges of its puts
+     * and gets will lie in it, so the tier registers it once, here, off the
+     * critical path, and sets *handle to its own record of it.  Called on
+     * umbp_mem_register's thread (the caller's), for every region it
+     * records, before it returns; may block; the loop may be running, so the
+     * tier guards what it shares with its loop-thread members; the runtime
+     * never makes two mem_register/mem_deregister calls at once.  A
+     * negative code other than -ENOTSUP fails umbp_mem_register with it
+     * (err: the tier logs why). */
+    int (*mem_register)(struct umbp_tier *t, void *addr, size_t len, umbp_mem_kind_t kind,
+                        int device, void **handle);
+    /* optional (default: nothing); required with mem_register.  The
+     * registration of handle ends: on umbp_mem_deregister's thread, or at
+     * runtime destruction for regions still registered (after the loop
+     * stopped, before destroy).  May block.  No op uses the region any more
+     * (umbp_mem_deregister's rule). */
+    void (*mem_deregister)(struct umbp_tier *t, void *handle);
 };
 
 /* Every tier embeds this as its first member (container_of to get back).

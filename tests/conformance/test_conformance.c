@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "rt.h"
 #include "server_fixture.h"
 #include "test_util.h"
 #include "tier_call.h"
@@ -1787,6 +1788,76 @@ TIER_TEST(stats_counters_consistent)
  * yields a 1052672-byte pool (and with dram_use_hugepages and 1GiB pages up
  * to 1 GiB more than configured).  Fix: dram_alloc_create(env->capacity_bytes,
  * &dt->alloc). */
+/* ---- registered memory ------------------------------------------------------------ */
+
+/* The tier's usage, read on this thread while the loop thread sleeps: the
+ * loop lock, taken as an inline lookup takes it (rt.h). */
+static struct umbp_tier_usage rt_tier_usage(umbp_runtime_t *rt)
+{
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while (pthread_mutex_trylock(&rt->loop_lock) != 0) {
+        cr_assert(tu_now_ms() < end, "the loop thread never slept");
+        tu_sleep_ms(1);
+    }
+    struct umbp_tier_usage u;
+    tier_usage(rt->tier, &u);
+    pthread_mutex_unlock(&rt->loop_lock);
+    return u;
+}
+
+/* umbp_mem_register reaches a tier that registers memory (mem_register),
+ * once per region, and umbp_mem_deregister ends it; on every tier, puts
+ * and gets from registered memory move their bytes. */
+TIER_TEST(mem_register_reaches_the_tier)
+{
+    struct tu_rng r;
+    tu_rng_seed(&r, test_seed(tp, "mem_register_reaches_the_tier"));
+    umbp_runtime_t *rt = conf_rt(tp, 4 * MiB, NULL);
+    bool registers = umbp_tier_find(tp->name)->mem_register != NULL;
+    const size_t len[2] = {3 * 4096 + 5, 64 * KiB};
+    uint8_t *buf[2];
+    umbp_mem_handle_t h[2];
+    for (int i = 0; i < 2; i++) {
+        buf[i] = malloc(len[i]);
+        umbp_mem_desc_t d = {buf[i], len[i], UMBP_MEM_HOST, 0};
+        cr_assert_eq(umbp_mem_register(rt, &d, &h[i]), 0, "%s", umbp_last_error());
+    }
+    if (registers) {
+        struct umbp_tier_usage u = rt_tier_usage(rt);
+        cr_assert_eq(u.mem_registered_regions, 2, "the tier saw %llu registrations",
+                     (unsigned long long)u.mem_registered_regions);
+        cr_assert_eq(u.mem_registered_bytes, len[0] + len[1]);
+    }
+    /* a put from one registered buffer, a get into the other */
+    tu_fill_random(&r, buf[0], len[0]);
+    umbp_key_t k = tu_key_random(&r);
+    umbp_range_t src = {buf[0], len[0], 0};
+    umbp_put_item_t pi = {k, len[0], &src, 1};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_put(rt, &pi, 1, &op), 0);
+    tu_wait(op);
+    cr_assert_eq(umbp_op_key_status(op, 0), 0);
+    umbp_op_release(op);
+    tu_poison(buf[1], len[1]);
+    umbp_range_t dst = {buf[1], len[0], 0};
+    umbp_get_item_t gi = {k, &dst, 1};
+    cr_assert_eq(umbp_get(rt, &gi, 1, &op), 0);
+    tu_wait(op);
+    cr_assert_eq(umbp_op_key_status(op, 0), 0);
+    umbp_op_release(op);
+    cr_assert_eq(tu_first_diff(buf[1], buf[0], len[0]), SIZE_MAX);
+    cr_assert_eq(umbp_mem_deregister(rt, h[0]), 0);
+    cr_assert_eq(umbp_mem_deregister(rt, h[0]), -ENOENT);
+    if (registers) {
+        struct umbp_tier_usage u = rt_tier_usage(rt);
+        cr_assert_eq(u.mem_registered_regions, 1);
+        cr_assert_eq(u.mem_registered_bytes, len[1]);
+    }
+    conf_destroy(rt); /* h[1]: its registration ends with the runtime */
+    free(buf[0]);
+    free(buf[1]);
+}
+
 TIER_TEST(capacity_is_an_upper_bound)
 {
     static const uint64_t caps[] = {1 * MiB + 1, 1 * MiB + 4095, 3 * MiB + 12345, 10 * MiB / 3};

@@ -110,5 +110,9 @@ Test(tier_call, optional_members_have_defaults)
     bool more = true;
     cr_assert_eq(tier_evict(t, 0, 0, 1, &more), 0);
     cr_assert(!more);
+    void *h = (void *)1;
+    cr_assert_eq(tier_mem_register(t, &len, sizeof(len), UMBP_MEM_HOST, 0, &h), -ENOTSUP);
+    cr_assert_null(h);
+    tier_mem_deregister(t, h); /* nothing, and no NULL slot called */
     fake_destroy(t);
 }
