@@ -107,6 +107,8 @@ static int create_tier(struct umbp_runtime *rt)
         .mapping_changed = tier_mapping_changed,
         .regions_revoked = tier_regions_revoked,
         .ctx = rt,
+        .create_child = config_create_child,
+        .options = rt->cfg,
     };
     char err[512] = "";
     int rc = ops->create(&env, config_tier(rt->cfg, ops), &rt->tier, err, sizeof(err));

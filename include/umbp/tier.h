@@ -54,6 +54,7 @@ extern "C" {
 #endif
 
 struct ev_loop;
+struct umbp_tier;
 
 /* ---- options ---------------------------------------------------------- */
 
@@ -135,6 +136,20 @@ struct umbp_tier_env {
      * transfer already queued runs to its end).  Loop thread only. */
     void (*regions_revoked)(void *ctx);
     void *ctx;
+    /* Child tiers (a composite: a local slice plus a remote tier).  Creates
+     * the registered tier `name`, which the caller's ops->uses declares,
+     * from the options the runtime parsed (and validated) for it, with
+     * child_env: the caller's env with its own callbacks and ctx interposed
+     * (the child's events and space reports go to the parent, which passes
+     * on what it wants) and the child's share in capacity_bytes; the
+     * child's caps are its instance's.  Caller's thread, in the parent's
+     * create only.  The parent owns the child: it calls it through the ops
+     * table, stops it in its stop and destroys it in its destroy.  Writes a
+     * message naming the child into err.  Keep create_child and options as
+     * they are in child_env. */
+    int (*create_child)(const struct umbp_tier_env *child_env, const char *name,
+                        struct umbp_tier **out, char *err, size_t errlen);
+    const void *options; /* the runtime's parsed options: create_child's */
 };
 
 /* ---- regions and requests --------------------------------------------- */
@@ -203,6 +218,10 @@ struct umbp_tier_ops {
     /* Modes this tier is the primary tier of ("embedded", ...), NULL-
      * terminated; NULL for none.  A mode is declared by exactly one tier. */
     const char *const *modes;
+    /* Tiers this one creates as children (env->create_child), NULL-
+     * terminated; NULL for none.  The runtime validates their options with
+     * this tier's, and create_child refuses a tier not named here. */
+    const char *const *uses;
     const struct umbp_option *options;      /* optional: tier options table,
                                                terminated by a NULL name */
     size_t config_size;                     /* size of the tier's config struct */
