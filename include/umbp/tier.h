@@ -13,6 +13,11 @@
  * distributed = dram + rdma).  Each tier lives in backends/<name>/ and is
  * registered by one line of CMake, `umbp_tier(<name> <sources...>)`, which
  * links it into libumbp and adds `umbp_tier_<name>_ops` to the registry.
+ * The runtime holds one tier; a composite creates the others as its
+ * children (ops->uses, env->create_child) and answers for them.  An
+ * instance's capabilities are its own (struct umbp_tier's caps), and its
+ * regions may be mapped (the runtime copies) or not (the tier's read/write
+ * move the bytes), key by key.
  *
  * Threads.  Unless a member says otherwise it is called on the runtime's loop
  * thread, must not block, and completes by calling its `done` callback exactly
