@@ -50,7 +50,7 @@ static bool evict_target(struct umbp_runtime *rt, const struct umbp_tier_usage *
 uint64_t evictor_make_room(struct umbp_runtime *rt, size_t max_objects, bool *more)
 {
     *more = false;
-    if (!(rt->tier->ops->caps & UMBP_TIER_CAP_EVICTS_LOCALLY))
+    if (!(tier_caps(rt->tier) & UMBP_TIER_CAP_EVICTS_LOCALLY))
         return 0; /* the tier (its server) evicts on its own */
     struct umbp_tier_usage u;
     tier_usage(rt->tier, &u);

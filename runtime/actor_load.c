@@ -78,7 +78,7 @@ static void get_released_after(void *arg, int rc)
  * UMBP_E_STALE and the load completes before it. */
 static bool leases_certain(const struct umbp_runtime *rt, const struct umbp_op *op)
 {
-    unsigned caps = rt->tier->ops->caps;
+    unsigned caps = tier_caps(rt->tier);
     return (caps & UMBP_TIER_CAP_EXPIRES_LEASES) && !(caps & UMBP_TIER_CAP_REMOTE) &&
            umbp_now_ns() < op->leases_until_ns;
 }

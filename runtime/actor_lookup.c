@@ -65,7 +65,7 @@ bool lookup_run_inline(struct umbp_runtime *rt, struct umbp_op *op)
 {
     /* a local tier answers inside its call; a remote one would complete on
      * the loop thread from its socket watcher, so it is posted */
-    if (rt->tier->ops->caps & UMBP_TIER_CAP_REMOTE)
+    if (tier_caps(rt->tier) & UMBP_TIER_CAP_REMOTE)
         return false;
     /* the loop is waking up (it goes first) or working: it takes the
      * message soon */

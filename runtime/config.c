@@ -1,8 +1,9 @@
 /*
  * config.c - the runtime's options: the core table and every registered
  * tier's table, parsed together (common/options.c), then checked: the core's
- * cross-option rules, and validate_config of the tiers the mode composes
- * (only those: a tier that is not used does not veto a config).
+ * cross-option rules, and validate_config of every tier the runtime uses:
+ * the primary tier and the children it declares (ops->uses), theirs, and so
+ * on (only those: a tier that is not used does not veto a config).
  *
  * A mode is declared by the tier it runs on (ops->modes); a known mode whose
  * tier is not built is refused naming that tier (the table of known modes
@@ -24,6 +25,7 @@
 #include "config.h"
 #include "options.h"
 #include "rt.h"
+#include "tier_call.h"
 
 int config_parse(const char *json, struct rt_config **out)
 {
@@ -53,9 +55,7 @@ int config_parse(const char *json, struct rt_config **out)
         (rc = umbp_core_validate(&c->core, &c->rank_capacity, err, sizeof(err))) < 0 ||
         (rc = config_primary_tier(&c->core, &c->primary, err, sizeof(err))) < 0)
         goto fail;
-    const struct umbp_tier_ops *ops = c->primary;
-    if (ops->validate_config &&
-        (rc = ops->validate_config(config_tier(c, ops), &c->core, err, sizeof(err))) < 0)
+    if ((rc = config_use_tiers(c, c->primary, err, sizeof(err))) < 0)
         goto fail;
     *out = c;
     return 0;
@@ -66,6 +66,71 @@ fail:
     umbp_set_error("%s", err);
     config_free(c);
     return rc;
+}
+
+static bool is_used(const struct rt_config *c, const struct umbp_tier_ops *ops)
+{
+    for (size_t i = 0; i < c->num_used; i++)
+        if (c->used[i] == ops)
+            return true;
+    return false;
+}
+
+static int use_tier(struct rt_config *c, const struct umbp_tier_ops *ops, unsigned depth,
+                    char *err, size_t errlen)
+{
+    if (is_used(c, ops))
+        return 0; /* validated already (two parents may share a child) */
+    if (depth >= CONFIG_MAX_USED || c->num_used == CONFIG_MAX_USED) {
+        snprintf(err, errlen, "tier %s: its children (ops->uses) nest deeper than %d tiers "
+                 "or form a cycle", ops->name, CONFIG_MAX_USED);
+        return -EINVAL;
+    }
+    int rc;
+    void *cfg = config_tier(c, ops);
+    if (ops->validate_config && (rc = ops->validate_config(cfg, &c->core, err, errlen)) < 0)
+        return rc;
+    c->used[c->num_used++] = ops;
+    for (const char *const *u = ops->uses; u && *u; u++) {
+        const struct umbp_tier_ops *child = umbp_tier_find(*u);
+        if (!child) {
+            snprintf(err, errlen, "tier %s uses tier %s, which this libumbp does not have",
+                     ops->name, *u);
+            return -ENOTSUP;
+        }
+        if ((rc = use_tier(c, child, depth + 1, err, errlen)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int config_use_tiers(struct rt_config *c, const struct umbp_tier_ops *top, char *err,
+                     size_t errlen)
+{
+    c->num_used = 0;
+    return use_tier(c, top, 0, err, errlen);
+}
+
+int config_create_child(const struct umbp_tier_env *env, const char *name,
+                        struct umbp_tier **out, char *err, size_t errlen)
+{
+    struct rt_config *c = (struct rt_config *)env->options;
+    const struct umbp_tier_ops *ops = umbp_tier_find(name);
+    if (!c || !ops || !is_used(c, ops)) {
+        snprintf(err, errlen, "child tier %s: not declared in the parent tier's ops->uses, "
+                 "so its options were not validated; add it there", name);
+        return -EINVAL;
+    }
+    char cerr[400] = "";
+    struct umbp_tier *t = NULL;
+    int rc = ops->create(env, config_tier(c, ops), &t, cerr, sizeof(cerr));
+    if (rc < 0) {
+        snprintf(err, errlen, "child tier %s: %s", name, cerr[0] ? cerr : umbp_strerror(rc));
+        return rc;
+    }
+    tier_instance_init(t, ops, env);
+    *out = t;
+    return 0;
 }
 
 void config_free(struct rt_config *c)

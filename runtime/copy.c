@@ -1,11 +1,21 @@
 /*
  * copy.c - moving an op's bytes: one mover per op, and the host copy workers.
  *
- * The mover is chosen once, when the op is filled (mover_choose): the GPU
- * copy engine for umbp_kv_* ops, memcpy by the copy workers for regions the
- * tier maps, the tier's own read/write members for regions it does not.
- * The store and load actors call move_dispatch() and get the op back with
- * the message they named; nothing else in the runtime knows how bytes move.
+ * The mover: the GPU copy engine moves every key of a umbp_kv_* op (chosen
+ * once, when the op arrives: mover_choose).  A host put or get chooses per
+ * key, by the region the tier handed out: memcpy by the copy workers when
+ * the region is mapped (addr != NULL), the tier's own read/write members
+ * when it is not (addr == NULL: a peer's memory), so one batch may use both
+ * (a composite tier whose keys are partly local, partly remote).  The store
+ * and load actors call move_dispatch() and get the op back with the message
+ * they named once every key's move has ended; nothing else in the runtime
+ * knows how bytes move.
+ *
+ * A host op's moves end through one count, jobs_left: one per copy job, one
+ * for the tier's moves (held until the last read/write completes: inline, or
+ * later from the tier's watcher) and one held by move_dispatch itself until
+ * everything is submitted, so the op goes back exactly once, after the last
+ * of them, whichever thread that is on (a worker or the loop).
  *
  * Copy workers.  The loop thread never copies payload bytes: it splits an
  * op's keys into a few jobs (at most 2 per worker, at least ~1 MiB each) and
@@ -176,9 +186,9 @@ static void run_job(struct worker *w, struct umbp_op *op, struct copy_job *j,
 {
     bool to_object = op->kind == OP_PUT;
     for (uint32_t k = j->first; k < j->last; k++) {
-        if (op->state[k] != KEY_COPYING)
-            continue;
         uint8_t *obj = op->reqs[k].region.addr;
+        if (op->state[k] != KEY_COPYING || !obj)
+            continue; /* not moving, or the tier moves it (tier_dispatch) */
         for (uint32_t r = op->range_first[k]; r < op->range_first[k + 1]; r++)
             if (!copy_range(w, op, obj, &op->ranges[r], to_object, may_yield))
                 return;
@@ -303,6 +313,18 @@ void copy_pool_stop(struct umbp_runtime *rt)
 
 /* ---- dispatch (loop thread) -------------------------------------------------- */
 
+/* A host key the copy workers move: its region is mapped. */
+static bool key_by_memcpy(const struct umbp_op *op, size_t k)
+{
+    return op->state[k] == KEY_COPYING && op->reqs[k].region.addr;
+}
+
+/* A host key the tier moves with read/write: its region is not mapped. */
+static bool key_by_tier(const struct umbp_op *op, size_t k)
+{
+    return op->state[k] == KEY_COPYING && !op->reqs[k].region.addr;
+}
+
 static uint64_t key_bytes(const struct umbp_op *op, size_t k)
 {
     uint64_t b = 0;
@@ -337,14 +359,20 @@ void copying_unlink(struct umbp_runtime *rt, struct umbp_op *op)
         ev_timer_stop(rt->loop, &rt->copy_timer);
 }
 
-static void copy_dispatch(struct umbp_op *op, enum msg_type then)
+/* How many copy jobs the op's mapped keys make (0 if none) and the bytes
+ * each takes: at most 2 per worker, at least JOB_MIN_BYTES each. */
+static uint32_t copy_jobs_plan(struct umbp_op *op, uint64_t *per_job)
 {
-    struct umbp_runtime *rt = op->rt;
-    struct copy_pool *cp = &rt->copy;
+    struct copy_pool *cp = &op->rt->copy;
     uint64_t total = 0;
+    bool any = false;
     for (size_t k = 0; k < op->n; k++)
-        if (op->state[k] == KEY_COPYING)
+        if (key_by_memcpy(op, k)) {
+            any = true;
             total += key_bytes(op, k);
+        }
+    if (!any)
+        return 0;
     uint32_t max_jobs = (uint32_t)(2 * cp->nthreads);
     uint32_t njobs = (uint32_t)(total / JOB_MIN_BYTES);
     if (njobs < 1)
@@ -353,14 +381,24 @@ static void copy_dispatch(struct umbp_op *op, enum msg_type then)
         njobs = max_jobs;
     if (njobs > op->cap_jobs)
         njobs = op->cap_jobs;
-    uint64_t per_job = (total + njobs - 1) / njobs;
+    *per_job = (total + njobs - 1) / njobs;
+    return njobs;
+}
 
-    op->hdr.type = (uint16_t)then;
+/* Splits the op's keys into at most copy_jobs_plan's number of jobs of
+ * about per_job bytes of mapped keys each (a large key may make fewer);
+ * returns how many. */
+static uint32_t copy_jobs_split(struct umbp_op *op)
+{
+    uint64_t per_job = 0;
+    uint32_t njobs = copy_jobs_plan(op, &per_job);
+    if (!njobs)
+        return 0;
     uint32_t nj = 0;
     uint64_t acc = 0;
     uint32_t first = 0;
     for (size_t k = 0; k < op->n; k++) {
-        if (op->state[k] == KEY_COPYING)
+        if (key_by_memcpy(op, k))
             acc += key_bytes(op, k);
         bool last_key = k + 1 == op->n;
         if ((acc >= per_job && nj + 1 < njobs) || last_key) {
@@ -372,8 +410,16 @@ static void copy_dispatch(struct umbp_op *op, enum msg_type then)
             acc = 0;
         }
     }
+    return nj;
+}
+
+/* Queues the op's jobs [0, nj); jobs_left already holds one count for each
+ * besides the others (host_dispatch). */
+static void copy_dispatch(struct umbp_op *op, uint32_t nj)
+{
+    struct umbp_runtime *rt = op->rt;
+    struct copy_pool *cp = &rt->copy;
     op->num_jobs = nj;
-    atomic_store_explicit(&op->jobs_left, nj, memory_order_release);
     atomic_fetch_add_explicit(&op->refs, nj, memory_order_relaxed); /* one per queued job */
     copying_link(rt, op);
     bool high = op->kind == OP_GET;
@@ -436,10 +482,12 @@ void copy_timer_init(struct umbp_runtime *rt)
 
 /* ---- the tier's own read/write (regions it does not map) ---------------------- */
 
+/* Loop thread: the tier's moves of the op have all ended (their count in
+ * jobs_left goes). */
 static void tier_move_end(struct umbp_op *op)
 {
     if (--op->tier_moves_left == 0)
-        rt_post(op->rt, &op->hdr); /* loop thread; cannot fail: see rt.h */
+        job_finished(op);
 }
 
 static void tier_moved(void *arg, int rc)
@@ -449,13 +497,14 @@ static void tier_moved(void *arg, int rc)
     tier_move_end(m->op);
 }
 
-static void tier_dispatch(struct umbp_op *op, enum msg_type then)
+/* Loop thread: the tier's read/write of every unmapped key; jobs_left
+ * holds one count for all of them. */
+static void tier_dispatch(struct umbp_op *op)
 {
     struct umbp_runtime *rt = op->rt;
-    op->hdr.type = (uint16_t)then;
     op->tier_moves_left = 1; /* held until every key is submitted */
     for (size_t k = 0; k < op->n; k++) {
-        if (op->state[k] != KEY_COPYING)
+        if (!key_by_tier(op, k))
             continue;
         struct key_move *m = &op->moves[k];
         *m = (struct key_move){.op = op, .rc = 0};
@@ -474,21 +523,45 @@ static void tier_dispatch(struct umbp_op *op, enum msg_type then)
 
 void mover_choose(struct umbp_op *op)
 {
-    if (op->kv_layout)
-        op->mover = MOVER_GPU;
-    else if (op->rt->tier->ops->caps & UMBP_TIER_CAP_MAPPED)
-        op->mover = MOVER_MEMCPY;
-    else
-        op->mover = MOVER_TIER;
+    op->mover = op->kv_layout ? MOVER_GPU : MOVER_HOST;
+}
+
+enum mover move_key_mover(const struct umbp_op *op, size_t k)
+{
+    if (op->mover == MOVER_GPU)
+        return MOVER_GPU;
+    return op->reqs[k].region.addr ? MOVER_MEMCPY : MOVER_TIER;
+}
+
+/* A host op: copy jobs for its mapped keys, the tier's read/write for the
+ * others, then the op goes back once all have ended (see the prose atop). */
+static void host_dispatch(struct umbp_op *op, enum msg_type then)
+{
+    uint32_t njobs = copy_jobs_split(op);
+    bool by_tier = false;
+    for (size_t k = 0; k < op->n && !by_tier; k++)
+        by_tier = key_by_tier(op, k);
+    op->hdr.type = (uint16_t)then;
+    op->num_jobs = 0;
+    /* every count before the first job is queued: a worker's decrement must
+     * never reach 0 while a later part is still to come.  Release: pairs
+     * with the acq_rel decrements, so what the loop wrote is seen by whoever
+     * posts the op. */
+    atomic_store_explicit(&op->jobs_left, njobs + (by_tier ? 1u : 0u) + 1u,
+                          memory_order_release);
+    if (njobs)
+        copy_dispatch(op, njobs);
+    if (by_tier)
+        tier_dispatch(op);
+    job_finished(op); /* move_dispatch's own count: may post the op now */
 }
 
 void move_dispatch(struct umbp_op *op, enum msg_type then)
 {
-    switch (op->mover) {
-    case MOVER_GPU: gpu_dispatch(op, then); break;
-    case MOVER_MEMCPY: copy_dispatch(op, then); break;
-    case MOVER_TIER: tier_dispatch(op, then); break;
-    }
+    if (op->mover == MOVER_GPU)
+        gpu_dispatch(op, then);
+    else
+        host_dispatch(op, then);
 }
 
 int move_key_rc(const struct umbp_op *op, size_t k)
@@ -497,11 +570,11 @@ int move_key_rc(const struct umbp_op *op, size_t k)
         return op->cut_by_release ? UMBP_E_NOT_ATTEMPTED
                : op->cut_by_loss  ? -ECONNRESET
                                   : UMBP_E_TIMEOUT;
-    if (op->mover == MOVER_GPU && op->gpu_rc < 0)
-        return op->gpu_rc;
-    if (op->mover == MOVER_TIER && op->moves[k].rc < 0)
-        return op->moves[k].rc;
-    return 0;
+    switch (move_key_mover(op, k)) {
+    case MOVER_GPU: return op->gpu_rc < 0 ? op->gpu_rc : 0;
+    case MOVER_TIER: return op->moves[k].rc < 0 ? op->moves[k].rc : 0;
+    default: return 0;
+    }
 }
 
 void move_finished(struct umbp_op *op)
@@ -510,8 +583,8 @@ void move_finished(struct umbp_op *op)
      * the jobs_left decrement ordered its store before this load */
     if (atomic_load_explicit(&op->write_expired, memory_order_relaxed) && !op->cancelled)
         op->cancelled = true;
-    if (op->mover == MOVER_MEMCPY)
-        copying_unlink(op->rt, op);
-    else if (op->mover == MOVER_GPU)
+    if (op->mover == MOVER_HOST)
+        copying_unlink(op->rt, op); /* nothing if it had no copy jobs */
+    else
         kv_transfer_done(op->rt);
 }

@@ -422,7 +422,7 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     size_t slice = store ? (size_t)rt->core->gpu_store_slice_blocks : 0;
     size_t nchild = slice && n > slice ? (n + slice - 1) / slice : 0;
     size_t head = 0;
-    if (!store && (rt->tier->ops->caps & UMBP_TIER_CAP_REMOTE) &&
+    if (!store && (tier_caps(rt->tier) & UMBP_TIER_CAP_REMOTE) &&
         atomic_load_explicit(&rt->inflight, memory_order_relaxed) == 0)
         head = (size_t)rt->core->gpu_load_head_blocks;
     /* At most a quarter of the op pool (and 64) as children, so a parent and

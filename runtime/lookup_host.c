@@ -118,7 +118,7 @@ void lookup_service_free(struct umbp_runtime *rt)
 
 static int refuse_remote(struct umbp_runtime *rt, char *err, size_t errlen)
 {
-    if (!(rt->tier->ops->caps & UMBP_TIER_CAP_REMOTE))
+    if (!(tier_caps(rt->tier) & UMBP_TIER_CAP_REMOTE))
         return 0;
     snprintf(err, errlen, "umbp_lookup_serve: the runtime's tier %s is remote (mode %s); "
              "a lookup service serves an embedded rank's own pool, and in standalone "

@@ -4,13 +4,19 @@
  * Host regions only: device memory is refused with -ENOTSUP, since GPU KV
  * caches are registered by shape with umbp_kv_register and moved by the GPU
  * copy engine.  Ranges of puts and gets are always treated as host memory.
- * Any thread; a mutex guards the sorted array (registration is rare).
+ * Each region is handed to the tier (its mem_register member: a tier that
+ * moves bytes with a NIC registers it there once, off the critical path);
+ * a tier without one has nothing to do, and the tier's failure fails the
+ * registration.  Any thread; a mutex guards the sorted array and is held
+ * across the tier's calls, which may block (registration is rare), so the
+ * tier never sees two at once.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "rt.h"
+#include "tier_call.h"
 
 static size_t find_first_end_after(struct memreg *r, uintptr_t p)
 {
@@ -56,8 +62,16 @@ int umbp_mem_register(umbp_runtime_t *rt, const umbp_mem_desc_t *d, umbp_mem_han
         r->v = v;
         r->cap = cap;
     }
+    void *th;
+    rc = tier_mem_register(rt->tier, d->addr, d->len, d->kind, d->device, &th);
+    if (rc < 0 && rc != -ENOTSUP) {
+        umbp_set_error("umbp_mem_register: tier %s could not register %zu bytes at %p: %s",
+                       rt->tier_name, d->len, d->addr, umbp_strerror(rc));
+        goto out;
+    }
     memmove(&r->v[i + 1], &r->v[i], (r->n - i) * sizeof(*r->v));
-    r->v[i] = (struct memreg_entry){s, e, d->kind, d->device, ++r->next_handle};
+    r->v[i] = (struct memreg_entry){s, e, d->kind, d->device, ++r->next_handle, rc == 0, th};
+    rc = 0;
     r->n++;
     *out = r->v[i].handle;
 out:
@@ -75,6 +89,8 @@ int umbp_mem_deregister(umbp_runtime_t *rt, umbp_mem_handle_t h)
     for (size_t i = 0; i < r->n; i++) {
         if (r->v[i].handle != h)
             continue;
+        if (r->v[i].in_tier)
+            tier_mem_deregister(rt->tier, r->v[i].tier_handle);
         memmove(&r->v[i], &r->v[i + 1], (r->n - i - 1) * sizeof(*r->v));
         r->n--;
         rc = 0;
@@ -82,4 +98,13 @@ int umbp_mem_deregister(umbp_runtime_t *rt, umbp_mem_handle_t h)
     }
     pthread_mutex_unlock(&r->lock);
     return rc;
+}
+
+void memreg_fini(struct umbp_runtime *rt)
+{
+    struct memreg *r = &rt->memreg;
+    for (size_t i = 0; rt->tier && i < r->n; i++)
+        if (r->v[i].in_tier)
+            tier_mem_deregister(rt->tier, r->v[i].tier_handle);
+    r->n = 0;
 }

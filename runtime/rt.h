@@ -67,11 +67,15 @@ int rt_post_many(struct umbp_runtime *rt, struct msg_hdr **m, size_t n);
 
 enum op_kind { OP_PUT, OP_GET, OP_LOOKUP, OP_STATS, OP_CLEAR, OP_FLUSH };
 
-/* How an op's bytes move (copy.c), chosen once when it arrives. */
+/* How bytes move (copy.c).  An op's mover is chosen when it arrives:
+ * MOVER_GPU for umbp_kv_* ops, else MOVER_HOST, whose keys each move by
+ * their region (move_key_mover): MOVER_MEMCPY when it is mapped, MOVER_TIER
+ * when it is not (addr == NULL), so one batch may use both. */
 enum mover {
     MOVER_MEMCPY, /* copy workers, between caller memory and mapped regions */
     MOVER_GPU,    /* the GPU copy engine (umbp_kv_store / umbp_kv_load) */
     MOVER_TIER,   /* the tier's read/write, for regions it does not map */
+    MOVER_HOST,   /* an op's: MOVER_MEMCPY or MOVER_TIER per key */
 };
 
 /* Per-key state of a put or get, beside the tier request. */
@@ -105,8 +109,10 @@ struct umbp_op {
     uint8_t *present;         /* lookup */
     size_t num_ok;
 
-    /* moving the bytes (copy.c): the mover chosen on arrival; copy jobs
-     * (written by the loop before dispatch, by workers after) */
+    /* moving the bytes (copy.c): the op's mover chosen on arrival (GPU or
+     * host, whose keys choose by region); copy jobs (written by the loop
+     * before dispatch, by workers after); jobs_left counts the copy jobs,
+     * the tier's moves and move_dispatch's own hold */
     enum mover mover;
     _Atomic uint32_t jobs_left;
     uint32_t num_jobs;
@@ -205,6 +211,8 @@ void copy_timer_init(struct umbp_runtime *rt);
  * op->gpu_rc < 0 that the GPU failed, op->moves[k].rc < 0 that a tier
  * read/write failed. */
 void mover_choose(struct umbp_op *op);
+/* After the tier handed out key k's region: how its bytes move. */
+enum mover move_key_mover(const struct umbp_op *op, size_t k);
 void move_dispatch(struct umbp_op *op, enum msg_type then);
 void move_finished(struct umbp_op *op);
 /* After move_finished: 0 if key k's bytes moved, else the key's status. */
@@ -266,6 +274,8 @@ struct memreg_entry {
     umbp_mem_kind_t kind;
     int device;
     umbp_mem_handle_t handle;
+    bool in_tier;      /* the tier's mem_register took it */
+    void *tier_handle; /* ... and named it so */
 };
 
 struct memreg {
@@ -274,6 +284,8 @@ struct memreg {
     size_t n, cap;
     uint64_t next_handle;
 };
+/* Destruction, after the loop stopped: the tier's registrations end. */
+void memreg_fini(struct umbp_runtime *rt);
 
 
 /* ---- events ------------------------------------------------------------ */

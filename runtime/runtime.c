@@ -107,6 +107,8 @@ static int create_tier(struct umbp_runtime *rt)
         .mapping_changed = tier_mapping_changed,
         .regions_revoked = tier_regions_revoked,
         .ctx = rt,
+        .create_child = config_create_child,
+        .options = rt->cfg,
     };
     char err[512] = "";
     int rc = ops->create(&env, config_tier(rt->cfg, ops), &rt->tier, err, sizeof(err));
@@ -114,8 +116,7 @@ static int create_tier(struct umbp_runtime *rt)
         umbp_set_error("%s tier: %s", ops->name, err[0] ? err : umbp_strerror(rc));
         return rc;
     }
-    rt->tier->ops = ops;
-    rt->tier->env = env;
+    tier_instance_init(rt->tier, ops, &env);
     rt->tier_name = ops->name;
     return 0;
 }
@@ -172,6 +173,7 @@ static void free_runtime(struct umbp_runtime *rt)
 {
     kv_fini(rt); /* GPU transfers end and the pool is unpinned before unmap */
     lookup_service_free(rt);
+    memreg_fini(rt); /* the tier's registrations end before the tier */
     if (rt->tier)
         rt->tier->ops->destroy(rt->tier);
     for (int a = 0; a < ACTOR_COUNT; a++)

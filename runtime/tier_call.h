@@ -12,6 +12,24 @@
 
 #include "umbp/tier.h"
 
+/* After a successful create (caller's thread, before the loop runs): the
+ * instance's ops and env, and its capabilities unless create set them. */
+static inline void tier_instance_init(struct umbp_tier *t, const struct umbp_tier_ops *ops,
+                                      const struct umbp_tier_env *env)
+{
+    t->ops = ops;
+    t->env = *env;
+    if (!t->caps_set)
+        t->caps = ops->caps;
+}
+
+/* This instance's capabilities (enum umbp_tier_cap): any thread once the
+ * tier is created (they never change). */
+static inline uint32_t tier_caps(const struct umbp_tier *t)
+{
+    return t->caps;
+}
+
 static inline void tier_lookup(struct umbp_tier *t, struct umbp_tier_req *const *r, size_t n,
                                uint8_t *present, bool touch, umbp_tier_done_fn done, void *arg)
 {
@@ -119,6 +137,21 @@ static inline void tier_write(struct umbp_tier *t, const struct umbp_region *r,
         return;
     }
     t->ops->write(t, r, ranges, n, done, arg);
+}
+
+/* Caller's thread, serialized by the runtime's memory registry. */
+static inline int tier_mem_register(struct umbp_tier *t, void *addr, size_t len,
+                                    umbp_mem_kind_t kind, int device, void **handle)
+{
+    *handle = NULL;
+    return t->ops->mem_register ? t->ops->mem_register(t, addr, len, kind, device, handle)
+                                : -ENOTSUP;
+}
+
+static inline void tier_mem_deregister(struct umbp_tier *t, void *handle)
+{
+    if (t->ops->mem_deregister)
+        t->ops->mem_deregister(t, handle);
 }
 
 #endif

@@ -13,6 +13,11 @@
  * distributed = dram + rdma).  Each tier lives in backends/<name>/ and is
  * registered by one line of CMake, `umbp_tier(<name> <sources...>)`, which
  * links it into libumbp and adds `umbp_tier_<name>_ops` to the registry.
+ * The runtime holds one tier; a composite creates the others as its
+ * children (ops->uses, env->create_child) and answers for them.  An
+ * instance's capabilities are its own (struct umbp_tier's caps), and its
+ * regions may be mapped (the runtime copies) or not (the tier's read/write
+ * move the bytes), key by key.
  *
  * Threads.  Unless a member says otherwise it is called on the runtime's loop
  * thread, must not block, and completes by calling its `done` callback exactly
@@ -54,6 +59,7 @@ extern "C" {
 #endif
 
 struct ev_loop;
+struct umbp_tier;
 
 /* ---- options ---------------------------------------------------------- */
 
@@ -135,6 +141,20 @@ struct umbp_tier_env {
      * transfer already queued runs to its end).  Loop thread only. */
     void (*regions_revoked)(void *ctx);
     void *ctx;
+    /* Child tiers (a composite: a local slice plus a remote tier).  Creates
+     * the registered tier `name`, which the caller's ops->uses declares,
+     * from the options the runtime parsed (and validated) for it, with
+     * child_env: the caller's env with its own callbacks and ctx interposed
+     * (the child's events and space reports go to the parent, which passes
+     * on what it wants) and the child's share in capacity_bytes; the
+     * child's caps are its instance's.  Caller's thread, in the parent's
+     * create only.  The parent owns the child: it calls it through the ops
+     * table, stops it in its stop and destroys it in its destroy.  Writes a
+     * message naming the child into err.  Keep create_child and options as
+     * they are in child_env. */
+    int (*create_child)(const struct umbp_tier_env *child_env, const char *name,
+                        struct umbp_tier **out, char *err, size_t errlen);
+    const void *options; /* the runtime's parsed options: create_child's */
 };
 
 /* ---- regions and requests --------------------------------------------- */
@@ -174,6 +194,9 @@ struct umbp_tier_usage {
     uint64_t high_watermark_bytes, low_watermark_bytes;
     uint64_t num_objects, num_pending, num_leased;
     uint64_t evictions, evicted_bytes, leases_expired;
+    /* Caller memory registered now (mem_register minus mem_deregister), for
+     * tiers that implement mem_register; 0 otherwise. */
+    uint64_t mem_registered_bytes, mem_registered_regions;
 };
 
 struct umbp_tier;
@@ -193,10 +216,17 @@ enum umbp_tier_cap {
 
 struct umbp_tier_ops {
     const char *name;                       /* required: "dram" */
-    uint32_t caps;                          /* enum umbp_tier_cap bits */
+    uint32_t caps;                          /* enum umbp_tier_cap bits: every
+                                               instance's, unless its create
+                                               says otherwise (struct
+                                               umbp_tier's caps) */
     /* Modes this tier is the primary tier of ("embedded", ...), NULL-
      * terminated; NULL for none.  A mode is declared by exactly one tier. */
     const char *const *modes;
+    /* Tiers this one creates as children (env->create_child), NULL-
+     * terminated; NULL for none.  The runtime validates their options with
+     * this tier's, and create_child refuses a tier not named here. */
+    const char *const *uses;
     const struct umbp_option *options;      /* optional: tier options table,
                                                terminated by a NULL name */
     size_t config_size;                     /* size of the tier's config struct */
@@ -296,21 +326,62 @@ struct umbp_tier_ops {
      * (umbp_kv_register), may block; the loop may be running. */
     int (*mapped_memory)(struct umbp_tier *t, void **addr, size_t *len);
 
-    /* optional (default: -ENOTSUP).  For regions with addr == NULL: move the
-     * bytes of ranges between caller memory and the region. */
+    /* optional (default: -ENOTSUP); required when regions may have addr ==
+     * NULL.  Move the bytes of ranges (offsets within the object) between
+     * caller memory and such a region: read into the caller's memory, write
+     * from it.  Called per key, only for regions with addr == NULL (the
+     * runtime copies mapped ones itself, so a batch may mix both), between
+     * reserve and publish / acquire and release.  Loop thread, must not
+     * block; done once, inline or later from a watcher; r and ranges stay
+     * valid until done. */
     void (*read)(struct umbp_tier *t, const struct umbp_region *r,
                  const umbp_range_t *ranges, size_t n, umbp_tier_done_fn done,
                  void *arg);
     void (*write)(struct umbp_tier *t, const struct umbp_region *r,
                   const umbp_range_t *ranges, size_t n, umbp_tier_done_fn done,
                   void *arg);
+
+    /* optional (default: -ENOTSUP, nothing to register); for tiers that
+     * register memory with a NIC (ibv_reg_mr, ucp_mem_map).  The engine
+     * declared [addr, addr + len) with umbp_mem_register: ranges of its puts
+     * and gets will lie in it, so the tier registers it once, here, off the
+     * critical path, and sets *handle to its own record of it.  Called on
+     * umbp_mem_register's thread (the caller's), for every region it
+     * records, before it returns; may block; the loop may be running, so the
+     * tier guards what it shares with its loop-thread members; the runtime
+     * never makes two mem_register/mem_deregister calls at once.  A
+     * negative code other than -ENOTSUP fails umbp_mem_register with it
+     * (err: the tier logs why). */
+    int (*mem_register)(struct umbp_tier *t, void *addr, size_t len, umbp_mem_kind_t kind,
+                        int device, void **handle);
+    /* optional (default: nothing); required with mem_register.  The
+     * registration of handle ends: on umbp_mem_deregister's thread, or at
+     * runtime destruction for regions still registered (after the loop
+     * stopped, before destroy).  May block.  No op uses the region any more
+     * (umbp_mem_deregister's rule). */
+    void (*mem_deregister)(struct umbp_tier *t, void *handle);
 };
 
-/* Every tier embeds this as its first member (container_of to get back). */
+/* Every tier embeds this as its first member (container_of to get back).
+ * create sets ops and env (the runtime sets them again after create). */
 struct umbp_tier {
     const struct umbp_tier_ops *ops;
     struct umbp_tier_env env;
+    /* This instance's capabilities (enum umbp_tier_cap bits): ops->caps,
+     * unless create narrowed or extended them with umbp_tier_set_caps (a
+     * tier whose options decide whether its regions are mapped, a composite
+     * whose children decide).  Fixed once create returns; the runtime reads
+     * them through tier_caps() (runtime/tier_call.h), never ops->caps. */
+    uint32_t caps;
+    bool caps_set; /* create called umbp_tier_set_caps */
 };
+
+/* For create only: this instance's capabilities instead of ops->caps. */
+static inline void umbp_tier_set_caps(struct umbp_tier *t, uint32_t caps)
+{
+    t->caps = caps;
+    t->caps_set = true;
+}
 
 #define umbp_container_of(ptr, type, member) \
     ((type *)((char *)(ptr) - offsetof(type, member)))

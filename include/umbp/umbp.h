@@ -171,7 +171,10 @@ typedef uint64_t umbp_mem_handle_t;
  * umbp_kv_register and moved with umbp_kv_store / umbp_kv_load, so
  * UMBP_MEM_DEVICE is refused here with -ENOTSUP (the kind and device fields
  * are kept for a future ranged device path).  Regions must not overlap
- * (-EEXIST).
+ * (-EEXIST).  The runtime's tier is told (mem_register in umbp/tier.h): a
+ * tier that moves bytes with a NIC registers the region there once, so
+ * register long-lived buffers before moving them; the tier's failure fails
+ * this call with its code.
  */
 UMBP_API int umbp_mem_register(umbp_runtime_t *rt, const umbp_mem_desc_t *desc,
                       umbp_mem_handle_t *out);

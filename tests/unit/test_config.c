@@ -188,6 +188,7 @@ static const struct {
     {"engine_id", ""},
     {"namespace", ""},
     {"role", "worker"},
+    {"loopback_map_one_in", "0"},
 };
 #define N_DOCUMENTED (sizeof(documented) / sizeof(documented[0]))
 
