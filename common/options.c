@@ -248,6 +248,57 @@ static const struct umbp_option *find_option(const struct umbp_opt_table *t, siz
     return NULL;
 }
 
+/* Edit distance of a and b (at most 63 bytes each are compared). */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strnlen(a, 63), lb = strnlen(b, 63);
+    size_t row[64];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+const char *umbp_options_closest(const struct umbp_opt_table *t, size_t nt, const char *key)
+{
+    const char *best = NULL;
+    size_t bd = (size_t)-1, len = strlen(key);
+    size_t limit = len / 3 > 2 ? len / 3 : 2; /* a typo or two, more for long names */
+    for (size_t i = 0; i < nt; i++)
+        for (const struct umbp_option *o = t[i].opts; o->name; o++) {
+            size_t d = edit_distance(key, o->name);
+            if (d < bd) {
+                bd = d;
+                best = o->name;
+            }
+        }
+    return bd <= limit ? best : NULL;
+}
+
+void umbp_options_unknown(const struct umbp_opt_table *t, size_t nt, const char *key, char *err,
+                          size_t errlen)
+{
+    const char *close = umbp_options_closest(t, nt, key);
+    if (close)
+        snprintf(err, errlen, "unknown option '%s' (did you mean '%s'? see docs/configuration.md)",
+                 key, close);
+    else
+        snprintf(err, errlen, "unknown option '%s' (see docs/configuration.md)", key);
+}
+
 static int apply_defaults(const struct umbp_opt_table *t, size_t nt, char *err, size_t errlen)
 {
     for (size_t i = 0; i < nt; i++)
@@ -304,7 +355,7 @@ static int apply_json(const char *json, const struct umbp_opt_table *t, size_t n
         void *base;
         const struct umbp_option *o = find_option(t, nt, key, &base);
         if (!o) {
-            snprintf(err, errlen, "unknown option '%s' (see docs/configuration.md)", key);
+            umbp_options_unknown(t, nt, key, err, errlen);
             rc = -EINVAL;
             goto out;
         }

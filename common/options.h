@@ -26,6 +26,12 @@ struct umbp_opt_table {
 int umbp_options_apply(const struct umbp_opt_table *t, size_t nt, const char *json, char *err,
                        size_t errlen);
 
+/* The option name of the tables closest to key (a typo or two away), or
+ * NULL; and the "unknown option" message, with that name as a hint. */
+const char *umbp_options_closest(const struct umbp_opt_table *t, size_t nt, const char *key);
+void umbp_options_unknown(const struct umbp_opt_table *t, size_t nt, const char *key, char *err,
+                          size_t errlen);
+
 /* A JSON config file's text (malloc'd, NUL-terminated), at most 1 MiB;
  * NULL with err naming the file and why. */
 #define UMBP_CONFIG_FILE_MAX (1u << 20)

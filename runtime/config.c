@@ -17,6 +17,7 @@
  * runtime exists: the same parse, and the mode table's row.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,82 @@
 #include "options.h"
 #include "rt.h"
 #include "tier_call.h"
+
+/* The tier whose table declares name; *core when the core table does;
+ * NULL and !*core when no table does. */
+static const struct umbp_tier_ops *option_owner(const char *name, bool *core)
+{
+    *core = false;
+    for (const struct umbp_option *o = umbp_core_options; o->name; o++)
+        if (strcmp(o->name, name) == 0) {
+            *core = true;
+            return NULL;
+        }
+    for (size_t k = 0; umbp_tier_registry[k]; k++)
+        for (const struct umbp_option *o = umbp_tier_registry[k]->options; o && o->name; o++)
+            if (strcmp(o->name, name) == 0)
+                return umbp_tier_registry[k];
+    return NULL;
+}
+
+/* Whether top is x or uses it, directly or through its children. */
+static bool tier_reaches(const struct umbp_tier_ops *top, const struct umbp_tier_ops *x,
+                         unsigned depth)
+{
+    if (top == x)
+        return true;
+    if (depth >= CONFIG_MAX_USED)
+        return false;
+    for (const char *const *u = top->uses; u && *u; u++) {
+        const struct umbp_tier_ops *child = umbp_tier_find(*u);
+        if (child && tier_reaches(child, x, depth + 1))
+            return true;
+    }
+    return false;
+}
+
+/* name, an option of some tier: 0 if the runtime uses that tier (its
+ * primary tier or a child of it), else -EINVAL and err saying whose option
+ * it is. */
+static int foreign_option(const char *name, const char *mode, const struct umbp_tier_ops *primary,
+                          char *err, size_t errlen)
+{
+    bool core;
+    const struct umbp_tier_ops *owner = option_owner(name, &core);
+    if (core || owner == NULL || tier_reaches(primary, owner, 0))
+        return 0;
+    unsigned flags = 0;
+    char e[256];
+    (void)umbp_mode_props(mode, &flags, e, sizeof(e));
+    snprintf(err, errlen, "%s: an option of the '%s' tier, which mode '%s' does not use (it runs "
+             "on the '%s' tier)%s", name, owner->name, mode, primary->name,
+             (flags & UMBP_MODE_SESSIONS) ? "; the pool and its options are the server's: set them "
+                                            "in umbp-server's config" : "");
+    return -EINVAL;
+}
+
+/* Options given in the JSON (not the environment, which a server and its
+ * clients may share) must be the core's or the runtime's tier's: another
+ * tier's would be parsed and then ignored. */
+static int refuse_foreign_options(const char *json, const struct umbp_core_config *core,
+                                  const struct umbp_tier_ops *primary, char *err, size_t errlen)
+{
+    if (!json || !*json)
+        return 0;
+    json_object *root = json_tokener_parse(json); /* valid: umbp_options_apply took it */
+    if (!root || !json_object_is_type(root, json_type_object)) {
+        json_object_put(root);
+        return 0;
+    }
+    int rc = 0;
+    json_object_object_foreach(root, key, val) {
+        (void)val;
+        if ((rc = foreign_option(key, core->mode, primary, err, errlen)) < 0)
+            break;
+    }
+    json_object_put(root);
+    return rc;
+}
 
 int config_parse(const char *json, struct rt_config **out)
 {
@@ -55,7 +132,8 @@ int config_parse(const char *json, struct rt_config **out)
         (rc = umbp_core_validate(&c->core, &c->rank_capacity, err, sizeof(err))) < 0 ||
         (rc = config_primary_tier(&c->core, &c->primary, err, sizeof(err))) < 0)
         goto fail;
-    if ((rc = config_use_tiers(c, c->primary, err, sizeof(err))) < 0)
+    if ((rc = config_use_tiers(c, c->primary, err, sizeof(err))) < 0 ||
+        (rc = refuse_foreign_options(json, &c->core, c->primary, err, sizeof(err))) < 0)
         goto fail;
     *out = c;
     return 0;
@@ -280,4 +358,39 @@ int umbp_mode_flags(const char *mode)
         return rc;
     }
     return (int)flags;
+}
+
+int umbp_option_lookup(const char *name, const char *mode)
+{
+    char err[512];
+    unsigned flags;
+    const struct umbp_tier_ops *ops;
+    int rc;
+    if (!name || !mode) {
+        umbp_set_error("umbp_option_lookup: name and mode are required");
+        return -EINVAL;
+    }
+    if ((rc = umbp_mode_props(mode, &flags, err, sizeof(err))) < 0 ||
+        (rc = mode_tier(mode, &ops, err, sizeof(err))) < 0) {
+        umbp_set_error("%s", err);
+        return rc;
+    }
+    bool core;
+    if (option_owner(name, &core) == NULL && !core) {
+        struct umbp_opt_table t[32];
+        size_t nt = 0;
+        t[nt++] = (struct umbp_opt_table){umbp_core_options, NULL, "core"};
+        for (size_t k = 0; umbp_tier_registry[k] && nt < 32; k++)
+            if (umbp_tier_registry[k]->options)
+                t[nt++] = (struct umbp_opt_table){umbp_tier_registry[k]->options, NULL,
+                                                  umbp_tier_registry[k]->name};
+        umbp_options_unknown(t, nt, name, err, sizeof(err));
+        umbp_set_error("%s", err);
+        return -ENOENT;
+    }
+    if ((rc = foreign_option(name, mode, ops, err, sizeof(err))) < 0) {
+        umbp_set_error("%s", err);
+        return rc;
+    }
+    return 0;
 }

@@ -700,8 +700,9 @@ def _parse(extra):
 
 
 @pytest.mark.parametrize("extra,msg", [
-    ({"capacty_bytes": "1GiB"}, "unknown option 'capacty_bytes' (did you mean 'capacity_bytes'?)"),
-    ({"foo": 1, "bar": 2}, "unknown options 'foo', 'bar'"),
+    ({"capacty_bytes": "1GiB"}, "unknown option 'capacty_bytes' (did you mean 'capacity_bytes'?"),
+    ({"lazy_ofload": True}, "unknown option 'lazy_ofload' (did you mean 'lazy_offload'?)"),
+    ({"foo": 1, "bar": 2}, "unknown option 'foo' (see docs/configuration.md); unknown option 'bar'"),
     ({"mode": "cluster"}, "mode: must be one of embedded standalone distributed, got 'cluster'"),
     ({"mode": "distributed"}, "mode: 'distributed' needs the 'rdma' tier"),
     ({"load_async": "yes"}, "load_async: must be true or false, got 'yes'"),
@@ -716,9 +717,13 @@ def _parse(extra):
     ({"load_failure_quarantine_ms": -1}, "load_failure_quarantine_ms: must be between 0 and 3600000"),
     ({"lookup_instance": "a/b"}, "lookup_instance: only letters"),
     ({"lookup_dir": "rel/dir"}, "lookup_dir: must be an absolute directory path"),
-    ({"socket_dir": "/tmp/x"}, "socket_dir: only an option in a mode with a server"),
+    ({"socket_dir": "/tmp/x"}, "socket_dir: an option of the 'shm' tier, which mode 'embedded' does not use"),
+    ({"dp_rank": 1}, "dp_rank: an option of the 'shm' tier, which mode 'embedded' does not use"),
+    ({"tenant_namespace": "t"}, "tenant_namespace: not an option in embedded mode (it sets umbp's namespace: "
+                                "an option of the 'shm' tier"),
     ({"mode": "standalone", "capacity_bytes": "1GiB"}, "only with auto_start=true"),
-    ({"mode": "standalone", "dram_use_hugepages": True}, "dram_use_hugepages: not an option in standalone mode"),
+    ({"mode": "standalone", "dram_use_hugepages": True},
+     "dram_use_hugepages: an option of the 'dram' tier, which mode 'standalone' does not use"),
     ({"mode": "standalone", "lookup_dir": "/tmp"}, "lookup_dir: not an option in standalone mode"),
     ({"mode": "standalone", "endpoint": "tcp://h:1"}, "endpoint: must be unix:///<dir>/umbp-dp<N>"),
     ({"mode": "standalone", "endpoint": "/run/umbp/umbp-dp0.sock", "socket_dir": "/x"}, "mutually exclusive"),
@@ -750,7 +755,7 @@ def test_options_map_to_the_runtime():
     umbp.Runtime(dict(cfg, capacity_bytes="8MiB", dram_use_hugepages=False)).close()  # the runtime accepts it
     s = _parse({"mode": "standalone", "endpoint": "unix:///run/umbp/umbp-dp3-llama.sock", "engine_id": "e1",
                 "tenant_namespace": "t"})
-    assert (s.socket_dir, s.dp_rank, s.lookup_instance) == ("/run/umbp", 3, "llama")
+    assert (s.passed["socket_dir"], s.dp_rank, s.lookup_instance) == ("/run/umbp", 3, "llama")
     rc = s.runtime_config(rank=0, world_size=1, role="lookup")
     assert rc["role"] == "lookup" and rc["namespace"] == "t" and rc["socket_dir"] == "/run/umbp"
     assert _parse({"mode": "standalone", "dp_rank": "auto"}).runtime_config(rank=0, world_size=1,

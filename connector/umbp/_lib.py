@@ -43,6 +43,7 @@ _FUNCS = {
     "umbp_runtime_create": (_int, [_str, _vpp]),
     "umbp_config_check": (_int, [_str, _vp, _sz]),
     "umbp_mode_flags": (_int, [_str]),
+    "umbp_option_lookup": (_int, [_str, _str]),
     "umbp_runtime_destroy": (None, [_vp]),
     "umbp_mem_register": (_int, [_vp, ctypes.POINTER(_ffi.MemDesc), ctypes.POINTER(_u64)]),
     "umbp_mem_deregister": (_int, [_vp, _u64]),

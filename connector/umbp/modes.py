@@ -65,3 +65,19 @@ def check_config(options: dict | str) -> dict:
     if rc < 0:
         raise _lib.UmbpError(rc, _lib.last_error() or _lib.strerror(rc))
     return json.loads(buf.value.decode("utf-8"))
+
+
+def option_lookup(name: str, mode: str) -> int:
+    """Whether a runtime of `mode` takes option `name`, as C says: 0 if it
+    does; -EINVAL if it is another tier's option (a runtime of this mode
+    refuses it); -ENOENT if there is no such option.  The message
+    (:func:`umbp._lib.last_error`: which tier, or the closest name) goes with
+    it as an UmbpError's text via :func:`option_error`."""
+    return _lib.umbp_option_lookup(name.encode("utf-8"), mode.encode("utf-8"))
+
+
+def option_error(name: str, mode: str) -> str | None:
+    """None if a runtime of `mode` takes option `name`, else C's message
+    saying why not (another tier's option; unknown, with the closest name)."""
+    rc = option_lookup(name, mode)
+    return None if rc == 0 else (_lib.last_error() or _lib.strerror(rc))

@@ -131,6 +131,14 @@ UMBP_API int umbp_config_check(const char *json_config, char *resolved, size_t l
  * umbp_last_error() naming the mode and the modes there are. */
 UMBP_API int umbp_mode_flags(const char *mode);
 
+/* Whether a runtime of mode takes option name: 0 if the core or the mode's
+ * tier declares it; -EINVAL if another tier does (a runtime of this mode
+ * refuses it, naming that tier); -ENOENT if no table does (umbp_last_error
+ * names the closest option, if a typo or two away); the errors of
+ * umbp_mode_flags for mode.  Connectors pass runtime options through to C
+ * and ask this instead of keeping lists of names. */
+UMBP_API int umbp_option_lookup(const char *name, const char *mode);
+
 /*
  * Creates a per-rank runtime from a JSON object of options (see
  * docs/configuration.md).  NULL or "" means all defaults.  Every option may

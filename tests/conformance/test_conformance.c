@@ -1943,8 +1943,12 @@ static void th_open(struct th *h, const struct tier_param *tp, uint64_t cap, con
              "\"lookup_timeout_ms\": 10000, \"log_level\": \"error\"%s}",
              (unsigned long long)cap, extra ? extra : "");
     conf_server_for(tp, cfg, json, sizeof(json));
-    int rc = config_parse(json, &h->cfg);
-    cr_assert_eq(rc, 0, "config_parse(%s): %s", json, umbp_last_error());
+    /* the harness opens tp's tier itself: the config names it, so that its
+     * options are the runtime's tier's, not another tier's (refused) */
+    char named[1200];
+    snprintf(named, sizeof(named), "{\"tier\": \"%s\", %s", tp->name, json + 1);
+    int rc = config_parse(named, &h->cfg);
+    cr_assert_eq(rc, 0, "config_parse(%s): %s", named, umbp_last_error());
     h->ops = umbp_tier_find(tp->name);
     cr_assert_not_null(h->ops);
     h->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);

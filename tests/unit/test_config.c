@@ -574,6 +574,56 @@ Test(config, unknown_option_refused)
     expect_refused("{\"nested\": {\"capacity_bytes\": 1}}", "nested");
 }
 
+/* A typo names the option it is closest to; a name far from every option
+ * gets no guess. */
+Test(config, unknown_option_names_the_closest)
+{
+    expect_refused("{\"capcity_bytes\": 1048576}", "unknown option 'capcity_bytes'",
+                   "did you mean 'capacity_bytes'?");
+    expect_refused("{\"gpu_warm_transfer\": 1}", "did you mean 'gpu_warm_transfers'?");
+    expect_refused("{\"zzzz\": 1}", "unknown option 'zzzz' (see docs/configuration.md)");
+}
+
+/* An option of a tier the runtime does not use is refused from the JSON,
+ * naming its tier (it would be parsed, then ignored); from the environment,
+ * which a server and its clients may share, it is not. */
+Test(config, another_tiers_option_is_refused_naming_the_tier)
+{
+    if (!umbp_tier_find("shm") || !umbp_tier_find("dram"))
+        cr_skip_test("needs the dram and shm tiers");
+    expect_refused("{\"socket_dir\": \"/tmp\"}", "socket_dir", "the 'shm' tier",
+                   "mode 'embedded' does not use", "runs on the 'dram' tier");
+    expect_refused("{\"mode\": \"standalone\", \"dram_shm_name\": \"x\"}", "dram_shm_name",
+                   "the 'dram' tier", "mode 'standalone'", "umbp-server's config");
+    setenv("UMBP_SOCKET_DIR", "/tmp", 1);
+    struct rt_config *c = parse_ok("{\"capacity_bytes\": \"4MiB\"}");
+    config_free(c);
+    unsetenv("UMBP_SOCKET_DIR");
+    /* the tier a config names explicitly (tier) is the one it uses */
+    c = parse_ok("{\"tier\": \"shm\", \"socket_dir\": \"/tmp\"}");
+    config_free(c);
+}
+
+/* umbp_option_lookup: what a connector asks instead of keeping lists. */
+Test(config, option_lookup_answers_per_mode)
+{
+    cr_assert_eq(umbp_option_lookup("capacity_bytes", "embedded"), 0);
+    cr_assert_eq(umbp_option_lookup("capacity_bytes", "standalone"), 0);
+    cr_assert_eq(umbp_option_lookup("dram_shm_name", "embedded"), 0);
+    cr_assert_eq(umbp_option_lookup("socket_dir", "standalone"), 0);
+    cr_assert_eq(umbp_option_lookup("socket_dir", "embedded"), -EINVAL);
+    cr_assert_not_null(strstr(umbp_last_error(), "the 'shm' tier"), "%s", umbp_last_error());
+    cr_assert_eq(umbp_option_lookup("dram_shm_name", "standalone"), -EINVAL);
+    cr_assert_not_null(strstr(umbp_last_error(), "the 'dram' tier"), "%s", umbp_last_error());
+    cr_assert_eq(umbp_option_lookup("capcity_bytes", "embedded"), -ENOENT);
+    cr_assert_not_null(strstr(umbp_last_error(), "did you mean 'capacity_bytes'?"), "%s",
+                       umbp_last_error());
+    cr_assert_eq(umbp_option_lookup("capacity_bytes", "bogus"), -EINVAL);
+    cr_assert_not_null(strstr(umbp_last_error(), "bogus"), "%s", umbp_last_error());
+    cr_assert_eq(umbp_option_lookup(NULL, "embedded"), -EINVAL);
+    cr_assert_eq(umbp_option_lookup("capacity_bytes", NULL), -EINVAL);
+}
+
 Test(config, malformed_json_refused)
 {
     static const char *const bad[] = {

@@ -178,7 +178,8 @@ Test(tier_call, child_from_its_parsed_options_with_interposed_callbacks)
 {
     /* loopback_map_one_in = 1: the child maps every region and says so in
      * its caps, which only its parsed options can have told it */
-    struct rt_config *c = parse("{\"loopback_map_one_in\": 1, \"capacity_bytes\": \"4MiB\"}");
+    struct rt_config *c = parse("{\"tier\": \"loopback\", \"loopback_map_one_in\": 1, "
+                                "\"capacity_bytes\": \"4MiB\"}");
     char err[512] = "";
     cr_assert_eq(config_use_tiers(c, &parent_ops, err, sizeof(err)), 0, "%s", err);
     struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
@@ -237,10 +238,14 @@ Test(tier_call, child_not_declared_in_uses_refused)
 
 Test(tier_call, every_used_tier_is_validated)
 {
-    /* the dram options are wrong, but no used tier reads them: accepted */
-    struct rt_config *c =
-        parse("{\"tier\": \"loopback\", \"dram_low_watermark\": 0.95, "
-              "\"dram_high_watermark\": 0.9}");
+    /* the dram options are wrong, but no used tier reads them: accepted
+     * (from the environment: given in the JSON, another tier's option is
+     * refused by name, test_config) */
+    setenv("UMBP_DRAM_LOW_WATERMARK", "0.95", 1);
+    setenv("UMBP_DRAM_HIGH_WATERMARK", "0.9", 1);
+    struct rt_config *c = parse("{\"tier\": \"loopback\"}");
+    unsetenv("UMBP_DRAM_LOW_WATERMARK");
+    unsetenv("UMBP_DRAM_HIGH_WATERMARK");
     cr_assert_eq(c->num_used, 1);
     cr_assert_eq(c->used[0], umbp_tier_find("loopback"));
     /* a tier whose child is dram: the child's options are checked too */

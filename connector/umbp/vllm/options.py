@@ -4,12 +4,16 @@ and its validation.  No vLLM import: usable to check a config offline::
     python3 -c 'import json,sys; from umbp.vllm.options import ConnectorOptions; \
         print(ConnectorOptions.parse(json.load(sys.stdin)))' < extra.json
 
-Option names follow AMD's UMBP connector where it has the option (connector-api.md
-§3.4); the rest are umbp's own (docs/configuration.md), passed through to
-``umbp.Runtime``.  Each bad value is refused with a :class:`UMBPConfigError`
-naming the option, the accepted range and the value.  Unknown names are refused
-too (with the closest known name), unless ``strict_options`` is false, in which
-case they are logged and ignored.
+The table below holds the connector's own options (option names follow AMD's
+UMBP connector where it has the option, connector-api.md §3.4).  Every other
+name is a ``umbp.Runtime`` option (docs/configuration.md) and passes through
+to C unchanged: C says whether the mode's runtime takes it
+(``umbp.modes.option_error``: another tier's option, or unknown with the
+closest name) and checks its value (``umbp.modes.check_config``, the
+runtime's own parse), so no runtime option's name, bounds or mode is listed
+here.  Each bad value is refused with a :class:`UMBPConfigError` naming the
+option.  Unknown names are refused too, unless ``strict_options`` is false,
+in which case they are logged and ignored.
 """
 
 from __future__ import annotations
@@ -150,14 +154,25 @@ def _mode(name, v):
     return v
 
 
-# Which modes an option is for, by the mode's properties (umbp.mode_properties),
-# never by name: ANY, SERVER (runtimes are sessions of umbp-server: its socket,
-# auto_start ...), PRIVATE (each rank has its own pool and serves its lookups).
+# Which modes a connector option is for, by the mode's properties
+# (umbp.mode_properties), never by name: ANY, SERVER (runtimes are sessions
+# of umbp-server), PRIVATE (each rank has its own pool and serves its
+# lookups).  None: the C runtime option it sets decides (umbp.option_lookup).
 ANY, SERVER, PRIVATE = "any", "server", "private"
 
 
-def _applies(when, props):
-    return when == ANY or (when == SERVER) == props.sessions
+def _applies(opt, props) -> str | None:
+    """None if opt is an option in this mode, else why not."""
+    if opt.modes is None:
+        from ..modes import option_error
+
+        why = option_error(opt.runtime, props.name) if opt.runtime else None
+        if why and opt.runtime != opt.name:
+            why = f"{opt.name}: not an option in {props.name} mode (it sets umbp's {why})"
+        return why
+    if opt.modes == ANY or (opt.modes == SERVER) == props.sessions:
+        return None
+    return ConnectorOptions._wrong_mode(opt.name, props.name, props)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +180,7 @@ class Opt:
     name: str
     check: Callable[[str, Any], Any]
     default: Any
-    modes: str = ANY
+    modes: str | None = None
     runtime: str | None = None  # name of the umbp.Runtime option it sets
     doc: str = ""
 
@@ -196,55 +211,23 @@ OPTIONS: dict[str, Opt] = {
             doc="bound on one scheduler lookup (all ranks)"),
         Opt("enable_events", _runtime, False, runtime="enable_events",
             doc="emit BlockStored/BlockRemoved KV events from the runtime's events"),
-        Opt("lookup_instance", _instance, "", runtime="lookup_instance",
+        Opt("lookup_instance", _instance, "", modes=ANY, runtime="lookup_instance",
             doc="separates engines (embedded lookup sockets) or servers (standalone) on one host"),
         Opt("num_workers", _runtime, None, runtime="copy_threads",
             doc="UMBP's transfer threads: umbp's copy_threads"),
         Opt("prefer_cross_layer_blocks", _bool, False,
             doc="ask vLLM for one cross-layer KV tensor (register_cross_layers_kv_cache) when layers are uniform"),
         Opt("strict_options", _bool, True, doc="false: unknown options are logged and ignored"),
-        # -- embedded: lookup sockets and the pool --
+        # -- embedded: lookup sockets --
         Opt("lookup_dir", _abs_dir, "", modes=PRIVATE,
             doc="directory of the workers' lookup sockets (\"\" = the library's default)"),
-        Opt("capacity_bytes", _runtime, None, modes=ANY, runtime="capacity_bytes",
-            doc="pool per worker rank (runtime default 1GiB)"),
-        Opt("total_capacity_bytes", _runtime, None, modes=ANY, runtime="total_capacity_bytes",
-            doc="pool per engine, split over the ranks"),
-        Opt("dram_use_shared_memory", _runtime, None, modes=PRIVATE, runtime="dram_use_shared_memory"),
-        Opt("dram_shm_name", _runtime, None, modes=PRIVATE, runtime="dram_shm_name"),
-        Opt("dram_use_hugepages", _runtime, None, modes=PRIVATE, runtime="dram_use_hugepages"),
-        Opt("dram_hugepage_size", _runtime, None, modes=PRIVATE, runtime="dram_hugepage_size"),
-        Opt("dram_numa_node", _runtime, None, modes=PRIVATE, runtime="dram_numa_node"),
-        Opt("dram_prefault", _runtime, None, modes=PRIVATE, runtime="dram_prefault"),
-        Opt("dram_high_watermark", _runtime, None, modes=PRIVATE, runtime="dram_high_watermark"),
-        Opt("dram_low_watermark", _runtime, None, modes=PRIVATE, runtime="dram_low_watermark"),
-        # -- standalone: where the server is --
+        # -- standalone: where the server is (socket_dir, auto_start ... pass through) --
         Opt("endpoint", _string(200, allow_empty=False), None, modes=SERVER,
             doc="UMBP's name: the server socket, unix:///dir/umbp-dp<N>[-<instance>].sock"),
-        Opt("socket_dir", _runtime, None, modes=SERVER, runtime="socket_dir"),
-        Opt("dp_rank", _dp_rank, 0, modes=SERVER, runtime="dp_rank",
+        Opt("dp_rank", _dp_rank, 0, runtime="dp_rank",
             doc="server index in the socket path; \"auto\" = the engine's data-parallel rank"),
-        Opt("auto_start", _runtime, None, modes=SERVER, runtime="auto_start"),
-        Opt("server_path", _runtime, None, modes=SERVER, runtime="server_path"),
-        Opt("startup_timeout_ms", _runtime, None, modes=SERVER, runtime="startup_timeout_ms"),
-        Opt("reconnect_max_ms", _runtime, None, modes=SERVER, runtime="reconnect_max_ms"),
-        Opt("engine_id", _runtime, None, modes=SERVER, runtime="engine_id"),
-        Opt("tenant_namespace", _runtime, None, modes=SERVER, runtime="namespace",
+        Opt("tenant_namespace", _runtime, None, runtime="namespace",
             doc="the server's quota namespace (umbp option `namespace`)"),
-        # -- runtime tuning, both modes --
-        Opt("put_wait_ms", _runtime, None, runtime="put_wait_ms"),
-        Opt("lease_ttl_ms", _runtime, None, runtime="lease_ttl_ms"),
-        Opt("max_inflight_ops", _runtime, None, runtime="max_inflight_ops"),
-        Opt("copy_threads", _runtime, None, runtime="copy_threads"),
-        Opt("event_queue_size", _runtime, None, runtime="event_queue_size"),
-        Opt("log_level", _runtime, None, runtime="log_level"),
-        Opt("poll_wait", _runtime, None, runtime="poll_wait"),
-        Opt("gpu_backend", _runtime, None, runtime="gpu_backend",
-            doc="auto picks host for CPU KV tensors"),
-        Opt("gpu_max_ctas", _runtime, None, runtime="gpu_max_ctas"),
-        Opt("gpu_staging_bytes", _runtime, None, runtime="gpu_staging_bytes"),
-        Opt("gpu_store_slice_blocks", _runtime, None, runtime="gpu_store_slice_blocks"),
-        Opt("gpu_load_head_blocks", _runtime, None, runtime="gpu_load_head_blocks"),
     ]
 }
 
@@ -283,6 +266,8 @@ class ConnectorOptions:
     values: dict
     given: frozenset
     props: Any = None  #: the mode's umbp.ModeProperties
+    #: runtime options given by name, passed through to umbp.Runtime as they are
+    passed: dict = dataclasses.field(default_factory=dict)
     #: every runtime option's value as C resolves it (defaults, UMBP_* variables)
     resolved: dict = dataclasses.field(default_factory=dict)
 
@@ -302,7 +287,12 @@ class ConnectorOptions:
         strict = extra.get("strict_options", True)
         _bool("strict_options", strict)
 
-        errors, unknown = [], []
+        from ..modes import check_config, mode_properties, option_error
+        from .._lib import UmbpError
+
+        mode = OPTIONS["mode"].check("mode", extra.get("mode", OPTIONS["mode"].default))
+        props = mode_properties(mode)
+        errors, unknown, passed = [], [], {}
         for name in list(extra):
             if not isinstance(name, str):
                 raise UMBPConfigError(f"kv_connector_extra_config: option names must be strings, got {name!r}")
@@ -311,45 +301,55 @@ class ConnectorOptions:
                     del extra[name]
                     continue
                 raise UMBPConfigError(f"{name}: not supported by the umbp connector: {UNSUPPORTED[name]}")
-            if name not in OPTIONS:
+            if name in OPTIONS:
+                continue
+            why = option_error(name, mode)  # C: the mode's runtime option, another tier's, or none
+            if why is None:
+                if extra[name] is None:
+                    raise UMBPConfigError(f"{name}: null is not a value; leave the option out for its default")
+                passed[name] = extra[name]
+            elif why.startswith("unknown option"):
                 close = difflib.get_close_matches(name, list(OPTIONS), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                errors.append(f"{name!r}{hint}")
+                if close:  # a connector option is closer than anything C knows
+                    why = f"unknown option {name!r} (did you mean {close[0]!r}?)"
+                errors.append(why)
                 unknown.append(name)
+            else:
+                raise UMBPConfigError(f"{why} (mode is {mode!r})")
         if errors:
-            msg = (f"kv_connector_extra_config: unknown option{'s' if len(errors) > 1 else ''} "
-                   f"{', '.join(errors)}; docs/vllm.md lists every option")
+            msg = (f"kv_connector_extra_config: {'; '.join(errors)}; docs/vllm.md lists the connector's "
+                   "options, docs/configuration.md the runtime's")
             if strict:
                 raise UMBPConfigError(msg)
             log.warning("umbp: %s (ignored: strict_options is false)", msg)
             for name in unknown:
                 extra.pop(name, None)
 
-        from ..modes import mode_properties
-
-        mode = OPTIONS["mode"].check("mode", extra.get("mode", OPTIONS["mode"].default))
-        props = mode_properties(mode)
         values = {}
         for name, opt in OPTIONS.items():
             if name in extra:
                 v = extra[name]
                 if v is None:
                     raise UMBPConfigError(f"{name}: null is not a value; leave the option out for its default")
-                if not _applies(opt.modes, props):
-                    raise UMBPConfigError(cls._wrong_mode(name, mode, props))
+                why = _applies(opt, props)
+                if why:
+                    raise UMBPConfigError(why)
                 values[name] = opt.check(name, v)
             else:
                 values[name] = opt.default
         given = frozenset(extra)
-        self = cls(values=values, given=given, props=props)
+        self = cls(values=values, given=given, props=props, passed=passed)
         self._cross_checks()
-        from ..modes import check_config
-        from .._lib import UmbpError
-
         try:  # C's parse, as a rank's runtime will do it: its message names the option
             self.resolved = check_config(self.runtime_config(rank=0, world_size=1))
         except UmbpError as e:
             raise UMBPConfigError(f"kv_connector_extra_config: {e}") from None
+        if self.props.sessions and ("capacity_bytes" in given or "total_capacity_bytes" in given) \
+                and not self.resolved.get("auto_start"):
+            raise UMBPConfigError(
+                "capacity_bytes/total_capacity_bytes: in standalone mode the pool belongs to umbp-server "
+                "(set it in the server's config); they are accepted here only with auto_start=true"
+            )
         return self
 
     @staticmethod
@@ -361,14 +361,11 @@ class ConnectorOptions:
         return f"{name}: only an option in a mode with a server, e.g. standalone (mode is {mode!r})"
 
     def _cross_checks(self):
-        """The connector's own rules; those between runtime options are C's."""
+        """The connector's own rules (a pool size given to a session runtime
+        without auto_start is the connector's rule too, checked in parse once
+        C has resolved auto_start); those between runtime options are C's."""
         v, given = self.values, self.given
         if self.props.sessions:
-            if ("capacity_bytes" in given or "total_capacity_bytes" in given) and not v["auto_start"]:
-                raise UMBPConfigError(
-                    "capacity_bytes/total_capacity_bytes: in standalone mode the pool belongs to umbp-server "
-                    "(set it in the server's config); they are accepted here only with auto_start=true"
-                )
             if "endpoint" in given:
                 m = _ENDPOINT_RE.match(v["endpoint"])
                 if not m:
@@ -379,7 +376,8 @@ class ConnectorOptions:
                 for o in ("socket_dir", "dp_rank", "lookup_instance"):
                     if o in given:
                         raise UMBPConfigError(f"endpoint and {o} are mutually exclusive; endpoint names all three")
-                v["socket_dir"], v["dp_rank"], v["lookup_instance"] = m.group(1), int(m.group(2)), m.group(3) or ""
+                self.passed["socket_dir"] = m.group(1)
+                v["dp_rank"], v["lookup_instance"] = int(m.group(2)), m.group(3) or ""
         if "copy_threads" in given and "num_workers" in given:
             raise UMBPConfigError("num_workers (UMBP's name) and copy_threads are the same option; set one")
 
@@ -391,10 +389,11 @@ class ConnectorOptions:
         of a standalone scheduler's lookup session)."""
         v = self.values
         cfg: dict = {"mode": v["mode"], "rank": rank, "world_size": world_size}
+        cfg.update(self.passed)
         for name, opt in OPTIONS.items():
             if opt.runtime is None or v.get(name) is None:
                 continue
-            if not _applies(opt.modes, self.props):
+            if _applies(opt, self.props):
                 continue
             if name == "lookup_instance" and not self.props.sessions:
                 continue  # embedded: part of the lookup socket path only
@@ -406,7 +405,7 @@ class ConnectorOptions:
             cfg[opt.runtime] = v[name]
         if role is not None and self.props.sessions:
             cfg["role"] = role
-        if gpu_backend is not None and v["gpu_backend"] is None:
+        if gpu_backend is not None and "gpu_backend" not in self.passed:
             cfg["gpu_backend"] = gpu_backend
         if gpu_device is not None:
             cfg["gpu_device"] = gpu_device
