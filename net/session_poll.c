@@ -281,19 +281,33 @@ int net_poll_dial(struct net_poll *d, uint64_t until_ns, char *why, size_t whyle
     return 0;
 }
 
-int net_poll_write_all(struct net_poll *d, uint64_t until_ns)
+/* b's bytes [*off, len), waiting for room up to until_ns. */
+static int write_from(struct net_poll *d, const struct proto_buf *b, size_t *off,
+                      uint64_t until_ns)
 {
-    struct net_session *s = d->s;
-    while (s->out.len) {
-        size_t sent = 0;
-        int rc = proto_out_send(d->fd, &s->out, &sent);
-        net_session_wrote(s, sent);
+    while (*off < b->len) {
+        int rc = proto_out_send(d->fd, b, off);
         if (rc < 0)
             return rc;
-        if (s->out.len && (rc = wait_fd(d->fd, POLLOUT, until_ns)) < 0)
+        if (*off < b->len && (rc = wait_fd(d->fd, POLLOUT, until_ns)) < 0)
             return rc;
     }
     return 0;
+}
+
+int net_poll_write_all(struct net_poll *d, uint64_t until_ns)
+{
+    size_t off = 0;
+    int rc = write_from(d, &d->s->out, &off, until_ns);
+    net_session_wrote(d->s, off);
+    return rc;
+}
+
+int net_poll_write(struct net_poll *d, const void *buf, size_t len, uint64_t until_ns)
+{
+    const struct proto_buf view = {.data = (uint8_t *)buf, .len = len, .cap = len};
+    size_t off = 0;
+    return write_from(d, &view, &off, until_ns);
 }
 
 long net_poll_read(struct net_poll *d, uint64_t until_ns)

@@ -82,8 +82,12 @@ int net_poll_run(struct net_poll *const *d, size_t n, struct pollfd *pfd, uint64
  * (net_session_adopt it after a handshake of the owner's).  0, or -errno
  * with why worded by the failed hook (or check_peer). */
 int net_poll_dial(struct net_poll *d, uint64_t until_ns, char *why, size_t whylen);
-/* Writes all of the session's output.  0, -ETIMEDOUT, or -errno. */
+/* Writes all of the session's output.  0, -ETIMEDOUT, or -errno (what was
+ * not written stays in the output). */
 int net_poll_write_all(struct net_poll *d, uint64_t until_ns);
+/* Writes all of buf[0, len) (bytes of the owner's, not framed here: the
+ * server's tests send broken frames).  0, -ETIMEDOUT, or -errno. */
+int net_poll_write(struct net_poll *d, const void *buf, size_t len, uint64_t until_ns);
 /* One read into the session's input (waiting for bytes up to until_ns),
  * not handled (net_session_in_next reads them): bytes read, 0 at EOF,
  * -ETIMEDOUT, -EPROTO (an fd too many), -ENOMEM or -errno. */
