@@ -88,6 +88,7 @@ struct lk_rank {
     /* the query in progress */
     size_t first, nrows;           /* its rows: order[first .. first + nrows) */
     struct lk_call *call;          /* this query's call, until done */
+    struct lk_call *spare;         /* a freed call, kept for the next query */
     int rc;
 };
 
@@ -378,7 +379,14 @@ static void lookup_done(struct net_call *nc, int status)
     }
 }
 
-static void lookup_free(struct net_call *nc) { free(nc); }
+static void lookup_free(struct net_call *nc)
+{
+    struct lk_call *k = (struct lk_call *)nc;
+    if (!k->r->spare)
+        k->r->spare = k; /* a query allocates nothing in the steady state */
+    else
+        free(k);
+}
 
 static const struct net_call_ops lookup_call_ops = {
     .on_reply = lookup_reply,
@@ -430,7 +438,8 @@ static void rank_push(struct umbp_lookup_client *c, struct lk_rank *r, const umb
     uint64_t seq0 = s->next_seq;
     uint32_t frames = 0;
     int rc = 0;
-    struct lk_call *k = malloc(sizeof(*k));
+    struct lk_call *k = r->spare ? r->spare : malloc(sizeof(*k));
+    r->spare = NULL;
     while (k && rc == 0 && pos < total) {
         uint32_t cnt = (uint32_t)(total - pos > PROTO_MAX_RECORDS ? PROTO_MAX_RECORDS
                                                                   : total - pos);
@@ -689,6 +698,7 @@ void umbp_lookup_client_destroy(umbp_lookup_client_t *c)
     for (size_t i = 0; c->ranks && i < c->nranks; i++) {
         net_session_destroy(&c->ranks[i].s); /* frees the calls still queued */
         net_poll_close(&c->ranks[i].d);
+        free(c->ranks[i].spare);
     }
     if (c->ino_fd >= 0)
         close(c->ino_fd);
