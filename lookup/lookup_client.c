@@ -84,7 +84,7 @@ struct lk_rank {
     int fail_rc;                   /* the code of the failure being reported (0: none) */
     int dial_errno;                /* a dial's socket() or connect() failed with it */
     int last_rc;                   /* the code of the last failure */
-    uint64_t lost_gen;             /* the query it happened in */
+    uint64_t lost_gen;             /* the query in which a dial last failed */
     /* the query in progress */
     size_t first, nrows;           /* its rows: order[first .. first + nrows) */
     struct lk_call *call;          /* this query's call, until done */
@@ -260,7 +260,8 @@ static void rank_down(struct net_session *s, const char *why, bool was_connected
     (void)news; /* this client's rule: below */
     r->stuck = false;
     r->last_rc = rc;
-    r->lost_gen = r->c->gen;
+    if (!was_connected)
+        r->lost_gen = r->c->gen; /* a dial (or its handshake) failed in this query */
     if (was_connected && !s->head && !strcmp(why, "the service closed the connection")) {
         r->left_idle = true; /* answered everything, then left: dial again next time */
     } else {
