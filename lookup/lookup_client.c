@@ -2,29 +2,36 @@
  * lookup_client.c - the scheduler's lookup client: how long a prefix of a
  * request's blocks is present on every rank, with no pool of its own.
  *
- * Embedded mode: one connection per rank to its worker's lookup service
- * (lookup_serve.c), dialled lazily and kept.  A query groups its rows by
- * rank, appends to each rank's output one LOOKUP frame per 65,536 keys
- * (behind a HELLO on a fresh connection: the handshake costs no extra round
- * trip), writes what the sockets take, and polls every rank's socket until
- * all have answered or lookup_timeout_ms has passed.  Answers land in the
- * client's scratch, never in the caller's memory, so a reply that arrives
- * after the query returned can only be read and discarded.
+ * Embedded mode: one client session per rank (net/session.h) with its
+ * worker's lookup service (lookup_serve.c), driven on the caller's thread
+ * by the poll() driver (net/session_poll.h), dialled lazily and kept.  A
+ * query groups its rows by rank and pushes one call per rank: LOOKUP
+ * frames of at most 65,536 keys (behind the HELLO on a fresh connection,
+ * queue_in_hello: the handshake costs no extra round trip), whose deadline
+ * is the query's (lookup_timeout_ms), then runs every asked rank's session
+ * in one poll() until each call is done or that deadline passed.  Answers
+ * land in the client's scratch, never in the caller's memory; a reply that
+ * comes after its call timed out goes to on_late_reply, which checks and
+ * drops it.
  *
- * Per rank: replies are expected in order (the expect FIFO: seq, type, key
- * count and the query that asked).  A rank whose replies are still due at a
- * query's deadline is stuck: later queries do not ask it (its rows miss,
- * UMBP_E_NOT_ATTEMPTED) but first read whatever it sent since, without
- * waiting; once every late reply has been read and discarded it is asked
- * again (single flight).  One still stuck after 10 x lookup_timeout_ms (at
- * least 5 s) is dropped and redialled, so a wedged process that never closes
- * does not miss forever.  A connection that fails (refused, closed, a
- * malformed or unexpected frame) is closed; the rank is redialled on a later
- * query after a backoff of 10 ms doubling to 1 s, reset by a HELLO_OK.  Once
- * a rank has failed, the lookup directory is watched (inotify, read without
- * waiting at each query): a rank's socket created, moved in or chmod-ed
- * (a restarted worker) ends its backoff, so the next query dials it at
- * once; without inotify the backoff alone.
+ * What the session does for each rank: matching replies to calls in order,
+ * the deadline, the orphan a timed-out call leaves, single flight (stall_ms
+ * 0: health is UMBP_E_NOT_ATTEMPTED while an orphan is outstanding, so
+ * later queries do not ask the rank; its rows miss), and the backoff of a
+ * rank whose connection failed (refused, closed, a malformed or unexpected
+ * frame): 10 ms doubling to 1 s, reset by a HELLO_OK.  What this file
+ * keeps: when to start an attempt (a query that has rows for the rank, its
+ * backoff over: nothing happens between queries), reading what a stuck
+ * rank sent since, without waiting, at the start of each query (once every
+ * late reply has been read it is asked again), dropping a rank still stuck
+ * after 10 x lookup_timeout_ms (at least 5 s), so that a wedged process
+ * that never closes does not miss forever, and one watch (inotify, read
+ * without waiting at each query) on the lookup directory, from the first
+ * failure on: a rank's socket created, moved in or chmod-ed (a restarted
+ * worker) starts its attempt at once (net_session_appeared), so the next
+ * query dials it; without inotify the backoff alone.  The log lines and
+ * return codes are this client's own (the session's reasons are reworded
+ * where they differ).
  *
  * Standalone mode: a runtime of role lookup (the shm tier: one lookup
  * session with umbp-server, its own deadlines and single flight) and one
@@ -43,48 +50,45 @@
 #include <string.h>
 #include <sys/inotify.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include "inbuf.h"
 #include "lookup_int.h"
 #include "proto.h"
+#include "session.h"
+#include "session_poll.h"
 #include "util.h"
 
 #define MAX_KEYS (1u << 24)        /* rows * n per query, as umbp_lookup */
-#define IN_CHUNK (64u << 10)
-#define READS_PER_WAKEUP 16
-#define BACKOFF_MIN_MS 10
 #define BACKOFF_MAX_MS 1000
 
-/* A reply a rank still owes, in the order asked. */
-struct lk_expect {
-    uint64_t seq;
-    uint16_t type;                 /* PROTO_HELLO_OK or PROTO_LOOKUP_R */
-    uint32_t n;                    /* LOOKUP_R: its keys */
-    uint64_t gen;                  /* the query that asked (older: discard) */
-    size_t pos;                    /* LOOKUP_R: first key among the rank's keys */
+struct umbp_lookup_client;
+
+/* A rank's call: one query's LOOKUP frames to it. */
+struct lk_call {
+    struct net_call nc;            /* first: the session's */
+    struct lk_rank *r;
+    size_t keys;                   /* over all its frames */
 };
 
 struct lk_rank {
+    struct umbp_lookup_client *c;
     uint32_t rank;
     char path[LK_PATH_MAX];
-    int fd;                        /* -1: no connection */
-    bool greeted;                  /* HELLO_OK read */
-    bool stuck;                    /* replies due past a query's deadline */
+    struct net_session s;
+    struct net_poll d;
+    uint64_t hello_seq;
+    bool stuck;                    /* a call timed out; its replies still due */
     uint64_t stuck_ns;             /* since when */
-    uint64_t next_seq;
-    struct lk_expect *exp;         /* FIFO [exp_head, exp_head + exp_n) */
-    size_t exp_head, exp_n, exp_cap;
-    struct proto_buf out;          /* [out_off, out.len) not yet written */
-    size_t out_off;
-    uint8_t *in;                   /* [in_off, in_len) read, not yet parsed */
-    size_t in_off, in_len, in_cap;
-    uint64_t retry_ns;             /* no dial before this */
-    uint32_t backoff_ms;
+    bool failed;                   /* a connection or attempt failed once: watch */
+    bool left_idle;                /* closed with nothing due: dial at the next query */
+    int fail_rc;                   /* the code of the failure being reported (0: none) */
+    int dial_errno;                /* a dial's socket() or connect() failed with it */
+    int last_rc;                   /* the code of the last failure */
+    uint64_t lost_gen;             /* the query in which a dial last failed */
     /* the query in progress */
     size_t first, nrows;           /* its rows: order[first .. first + nrows) */
-    bool asked;
+    struct lk_call *call;          /* this query's call, until done */
+    struct lk_call *spare;         /* a freed call, kept for the next query */
     int rc;
 };
 
@@ -101,7 +105,8 @@ struct umbp_lookup_client {
     size_t *order;                 /* rows grouped by rank */
     size_t order_cap;
     struct pollfd *pfd;
-    struct lk_rank **pfd_rank;
+    struct net_poll **run;         /* the ranks this query drives */
+    size_t waiting;                /* calls of this query not done */
     char dir[LK_PATH_MAX];         /* embedded: where the ranks' sockets are */
     int ino_fd;                    /* watching dir since a rank failed; -1: not yet,
                                       -2: no inotify */
@@ -109,21 +114,16 @@ struct umbp_lookup_client {
 
 static uint64_t now_ns(void) { return umbp_now_ns(); }
 
-/* ---- a rank's connection ------------------------------------------------------ */
-
-static void rank_close(struct lk_rank *r)
+/* How long a stuck rank keeps its connection. */
+static uint64_t stuck_limit_ms(const struct umbp_lookup_client *c)
 {
-    if (r->fd >= 0)
-        close(r->fd);
-    r->fd = -1;
-    r->greeted = r->stuck = false;
-    r->exp_head = r->exp_n = 0;
-    r->out.len = 0; /* nothing is open: frames are appended whole */
-    r->out_off = 0;
-    r->in_off = r->in_len = 0;
+    uint64_t ms = 10ull * (uint64_t)c->cfg.lookup_timeout_ms;
+    return ms < 5000 ? 5000 : ms;
 }
 
-/* The lookup directory's watch, from the first failure on. */
+/* ---- the lookup directory's watch ------------------------------------------------ */
+
+/* From the first failure on. */
 static void dir_watch(struct umbp_lookup_client *c)
 {
     if (c->ino_fd != -1)
@@ -141,9 +141,9 @@ static void dir_watch(struct umbp_lookup_client *c)
     }
 }
 
-/* A rank's socket (re)appeared: its backoff ends (all ranks' on an
- * overflowed queue).  Never waits. */
-static void dir_events(struct umbp_lookup_client *c)
+/* A rank's socket (re)appeared: its attempt starts now (all disconnected
+ * ranks' on an overflowed queue).  Never waits. */
+static void dir_events(struct umbp_lookup_client *c, uint64_t now)
 {
     if (c->ino_fd < 0)
         return;
@@ -156,269 +156,245 @@ static void dir_events(struct umbp_lookup_client *c)
             for (size_t k = 0; k < c->nranks; k++) {
                 struct lk_rank *r = &c->ranks[k];
                 const char *name = strrchr(r->path, '/');
-                if (r->fd < 0 && ((e->mask & IN_Q_OVERFLOW) ||
-                                  (e->len && name && strcmp(e->name, name + 1) == 0)))
-                    r->retry_ns = r->backoff_ms = 0; /* a failure now retries in 10 ms */
+                if (r->s.state == NET_DISCONNECTED &&
+                    ((e->mask & IN_Q_OVERFLOW) ||
+                     (e->len && name && strcmp(e->name, name + 1) == 0)))
+                    net_session_appeared(&r->s, now);
             }
         }
     }
 }
 
-/* The connection failed: close it, and dial again only after the backoff. */
-static void rank_fail(struct lk_rank *r, int rc, const char *why)
-{
-    /* a lost connection or a strange answer is news; no worker there (yet,
-     * or any more) is only the outage going on */
-    bool news = r->fd >= 0 || (rc != -ENOENT && rc != -ECONNREFUSED);
-    uint32_t b = r->backoff_ms ? r->backoff_ms * 2 : BACKOFF_MIN_MS;
-    r->backoff_ms = b > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : b;
-    r->retry_ns = now_ns() + (uint64_t)r->backoff_ms * 1000000ull;
-    umbp_log(news ? UMBP_LOG_WARN : UMBP_LOG_DEBUG,
-             "lookup client: rank %u (%s): %s; its rows miss, redial in %u ms at the earliest",
-             (unsigned)r->rank, r->path, why ? why : umbp_strerror(rc), r->backoff_ms);
-    rank_close(r);
-}
+/* ---- what a rank's session asks of this client -------------------------------------- */
 
-static int expect(struct lk_rank *r, uint64_t seq, uint16_t type, uint32_t n, uint64_t gen,
-                  size_t pos)
+static int rank_hello(struct net_session *s, char *err, size_t errlen)
 {
-    if (r->exp_n == 0)
-        r->exp_head = 0;
-    if (r->exp_head + r->exp_n == r->exp_cap) {
-        size_t cap = r->exp_cap ? r->exp_cap * 2 : 8;
-        struct lk_expect *p = realloc(r->exp, cap * sizeof(*p));
-        if (!p)
-            return -ENOMEM;
-        r->exp = p;
-        r->exp_cap = cap;
-    }
-    r->exp[r->exp_head + r->exp_n++] = (struct lk_expect){seq, type, n, gen, pos};
-    return 0;
-}
-
-static int rank_hello(struct umbp_lookup_client *c, struct lk_rank *r)
-{
+    struct lk_rank *r = s->owner;
+    const struct lookup_client_config *k = &r->c->cfg;
     struct proto_hello h = {
         .magic = PROTO_MAGIC, .version = PROTO_VERSION, .role = PROTO_ROLE_LOOKUP,
-        .pid = (uint32_t)getpid(), .dp_rank = (uint32_t)c->cfg.dp_index, .tp_rank = r->rank,
+        .pid = (uint32_t)getpid(), .dp_rank = (uint32_t)k->dp_index, .tp_rank = r->rank,
     };
     for (size_t i = 0; i < UMBP_LOOKUP_NS_HEX_LEN; i++) {
-        char ch = c->cfg.name_space[i];
+        char ch = k->name_space[i];
         h.name_space[i] = (char)(ch >= 'A' && ch <= 'F' ? ch - 'A' + 'a' : ch);
     }
-    uint64_t seq = r->next_seq++;
-    int rc = proto_begin(&r->out, PROTO_HELLO, seq, 1, 0);
+    r->hello_seq = s->next_seq++;
+    int rc = proto_begin(&s->out, PROTO_HELLO, r->hello_seq, 1, 0);
     if (rc == 0)
-        rc = proto_put_hello(&r->out, &h);
-    int erc = proto_end(&r->out);
-    rc = rc ? rc : erc;
-    return rc < 0 ? rc : expect(r, seq, PROTO_HELLO_OK, 1, 0, 0);
-}
-
-/* A non-blocking connect (a Unix connect completes or fails at once), the
- * peer's user checked, HELLO queued. */
-static int rank_dial(struct umbp_lookup_client *c, struct lk_rank *r)
-{
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    char why[256];
-    memcpy(a.sun_path, r->path, strlen(r->path) + 1);
-    r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (r->fd < 0) {
-        int e = errno;
-        rank_fail(r, -e, "socket(AF_UNIX) failed");
-        return -e;
+        rc = proto_put_hello(&s->out, &h);
+    int erc = proto_end(&s->out);
+    if ((rc = rc ? rc : erc) < 0) {
+        snprintf(err, errlen, "cannot build HELLO");
+        r->fail_rc = rc;
     }
-    if (connect(r->fd, (struct sockaddr *)&a, sizeof(a)) < 0) {
-        int e = errno;
-        close(r->fd);
-        r->fd = -1;
-        snprintf(why, sizeof(why), "connect: %s (is its worker up and serving?)", strerror(e));
-        rank_fail(r, -e, why);
-        return -e;
-    }
-    struct ucred cr;
-    socklen_t len = sizeof(cr);
-    if (getsockopt(r->fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 ||
-        (cr.uid != geteuid() && cr.uid != 0)) {
-        snprintf(why, sizeof(why), "the socket is served by uid %u, not by this user; "
-                 "refusing its answers", (unsigned)cr.uid);
-        rank_fail(r, -EACCES, why);
-        return -EACCES;
-    }
-    int rc = rank_hello(c, r);
-    if (rc < 0)
-        rank_fail(r, rc, "cannot build HELLO");
     return rc;
 }
 
-/* The rank's rows of this query as LOOKUP frames of at most 65,536 keys. */
-static int rank_queue(struct umbp_lookup_client *c, struct lk_rank *r, const umbp_key_t *keys)
-{
-    size_t total = r->nrows * c->n, pos = 0;
-    while (pos < total) {
-        uint32_t cnt = (uint32_t)(total - pos > PROTO_MAX_RECORDS ? PROTO_MAX_RECORDS
-                                                                  : total - pos);
-        uint64_t seq = r->next_seq++;
-        int rc = proto_begin(&r->out, PROTO_LOOKUP, seq, cnt, 0);
-        for (uint32_t i = 0; rc == 0 && i < cnt; i++) {
-            size_t p = pos + i, row = c->order[r->first + p / c->n];
-            rc = proto_put_key(&r->out, &keys[row * c->n + p % c->n]);
-        }
-        int erc = proto_end(&r->out);
-        if ((rc = rc ? rc : erc) < 0 || (rc = expect(r, seq, PROTO_LOOKUP_R, cnt, c->gen, pos)) < 0)
-            return rc;
-        pos += cnt;
-    }
-    return 0;
-}
-
-/* Writes what the socket takes.  < 0: the connection failed. */
-static int rank_flush(struct lk_rank *r)
-{
-    int rc = proto_out_send(r->fd, &r->out, &r->out_off);
-    if (rc < 0 || r->out_off < r->out.len)
-        return rc;
-    proto_buf_consume(&r->out, r->out.len);
-    r->out_off = 0;
-    return 0;
-}
-
-static bool rank_writing(const struct lk_rank *r) { return r->out_off < r->out.len; }
-
-/* One whole frame from the rank.  < 0: malformed or unexpected (why says
- * which), the connection is to be closed. */
-static int rank_frame(struct umbp_lookup_client *c, struct lk_rank *r,
-                      const struct proto_frame *f, char *why, size_t whylen)
+static int refused(struct lk_rank *r, const struct proto_frame *f, char *why, size_t whylen)
 {
     struct proto_error pe = {0};
-    if (f->type == PROTO_ERROR || (f->type == PROTO_HELLO_ERR && r->exp_n &&
-                                   r->exp[r->exp_head].type == PROTO_HELLO_OK)) {
-        if (proto_get_error(f, &pe) < 0)
-            snprintf(pe.message, sizeof(pe.message), "(unreadable)");
-        snprintf(why, whylen, "the service refused: %s", pe.message);
-        return f->type == PROTO_HELLO_ERR && pe.status < 0 ? pe.status : -EPROTO;
+    if (proto_get_error(f, &pe) < 0)
+        snprintf(pe.message, sizeof(pe.message), "(unreadable)");
+    snprintf(why, whylen, "the service refused: %s", pe.message);
+    r->fail_rc = f->type == PROTO_HELLO_ERR && pe.status < 0 ? pe.status : -EPROTO;
+    return r->fail_rc;
+}
+
+static int rank_welcome(struct net_session *s, const struct proto_frame *f, int fd, char *why,
+                        size_t whylen)
+{
+    struct lk_rank *r = s->owner;
+    if (fd >= 0)
+        close(fd); /* the lookup role is given none */
+    if (f->type == PROTO_HELLO_ERR)
+        return refused(r, f, why, whylen);
+    struct proto_welcome w;
+    char err[PROTO_ERRMSG_MAX] = "";
+    if (proto_get_welcome(f, &w, err, sizeof(err)) < 0 || w.version != PROTO_VERSION) {
+        snprintf(why, whylen, "HELLO_OK: %s", err[0] ? err : "another protocol version");
+        return r->fail_rc = -EPROTO;
     }
-    if (r->exp_n == 0) {
+    return 0;
+}
+
+/* Every frame, before the session matches it to a call: the reply due, or
+ * the connection is dropped with why (the wording this client has always
+ * logged). */
+static int rank_frame(struct net_session *s, const struct proto_frame *f, char *why,
+                      size_t whylen)
+{
+    struct lk_rank *r = s->owner;
+    if (f->type == PROTO_ERROR)
+        return refused(r, f, why, whylen);
+    uint16_t type = PROTO_LOOKUP_R;
+    uint64_t seq = r->hello_seq;
+    if (s->state == NET_HELLO) {
+        type = PROTO_HELLO_OK; /* a HELLO_OK or HELLO_ERR never comes here */
+    } else if (!s->head) {
         snprintf(why, whylen, "%s (seq %llu) with nothing asked", proto_type_name(f->type),
                  (unsigned long long)f->seq);
-        return -EPROTO;
-    }
-    struct lk_expect *e = &r->exp[r->exp_head];
-    if (f->type != e->type || f->seq != e->seq) {
-        snprintf(why, whylen, "%s seq %llu, expected %s seq %llu", proto_type_name(f->type),
-                 (unsigned long long)f->seq, proto_type_name(e->type),
-                 (unsigned long long)e->seq);
-        return -EPROTO;
-    }
-    if (e->type == PROTO_HELLO_OK) {
-        struct proto_welcome w;
-        char err[PROTO_ERRMSG_MAX] = "";
-        if (proto_get_welcome(f, &w, err, sizeof(err)) < 0 || w.version != PROTO_VERSION) {
-            snprintf(why, whylen, "HELLO_OK: %s", err[0] ? err : "another protocol version");
-            return -EPROTO;
-        }
-        r->greeted = true;
-        r->backoff_ms = 0;
+        return r->fail_rc = -EPROTO;
     } else {
-        if (f->n != e->n) {
-            snprintf(why, whylen, "LOOKUP_R.n: %u answers to %u keys", f->n, e->n);
-            return -EPROTO;
-        }
-        bool mine = e->gen == c->gen; /* else a late reply: read and discard */
-        for (uint32_t i = 0; i < f->n; i++) {
-            uint8_t v;
-            if (proto_get_u8(f, i, &v) < 0) {
-                snprintf(why, whylen, "LOOKUP_R.present[%u]: not 0 or 1", i);
-                return -EPROTO;
-            }
-            if (mine) {
-                size_t p = e->pos + i, row = c->order[r->first + p / c->n];
-                c->ans[row * c->n + p % c->n] = v;
-            }
-        }
+        seq = s->head->first_seq + s->head->answered;
     }
-    r->exp_head++;
-    r->exp_n--;
-    return 0;
-}
-
-static int in_room(struct lk_rank *r)
-{
-    return proto_in_reserve(&r->in, &r->in_off, &r->in_len, &r->in_cap, IN_CHUNK);
-}
-
-/* Reads what has arrived (without waiting) and handles its frames.  0 (the
- * connection may have been closed cleanly: nothing was due), or < 0 with
- * why set: the connection is to be failed. */
-static int rank_read(struct umbp_lookup_client *c, struct lk_rank *r, char *why, size_t whylen)
-{
-    for (int i = 0; i < READS_PER_WAKEUP; i++) {
-        if (in_room(r) < 0) {
-            snprintf(why, whylen, "out of memory for its replies");
-            return -ENOMEM;
-        }
-        ssize_t n = recv(r->fd, r->in + r->in_len, r->in_cap - r->in_len, MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return 0;
-        if (n <= 0) {
-            int e = n == 0 ? ECONNRESET : errno;
-            if (n == 0 && r->exp_n == 0) {
-                rank_close(r); /* answered everything, then left: dial again next time */
-                return 0;
-            }
-            snprintf(why, whylen, "%s", n == 0 ? "the service closed the connection"
-                                               : strerror(e));
-            return -e;
-        }
-        r->in_len += (size_t)n;
-        for (;;) {
-            struct proto_frame f;
-            char err[PROTO_ERRMSG_MAX] = "";
-            long used = proto_frame_parse(r->in + r->in_off, r->in_len - r->in_off, true, &f,
-                                          err, sizeof(err));
-            if (used == 0)
-                break;
-            if (used < 0) {
-                snprintf(why, whylen, "malformed frame: %s", err);
-                return -EPROTO;
-            }
-            int rc = rank_frame(c, r, &f, why, whylen);
-            if (rc < 0)
-                return rc;
-            r->in_off += (size_t)used;
-        }
+    if (f->type != type || f->seq != seq || s->state == NET_HELLO) {
+        snprintf(why, whylen, "%s seq %llu, expected %s seq %llu", proto_type_name(f->type),
+                 (unsigned long long)f->seq, proto_type_name(type), (unsigned long long)seq);
+        return r->fail_rc = -EPROTO;
     }
     return 0;
 }
 
-/* How long a stuck rank keeps its connection. */
-static uint64_t stuck_limit_ns(const struct umbp_lookup_client *c)
+static void rank_up(struct net_session *s, uint64_t down_ms, bool by_dir)
 {
-    uint64_t ms = 10ull * (uint64_t)c->cfg.lookup_timeout_ms;
-    return (ms < 5000 ? 5000 : ms) * 1000000ull;
+    (void)s, (void)down_ms, (void)by_dir; /* nothing to say: its rows are asked again */
 }
 
-/* A stuck rank: what it wrote since, without waiting. */
-static void rank_drain(struct umbp_lookup_client *c, struct lk_rank *r)
+static void rank_down(struct net_session *s, const char *why, bool was_connected, bool news)
 {
-    char why[PROTO_ERRMSG_MAX + 64] = "";
-    int rc = rank_flush(r);
-    if (rc == 0)
-        rc = rank_read(c, r, why, sizeof(why));
-    if (rc < 0) {
-        rank_fail(r, rc, why[0] ? why : NULL);
-        return;
+    struct lk_rank *r = s->owner;
+    static const char malformed[] = "malformed frame from the service: ";
+    char w[512];
+    int rc = r->fail_rc ? r->fail_rc : r->dial_errno ? -r->dial_errno : -ECONNRESET;
+    (void)news; /* this client's rule: below */
+    r->stuck = false;
+    r->last_rc = rc;
+    if (!was_connected)
+        r->lost_gen = r->c->gen; /* a dial (or its handshake) failed in this query */
+    if (was_connected && !s->head && !strcmp(why, "the service closed the connection")) {
+        r->left_idle = true; /* answered everything, then left: dial again next time */
+    } else {
+        if (!strncmp(why, malformed, sizeof(malformed) - 1)) {
+            snprintf(w, sizeof(w), "malformed frame: %s", why + sizeof(malformed) - 1);
+            r->last_rc = -EPROTO;
+            why = w;
+        }
+        /* a lost connection or a strange answer is news; no worker there
+         * (yet, or any more) is only the outage going on */
+        bool loud = was_connected || !r->dial_errno ||
+                    (r->dial_errno != ENOENT && r->dial_errno != ECONNREFUSED);
+        uint64_t next = s->quick_left ? s->quick_ms : s->backoff_ms;
+        umbp_log(loud ? UMBP_LOG_WARN : UMBP_LOG_DEBUG,
+                 "lookup client: rank %u (%s): %s; its rows miss, redial in %u ms at the "
+                 "earliest", (unsigned)r->rank, r->path, why, (unsigned)next);
+        r->failed = true;
     }
-    if (r->fd >= 0 && r->exp_n == 0) {
-        r->stuck = false;
-        umbp_log(UMBP_LOG_INFO, "lookup client: rank %u (%s) answered its late query; asked "
-                 "again", (unsigned)r->rank, r->path);
-    } else if (r->fd < 0) {
-        r->stuck = false;
+    r->fail_rc = r->dial_errno = 0;
+}
+
+static const struct net_session_ops rank_ops = {
+    .hello = rank_hello,
+    .welcome = rank_welcome,
+    .on_frame = rank_frame,
+    .on_up = rank_up,
+    .on_down = rank_down,
+};
+
+/* ---- what the poll driver asks ---------------------------------------------------------- */
+
+static int rank_check_peer(void *ctx, int fd, char *why, size_t whylen)
+{
+    struct lk_rank *r = ctx;
+    struct ucred cr;
+    socklen_t len = sizeof(cr);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 ||
+        (cr.uid != geteuid() && cr.uid != 0)) {
+        snprintf(why, whylen, "the socket is served by uid %u, not by this user; "
+                 "refusing its answers", (unsigned)cr.uid);
+        return r->fail_rc = -EACCES;
+    }
+    return 0;
+}
+
+static void rank_failed(void *ctx, enum net_poll_step step, int e, char *why, size_t whylen)
+{
+    struct lk_rank *r = ctx;
+    switch (step) {
+    case NET_POLL_SOCKET:
+        snprintf(why, whylen, "socket(AF_UNIX) failed");
+        r->dial_errno = e;
+        break;
+    case NET_POLL_CONNECT:
+        snprintf(why, whylen, "connect: %s (is its worker up and serving?)", strerror(e));
+        r->dial_errno = e;
+        break;
+    case NET_POLL_SEND:
+        snprintf(why, whylen, "send failed");
+        r->fail_rc = -e;
+        break;
+    case NET_POLL_RECV:
+        snprintf(why, whylen, "%s", strerror(e));
+        r->fail_rc = -e;
+        break;
     }
 }
+
+/* ---- a rank's call ------------------------------------------------------------------ */
+
+/* Checks a LOOKUP_R (frame i of the call) and, for the live call, keeps
+ * its answers. */
+static int lookup_reply(struct net_call *nc, const struct proto_frame *f, char *why,
+                        size_t whylen)
+{
+    struct lk_call *k = (struct lk_call *)nc;
+    struct lk_rank *r = k->r;
+    struct umbp_lookup_client *c = r->c;
+    size_t pos = (size_t)nc->answered * PROTO_MAX_RECORDS, left = k->keys - pos;
+    uint32_t want = (uint32_t)(left > PROTO_MAX_RECORDS ? PROTO_MAX_RECORDS : left);
+    if (f->n != want) {
+        snprintf(why, whylen, "LOOKUP_R.n: %u answers to %u keys", f->n, want);
+        return r->fail_rc = -EPROTO;
+    }
+    bool mine = !nc->orphan; /* else a late reply: read and discard */
+    for (uint32_t i = 0; i < f->n; i++) {
+        uint8_t v;
+        if (proto_get_u8(f, i, &v) < 0) {
+            snprintf(why, whylen, "LOOKUP_R.present[%u]: not 0 or 1", i);
+            return r->fail_rc = -EPROTO;
+        }
+        if (mine) {
+            size_t p = pos + i, row = c->order[r->first + p / c->n];
+            c->ans[row * c->n + p % c->n] = v;
+        }
+    }
+    return 0;
+}
+
+static void lookup_done(struct net_call *nc, int status)
+{
+    struct lk_call *k = (struct lk_call *)nc;
+    struct lk_rank *r = k->r;
+    struct umbp_lookup_client *c = r->c;
+    r->call = NULL;
+    c->waiting--;
+    if (status == -ECONNRESET)
+        status = r->last_rc ? r->last_rc : -ECONNRESET; /* what the connection met */
+    r->rc = status;
+    if (status == UMBP_E_TIMEOUT) {
+        r->stuck = true;
+        r->stuck_ns = now_ns();
+        umbp_log(UMBP_LOG_WARN, "lookup client: rank %u (%s) did not answer within "
+                 "lookup_timeout_ms (%lld); its rows miss until it answers",
+                 (unsigned)r->rank, r->path, (long long)c->cfg.lookup_timeout_ms);
+    }
+}
+
+static void lookup_free(struct net_call *nc)
+{
+    struct lk_call *k = (struct lk_call *)nc;
+    if (!k->r->spare)
+        k->r->spare = k; /* a query allocates nothing in the steady state */
+    else
+        free(k);
+}
+
+static const struct net_call_ops lookup_call_ops = {
+    .on_reply = lookup_reply,
+    .on_late_reply = lookup_reply,
+    .on_done = lookup_done,
+    .on_free = lookup_free,
+};
 
 /* ---- a query, embedded ----------------------------------------------------------- */
 
@@ -453,119 +429,119 @@ static void group_rows(struct umbp_lookup_client *c, size_t rows, const uint32_t
     }
 }
 
-/* Asks rank r (if it may be asked) for its rows: dial, queue, write. */
-static void rank_ask(struct umbp_lookup_client *c, struct lk_rank *r, const umbp_key_t *keys,
-                     uint64_t now)
+/* The rank's rows of this query as one call of LOOKUP frames of at most
+ * 65,536 keys, due by the query's deadline. */
+static void rank_push(struct umbp_lookup_client *c, struct lk_rank *r, const umbp_key_t *keys,
+                      uint64_t now, uint64_t deadline)
 {
-    int rc;
-    r->asked = false;
-    r->rc = 0;
-    if (r->stuck)
-        rank_drain(c, r);
-    if (r->stuck && now - r->stuck_ns > stuck_limit_ns(c)) {
+    struct net_session *s = &r->s;
+    size_t total = r->nrows * c->n, pos = 0, mark = s->out.len;
+    uint64_t seq0 = s->next_seq;
+    uint32_t frames = 0;
+    int rc = 0;
+    struct lk_call *k = r->spare ? r->spare : malloc(sizeof(*k));
+    r->spare = NULL;
+    while (k && rc == 0 && pos < total) {
+        uint32_t cnt = (uint32_t)(total - pos > PROTO_MAX_RECORDS ? PROTO_MAX_RECORDS
+                                                                  : total - pos);
+        rc = proto_begin(&s->out, PROTO_LOOKUP, s->next_seq++, cnt, 0);
+        for (uint32_t i = 0; rc == 0 && i < cnt; i++) {
+            size_t p = pos + i, row = c->order[r->first + p / c->n];
+            rc = proto_put_key(&s->out, &keys[row * c->n + p % c->n]);
+        }
+        int erc = proto_end(&s->out);
+        rc = rc ? rc : erc;
+        pos += cnt;
+        frames++;
+    }
+    if (!k || rc < 0) {
+        free(k);
+        s->out.len = mark;
+        r->fail_rc = k ? rc : -ENOMEM;
+        net_session_lost(s, now, "cannot build the LOOKUP frames");
+        r->rc = r->last_rc;
+        return;
+    }
+    k->r = r;
+    k->keys = total;
+    r->call = k;
+    c->waiting++; /* before the push: a refused one is done at once */
+    net_session_push(s, &k->nc, &lookup_call_ops, frames, seq0, now, deadline);
+}
+
+/* Asks rank r for its rows if it may be asked; else r->rc says why not. */
+static void rank_ask(struct umbp_lookup_client *c, struct lk_rank *r, const umbp_key_t *keys,
+                     uint64_t now, uint64_t deadline)
+{
+    struct net_session *s = &r->s;
+    if (r->stuck && net_session_health(s, now) == 0) {
+        r->stuck = false;
+        umbp_log(UMBP_LOG_INFO, "lookup client: rank %u (%s) answered its late query; asked "
+                 "again", (unsigned)r->rank, r->path);
+    }
+    if (r->stuck && now - r->stuck_ns > stuck_limit_ms(c) * 1000000ull) {
         /* a rank that neither answers nor closes is dropped and dialled
          * again later, so one wedged process does not miss forever */
-        rank_fail(r, UMBP_E_TIMEOUT, "no answer to a query for 10 x lookup_timeout_ms (at "
-                  "least 5 s); reconnecting");
-        r->stuck = false;
+        r->fail_rc = UMBP_E_TIMEOUT;
+        net_session_lost(s, now, "no answer to a query for 10 x lookup_timeout_ms (at least "
+                         "5 s); reconnecting");
         r->rc = UMBP_E_NOT_ATTEMPTED;
         return;
     }
-    if (r->stuck) {
-        r->rc = UMBP_E_NOT_ATTEMPTED; /* single flight: its last query is still due */
+    if (s->state == NET_DISCONNECTED && r->lost_gen == c->gen) {
+        r->rc = r->last_rc; /* its dial failed in this query */
         return;
     }
-    if (r->fd < 0) {
-        if (now < r->retry_ns) {
-            r->rc = UMBP_E_NOT_ATTEMPTED; /* failed recently: backing off */
-            return;
-        }
-        if ((rc = rank_dial(c, r)) < 0) {
-            r->rc = rc;
-            return;
-        }
-    }
-    if ((rc = rank_queue(c, r, keys)) < 0) {
-        rank_fail(r, rc, "cannot build the LOOKUP frames");
-        r->rc = rc;
+    if (net_session_health(s, now) < 0) {
+        /* single flight (its last query is still due), backing off, or a
+         * connect still under way */
+        r->rc = UMBP_E_NOT_ATTEMPTED;
         return;
     }
-    r->asked = true;
-    if ((rc = rank_flush(r)) < 0) {
-        rank_fail(r, rc, "send failed");
-        r->rc = rc;
-    }
+    rank_push(c, r, keys, now, deadline);
 }
 
-static bool rank_waiting(const struct lk_rank *r)
-{
-    return r->asked && r->rc == 0 && r->fd >= 0 && r->exp_n > 0;
-}
-
-/* Polls the asked ranks until each has answered or the deadline passed. */
-static void wait_answers(struct umbp_lookup_client *c, uint64_t deadline)
-{
-    for (;;) {
-        size_t k = 0;
-        for (size_t i = 0; i < c->nranks; i++) {
-            struct lk_rank *r = &c->ranks[i];
-            if (!rank_waiting(r))
-                continue;
-            c->pfd[k] = (struct pollfd){r->fd, (short)(POLLIN | (rank_writing(r) ? POLLOUT : 0)), 0};
-            c->pfd_rank[k++] = r;
-        }
-        uint64_t now = now_ns();
-        if (k == 0 || now >= deadline)
-            return;
-        int ms = (int)((deadline - now + 999999) / 1000000);
-        int n = poll(c->pfd, (nfds_t)k, ms);
-        if (n < 0 && errno != EINTR)
-            return; /* cannot wait: what is due counts as timed out */
-        for (size_t i = 0; n > 0 && i < k; i++) {
-            struct lk_rank *r = c->pfd_rank[i];
-            short ev = c->pfd[i].revents;
-            char why[PROTO_ERRMSG_MAX + 64] = "";
-            int rc = 0;
-            if (ev & POLLOUT)
-                rc = rank_flush(r);
-            if (rc == 0 && (ev & (POLLIN | POLLHUP | POLLERR)))
-                rc = rank_read(c, r, why, sizeof(why));
-            if (rc < 0) {
-                rank_fail(r, rc, why[0] ? why : NULL);
-                r->rc = rc;
-            }
-        }
-    }
-}
+static bool all_answered(void *arg) { return ((struct umbp_lookup_client *)arg)->waiting == 0; }
 
 static int embedded_query(struct umbp_lookup_client *c, const umbp_key_t *keys, size_t rows,
                           const uint32_t *row_rank)
 {
     uint64_t now = now_ns(), deadline = now + (uint64_t)c->cfg.lookup_timeout_ms * 1000000ull;
+    size_t nrun = 0, nbusy = 0;
     c->gen++;
-    dir_events(c);
+    c->waiting = 0;
+    dir_events(c, now);
     group_rows(c, rows, row_rank);
+    for (size_t k = 0; k < c->nranks; k++) {
+        struct lk_rank *r = &c->ranks[k];
+        r->rc = 0;
+        if (!r->nrows)
+            continue;
+        if (r->left_idle && r->s.state == NET_DISCONNECTED)
+            net_session_retry_now(&r->s, now);
+        r->left_idle = false;
+        net_session_tick(&r->s, now); /* an attempt whose backoff is over starts */
+        c->run[nrun++] = &r->d;
+        /* ranks to dial or with replies due first (idle ones: nothing to do) */
+        if (r->s.state == NET_CONNECTING || net_session_oldest(&r->s))
+            nbusy++;
+    }
+    /* dial, and read what stuck ranks sent since, without waiting */
+    if (nbusy)
+        net_poll_run(c->run, nrun, c->pfd, now, NULL, NULL);
     for (size_t k = 0; k < c->nranks; k++)
         if (c->ranks[k].nrows)
-            rank_ask(c, &c->ranks[k], keys, now);
-    wait_answers(c, deadline);
+            rank_ask(c, &c->ranks[k], keys, now, deadline);
+    if (net_poll_run(c->run, nrun, c->pfd, deadline, all_answered, c) < 0)
+        for (size_t i = 0; i < nrun && c->waiting; i++)
+            net_session_tick(c->run[i]->s, deadline); /* cannot wait: what is due timed out */
     for (size_t k = 0; k < c->nranks && c->ino_fd == -1; k++)
-        if (c->ranks[k].fd < 0 && c->ranks[k].retry_ns)
+        if (c->ranks[k].failed)
             dir_watch(c); /* a rank failed: watch for its return */
     int rc = 0;
     for (size_t k = 0; k < c->nranks; k++) {
         struct lk_rank *r = &c->ranks[k];
-        if (!r->nrows)
-            continue;
-        if (rank_waiting(r)) {
-            r->stuck = true;
-            r->stuck_ns = now_ns();
-            r->rc = UMBP_E_TIMEOUT;
-            umbp_log(UMBP_LOG_WARN, "lookup client: rank %u (%s) did not answer within "
-                     "lookup_timeout_ms (%lld); its rows miss until it answers",
-                     (unsigned)r->rank, r->path, (long long)c->cfg.lookup_timeout_ms);
-        }
-        if (r->rc == 0)
+        if (!r->nrows || r->rc == 0)
             continue;
         for (size_t i = 0; i < r->nrows; i++)
             memset(c->ans + c->order[r->first + i] * c->n, 0, c->n);
@@ -678,24 +654,40 @@ static int embedded_open(struct umbp_lookup_client *c, char *err, size_t errlen)
     else
         snprintf(dir, sizeof(dir), "%s", k->lookup_dir);
     snprintf(c->dir, sizeof(c->dir), "%s", dir);
-    c->nranks = (size_t)k->num_ranks;
-    c->ranks = calloc(c->nranks, sizeof(*c->ranks));
-    c->pfd = calloc(c->nranks, sizeof(*c->pfd));
-    c->pfd_rank = calloc(c->nranks, sizeof(*c->pfd_rank));
-    if (!c->ranks || !c->pfd || !c->pfd_rank) {
-        snprintf(err, errlen, "out of memory for %zu ranks", c->nranks);
+    c->ranks = calloc((size_t)k->num_ranks, sizeof(*c->ranks));
+    c->pfd = calloc((size_t)k->num_ranks, sizeof(*c->pfd));
+    c->run = calloc((size_t)k->num_ranks, sizeof(*c->run));
+    if (!c->ranks || !c->pfd || !c->run) {
+        snprintf(err, errlen, "out of memory for %lld ranks", (long long)k->num_ranks);
         return -ENOMEM;
     }
-    for (size_t i = 0; i < c->nranks; i++) {
+    /* a stuck rank is dropped by this client first (rank_ask); the
+     * session's own handshake bound is only a backstop */
+    uint64_t now = now_ns(), hello_ms = 2 * stuck_limit_ms(c);
+    struct net_session_config sc = {
+        .peer = "the service",
+        .backoff_max_ms = BACKOFF_MAX_MS,
+        .hello_timeout_ms = hello_ms,
+        .hello_timeout_name = "20 x lookup_timeout_ms (at least 10 s)",
+        .stall_ms = 0, /* single flight: an orphan outstanding */
+        .queue_in_hello = true,
+    };
+    for (size_t i = 0; i < (size_t)k->num_ranks; i++, c->nranks++) {
         struct lk_rank *r = &c->ranks[i];
+        r->c = c;
         r->rank = (uint32_t)i;
-        r->fd = -1;
-        r->next_seq = 1;
+        net_session_init(&r->s, &sc, &rank_ops, r);
         int rc = lookup_socket_path(dir, k->name_space, k->lookup_instance,
                                     (uint32_t)k->dp_index, (uint32_t)i, r->path,
                                     sizeof(r->path), err, errlen);
-        if (rc < 0)
+        if (rc < 0) {
+            net_session_destroy(&r->s);
             return rc;
+        }
+        struct net_poll_config pc = {.path = r->path, .check_peer = rank_check_peer,
+                                     .failed = rank_failed, .ctx = r};
+        net_poll_init(&r->d, &r->s, &pc);
+        net_session_retry_now(&r->s, now); /* the first query that asks it dials */
     }
     return lookup_dir_prepare(dir, is_default, "lookup_dir", err, errlen);
 }
@@ -705,18 +697,15 @@ void umbp_lookup_client_destroy(umbp_lookup_client_t *c)
     if (!c)
         return;
     for (size_t i = 0; c->ranks && i < c->nranks; i++) {
-        struct lk_rank *r = &c->ranks[i];
-        if (r->fd >= 0)
-            close(r->fd);
-        proto_buf_free(&r->out);
-        free(r->in);
-        free(r->exp);
+        net_session_destroy(&c->ranks[i].s); /* frees the calls still queued */
+        net_poll_close(&c->ranks[i].d);
+        free(c->ranks[i].spare);
     }
     if (c->ino_fd >= 0)
         close(c->ino_fd);
     free(c->ranks);
     free(c->pfd);
-    free(c->pfd_rank);
+    free(c->run);
     free(c->ans);
     free(c->order);
     umbp_runtime_destroy(c->rt);

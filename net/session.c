@@ -92,8 +92,9 @@ void net_session_push(struct net_session *s, struct net_call *c,
 {
     *c = (struct net_call){.ops = ops, .s = s, .first_seq = first_seq, .frames = frames,
                            .sent_ns = now, .deadline_ns = deadline_ns};
-    if (s->state != NET_CONNECTED || frames == 0) {
-        call_finish(c, s->state == NET_CONNECTED ? 0 : UMBP_E_NOT_ATTEMPTED);
+    bool up = s->state == NET_CONNECTED || (s->state == NET_HELLO && s->cfg.queue_in_hello);
+    if (!up || frames == 0) {
+        call_finish(c, up ? 0 : UMBP_E_NOT_ATTEMPTED);
         return;
     }
     if (s->tail)
@@ -289,8 +290,8 @@ void net_session_tick(struct net_session *s, uint64_t now)
         char why[128];
         snprintf(why, sizeof(why), "no HELLO_OK within %s", s->cfg.hello_timeout_name);
         net_session_lost(s, now, why);
-    } else if (s->state == NET_CONNECTED) {
-        expire_calls(s, now);
+    } else if (s->state == NET_CONNECTED || s->state == NET_HELLO) {
+        expire_calls(s, now); /* in HELLO: calls queued behind it (queue_in_hello) */
     }
 }
 
@@ -306,7 +307,11 @@ void net_session_want(const struct net_session *s, struct net_want *w)
     switch (s->state) {
     case NET_DISCONNECTED: w->deadline_ns = s->retry_ns; break;
     case NET_CONNECTING:
-    case NET_HELLO: w->deadline_ns = s->hello_deadline_ns; break;
+    case NET_HELLO:
+        w->deadline_ns = s->hello_deadline_ns;
+        if (s->call_deadline_ns && s->call_deadline_ns < w->deadline_ns)
+            w->deadline_ns = s->call_deadline_ns; /* calls queued behind HELLO */
+        break;
     case NET_CONNECTED: w->deadline_ns = s->call_deadline_ns; break;
     default: break;
     }
@@ -314,7 +319,7 @@ void net_session_want(const struct net_session *s, struct net_want *w)
 
 int net_session_health(const struct net_session *s, uint64_t now)
 {
-    if (s->state != NET_CONNECTED)
+    if (s->state != NET_CONNECTED && !(s->state == NET_HELLO && s->cfg.queue_in_hello))
         return UMBP_E_NOT_ATTEMPTED;
     if (!s->cfg.stall_ms) /* single flight: nothing new while a reply is overdue */
         return s->orphans ? UMBP_E_NOT_ATTEMPTED : 0;

@@ -7,7 +7,9 @@
  * failed, the peer gone, the time) and says what it wants next
  * (net_session_want: dial, read, write, watch the socket's directory, the
  * next deadline).  A driver does the I/O: session_ev.h on a libev loop (the
- * shm tier).  Tests drive the core directly (tests/unit/test_net_session.c).
+ * shm tier) and session_poll.h on the caller's thread with poll() (the
+ * lookup client, the umbp tool).  Tests drive the core directly
+ * (tests/unit/test_net_session.c).
  *
  * Calls.  A call is {first seq, frames, answered, deadline, orphan} plus
  * the owner's callbacks (struct net_call_ops).  The owner appends a call's
@@ -37,7 +39,8 @@
  * after 1, 2 and 4 ms (a server binds before it listens).  STOPPED refuses
  * everything for good.
  *
- * Health: UMBP_E_NOT_ATTEMPTED while not connected, and while the peer
+ * Health: UMBP_E_NOT_ATTEMPTED while not connected (with queue_in_hello,
+ * while neither connected nor awaiting HELLO_OK), and while the peer
  * does not keep up, so that new work fails fast instead of queueing behind
  * it: with stall_ms 0, while an orphan is outstanding (single flight); with
  * stall_ms, while the oldest unanswered call (orphans too) is older than
@@ -125,6 +128,12 @@ struct net_session_config {
     uint64_t hello_timeout_ms;       /* dial + HELLO -> HELLO_OK */
     const char *hello_timeout_name;  /* the option: "startup_timeout_ms" */
     uint64_t stall_ms;               /* health; 0: an orphan */
+    /* Calls may be pushed while HELLO_OK is awaited: they go out behind the
+     * HELLO, so a fresh connection costs no extra round trip (the lookup
+     * client); health then counts HELLO as up, and a refused HELLO fails
+     * them with -ECONNRESET.  false: pushed only while CONNECTED (the shm
+     * tier: nothing waits behind a handshake that may be refused). */
+    bool queue_in_hello;
 };
 
 struct net_want {
@@ -207,7 +216,8 @@ void net_session_wrote(struct net_session *s, size_t n);
 /* ---- the owner's side ------------------------------------------------------------- */
 
 /* Queues c (its frames already in out) with a deadline (0: none) and asks
- * the driver to write.  The owner pushes only while connected: otherwise
+ * the driver to write.  The owner pushes only while connected (or awaiting
+ * HELLO_OK, with queue_in_hello): otherwise
  * on_done(UMBP_E_NOT_ATTEMPTED) and on_free run at once, and frames
  * appended meanwhile never go out (each connection starts with an empty
  * output). */

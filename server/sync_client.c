@@ -1,124 +1,110 @@
 /*
- * sync_client.c - the blocking client of sync_client.h.  Reads go through
- * proto_recv_with_fd so that the pool descriptor riding on a worker's
- * HELLO_OK is caught; a descriptor arriving at any other time is closed.
- * Caller's thread.
+ * sync_client.c - the blocking client of sync_client.h, over a client
+ * session (its bytes) and its poll() driver (the socket).  A descriptor
+ * riding on a worker's HELLO_OK is the pool's; one arriving at any other
+ * time is closed.  Caller's thread.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "fdpass.h"
-#include "inbuf.h"
 #include "sync_client.h"
+#include "umbp/tier.h" /* umbp_now_ns */
 
-#define IN_INITIAL (64u << 10)
+/* Nothing here runs the session's connection machinery (the handshake is
+ * this file's, then net_session_adopt): no member is ever called. */
+static const struct net_session_ops no_ops;
 
-static void set_timeouts(int fd, int timeout_ms)
+static uint64_t until(const struct sync_client *c)
 {
-    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-    if (timeout_ms <= 0)
-        return;
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    return c->timeout_ms > 0 ? umbp_now_ns() + (uint64_t)c->timeout_ms * 1000000ull : 0;
+}
+
+static void dial_failed(void *ctx, enum net_poll_step step, int e, char *why, size_t whylen)
+{
+    struct sync_client *c = ctx;
+    if (step == NET_POLL_SOCKET || step == NET_POLL_CONNECT)
+        snprintf(why, whylen, "no umbp-server answers at %s (connect: %s); start one with "
+                 "the same socket_dir, dp_rank and lookup_instance, or point at the right "
+                 "socket", c->d.path, strerror(e));
+    else
+        snprintf(why, whylen, "%s", strerror(e));
 }
 
 int sync_client_dial(struct sync_client *c, const char *path, int timeout_ms, char *err,
                      size_t errlen)
 {
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
     memset(c, 0, sizeof(*c));
     c->fd = c->pool_fd = -1;
     c->next_seq = 1;
-    if (strlen(path) >= sizeof(addr.sun_path)) {
+    c->timeout_ms = timeout_ms;
+    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
         snprintf(err, errlen, "socket path %s is too long for a Unix socket", path);
         return -ENAMETOOLONG;
     }
-    memcpy(addr.sun_path, path, strlen(path) + 1);
-    if (!(c->in = malloc(IN_INITIAL))) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    c->in_cap = IN_INITIAL;
-    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&addr, sizeof(addr)) < 0) {
-        int e = errno;
-        snprintf(err, errlen, "no umbp-server answers at %s (connect: %s); start one with "
-                 "the same socket_dir, dp_rank and lookup_instance, or point at the right "
-                 "socket", path, strerror(e));
+    struct net_session_config sc = {.peer = "the server"};
+    struct net_poll_config pc = {.path = path, .failed = dial_failed, .ctx = c};
+    net_session_init(&c->s, &sc, &no_ops, c);
+    net_poll_init(&c->d, &c->s, &pc);
+    c->open = true;
+    int rc = net_poll_dial(&c->d, until(c), err, errlen);
+    if (rc < 0) {
         sync_client_close(c);
-        return -e;
+        return rc;
     }
-    set_timeouts(c->fd, timeout_ms);
+    c->fd = c->d.fd;
     return 0;
 }
 
 int sync_client_send(struct sync_client *c, const void *buf, size_t len)
 {
-    const uint8_t *p = buf;
-    while (len) {
-        ssize_t n = send(c->fd, p, len, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return errno == EAGAIN ? -ETIMEDOUT : -errno;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
+    return net_poll_write(&c->d, buf, len, until(c));
 }
 
-/* One read into the buffer (growing it when full). */
-static int read_more(struct sync_client *c, char *err, size_t errlen)
+/* A descriptor that came with the bytes read: the pool's on the first
+ * HELLO_OK, else closed. */
+static void take_fd(struct sync_client *c)
 {
-    int rc = proto_in_room(&c->in, c->in_len, &c->in_cap, IN_INITIAL);
-    if (rc < 0)
-        return rc;
-    int fd = -1;
-    long n = proto_recv_with_fd(c->fd, c->in + c->in_len, c->in_cap - c->in_len, &fd);
-    if (fd >= 0) {
-        if (c->pool_fd < 0 && c->welcome.session_id == 0)
-            c->pool_fd = fd; /* HELLO_OK's */
-        else
-            close(fd);
-    }
-    if (n > 0) {
-        c->in_len += (size_t)n;
-        return 0;
-    }
-    if (n == 0 || n == -ECONNRESET) {
-        snprintf(err, errlen, "the server closed the connection");
-        return -ECONNRESET;
-    }
-    if (n == -EAGAIN || n == -EWOULDBLOCK) {
-        snprintf(err, errlen, "the server did not answer in time");
-        return -ETIMEDOUT;
-    }
-    snprintf(err, errlen, "recv: %s", strerror((int)-n));
-    return (int)n;
+    int fd = c->s.pending_fd;
+    if (fd < 0)
+        return;
+    c->s.pending_fd = -1;
+    if (c->pool_fd < 0 && c->welcome.session_id == 0)
+        c->pool_fd = fd; /* HELLO_OK's */
+    else
+        close(fd);
 }
 
 int sync_client_recv(struct sync_client *c, struct proto_frame *f, char *err, size_t errlen)
 {
-    memmove(c->in, c->in + c->in_used, c->in_len - c->in_used);
-    c->in_len -= c->in_used;
+    net_session_in_consume(&c->s, c->in_used);
     c->in_used = 0;
     for (;;) {
-        long n = proto_frame_parse(c->in, c->in_len, true, f, err, errlen);
+        long n = net_session_in_next(&c->s, f, err, errlen);
         if (n > 0) {
-            c->in_used = (size_t)n;
+            c->in_used = n;
+            take_fd(c);
             return 0;
         }
         if (n < 0)
             return (int)n;
-        int rc = read_more(c, err, errlen);
-        if (rc < 0)
-            return rc;
+        long r = net_poll_read(&c->d, until(c));
+        take_fd(c);
+        if (r > 0 || r == -EPROTO) /* -EPROTO: a second fd, closed; its bytes are in */
+            continue;
+        if (r == 0 || r == -ECONNRESET) {
+            snprintf(err, errlen, "the server closed the connection");
+            return -ECONNRESET;
+        }
+        if (r == -ETIMEDOUT) {
+            snprintf(err, errlen, "the server did not answer in time");
+            return -ETIMEDOUT;
+        }
+        snprintf(err, errlen, "recv: %s", strerror((int)-r));
+        return (int)r;
     }
 }
 
@@ -144,20 +130,21 @@ static int hello_answer(struct sync_client *c, const struct proto_hello *h, char
         snprintf(err, errlen, "HELLO_OK came without the pool descriptor");
         return -EPROTO;
     }
+    net_session_adopt(&c->s, umbp_now_ns());
     return 0;
 }
 
 int sync_client_connect(struct sync_client *c, const char *path, const struct proto_hello *h,
                         int timeout_ms, char *err, size_t errlen)
 {
-    struct proto_buf b = {0};
     int rc = sync_client_dial(c, path, timeout_ms, err, errlen);
     if (rc < 0)
         return rc;
-    if ((rc = proto_begin(&b, PROTO_HELLO, c->next_seq++, 1, 0)) == 0 &&
-        (rc = proto_put_hello(&b, h)) == 0 && (rc = proto_end(&b)) == 0)
-        rc = sync_client_send(c, b.data, b.len);
-    proto_buf_free(&b);
+    struct proto_buf *b = &c->s.out;
+    if ((rc = proto_begin(b, PROTO_HELLO, c->next_seq++, 1, 0)) == 0 &&
+        (rc = proto_put_hello(b, h)) == 0 && (rc = proto_end(b)) == 0)
+        rc = net_poll_write_all(&c->d, until(c));
+    b->len = 0;
     /* a server that refuses this peer sends HELLO_ERR and closes, maybe
      * before the HELLO arrives: read on after EPIPE / ECONNRESET */
     int sent = rc;
@@ -175,12 +162,11 @@ int sync_client_connect(struct sync_client *c, const char *path, const struct pr
 int sync_client_call(struct sync_client *c, uint16_t type, struct proto_frame *f, char *err,
                      size_t errlen)
 {
-    struct proto_buf b = {0};
     uint64_t seq = c->next_seq++;
-    int rc = proto_put_empty(&b, type, seq, 0);
+    int rc = proto_put_empty(&c->s.out, type, seq, 0);
     if (rc == 0)
-        rc = sync_client_send(c, b.data, b.len);
-    proto_buf_free(&b);
+        rc = net_poll_write_all(&c->d, until(c));
+    c->s.out.len = 0;
     if (rc < 0) {
         snprintf(err, errlen, "sending %s: %s", proto_type_name(type), strerror(-rc));
         return rc;
@@ -207,11 +193,12 @@ int sync_client_call(struct sync_client *c, uint16_t type, struct proto_frame *f
 
 void sync_client_close(struct sync_client *c)
 {
-    if (c->fd >= 0)
-        close(c->fd);
+    if (c->open) {
+        net_poll_close(&c->d);
+        net_session_destroy(&c->s); /* and a descriptor still pending */
+    }
     if (c->pool_fd >= 0)
         close(c->pool_fd);
-    free(c->in);
     memset(c, 0, sizeof(*c));
     c->fd = c->pool_fd = -1;
 }

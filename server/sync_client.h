@@ -4,24 +4,35 @@
  * frames one by one.  For the `umbp` tool and the server's tests; the
  * engine-side client is the shm tier (backends/shm), which never blocks.
  *
+ * The blocking use of a client session (net/session.h): the session holds
+ * the connection's input and output bytes and the HELLO_OK's descriptor,
+ * its poll() driver (net/session_poll.h) dials, writes and reads, each wait
+ * bounded by timeout_ms (0: none).  This file keeps the handshake's
+ * wording, the call of a request without records, and the frame last read.
+ *
  * One thread per client; no shared state.
  */
 #ifndef UMBP_SERVER_SYNC_CLIENT_H
 #define UMBP_SERVER_SYNC_CLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "proto.h"
+#include "session.h"
+#include "session_poll.h"
 
 struct sync_client {
-    int fd;
+    int fd;                      /* the driver's socket (the tests read it raw); -1 */
     int pool_fd;                 /* worker: the pool's descriptor; else -1 */
     struct proto_welcome welcome;
-    uint8_t *in;                 /* received bytes [0, in_len); the frame last
-                                    returned occupies [0, in_used) */
-    size_t in_len, in_used, in_cap;
     uint64_t next_seq;
+    struct net_session s;        /* input and output bytes */
+    struct net_poll d;           /* the socket */
+    bool open;                   /* s and d are initialised */
+    int timeout_ms;
+    long in_used;                /* the frame last returned, still in s's input */
 };
 
 /* Connects to the socket at path (timeout_ms bounds every later read and

@@ -1643,6 +1643,9 @@ static int dial_raw(const char *path)
 static bool reads_eof(int fd)
 {
     struct timeval tv = {.tv_sec = CLIENT_TIMEOUT_MS / 1000};
+    /* blocking reads bounded by the timeout (a sync_client's socket is
+     * non-blocking: its poll() driver waits) */
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     char buf[512];
     for (;;) {

@@ -6,15 +6,31 @@
  * the backoff doubles from 10 ms to its cap and quick retries follow the
  * socket appearing, health follows the connection and overdue replies, and
  * a broken stream drops the connection with the reason named.
+ *
+ * The poll() driver (net/session_poll.h) runs over real Unix sockets with a
+ * fake server in a child process (stopped with SIGSTOP to stall it): calls
+ * queued behind HELLO (queue_in_hello) answered, sessions run together
+ * until done, a stalled peer's calls time out and its late replies are read
+ * by a later run, a run begins no new attempt, and the blocking use (dial,
+ * write all, read) meets a missing socket, a silent peer and EOF.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "session.h"
+#include "session_poll.h"
+#include "umbp/tier.h" /* umbp_now_ns */
 
 #define MS 1000000ull
 #define T0 (1000 * MS)
@@ -172,14 +188,19 @@ static int feed_hello_ok(struct net_session *s, uint64_t now, uint64_t seq)
     return rc;
 }
 
-static void setup(struct net_session *s, struct owner *o, uint64_t stall_ms)
+static void init(struct net_session *s, struct owner *o, uint64_t stall_ms, bool in_hello)
 {
     memset(o, 0, sizeof(*o));
     struct net_session_config cfg = {.peer = "the server", .backoff_max_ms = 100,
                                      .hello_timeout_ms = 500,
                                      .hello_timeout_name = "startup_timeout_ms",
-                                     .stall_ms = stall_ms};
+                                     .stall_ms = stall_ms, .queue_in_hello = in_hello};
     net_session_init(s, &cfg, &owner_ops, o);
+}
+
+static void setup(struct net_session *s, struct owner *o, uint64_t stall_ms)
+{
+    init(s, o, stall_ms, false);
     net_session_adopt(s, T0);
 }
 
@@ -499,4 +520,313 @@ Test(net_session, the_handshake)
     cr_assert_str_eq(o.last_why, "welcome refused");
     cr_assert_eq(o.ups, 0);
     net_session_destroy(&s);
+}
+
+Test(net_session, calls_queued_behind_hello)
+{
+    struct net_session s;
+    struct owner o;
+    for (int in_hello = 0; in_hello < 2; in_hello++) {
+        init(&s, &o, 0, in_hello);
+        net_session_retry_now(&s, T0);
+        net_session_tick(&s, T0);
+        net_session_dialing(&s, T0);
+        net_session_connected(&s, T0);
+        cr_assert_eq(s.state, NET_HELLO);
+        cr_assert_eq(net_session_health(&s, T0), in_hello ? 0 : UMBP_E_NOT_ATTEMPTED);
+        uint64_t hello_seq = s.next_seq - 1;
+        struct tcall a = {0}, b = {0};
+        push(&s, &a, 1, T0, 50);
+        cr_assert_eq(a.dones, in_hello ? 0 : 1);
+        if (!in_hello) {
+            cr_assert_eq(a.status, UMBP_E_NOT_ATTEMPTED, "pushed only while connected");
+            net_session_destroy(&s);
+            continue;
+        }
+        struct net_want w;
+        net_session_want(&s, &w);
+        cr_assert_eq(w.deadline_ns, T0 + 50 * MS, "the call's deadline, before HELLO's");
+        net_session_tick(&s, T0 + 50 * MS);
+        cr_assert_eq(a.status, UMBP_E_TIMEOUT, "a call's deadline runs in HELLO too");
+        cr_assert_eq(net_session_health(&s, T0 + 50 * MS), UMBP_E_NOT_ATTEMPTED);
+        push(&s, &b, 1, T0 + 51 * MS, 100);
+        cr_assert_eq(feed_hello_ok(&s, T0 + 60 * MS, hello_seq), 0);
+        cr_assert_eq(s.state, NET_CONNECTED);
+        cr_assert_eq(feed_pong(&s, T0 + 60 * MS, a.nc.first_seq), 0);
+        cr_assert_eq(a.late, 1);
+        cr_assert_eq(feed_pong(&s, T0 + 60 * MS, b.nc.first_seq), 0);
+        cr_assert_eq(b.status, 0);
+        cr_assert_eq(b.replies, 1);
+        /* refused: what waits behind HELLO fails with the connection */
+        net_session_lost(&s, T0 + 70 * MS, "gone");
+        net_session_tick(&s, T0 + 80 * MS);
+        net_session_dialing(&s, T0 + 80 * MS);
+        net_session_connected(&s, T0 + 80 * MS);
+        struct tcall c = {0};
+        push(&s, &c, 1, T0 + 80 * MS, 100);
+        struct proto_buf e = {0};
+        cr_assert_eq(proto_put_error_frame(&e, PROTO_HELLO_ERR, s.next_seq - 2, -EACCES, "no"),
+                     0);
+        cr_assert_eq(feed(&s, T0 + 81 * MS, &e, 0, e.len, -1), -1);
+        proto_buf_free(&e);
+        cr_assert_eq(c.dones, 1);
+        cr_assert_eq(c.status, -ECONNRESET);
+        net_session_destroy(&s);
+    }
+}
+
+/* ---- the poll driver over a real socket ---------------------------------------------- */
+
+/* A server in a child process: the first frame of a connection is its
+ * HELLO (answered HELLO_OK), every later one is answered PONG. */
+struct fake {
+    pid_t pid;
+    char dir[64], path[108];
+};
+
+static void fake_answer(int fd, const struct proto_frame *f, bool first)
+{
+    struct proto_buf b = {0};
+    struct proto_welcome w = {.version = PROTO_VERSION, .lease_ttl_ms = 1000, .pool_size = 4096,
+                              .capacity_bytes = 4096};
+    if (first && (proto_begin(&b, PROTO_HELLO_OK, f->seq, 1, 0) < 0 ||
+                  proto_put_welcome(&b, &w) < 0 || proto_end(&b) < 0))
+        _exit(3);
+    if (!first && proto_put_empty(&b, PROTO_PONG, f->seq, 0) < 0)
+        _exit(3);
+    if (write(fd, b.data, b.len) != (ssize_t)b.len)
+        _exit(4);
+    proto_buf_free(&b);
+}
+
+static void fake_serve(int lfd)
+{
+    struct pollfd p[9] = {{lfd, POLLIN, 0}};
+    static uint8_t in[8][1 << 16];
+    size_t len[8] = {0}, frames[8] = {0};
+    nfds_t n = 1;
+    for (;;) {
+        if (poll(p, n, -1) < 0)
+            continue;
+        for (nfds_t i = 1; i < n; i++) {
+            if (!p[i].revents)
+                continue;
+            ssize_t r = read(p[i].fd, in[i - 1] + len[i - 1], sizeof(in[0]) - len[i - 1]);
+            if (r <= 0) {
+                close(p[i].fd);
+                p[i].fd = -1; /* ignored by poll from now on */
+                continue;
+            }
+            len[i - 1] += (size_t)r;
+            struct proto_frame f;
+            char err[128];
+            long used;
+            while ((used = proto_frame_parse(in[i - 1], len[i - 1], false, &f, err,
+                                             sizeof(err))) > 0) {
+                fake_answer(p[i].fd, &f, frames[i - 1]++ == 0);
+                memmove(in[i - 1], in[i - 1] + used, len[i - 1] - (size_t)used);
+                len[i - 1] -= (size_t)used;
+            }
+        }
+        if (p[0].revents && n < 9) {
+            int fd = accept(lfd, NULL, NULL);
+            if (fd >= 0)
+                p[n++] = (struct pollfd){fd, POLLIN, 0};
+        }
+    }
+}
+
+static void fake_start(struct fake *f)
+{
+    snprintf(f->dir, sizeof(f->dir), "/tmp/umbp-ns-XXXXXX");
+    cr_assert_not_null(mkdtemp(f->dir));
+    snprintf(f->path, sizeof(f->path), "%s/s.sock", f->dir);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", f->path);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(lfd >= 0);
+    cr_assert_eq(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(listen(lfd, 16), 0);
+    f->pid = fork();
+    cr_assert(f->pid >= 0);
+    if (f->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives a failed test */
+        fake_serve(lfd);
+        _exit(0);
+    }
+    close(lfd);
+}
+
+static void fake_kill(struct fake *f)
+{
+    if (f->pid > 0) {
+        kill(f->pid, SIGKILL);
+        waitpid(f->pid, NULL, 0);
+    }
+    f->pid = 0;
+}
+
+static void fake_end(struct fake *f)
+{
+    fake_kill(f);
+    unlink(f->path);
+    rmdir(f->dir);
+}
+
+static void t_failed(void *ctx, enum net_poll_step step, int e, char *why, size_t whylen)
+{
+    (void)ctx;
+    static const char *const steps[] = {"socket", "connect", "send", "recv"};
+    snprintf(why, whylen, "%s: %s", steps[step], strerror(e));
+}
+
+struct many {
+    struct tcall *c[2];
+    struct net_session *s[2];
+    enum net_state until_state;
+};
+
+static bool calls_done(void *arg)
+{
+    struct many *m = arg;
+    return (!m->c[0] || m->c[0]->dones) && (!m->c[1] || m->c[1]->dones);
+}
+
+static bool states_reached(void *arg)
+{
+    struct many *m = arg;
+    return m->s[0]->state == m->until_state && m->s[1]->state == m->until_state;
+}
+
+#define HANG_NS (20000 * MS) /* a bound against hanging only, never reached */
+
+Test(net_session_poll, sessions_run_together_until_done_or_deadline, .timeout = 60)
+{
+    struct fake f;
+    fake_start(&f);
+    struct net_session s[2];
+    struct owner o[2];
+    struct net_poll d[2];
+    struct net_poll *run[2] = {&d[0], &d[1]};
+    struct pollfd pfd[2];
+    uint64_t now = umbp_now_ns();
+    for (int i = 0; i < 2; i++) {
+        init(&s[i], &o[i], 0, i == 0); /* s[0] queues calls behind HELLO */
+        struct net_poll_config pc = {.path = f.path, .failed = t_failed};
+        net_poll_init(&d[i], &s[i], &pc);
+        net_session_retry_now(&s[i], now);
+        net_session_tick(&s[i], now);
+    }
+    /* the server stalled: the kernel accepts, HELLO_OK cannot come yet */
+    cr_assert_eq(kill(f.pid, SIGSTOP), 0);
+    cr_assert_eq(net_poll_run(run, 2, pfd, now, NULL, NULL), -ETIMEDOUT,
+                 "until now: one round, no wait");
+    cr_assert_eq(s[0].state, NET_HELLO);
+    cr_assert_eq(s[1].state, NET_HELLO);
+    struct tcall a = {0}, b = {0};
+    push(&s[0], &a, 1, now, 0);
+    /* an owner appends frames only where health allows; the push alone here */
+    cr_assert_eq(net_session_health(&s[1], now), UMBP_E_NOT_ATTEMPTED);
+    net_session_push(&s[1], &b.nc, &call_ops, 1, s[1].next_seq, now, 0);
+    cr_assert_eq(a.dones, 0, "queued behind HELLO");
+    cr_assert_eq(b.status, UMBP_E_NOT_ATTEMPTED, "refused: not connected");
+    kill(f.pid, SIGCONT);
+    struct many m = {{&a, NULL}, {&s[0], &s[1]}, NET_CONNECTED};
+    cr_assert_eq(net_poll_run(run, 2, pfd, umbp_now_ns() + HANG_NS, calls_done, &m), 0);
+    cr_assert_eq(a.status, 0);
+    cr_assert_eq(a.replies, 1, "answered on the connection its HELLO opened");
+    cr_assert_eq(net_poll_run(run, 2, pfd, umbp_now_ns() + HANG_NS, states_reached, &m), 0,
+                 "%s / %s", o[0].last_why, o[1].last_why);
+    cr_assert_eq(o[0].ups + o[1].ups, 2);
+
+    /* both asked at once; the server stalls: both time out in one run */
+    a = (struct tcall){0};
+    b = (struct tcall){0};
+    cr_assert_eq(kill(f.pid, SIGSTOP), 0);
+    now = umbp_now_ns();
+    push(&s[0], &a, 1, now, 30);
+    push(&s[1], &b, 1, now, 30);
+    m = (struct many){{&a, &b}, {&s[0], &s[1]}, NET_CONNECTED};
+    cr_assert_eq(net_poll_run(run, 2, pfd, umbp_now_ns() + HANG_NS, calls_done, &m), 0);
+    cr_assert_eq(a.status, UMBP_E_TIMEOUT);
+    cr_assert_eq(b.status, UMBP_E_TIMEOUT);
+    cr_assert_eq(net_session_health(&s[0], umbp_now_ns()), UMBP_E_NOT_ATTEMPTED,
+                 "single flight while the late reply is due");
+    /* resumed: runs that do not wait read the late replies */
+    kill(f.pid, SIGCONT);
+    uint64_t end = umbp_now_ns() + HANG_NS;
+    while (a.late + b.late < 2) {
+        cr_assert_lt(umbp_now_ns(), end, "the late replies never came: %d %d, states %d %d, orphans %zu %zu, out %zu %zu; %s", a.late, b.late, s[0].state, s[1].state, s[0].orphans, s[1].orphans, s[0].out.len, s[1].out.len, o[1].last_why);
+        net_poll_run(run, 2, pfd, umbp_now_ns(), NULL, NULL);
+        poll(NULL, 0, 1);
+    }
+    cr_assert_eq(a.dones + b.dones, 2, "a late reply is no second done");
+    cr_assert_eq(net_session_health(&s[0], umbp_now_ns()), 0);
+
+    /* the server dies: the call fails; a run then dials no more (the
+     * owner ticks the next attempt) */
+    fake_kill(&f);
+    a = (struct tcall){0};
+    push(&s[0], &a, 1, umbp_now_ns(), 0);
+    m = (struct many){{&a, NULL}, {&s[0], &s[1]}, NET_CONNECTED};
+    cr_assert_eq(net_poll_run(run, 1, pfd, umbp_now_ns() + HANG_NS, calls_done, &m), 0);
+    cr_assert_eq(a.status, -ECONNRESET);
+    cr_assert_eq(s[0].state, NET_DISCONNECTED);
+    int hellos = o[0].hellos, downs = o[0].downs;
+    cr_assert_eq(net_poll_run(run, 1, pfd, umbp_now_ns() + 50 * MS, NULL, NULL), -ETIMEDOUT);
+    cr_assert_eq(o[0].downs, downs, "a run began an attempt by itself");
+    cr_assert_eq(s[0].state, NET_DISCONNECTED);
+    net_session_tick(&s[0], umbp_now_ns());
+    cr_assert_eq(s[0].state, NET_CONNECTING);
+    net_poll_run(run, 1, pfd, umbp_now_ns(), NULL, NULL);
+    cr_assert_eq(s[0].state, NET_DISCONNECTED);
+    cr_assert_eq(o[0].hellos, hellos);
+    cr_assert_str_eq(o[0].last_why, "connect: Connection refused", "worded by the owner");
+    for (int i = 0; i < 2; i++) {
+        net_session_destroy(&s[i]);
+        net_poll_close(&d[i]);
+    }
+    fake_end(&f);
+}
+
+Test(net_session_poll, the_blocking_use, .timeout = 60)
+{
+    struct fake f;
+    fake_start(&f);
+    struct net_session s;
+    struct owner o;
+    struct net_poll d;
+    char why[256] = "";
+    init(&s, &o, 0, false);
+    struct net_poll_config pc = {.path = "/nonexistent/umbp/s.sock", .failed = t_failed};
+    net_poll_init(&d, &s, &pc);
+    cr_assert_eq(net_poll_dial(&d, 0, why, sizeof(why)), -ENOENT);
+    cr_assert_str_eq(why, "connect: No such file or directory");
+    pc.path = f.path;
+    net_poll_init(&d, &s, &pc);
+    cr_assert_eq(net_poll_dial(&d, 0, why, sizeof(why)), 0, "%s", why);
+    for (int i = 0; i < 2; i++) {
+        uint64_t seq = s.next_seq++;
+        cr_assert_eq(proto_put_empty(&s.out, PROTO_PING, seq, 0), 0);
+        cr_assert_eq(net_poll_write_all(&d, 0), 0);
+        struct proto_frame fr;
+        long used;
+        char err[128];
+        while ((used = net_session_in_next(&s, &fr, err, sizeof(err))) == 0)
+            cr_assert_gt(net_poll_read(&d, 0), 0);
+        cr_assert_gt(used, 0, "%s", err);
+        cr_assert_eq(fr.type, i == 0 ? PROTO_HELLO_OK : PROTO_PONG);
+        cr_assert_eq(fr.seq, seq);
+        net_session_in_consume(&s, used);
+    }
+    cr_assert_eq(kill(f.pid, SIGSTOP), 0);
+    cr_assert_eq(proto_put_empty(&s.out, PROTO_PING, s.next_seq++, 0), 0);
+    cr_assert_eq(net_poll_write_all(&d, 0), 0);
+    cr_assert_eq(net_poll_read(&d, umbp_now_ns() + 20 * MS), -ETIMEDOUT, "a silent peer");
+    fake_kill(&f);
+    long r = net_poll_read(&d, 0);
+    cr_assert(r == 0 || r == -ECONNRESET, "the peer gone: %ld", r); /* RST: a PING unread */
+    net_session_destroy(&s);
+    net_poll_close(&d);
+    fake_end(&f);
 }
