@@ -270,6 +270,22 @@ def decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev):
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     cur = torch.cuda.current_stream()
+    graph = None
+    if args.graph:
+        # one decode step captured in a CUDA graph and replayed (what vLLM's
+        # decode runs): its time is the GPU's, not the host's launch rate, so
+        # what a restore takes from it is GPU interference.  Every replay is
+        # the same step (same position): a timing, not a decode.
+        side = torch.cuda.Stream()
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                pm.forward(tok, ctx, table)
+        cur.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            pm.forward(tok, ctx, table)
+        torch.cuda.synchronize()
 
     def step(pos, gpu):
         # the step's own stream only: a device-wide synchronize would also
@@ -277,7 +293,10 @@ def decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev):
         cur.synchronize()
         t = time.perf_counter()
         e0.record()
-        pm.forward(tok, pos, table)
+        if graph is not None:
+            graph.replay()
+        else:
+            pm.forward(tok, pos, table)
         e1.record()
         cur.synchronize()
         gpu.append(e0.elapsed_time(e1) / 1e3)
@@ -326,7 +345,7 @@ def decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev):
         res["busy"] += [step(ctx + i, gpu["busy"]) for i in range(args.steps)]
         stop.set()
         th.join()
-    out = {"decode_context": ctx, "decode_restores": nloads[0]}
+    out = {"decode_context": ctx, "decode_restores": nloads[0], "decode_graph": graph is not None}
     for k in res:
         out["decode_" + k] = res[k]
         out["decode_gpu_" + k] = gpu[k]
@@ -365,6 +384,8 @@ def run_case(args, mode, warm, decode_too):
         cmd += ["--socket-dir", tmp]
     if decode_too:
         cmd.append("--decode")
+        if args.graph:
+            cmd.append("--graph")
     if args.store_first:
         cmd.append("--store-first")
     for o in args.opt or []:
@@ -409,7 +430,8 @@ def report(res):
     for name, u, b in rows:
         print(f"| {name} | {u:.1f} | {b:.1f} | {u / b:.3f}× |")
     if "decode_alone" in res:
-        print(f"decode step of the miniature engine (context {res['decode_context']}), median ms "
+        print(f"decode step of the miniature engine (context {res['decode_context']}"
+              f"{', one CUDA graph' if res.get('decode_graph') else ', eager'}), median ms "
               f"(wall / GPU time of the step's kernels):")
         md = {k: (statistics.median(res["decode_" + k]), statistics.median(res["decode_gpu_" + k]))
               for k in ("alone", "one", "busy")}
@@ -432,6 +454,7 @@ def main():
     ap.add_argument("--decode", action="store_true")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--graph", action="store_true", help="--decode: replay the step as a CUDA graph")
     ap.add_argument("--ab", action="store_true")
     ap.add_argument("--store-first", action="store_true", help="both ways: submit the store first")
     ap.add_argument("--opt", action="append", metavar="NAME=VALUE", help="a runtime option (repeatable)")
