@@ -208,6 +208,12 @@ void net_session_appeared(struct net_session *s, uint64_t now);
  * gone (dropped here or from a callback). */
 int net_session_in_space(struct net_session *s, uint8_t **p, size_t *room);
 int net_session_input(struct net_session *s, uint64_t now, size_t n, int fd);
+/* A driver's read turn (session_io.c): up to max_reads reads of *fdp (the
+ * driver's socket, re-read each time: a callback may close it) into the
+ * core.  0 when the socket would block, the core dropped the connection or
+ * the reads are done; -errno of a failed recv, which the driver reports
+ * (net_session_lost, in its own words). */
+int net_session_read(struct net_session *s, const int *fdp, int max_reads);
 /* Handles the whole frames already buffered (left by a blocking handshake). */
 int net_session_process(struct net_session *s, uint64_t now);
 /* Output: out.data[0, out.len) waits; drop what was written. */

@@ -260,24 +260,9 @@ static void on_readable(struct ev_loop *loop, ev_io *w, int revents)
         net_ev_sync(d);
         return;
     }
-    for (int i = 0; i < READS_PER_WAKEUP && d->fd >= 0; i++) {
-        uint8_t *p;
-        size_t room;
-        int fd = -1;
-        if (net_session_in_space(s, &p, &room) < 0) {
-            net_session_lost(s, umbp_now_ns(), strerror(ENOMEM));
-            break;
-        }
-        long r = proto_recv_with_fd(d->fd, p, room, &fd);
-        if (r == -EAGAIN || r == -EINTR)
-            break;
-        if (r < 0) {
-            net_session_lost(s, umbp_now_ns(), strerror((int)-r));
-            break;
-        }
-        if (net_session_input(s, umbp_now_ns(), (size_t)r, fd) < 0)
-            break;
-    }
+    int r = net_session_read(s, &d->fd, READS_PER_WAKEUP);
+    if (r < 0)
+        net_session_lost(s, umbp_now_ns(), strerror(-r));
     net_ev_sync(d);
 }
 

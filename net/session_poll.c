@@ -161,24 +161,9 @@ static void on_readable(struct net_poll *d)
     struct net_session *s = d->s;
     if (net_session_process(s, umbp_now_ns()) < 0) /* bytes left from a handshake */
         return;
-    for (int i = 0; i < READS_PER_WAKEUP && d->fd >= 0; i++) {
-        uint8_t *p;
-        size_t room;
-        int fd = -1;
-        if (net_session_in_space(s, &p, &room) < 0) {
-            net_session_lost(s, umbp_now_ns(), strerror(ENOMEM));
-            return;
-        }
-        long r = proto_recv_with_fd(d->fd, p, room, &fd);
-        if (r == -EAGAIN || r == -EINTR)
-            return;
-        if (r < 0) {
-            lose(d, umbp_now_ns(), NET_POLL_RECV, (int)-r);
-            return;
-        }
-        if (net_session_input(s, umbp_now_ns(), (size_t)r, fd) < 0)
-            return;
-    }
+    int r = net_session_read(s, &d->fd, READS_PER_WAKEUP);
+    if (r < 0)
+        lose(d, umbp_now_ns(), NET_POLL_RECV, -r);
 }
 
 int net_poll_run(struct net_poll *const *d, size_t n, struct pollfd *pfd, uint64_t until_ns,
