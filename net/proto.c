@@ -28,148 +28,12 @@
 
 #include "umbp/tier.h"
 #include "proto.h"
+#include "proto_rec.h"
 #include "seterr.h"
 
-/* ---- little-endian bytes ------------------------------------------------- */
-
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-#define LE16(x) __builtin_bswap16(x)
-#define LE32(x) __builtin_bswap32(x)
-#define LE64(x) __builtin_bswap64(x)
-#else
-#define LE16(x) (x)
-#define LE32(x) (x)
-#define LE64(x) (x)
-#endif
-
-static inline uint16_t get_u16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, sizeof(v));
-    return LE16(v);
-}
-
-static inline uint32_t get_u32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, sizeof(v));
-    return LE32(v);
-}
-
-static inline uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof(v));
-    return LE64(v);
-}
-
-static inline void put_u16(uint8_t *p, uint16_t v)
-{
-    v = LE16(v);
-    memcpy(p, &v, sizeof(v));
-}
-
-static inline void put_u32(uint8_t *p, uint32_t v)
-{
-    v = LE32(v);
-    memcpy(p, &v, sizeof(v));
-}
-
-static inline void put_u64(uint8_t *p, uint64_t v)
-{
-    v = LE64(v);
-    memcpy(p, &v, sizeof(v));
-}
-
-/* Cursors over one record: each call moves past the field it handles. */
-struct rd {
-    const uint8_t *p;
-};
-
-struct wr {
-    uint8_t *p;
-};
-
-static inline uint8_t rd_u8(struct rd *r) { return *r->p++; }
-
-static inline uint16_t rd_u16(struct rd *r)
-{
-    r->p += 2;
-    return get_u16(r->p - 2);
-}
-
-static inline uint32_t rd_u32(struct rd *r)
-{
-    r->p += 4;
-    return get_u32(r->p - 4);
-}
-
-static inline uint64_t rd_u64(struct rd *r)
-{
-    r->p += 8;
-    return get_u64(r->p - 8);
-}
-
-static inline void rd_bytes(struct rd *r, void *dst, size_t n)
-{
-    memcpy(dst, r->p, n);
-    r->p += n;
-}
-
-static inline void wr_u8(struct wr *w, uint8_t v) { *w->p++ = v; }
-
-static inline void wr_u16(struct wr *w, uint16_t v)
-{
-    put_u16(w->p, v);
-    w->p += 2;
-}
-
-static inline void wr_u32(struct wr *w, uint32_t v)
-{
-    put_u32(w->p, v);
-    w->p += 4;
-}
-
-static inline void wr_u64(struct wr *w, uint64_t v)
-{
-    put_u64(w->p, v);
-    w->p += 8;
-}
-
-/* A string field: its bytes up to the NUL, then zeros to the field's end
- * (never what follows the NUL in the caller's array). */
-static inline void wr_string(struct wr *w, const char *s, size_t cap)
-{
-    size_t n = strnlen(s, cap);
-
-    memcpy(w->p, s, n);
-    memset(w->p + n, 0, cap - n);
-    w->p += cap;
-}
+/* The little-endian helpers, cursors and record kinds: proto_rec.h. */
 
 /* ---- the type table ------------------------------------------------------- */
-
-/* What the records of a type are; each kind has one accessor and one put. */
-enum rec_kind {
-    REC_NONE, REC_HELLO, REC_WELCOME, REC_ERROR, REC_KEY, REC_U8, REC_STATUS,
-    REC_RESERVE, REC_TOKEN, REC_REGION, REC_EVENT, REC_STATS, REC_SESSION,
-};
-
-#define KIND_SIZE(k)                                                             \
-    ((k) == REC_NONE      ? 0                                                    \
-     : (k) == REC_HELLO   ? PROTO_HELLO_SIZE                                     \
-     : (k) == REC_WELCOME ? PROTO_WELCOME_SIZE                                   \
-     : (k) == REC_ERROR   ? PROTO_ERROR_SIZE                                     \
-     : (k) == REC_KEY     ? UMBP_KEY_SIZE                                        \
-     : (k) == REC_U8      ? 1                                                    \
-     : (k) == REC_STATUS  ? 4                                                    \
-     : (k) == REC_RESERVE ? PROTO_RESERVE_ITEM_SIZE                              \
-     : (k) == REC_TOKEN   ? PROTO_TOKEN_ITEM_SIZE                                \
-     : (k) == REC_REGION  ? PROTO_REGION_ITEM_SIZE                               \
-     : (k) == REC_EVENT   ? PROTO_EVENT_ITEM_SIZE                                \
-     : (k) == REC_STATS   ? PROTO_STATS_SIZE                                     \
-     : (k) == REC_SESSION ? PROTO_SESSION_ITEM_SIZE                              \
-                          : -1)
 
 /* What the body header's arg may hold. */
 enum arg_rule {
@@ -178,6 +42,7 @@ enum arg_rule {
     ARG_TTL,    /* a lease ttl in ms, > 0 */
     ARG_WRITE,  /* a write deadline in ms, <= PROTO_WRITE_DEADLINE_MAX_MS */
     ARG_ANY,    /* a status or a count: any value */
+    ARG_RESYNC, /* PROTO_RESYNC_* bits */
 };
 
 /* Per type: record kind, arg rule, unsolicited (seq 0).  A type added to
@@ -206,6 +71,19 @@ enum arg_rule {
 #define SPEC_ERROR REC_ERROR, ARG_ZERO, true
 #define SPEC_SESSIONS REC_NONE, ARG_ZERO, false
 #define SPEC_SESSIONS_R REC_SESSION, ARG_ZERO, false
+#define SPEC_AUTH_CHALLENGE REC_KEY, ARG_ZERO, true
+#define SPEC_AUTH REC_AUTH, ARG_ZERO, false
+#define SPEC_AUTH_OK REC_KEY, ARG_ZERO, false
+#define SPEC_REGISTER REC_REGISTER, ARG_ZERO, false
+#define SPEC_REGISTER_R REC_ACK, ARG_ZERO, false
+#define SPEC_HEARTBEAT REC_NODE_EVENT, ARG_ZERO, false
+#define SPEC_HEARTBEAT_R REC_ACK, ARG_ZERO, false
+#define SPEC_RESYNC REC_NODE_EVENT, ARG_RESYNC, false
+#define SPEC_RESYNC_R REC_ACK, ARG_ZERO, false
+#define SPEC_LOCATE REC_KEY, ARG_ZERO, false
+#define SPEC_LOCATE_R REC_LOCATION, ARG_ANY, false
+#define SPEC_NODES REC_NONE, ARG_ANY, false
+#define SPEC_NODES_R REC_NODE_INFO, ARG_ANY, false
 
 #define DIR_C false
 #define DIR_S true
@@ -290,6 +168,14 @@ static int check_arg(const struct type_info *t, uint32_t arg, char *err, size_t 
         return -EPROTO;
     case ARG_ANY:
         return 0;
+    case ARG_RESYNC:
+        if (!(arg & ~(PROTO_RESYNC_FIRST | PROTO_RESYNC_LAST)))
+            return 0;
+        net_seterr(err, errlen, "%s.arg: unknown flag bits 0x%x (known: PROTO_RESYNC_FIRST = "
+               "0x%x, PROTO_RESYNC_LAST = 0x%x)", t->name,
+               arg & ~(PROTO_RESYNC_FIRST | PROTO_RESYNC_LAST), PROTO_RESYNC_FIRST,
+               PROTO_RESYNC_LAST);
+        return -EPROTO;
     }
     return -EPROTO;
 }
@@ -393,7 +279,7 @@ long proto_frame_parse(const uint8_t *buf, size_t avail, bool from_server,
 
 /* NULL if the field holds a NUL-terminated string padded with NULs to its
  * end, else what is wrong. */
-static const char *string_problem(const char *s, size_t cap)
+const char *proto_string_problem(const char *s, size_t cap)
 {
     size_t n = strnlen(s, cap);
 
@@ -408,7 +294,7 @@ static const char *string_problem(const char *s, size_t cap)
 static int check_string(const char *what, const char *s, size_t cap, char *err,
                         size_t errlen)
 {
-    const char *why = string_problem(s, cap);
+    const char *why = proto_string_problem(s, cap);
 
     if (!why)
         return 0;
@@ -420,7 +306,7 @@ static int check_string(const char *what, const char *s, size_t cap, char *err,
  * termination matters. */
 static bool string_terminated(const char *s, size_t cap) { return strnlen(s, cap) < cap; }
 
-static bool role_known(uint32_t role) { return role <= PROTO_ROLE_ADMIN; }
+static bool role_known(uint32_t role) { return role <= PROTO_ROLE_NODE; }
 
 /* What both the decoder and the encoder refuse in a HELLO. */
 static int check_hello_values(const struct proto_hello *h, char *err, size_t errlen)
@@ -648,8 +534,8 @@ static void enc_session(uint8_t *p, const struct proto_session_item *o)
 
 /* Record i of a frame whose records are of `kind`; -EINVAL otherwise (also
  * for a frame the caller filled in by hand with the wrong record size). */
-static int record_at(const struct proto_frame *f, uint32_t i, enum rec_kind kind,
-                     const uint8_t **out)
+int proto_record_at(const struct proto_frame *f, uint32_t i, enum rec_kind kind,
+                    const uint8_t **out)
 {
     const struct type_info *t = f ? type_info(f->type) : NULL;
 
@@ -659,10 +545,10 @@ static int record_at(const struct proto_frame *f, uint32_t i, enum rec_kind kind
     return 0;
 }
 
-static int record_err(const struct proto_frame *f, uint32_t i, enum rec_kind kind,
-                      const uint8_t **out, const char *what, char *err, size_t errlen)
+int proto_record_err(const struct proto_frame *f, uint32_t i, enum rec_kind kind,
+                     const uint8_t **out, const char *what, char *err, size_t errlen)
 {
-    if (record_at(f, i, kind, out) == 0)
+    if (proto_record_at(f, i, kind, out) == 0)
         return 0;
     net_seterr(err, errlen, "%s: not a %s frame with that record (%s, n = %u)", what, what,
            f ? proto_type_name(f->type) : "no frame", f ? f->n : 0);
@@ -673,7 +559,7 @@ int proto_get_key(const struct proto_frame *f, uint32_t i, umbp_key_t *out)
 {
     const uint8_t *p;
 
-    if (record_at(f, i, REC_KEY, &p))
+    if (proto_record_at(f, i, REC_KEY, &p))
         return -EINVAL;
     memcpy(out->bytes, p, UMBP_KEY_SIZE);
     return 0;
@@ -684,7 +570,7 @@ int proto_get_u8(const struct proto_frame *f, uint32_t i, uint8_t *out)
     const uint8_t *p;
 
     /* LOOKUP_R's only u8 is a present flag: 0 or 1. */
-    if (record_at(f, i, REC_U8, &p) || *p > 1)
+    if (proto_record_at(f, i, REC_U8, &p) || *p > 1)
         return -EINVAL;
     *out = *p;
     return 0;
@@ -694,7 +580,7 @@ int proto_get_status(const struct proto_frame *f, uint32_t i, int32_t *out)
 {
     const uint8_t *p;
 
-    if (record_at(f, i, REC_STATUS, &p))
+    if (proto_record_at(f, i, REC_STATUS, &p))
         return -EINVAL;
     *out = (int32_t)get_u32(p);
     return 0;
@@ -706,7 +592,7 @@ int proto_get_hello(const struct proto_frame *f, struct proto_hello *out, char *
     struct proto_hello h;
     const uint8_t *p;
 
-    if (record_err(f, 0, REC_HELLO, &p, "HELLO", err, errlen))
+    if (proto_record_err(f, 0, REC_HELLO, &p, "HELLO", err, errlen))
         return -EINVAL;
     dec_hello(p, &h);
     h.write_deadline_ms = f->arg; /* carried in the body header */
@@ -722,7 +608,7 @@ int proto_get_welcome(const struct proto_frame *f, struct proto_welcome *out, ch
     struct proto_welcome w;
     const uint8_t *p;
 
-    if (record_err(f, 0, REC_WELCOME, &p, "HELLO_OK", err, errlen))
+    if (proto_record_err(f, 0, REC_WELCOME, &p, "HELLO_OK", err, errlen))
         return -EINVAL;
     dec_welcome(p, &w);
     if (w.pad) {
@@ -738,7 +624,7 @@ int proto_get_reserve_item(const struct proto_frame *f, uint32_t i,
 {
     const uint8_t *p;
 
-    if (record_at(f, i, REC_RESERVE, &p))
+    if (proto_record_at(f, i, REC_RESERVE, &p))
         return -EINVAL;
     dec_key_u64(p, &out->key, &out->size);
     return 0;
@@ -749,7 +635,7 @@ int proto_get_token_item(const struct proto_frame *f, uint32_t i,
 {
     const uint8_t *p;
 
-    if (record_at(f, i, REC_TOKEN, &p))
+    if (proto_record_at(f, i, REC_TOKEN, &p))
         return -EINVAL;
     dec_key_u64(p, &out->key, &out->token);
     return 0;
@@ -761,7 +647,7 @@ int proto_get_region_item(const struct proto_frame *f, uint32_t i,
     struct proto_region_item it;
     const uint8_t *p;
 
-    if (record_at(f, i, REC_REGION, &p))
+    if (proto_record_at(f, i, REC_REGION, &p))
         return -EINVAL;
     dec_region(p, &it);
     if (it.pad)
@@ -776,7 +662,7 @@ int proto_get_event_item(const struct proto_frame *f, uint32_t i,
     const uint8_t *p;
     uint32_t type;
 
-    if (record_at(f, i, REC_EVENT, &p))
+    if (proto_record_at(f, i, REC_EVENT, &p))
         return -EINVAL;
     type = get_u32(p);
     if (!event_type_known(type))
@@ -791,10 +677,10 @@ int proto_get_error(const struct proto_frame *f, struct proto_error *out)
     struct proto_error e;
     const uint8_t *p;
 
-    if (record_at(f, 0, REC_ERROR, &p))
+    if (proto_record_at(f, 0, REC_ERROR, &p))
         return -EINVAL;
     dec_error(p, &e);
-    if (string_problem(e.message, PROTO_ERRMSG_MAX))
+    if (proto_string_problem(e.message, PROTO_ERRMSG_MAX))
         return -EINVAL;
     /* HELLO_ERR carries its status twice (arg and record): they agree. */
     if (f->type == PROTO_HELLO_ERR && (uint32_t)e.status != f->arg)
@@ -807,7 +693,7 @@ int proto_get_stats(const struct proto_frame *f, struct proto_stats *out)
 {
     const uint8_t *p;
 
-    if (record_at(f, 0, REC_STATS, &p))
+    if (proto_record_at(f, 0, REC_STATS, &p))
         return -EINVAL;
     dec_stats(p, out);
     return 0;
@@ -819,11 +705,11 @@ int proto_get_session_item(const struct proto_frame *f, uint32_t i,
     struct proto_session_item s;
     const uint8_t *p;
 
-    if (record_at(f, i, REC_SESSION, &p))
+    if (proto_record_at(f, i, REC_SESSION, &p))
         return -EINVAL;
     dec_session(p, &s);
-    if (s.pad || !role_known(s.role) || string_problem(s.engine_id, PROTO_NAME_MAX) ||
-        string_problem(s.name_space, PROTO_NAME_MAX))
+    if (s.pad || !role_known(s.role) || proto_string_problem(s.engine_id, PROTO_NAME_MAX) ||
+        proto_string_problem(s.name_space, PROTO_NAME_MAX))
         return -EINVAL;
     *out = s;
     return 0;
@@ -1011,7 +897,7 @@ int proto_end(struct proto_buf *b)
 }
 
 /* A put's failure sticks to the open frame: proto_end reports it. */
-static int put_fail(struct proto_buf *b, int rc)
+int proto_put_fail(struct proto_buf *b, int rc)
 {
     if (b->open && !b->error)
         b->error = rc;
@@ -1020,7 +906,7 @@ static int put_fail(struct proto_buf *b, int rc)
 
 /* Appends one record of `kind` to the open frame; *out is where its bytes
  * go. */
-static int record_slot(struct proto_buf *b, enum rec_kind kind, uint8_t **out)
+int proto_record_slot(struct proto_buf *b, enum rec_kind kind, uint8_t **out)
 {
     const struct type_info *t;
     uint64_t have;
@@ -1032,9 +918,9 @@ static int record_slot(struct proto_buf *b, enum rec_kind kind, uint8_t **out)
     t = open_type(b);
     have = b->len - b->frame - PROTO_HDR_SIZE - PROTO_BODY_HDR_SIZE;
     if (t->kind != kind || have + t->rec_size > (uint64_t)open_n(b) * t->rec_size)
-        return put_fail(b, -EINVAL);
+        return proto_put_fail(b, -EINVAL);
     if (buf_reserve(b, t->rec_size))
-        return put_fail(b, -ENOMEM);
+        return proto_put_fail(b, -ENOMEM);
     *out = b->data + b->len;
     b->len += t->rec_size;
     return 0;
@@ -1043,7 +929,7 @@ static int record_slot(struct proto_buf *b, enum rec_kind kind, uint8_t **out)
 int proto_put_key(struct proto_buf *b, const umbp_key_t *k)
 {
     uint8_t *p;
-    int rc = record_slot(b, REC_KEY, &p);
+    int rc = proto_record_slot(b, REC_KEY, &p);
 
     if (rc)
         return rc;
@@ -1057,8 +943,8 @@ int proto_put_u8(struct proto_buf *b, uint8_t v)
     int rc;
 
     if (v > 1)
-        return put_fail(b, -EINVAL);
-    rc = record_slot(b, REC_U8, &p);
+        return proto_put_fail(b, -EINVAL);
+    rc = proto_record_slot(b, REC_U8, &p);
     if (rc)
         return rc;
     *p = v;
@@ -1068,7 +954,7 @@ int proto_put_u8(struct proto_buf *b, uint8_t v)
 int proto_put_status(struct proto_buf *b, int32_t v)
 {
     uint8_t *p;
-    int rc = record_slot(b, REC_STATUS, &p);
+    int rc = proto_record_slot(b, REC_STATUS, &p);
 
     if (rc)
         return rc;
@@ -1083,8 +969,8 @@ int proto_put_hello(struct proto_buf *b, const struct proto_hello *h)
 
     if (check_hello_values(h, NULL, 0) || !string_terminated(h->engine_id, PROTO_NAME_MAX) ||
         !string_terminated(h->name_space, PROTO_NAME_MAX))
-        return put_fail(b, -EINVAL);
-    rc = record_slot(b, REC_HELLO, &p);
+        return proto_put_fail(b, -EINVAL);
+    rc = proto_record_slot(b, REC_HELLO, &p);
     if (rc)
         return rc;
     enc_hello(p, h);
@@ -1096,7 +982,7 @@ int proto_put_hello(struct proto_buf *b, const struct proto_hello *h)
 int proto_put_welcome(struct proto_buf *b, const struct proto_welcome *w)
 {
     uint8_t *p;
-    int rc = record_slot(b, REC_WELCOME, &p);
+    int rc = proto_record_slot(b, REC_WELCOME, &p);
 
     if (rc)
         return rc;
@@ -1107,7 +993,7 @@ int proto_put_welcome(struct proto_buf *b, const struct proto_welcome *w)
 int proto_put_reserve_item(struct proto_buf *b, const struct proto_reserve_item *it)
 {
     uint8_t *p;
-    int rc = record_slot(b, REC_RESERVE, &p);
+    int rc = proto_record_slot(b, REC_RESERVE, &p);
 
     if (rc)
         return rc;
@@ -1118,7 +1004,7 @@ int proto_put_reserve_item(struct proto_buf *b, const struct proto_reserve_item 
 int proto_put_token_item(struct proto_buf *b, const struct proto_token_item *it)
 {
     uint8_t *p;
-    int rc = record_slot(b, REC_TOKEN, &p);
+    int rc = proto_record_slot(b, REC_TOKEN, &p);
 
     if (rc)
         return rc;
@@ -1129,7 +1015,7 @@ int proto_put_token_item(struct proto_buf *b, const struct proto_token_item *it)
 int proto_put_region_item(struct proto_buf *b, const struct proto_region_item *it)
 {
     uint8_t *p;
-    int rc = record_slot(b, REC_REGION, &p);
+    int rc = proto_record_slot(b, REC_REGION, &p);
 
     if (rc)
         return rc;
@@ -1143,8 +1029,8 @@ int proto_put_event_item(struct proto_buf *b, const struct proto_event_item *it)
     int rc;
 
     if (!event_type_known(it->type))
-        return put_fail(b, -EINVAL);
-    rc = record_slot(b, REC_EVENT, &p);
+        return proto_put_fail(b, -EINVAL);
+    rc = proto_record_slot(b, REC_EVENT, &p);
     if (rc)
         return rc;
     put_u32(p, it->type);
@@ -1158,8 +1044,8 @@ int proto_put_error(struct proto_buf *b, const struct proto_error *e)
     int rc;
 
     if (!string_terminated(e->message, PROTO_ERRMSG_MAX))
-        return put_fail(b, -EINVAL);
-    rc = record_slot(b, REC_ERROR, &p);
+        return proto_put_fail(b, -EINVAL);
+    rc = proto_record_slot(b, REC_ERROR, &p);
     if (rc)
         return rc;
     enc_error(p, e);
@@ -1169,7 +1055,7 @@ int proto_put_error(struct proto_buf *b, const struct proto_error *e)
 int proto_put_stats(struct proto_buf *b, const struct proto_stats *s)
 {
     uint8_t *p;
-    int rc = record_slot(b, REC_STATS, &p);
+    int rc = proto_record_slot(b, REC_STATS, &p);
 
     if (rc)
         return rc;
@@ -1184,8 +1070,8 @@ int proto_put_session_item(struct proto_buf *b, const struct proto_session_item 
 
     if (!role_known(it->role) || !string_terminated(it->engine_id, PROTO_NAME_MAX) ||
         !string_terminated(it->name_space, PROTO_NAME_MAX))
-        return put_fail(b, -EINVAL);
-    rc = record_slot(b, REC_SESSION, &p);
+        return proto_put_fail(b, -EINVAL);
+    rc = proto_record_slot(b, REC_SESSION, &p);
     if (rc)
         return rc;
     enc_session(p, it);

@@ -57,7 +57,9 @@
 #include "umbp/umbp.h"
 
 #define PROTO_MAGIC 0x554d4250u /* "UMBP" as a big-endian u32 ("PBMU" in a dump) */
-#define PROTO_VERSION 2 /* 2: HELLO.arg carries a worker's write deadline */
+/* 2: HELLO.arg carries a worker's write deadline; 3: the TCP handshake
+ * (AUTH_*) and umbp-master's frames (REGISTER .. NODES_R, role node) */
+#define PROTO_VERSION 3
 #define PROTO_HDR_SIZE 16
 #define PROTO_BODY_HDR_SIZE 8
 #define PROTO_MAX_RECORDS 65536u       /* per frame; larger batches are split */
@@ -91,7 +93,22 @@
     X(EVENTS, 21, PROTO_EVENT_ITEM_SIZE, PROTO_MAX_RECORDS, S) /* seq 0; arg = lost */ \
     X(ERROR, 22, PROTO_ERROR_SIZE, 1, S)     /* seq 0; sent before a disconnect */ \
     X(SESSIONS, 23, 0, 0, C)                 /* admin: list sessions */            \
-    X(SESSIONS_R, 24, PROTO_SESSION_ITEM_SIZE, 4096, S)
+    X(SESSIONS_R, 24, PROTO_SESSION_ITEM_SIZE, 4096, S)                           \
+    /* the shared-secret handshake over TCP (net/auth.h), before HELLO */          \
+    X(AUTH_CHALLENGE, 25, 32, 1, S)          /* seq 0: the server's nonce */        \
+    X(AUTH, 26, PROTO_AUTH_SIZE, 1, C)       /* the client's nonce and MAC */       \
+    X(AUTH_OK, 27, 32, 1, S)                 /* the server's MAC */                 \
+    /* umbp-master (master/): nodes report, lookups ask */                        \
+    X(REGISTER, 28, PROTO_REGISTER_SIZE, 1, C)                                    \
+    X(REGISTER_R, 29, PROTO_ACK_SIZE, 1, S)                                       \
+    X(HEARTBEAT, 30, PROTO_NODE_EVENT_SIZE, PROTO_MAX_RECORDS, C) /* record 0: STATUS */ \
+    X(HEARTBEAT_R, 31, PROTO_ACK_SIZE, 1, S)                                      \
+    X(RESYNC, 32, PROTO_NODE_EVENT_SIZE, PROTO_MAX_RECORDS, C) /* arg: FIRST, LAST */ \
+    X(RESYNC_R, 33, PROTO_ACK_SIZE, 1, S)                                         \
+    X(LOCATE, 34, 32, PROTO_MAX_RECORDS, C)  /* keys */                            \
+    X(LOCATE_R, 35, PROTO_LOCATION_SIZE, PROTO_MAX_RECORDS, S) /* arg = node epoch */ \
+    X(NODES, 36, 0, 0, C)                    /* arg = the epoch the client knows */ \
+    X(NODES_R, 37, PROTO_NODE_INFO_SIZE, PROTO_MAX_NODES_FRAME, S) /* arg = epoch */
 
 enum proto_type {
 #define X(name, val, rec, max, dir) PROTO_##name = val,
@@ -105,6 +122,7 @@ enum proto_role {
     PROTO_ROLE_WORKER = 0, /* maps the pool; every call */
     PROTO_ROLE_LOOKUP = 1, /* an engine's scheduler: LOOKUP, STATS, PING; no pool */
     PROTO_ROLE_ADMIN = 2,  /* the umbp tool: STATS, SESSIONS, CLEAR, PING; no pool */
+    PROTO_ROLE_NODE = 3,   /* umbp-master only: a node of the cluster (REGISTER ..) */
 };
 
 #define PROTO_HELLO_EVENTS 1u     /* hello.flags: send me EVENTS frames */
@@ -214,6 +232,94 @@ struct proto_session_item {
     char name_space[PROTO_NAME_MAX];
 };
 #define PROTO_SESSION_ITEM_SIZE (8 + 4 * 6 + 8 * 3 + 2 * PROTO_NAME_MAX)
+
+/* ---- the TCP handshake and umbp-master's records (proto_master.c) ------------ */
+
+/* AUTH record: the client's nonce, then its MAC over both nonces
+ * (net/auth.h).  AUTH_CHALLENGE and AUTH_OK carry one 32-byte value,
+ * read and written as a key (proto_get_key, proto_put_key). */
+struct proto_auth {
+    uint8_t nonce[32];
+    uint8_t mac[32];
+};
+#define PROTO_AUTH_SIZE 64
+
+#define PROTO_NODE_ADDR_MAX 1024     /* a node's UCX worker address, opaque */
+#define PROTO_MAX_REPLICAS 4         /* owners per key in LOCATE_R */
+#define PROTO_MAX_NODES_FRAME 2048   /* NODES_R records */
+
+/* REGISTER record: a node's identity (host + pid + start time: a restarted
+ * engine is a new node), its worker address, capacity and use, and the
+ * sequence number of the last event it has issued (0: none yet). */
+struct proto_register {
+    char host[PROTO_NAME_MAX];       /* NUL-terminated, non-empty */
+    uint32_t pid;                    /* > 0 */
+    uint32_t addr_len;               /* <= PROTO_NODE_ADDR_MAX */
+    uint64_t start_ns;               /* > 0: the process's start (any clock it keeps) */
+    uint64_t capacity_bytes;         /* > 0 */
+    uint64_t used_bytes;
+    uint64_t seq;
+    uint8_t addr[PROTO_NODE_ADDR_MAX]; /* [addr_len, end) zero */
+};
+#define PROTO_REGISTER_SIZE (PROTO_NAME_MAX + 4 + 4 + 8 * 4 + PROTO_NODE_ADDR_MAX)
+
+/* HEARTBEAT and RESYNC records.  Record 0 of each frame is STATUS (seq:
+ * the node's last event seq, size: bytes used, key zero); HEARTBEAT's
+ * others are events with consecutive seq > 0; RESYNC's others are STORED
+ * with seq 0 (the snapshot is as of the STATUS seq of its FIRST frame). */
+enum proto_node_event_kind {
+    PROTO_NODE_STATUS = 0,
+    PROTO_NODE_STORED = 1,           /* size > 0 */
+    PROTO_NODE_REMOVED = 2,          /* size 0 */
+};
+struct proto_node_event {
+    uint64_t seq;
+    uint32_t kind;
+    uint32_t pad;                    /* 0 */
+    umbp_key_t key;
+    uint64_t size;
+};
+#define PROTO_NODE_EVENT_SIZE (8 + 4 + 4 + UMBP_KEY_SIZE + 8)
+#define PROTO_RESYNC_FIRST 1u        /* RESYNC arg: drop what the master has of me */
+#define PROTO_RESYNC_LAST 2u         /* RESYNC arg: the snapshot is whole */
+
+/* REGISTER_R, HEARTBEAT_R and RESYNC_R record. */
+enum proto_ack_action {
+    PROTO_ACK_OK = 0,
+    PROTO_ACK_RESYNC = 1,            /* send your whole key set (RESYNC FIRST .. LAST) */
+    PROTO_ACK_REGISTER = 2,          /* unknown node (a restarted master, or declared dead) */
+};
+struct proto_ack {
+    uint64_t seq;                    /* the last event seq the master applied */
+    uint32_t action;                 /* enum proto_ack_action */
+    uint32_t node_ref;               /* the master's number for the node; 0 with REGISTER */
+};
+#define PROTO_ACK_SIZE 16
+
+/* LOCATE_R record, per key in request order: its live owners. */
+struct proto_location {
+    uint32_t nrep;                   /* 0 .. PROTO_MAX_REPLICAS; 0 = miss */
+    uint32_t pad;                    /* 0 */
+    uint64_t size;                   /* object bytes; 0 with nrep 0 */
+    uint32_t refs[PROTO_MAX_REPLICAS]; /* node refs (NODES_R); [nrep, end) zero */
+};
+#define PROTO_LOCATION_SIZE (4 + 4 + 8 + 4 * PROTO_MAX_REPLICAS)
+
+/* NODES_R record: one node the master routes to or suspects. */
+enum proto_node_state {
+    PROTO_NODE_ALIVE = 0,
+    PROTO_NODE_SUSPECT = 1,          /* missed heartbeats: not returned by LOCATE */
+};
+struct proto_node_info {
+    uint32_t ref;                    /* > 0, never reused by this master */
+    uint32_t state;                  /* enum proto_node_state */
+    char host[PROTO_NAME_MAX];
+    uint32_t pid;
+    uint32_t addr_len;
+    uint64_t start_ns, capacity_bytes, used_bytes, seq, keys, heartbeat_age_ms;
+    uint8_t addr[PROTO_NODE_ADDR_MAX];
+};
+#define PROTO_NODE_INFO_SIZE (4 + 4 + PROTO_NAME_MAX + 4 + 4 + 8 * 6 + PROTO_NODE_ADDR_MAX)
 
 /* ---- decoding ----------------------------------------------------------------- */
 
@@ -336,5 +442,29 @@ int proto_put_error_frame(struct proto_buf *b, uint16_t type, uint64_t seq, int3
                           const char *message);
 
 const char *proto_type_name(uint16_t type); /* "RESERVE", or "?" */
+
+/* The master's records and the handshake's (proto_master.c).  Accessors:
+ * 0, or -EINVAL with err naming the field ("REGISTER.addr_len: 2000 bytes
+ * exceed 1024").  proto_get_node_event also checks the record's place:
+ * record 0 STATUS, HEARTBEAT's others STORED or REMOVED with seq > 0,
+ * RESYNC's others STORED with seq 0.  Puts refuse what the accessors
+ * refuse (the place of a node event excepted: the put does not know it). */
+int proto_get_auth(const struct proto_frame *f, struct proto_auth *out, char *err,
+                   size_t errlen);
+int proto_get_register(const struct proto_frame *f, struct proto_register *out, char *err,
+                       size_t errlen);
+int proto_get_node_event(const struct proto_frame *f, uint32_t i, struct proto_node_event *out,
+                         char *err, size_t errlen);
+int proto_get_ack(const struct proto_frame *f, struct proto_ack *out, char *err, size_t errlen);
+int proto_get_location(const struct proto_frame *f, uint32_t i, struct proto_location *out,
+                       char *err, size_t errlen);
+int proto_get_node_info(const struct proto_frame *f, uint32_t i, struct proto_node_info *out,
+                        char *err, size_t errlen);
+int proto_put_auth(struct proto_buf *b, const struct proto_auth *a);
+int proto_put_register(struct proto_buf *b, const struct proto_register *r);
+int proto_put_node_event(struct proto_buf *b, const struct proto_node_event *e);
+int proto_put_ack(struct proto_buf *b, const struct proto_ack *a);
+int proto_put_location(struct proto_buf *b, const struct proto_location *l);
+int proto_put_node_info(struct proto_buf *b, const struct proto_node_info *n);
 
 #endif /* UMBP_NET_PROTO_H */

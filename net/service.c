@@ -67,6 +67,61 @@ void net_service_close_all(struct net_service *s, const char *why)
     }
 }
 
+/* ---- the shared-secret handshake (auth.h) -------------------------------------------- */
+
+/* At accept: our nonce, the first bytes on the connection.  A failure to
+ * send shows at the first read. */
+static void challenge(struct net_conn *c)
+{
+    net_auth_nonce(c->auth_nonce);
+    umbp_key_t sn;
+    memcpy(sn.bytes, c->auth_nonce, NET_AUTH_BYTES);
+    if (proto_begin(&c->out, PROTO_AUTH_CHALLENGE, 0, 1, 0) == 0) {
+        proto_put_key(&c->out, &sn);
+        proto_end(&c->out);
+    }
+    net_conn_flush(c);
+}
+
+static int refuse_auth(struct net_conn *c, const struct proto_frame *f, const char *msg)
+{
+    char name[96];
+    umbp_log(UMBP_LOG_WARN, "%s: refused: %s", conn_name(c, name, sizeof(name)), msg);
+    proto_put_error_frame(&c->out, PROTO_HELLO_ERR, f->seq, -EACCES, msg);
+    snprintf(c->why, sizeof(c->why), "failed the shared-secret handshake");
+    if (c->svc->p.ops->on_auth_failed)
+        c->svc->p.ops->on_auth_failed(c);
+    return NET_CLOSE;
+}
+
+/* The first frame of a connection to a service with a secret: AUTH with
+ * the client's MAC over both nonces; AUTH_OK with ours back. */
+static int auth_frame(struct net_conn *c, const struct proto_frame *f, char *what,
+                      size_t whatlen)
+{
+    const struct net_auth_key *key = c->svc->p.auth;
+    struct proto_auth a;
+    if (f->type != PROTO_AUTH)
+        return refuse_auth(c, f, "AUTH: missing; this service takes the shared-secret "
+                           "handshake before HELLO (give the client the service's secret)");
+    if (proto_get_auth(f, &a, what, whatlen) < 0)
+        return -EPROTO;
+    if (!net_auth_verify(key, false, c->auth_nonce, a.nonce, a.mac))
+        return refuse_auth(c, f, "AUTH.mac: wrong shared secret (the client's secret file "
+                           "differs from the service's)");
+    umbp_key_t mac;
+    net_auth_mac(key, true, c->auth_nonce, a.nonce, mac.bytes);
+    int rc = proto_begin(&c->out, PROTO_AUTH_OK, f->seq, 1, 0);
+    if (rc == 0)
+        proto_put_key(&c->out, &mac);
+    if (rc || (rc = proto_end(&c->out)) < 0) {
+        snprintf(c->why, sizeof(c->why), "no memory for AUTH_OK");
+        return rc;
+    }
+    c->authed = true;
+    return 0;
+}
+
 /* ---- opening and closing ------------------------------------------------------------ */
 
 struct net_conn *net_service_adopt(struct net_service *s, int fd, const struct ucred *cr)
@@ -100,6 +155,10 @@ struct net_conn *net_service_adopt(struct net_service *s, int fd, const struct u
         s->conns->prev = c;
     s->conns = c;
     s->nconns++;
+    if (s->p.tcp)
+        net_tcp_peer_name(fd, c->peer, sizeof(c->peer));
+    if (s->p.auth)
+        challenge(c);
     return c;
 }
 
@@ -262,6 +321,10 @@ static int dispatch(struct net_conn *c, const struct proto_frame *f, uint32_t *b
                     char *what, size_t whatlen)
 {
     const struct net_service_ops *ops = c->svc->p.ops;
+    if (!c->role && c->svc->p.auth && !c->authed) {
+        *budget -= 1;
+        return auth_frame(c, f, what, whatlen);
+    }
     if (!c->role) {
         *budget -= 1;
         return ops->on_hello(c, f, what, whatlen);
@@ -396,8 +459,8 @@ static void refuse(struct net_service *s, int fd, const struct ucred *cr,
 static void accept_one(void *ctx, int fd)
 {
     struct net_service *s = ctx;
-    struct ucred cr;
-    int rc = net_peer_check(fd, &s->p.peer, &cr);
+    struct ucred cr = {.pid = 0, .uid = (uid_t)-1, .gid = (gid_t)-1};
+    int rc = s->p.tcp ? 0 : net_peer_check(fd, &s->p.peer, &cr);
     if (rc < 0 && rc != -EACCES)
         refuse(s, fd, NULL, NET_REFUSE_CRED, -rc);
     else if (rc == -EACCES)

@@ -43,10 +43,12 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "auth.h"
 #include "listen.h"
 #include "proto.h"
+#include "tcp.h"
 
-#define NET_MAX_TYPES 32  /* frame types a role table may name */
+#define NET_MAX_TYPES 64  /* frame types a role table may name */
 #define NET_CLOSE 1       /* close once the output is flushed (why set) */
 #define NET_MORE 2        /* records left: call again with the same frame */
 
@@ -84,6 +86,11 @@ struct net_conn {
     struct proto_buf out;          /* unsent output [out_off, out.len) */
     size_t out_off;
     char why[PROTO_ERRMSG_MAX];    /* why it is ending, for the owner's close line */
+    /* TCP: the peer's address (for log lines; "" on a Unix socket), and
+     * the shared-secret handshake (auth.h): our nonce, passed or not */
+    char peer[NET_TCP_NAME_MAX];
+    uint8_t auth_nonce[NET_AUTH_BYTES];
+    bool authed;
 };
 
 enum net_refusal {
@@ -120,6 +127,9 @@ struct net_service_ops {
     /* A deadline passed: the owner's log line and c->why.  Required with
      * handshake or frame timeouts. */
     void (*on_timeout)(struct net_conn *c, bool handshake);
+    /* A client failed the shared-secret handshake (after the log line and
+     * its HELLO_ERR): count it.  Optional. */
+    void (*on_auth_failed)(struct net_conn *c);
     /* accept failed (out of descriptors): the owner's log line. */
     void (*on_accept_error)(struct net_service *s, int err, double retry_s);
     /* Ending: the owner's log line (c->why) and what the connection held;
@@ -132,7 +142,13 @@ struct net_service_params {
     const struct net_service_ops *ops;
     void *owner;
     size_t conn_size;              /* >= sizeof(struct net_conn), net_conn first */
-    struct net_peer_rules peer;
+    struct net_peer_rules peer;    /* Unix: SO_PEERCRED; unused with tcp */
+    /* A TCP listener: no peer credentials (pid 0, uid and gid -1 in
+     * net_conn), the peer's address in net_conn.peer. */
+    bool tcp;
+    /* The shared-secret handshake before HELLO (auth.h), or NULL: none.
+     * A TCP service that any other host can reach should have one. */
+    const struct net_auth_key *auth;
     unsigned max_conns;
     int accept_batch;
     double accept_retry_s;

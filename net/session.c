@@ -135,6 +135,7 @@ static void close_conn(struct net_session *s)
     s->in_off = s->in_len = 0;
     s->dialing = false;
     s->hello_deadline_ns = 0;
+    s->auth_wait = NET_AUTH_NONE;
 }
 
 static void schedule_retry(struct net_session *s, uint64_t now)
@@ -216,6 +217,12 @@ void net_session_connected(struct net_session *s, uint64_t now)
         return;
     char err[256] = "cannot build HELLO";
     s->out.len = 0; /* nothing from before this connection goes out on it */
+    if (s->cfg.auth) { /* HELLO waits for the server's challenge */
+        s->auth_wait = NET_AUTH_CHALLENGE;
+        s->state = NET_HELLO;
+        s->hello_deadline_ns = now + ms_ns(s->cfg.hello_timeout_ms);
+        return;
+    }
     if (s->ops->hello(s, err, sizeof(err)) < 0) {
         net_session_lost(s, now, err);
         return;
@@ -301,7 +308,8 @@ void net_session_want(const struct net_session *s, struct net_want *w)
     *w = (struct net_want){
         .dial = s->state == NET_CONNECTING && !s->dialing,
         .read = live,
-        .write = (s->state == NET_CONNECTING && s->dialing) || (live && s->out.len > 0),
+        .write = (s->state == NET_CONNECTING && s->dialing) ||
+                 (live && s->out.len > 0 && s->auth_wait != NET_AUTH_CHALLENGE),
         .watch_dir = s->was_up && s->state != NET_CONNECTED && s->state != NET_STOPPED,
     };
     switch (s->state) {
@@ -360,10 +368,74 @@ long net_session_in_next(struct net_session *s, struct proto_frame *f, char *err
 
 void net_session_in_consume(struct net_session *s, long bytes) { s->in_off += (size_t)bytes; }
 
+/* AUTH_CHALLENGE: AUTH then HELLO go out ahead of the calls queued
+ * behind the handshake (queue_in_hello). */
+static int answer_challenge(struct net_session *s, const struct proto_frame *f, char *why,
+                            size_t whylen)
+{
+    umbp_key_t sn;
+    struct proto_auth a;
+    if (!s->cfg.auth) {
+        snprintf(why, whylen, "%s asks for the shared-secret handshake (AUTH_CHALLENGE) and "
+                 "this client has no secret: configure the secret file", s->cfg.peer);
+        return -EACCES;
+    }
+    if (s->auth_wait != NET_AUTH_CHALLENGE || proto_get_key(f, 0, &sn) < 0) {
+        snprintf(why, whylen, "AUTH_CHALLENGE from %s out of turn", s->cfg.peer);
+        return -EPROTO;
+    }
+    memcpy(s->auth_sn, sn.bytes, NET_AUTH_BYTES);
+    net_auth_nonce(s->auth_cn);
+    memcpy(a.nonce, s->auth_cn, NET_AUTH_BYTES);
+    net_auth_mac(s->cfg.auth, false, s->auth_sn, s->auth_cn, a.mac);
+    struct proto_buf queued = s->out;
+    s->out = (struct proto_buf){0};
+    int rc = proto_begin(&s->out, PROTO_AUTH, 0, 1, 0);
+    if (rc == 0)
+        proto_put_auth(&s->out, &a);
+    if (rc == 0)
+        rc = proto_end(&s->out);
+    if (rc == 0)
+        rc = s->ops->hello(s, why, whylen);
+    if (rc == 0)
+        rc = proto_buf_move(&s->out, &queued);
+    proto_buf_free(&queued);
+    if (rc < 0)
+        return rc;
+    s->auth_wait = NET_AUTH_OK;
+    io_update(s);
+    return 0;
+}
+
+static int check_auth_ok(struct net_session *s, const struct proto_frame *f, char *why,
+                         size_t whylen)
+{
+    umbp_key_t mac;
+    if (s->auth_wait != NET_AUTH_OK || proto_get_key(f, 0, &mac) < 0) {
+        snprintf(why, whylen, "AUTH_OK from %s out of turn", s->cfg.peer);
+        return -EPROTO;
+    }
+    if (!net_auth_verify(s->cfg.auth, true, s->auth_sn, s->auth_cn, mac.bytes)) {
+        snprintf(why, whylen, "AUTH_OK.mac: %s does not hold our shared secret", s->cfg.peer);
+        return -EACCES;
+    }
+    s->auth_wait = NET_AUTH_NONE;
+    return 0;
+}
+
 /* A frame while HELLO_OK is awaited. */
 static int hello_frame(struct net_session *s, uint64_t now, const struct proto_frame *f,
                        char *why, size_t whylen)
 {
+    if (f->type == PROTO_AUTH_CHALLENGE)
+        return answer_challenge(s, f, why, whylen);
+    if (f->type == PROTO_AUTH_OK)
+        return check_auth_ok(s, f, why, whylen);
+    if (f->type == PROTO_HELLO_OK && s->auth_wait != NET_AUTH_NONE) {
+        snprintf(why, whylen, "HELLO_OK from %s before the shared-secret handshake ended",
+                 s->cfg.peer);
+        return -EPROTO;
+    }
     if (f->type == PROTO_HELLO_OK || f->type == PROTO_HELLO_ERR) {
         int fd = s->pending_fd;
         s->pending_fd = -1;

@@ -57,6 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "proto.h"
 
 enum net_state {
@@ -134,6 +135,12 @@ struct net_session_config {
      * them with -ECONNRESET.  false: pushed only while CONNECTED (the shm
      * tier: nothing waits behind a handshake that may be refused). */
     bool queue_in_hello;
+    /* The shared-secret handshake (auth.h) before HELLO, or NULL: none.
+     * With a key, HELLO goes out only after the server's AUTH_CHALLENGE
+     * (behind our AUTH), and HELLO_OK counts only after an AUTH_OK whose
+     * MAC proves the server holds the secret.  Without one, an
+     * AUTH_CHALLENGE drops the connection saying a secret is needed. */
+    const struct net_auth_key *auth;
 };
 
 struct net_want {
@@ -173,6 +180,9 @@ struct net_session {
     bool quick_armed;                /* retry_ns is a quick retry */
     bool by_dir;                     /* the attempt under way came from the directory */
     char last_why[128];              /* why the last attempt failed */
+    /* the shared-secret handshake: what is awaited, and both nonces */
+    enum { NET_AUTH_NONE, NET_AUTH_CHALLENGE, NET_AUTH_OK } auth_wait;
+    uint8_t auth_sn[NET_AUTH_BYTES], auth_cn[NET_AUTH_BYTES];
 };
 
 #define NET_BACKOFF_MIN_MS 10

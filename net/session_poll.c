@@ -17,6 +17,7 @@
 #include "fdpass.h"
 #include "inbuf.h"
 #include "session_poll.h"
+#include "tcp.h"
 #include "umbp/tier.h" /* umbp_now_ns */
 
 #define READS_PER_WAKEUP 16
@@ -35,7 +36,9 @@ void net_poll_init(struct net_poll *d, struct net_session *s, const struct net_p
     memset(d, 0, sizeof(*d));
     d->s = s;
     d->cfg = *cfg;
-    snprintf(d->path, sizeof(d->path), "%s", cfg->path);
+    snprintf(d->path, sizeof(d->path), "%s", cfg->path ? cfg->path : "");
+    snprintf(d->tcp_address, sizeof(d->tcp_address), "%s",
+             cfg->tcp_address ? cfg->tcp_address : "");
     d->fd = -1;
     d->slot = -1;
     s->io = (struct net_session_io){.close = drv_close, .update = NULL, .drv = d};
@@ -62,6 +65,13 @@ static void lose(struct net_poll *d, uint64_t now, enum net_poll_step step, int 
  * the one that failed (the socket closed). */
 static int start_connect(struct net_poll *d, enum net_poll_step *step)
 {
+    if (d->tcp_address[0]) {
+        *step = NET_POLL_CONNECT;
+        int rc = net_tcp_connect(d->tcp_address, &d->fd);
+        if (rc < 0 && rc != -EINPROGRESS)
+            d->fd = -1;
+        return rc;
+    }
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     snprintf(a.sun_path, sizeof(a.sun_path), "%s", d->path);
     *step = NET_POLL_SOCKET;

@@ -40,7 +40,9 @@ enum net_poll_step {
 };
 
 struct net_poll_config {
-    const char *path;  /* the peer's socket */
+    const char *path;  /* the peer's Unix socket; or NULL and tcp_address */
+    const char *tcp_address; /* "host:port" (tcp.h): a TCP peer, dialled without blocking
+                                (a host name is resolved, blocking, at each dial) */
     /* Optional: a connected socket's peer is acceptable (0), or err says
      * why not. */
     int (*check_peer)(void *ctx, int fd, char *err, size_t errlen);
@@ -55,6 +57,7 @@ struct net_poll {
     struct net_session *s;
     struct net_poll_config cfg;
     char path[NET_POLL_PATH_MAX];
+    char tcp_address[NET_POLL_PATH_MAX + 160];
     int fd;            /* the connection; -1: none */
     int slot;          /* net_poll_run: its pollfd; -1: none */
 };

@@ -378,6 +378,11 @@ static int handle_hello(struct srv_session *ss, const struct proto_frame *f, cha
         return refuse_version(ss, f, version);
     if (proto_get_hello(f, &h, what, whatlen) < 0)
         return -EPROTO;
+    if (h.role > PROTO_ROLE_ADMIN) {
+        snprintf(what, whatlen, "HELLO.role: node (%u) is umbp-master's role; umbp-server "
+                 "takes worker (0), lookup (1) and admin (2)", h.role);
+        return -EPROTO;
+    }
     ss->hello = h;
     ss->write_deadline_ns = (uint64_t)h.write_deadline_ms * 1000000ull;
     ss->ns = srv_namespace_id(ss->srv, h.name_space);

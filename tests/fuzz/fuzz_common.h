@@ -38,7 +38,9 @@
 /* One accessor each; the order is irrelevant. */
 enum fz_acc {
     FZ_KEY, FZ_U8, FZ_STATUS, FZ_HELLO, FZ_WELCOME, FZ_RESERVE, FZ_TOKEN,
-    FZ_REGION, FZ_EVENT, FZ_ERROR, FZ_STATS, FZ_SESSION, FZ_NACC, FZ_NONE = -1,
+    FZ_REGION, FZ_EVENT, FZ_ERROR, FZ_STATS, FZ_SESSION,
+    FZ_AUTH, FZ_REGISTER, FZ_NODE_EVENT, FZ_ACK, FZ_LOCATION, FZ_NODE_INFO, /* proto_master.c */
+    FZ_NACC, FZ_NONE = -1,
 };
 
 union fz_rec {
@@ -54,6 +56,12 @@ union fz_rec {
     struct proto_error error;
     struct proto_stats stats;
     struct proto_session_item session;
+    struct proto_auth auth;
+    struct proto_register reg;
+    struct proto_node_event node_event;
+    struct proto_ack ack;
+    struct proto_location location;
+    struct proto_node_info node_info;
 };
 
 /* Which accessor reads the records of each type: the fuzzers' own statement
@@ -73,6 +81,13 @@ static inline int fz_acc_of(uint16_t type)
     case PROTO_HELLO_ERR: case PROTO_ERROR: return FZ_ERROR;
     case PROTO_STATS_R: return FZ_STATS;
     case PROTO_SESSIONS_R: return FZ_SESSION;
+    case PROTO_AUTH_CHALLENGE: case PROTO_AUTH_OK: case PROTO_LOCATE: return FZ_KEY;
+    case PROTO_AUTH: return FZ_AUTH;
+    case PROTO_REGISTER: return FZ_REGISTER;
+    case PROTO_HEARTBEAT: case PROTO_RESYNC: return FZ_NODE_EVENT;
+    case PROTO_REGISTER_R: case PROTO_HEARTBEAT_R: case PROTO_RESYNC_R: return FZ_ACK;
+    case PROTO_LOCATE_R: return FZ_LOCATION;
+    case PROTO_NODES_R: return FZ_NODE_INFO;
     default: return FZ_NONE;
     }
 }
@@ -80,7 +95,8 @@ static inline int fz_acc_of(uint16_t type)
 /* Accessors without an index: they read the frame's one record. */
 static inline bool fz_singleton(int a)
 {
-    return a == FZ_HELLO || a == FZ_WELCOME || a == FZ_ERROR || a == FZ_STATS;
+    return a == FZ_HELLO || a == FZ_WELCOME || a == FZ_ERROR || a == FZ_STATS ||
+           a == FZ_AUTH || a == FZ_REGISTER || a == FZ_ACK;
 }
 
 static inline int fz_get(int a, const struct proto_frame *f, uint32_t i, union fz_rec *r,
@@ -99,6 +115,12 @@ static inline int fz_get(int a, const struct proto_frame *f, uint32_t i, union f
     case FZ_ERROR: return proto_get_error(f, &r->error);
     case FZ_STATS: return proto_get_stats(f, &r->stats);
     case FZ_SESSION: return proto_get_session_item(f, i, &r->session);
+    case FZ_AUTH: return proto_get_auth(f, &r->auth, err, errlen);
+    case FZ_REGISTER: return proto_get_register(f, &r->reg, err, errlen);
+    case FZ_NODE_EVENT: return proto_get_node_event(f, i, &r->node_event, err, errlen);
+    case FZ_ACK: return proto_get_ack(f, &r->ack, err, errlen);
+    case FZ_LOCATION: return proto_get_location(f, i, &r->location, err, errlen);
+    case FZ_NODE_INFO: return proto_get_node_info(f, i, &r->node_info, err, errlen);
     }
     abort();
 }
@@ -118,6 +140,12 @@ static inline int fz_put(int a, struct proto_buf *b, const union fz_rec *r)
     case FZ_ERROR: return proto_put_error(b, &r->error);
     case FZ_STATS: return proto_put_stats(b, &r->stats);
     case FZ_SESSION: return proto_put_session_item(b, &r->session);
+    case FZ_AUTH: return proto_put_auth(b, &r->auth);
+    case FZ_REGISTER: return proto_put_register(b, &r->reg);
+    case FZ_NODE_EVENT: return proto_put_node_event(b, &r->node_event);
+    case FZ_ACK: return proto_put_ack(b, &r->ack);
+    case FZ_LOCATION: return proto_put_location(b, &r->location);
+    case FZ_NODE_INFO: return proto_put_node_info(b, &r->node_info);
     }
     abort();
 }

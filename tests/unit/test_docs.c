@@ -58,3 +58,15 @@ Test(docs, configuration_lists_the_lookup_client_options)
     cr_assert_not_null(sec, "docs/configuration.md has no lookup client section");
     check_table(sec, lookup_client_options);
 }
+
+/* umbp-master's table (master/master_config.c, compiled into this test):
+ * its rows are looked for in its own section. */
+extern const struct umbp_option master_options[];
+
+Test(docs, configuration_lists_the_master_options)
+{
+    const char *doc = read_doc();
+    const char *sec = strstr(doc, "### umbp-master (");
+    cr_assert_not_null(sec, "docs/configuration.md has no umbp-master section");
+    check_table(sec, master_options);
+}

@@ -459,6 +459,201 @@ static void check_sessions_r(const struct proto_frame *f)
     }
 }
 
+/* ---- the TCP handshake's and umbp-master's frames (proto_master.c) ---------- */
+
+static void build_key1(struct proto_buf *b, uint16_t type, uint64_t seq)
+{
+    umbp_key_t k = key(3);
+    cr_assert_eq(proto_begin(b, type, seq, 1, 0), 0);
+    cr_assert_eq(proto_put_key(b, &k), 0);
+    cr_assert_eq(proto_end(b), 0);
+}
+
+static void check_key1(const struct proto_frame *f)
+{
+    umbp_key_t k, want = key(3);
+    cr_assert_eq(proto_get_key(f, 0, &k), 0);
+    cr_assert(tu_key_eq(&k, &want));
+}
+
+static void build_challenge(struct proto_buf *b) { build_key1(b, PROTO_AUTH_CHALLENGE, 0); }
+static void build_auth_ok(struct proto_buf *b) { build_key1(b, PROTO_AUTH_OK, 13); }
+
+static void build_auth(struct proto_buf *b)
+{
+    struct proto_auth a;
+    memset(a.nonce, 0x11, 32);
+    memset(a.mac, 0x22, 32);
+    cr_assert_eq(proto_begin(b, PROTO_AUTH, 14, 1, 0), 0);
+    cr_assert_eq(proto_put_auth(b, &a), 0);
+    cr_assert_eq(proto_end(b), 0);
+}
+
+static void check_auth(const struct proto_frame *f)
+{
+    struct proto_auth a;
+    cr_assert_eq(proto_get_auth(f, &a, err, sizeof(err)), 0, "%s", err);
+    cr_assert(a.nonce[0] == 0x11 && a.nonce[31] == 0x11 && a.mac[0] == 0x22 &&
+              a.mac[31] == 0x22);
+}
+
+static struct proto_register sample_register(void)
+{
+    struct proto_register r = {.host = "host-7", .pid = 42, .addr_len = 5,
+                               .start_ns = 99, .capacity_bytes = 1 << 30,
+                               .used_bytes = 12345, .seq = 77};
+    memcpy(r.addr, "abcde", 5);
+    return r;
+}
+
+static void build_register(struct proto_buf *b)
+{
+    struct proto_register r = sample_register();
+    cr_assert_eq(proto_begin(b, PROTO_REGISTER, 15, 1, 0), 0);
+    cr_assert_eq(proto_put_register(b, &r), 0);
+    cr_assert_eq(proto_end(b), 0);
+}
+
+static void check_register(const struct proto_frame *f)
+{
+    struct proto_register r, want = sample_register();
+    cr_assert_eq(proto_get_register(f, &r, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(memcmp(&r, &want, sizeof(r)), 0);
+}
+
+static void build_ack(struct proto_buf *b, uint16_t type)
+{
+    struct proto_ack a = {.seq = 1234, .action = PROTO_ACK_RESYNC, .node_ref = 9};
+    cr_assert_eq(proto_begin(b, type, 16, 1, 0), 0);
+    cr_assert_eq(proto_put_ack(b, &a), 0);
+    cr_assert_eq(proto_end(b), 0);
+}
+
+static void check_ack(const struct proto_frame *f)
+{
+    struct proto_ack a;
+    cr_assert_eq(proto_get_ack(f, &a, err, sizeof(err)), 0, "%s", err);
+    cr_assert(a.seq == 1234 && a.action == PROTO_ACK_RESYNC && a.node_ref == 9);
+}
+
+static void build_register_r(struct proto_buf *b) { build_ack(b, PROTO_REGISTER_R); }
+static void build_heartbeat_r(struct proto_buf *b) { build_ack(b, PROTO_HEARTBEAT_R); }
+static void build_resync_r(struct proto_buf *b) { build_ack(b, PROTO_RESYNC_R); }
+
+static void build_node_events(struct proto_buf *b, uint16_t type, uint32_t arg)
+{
+    cr_assert_eq(proto_begin(b, type, 17, NKEYS + 1, arg), 0);
+    struct proto_node_event st = {.seq = 500, .kind = PROTO_NODE_STATUS, .size = 777};
+    cr_assert_eq(proto_put_node_event(b, &st), 0);
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        bool rm = type == PROTO_HEARTBEAT && (i & 1);
+        struct proto_node_event e = {
+            .seq = type == PROTO_HEARTBEAT ? 100 + i : 0,
+            .kind = rm ? PROTO_NODE_REMOVED : PROTO_NODE_STORED, .key = key(i),
+            .size = rm ? 0 : 4096 + i};
+        cr_assert_eq(proto_put_node_event(b, &e), 0);
+    }
+    cr_assert_eq(proto_end(b), 0);
+}
+
+static void check_node_events(const struct proto_frame *f)
+{
+    struct proto_node_event e;
+    cr_assert_eq(proto_get_node_event(f, 0, &e, err, sizeof(err)), 0, "%s", err);
+    cr_assert(e.kind == PROTO_NODE_STATUS && e.seq == 500 && e.size == 777);
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        umbp_key_t want = key(i);
+        cr_assert_eq(proto_get_node_event(f, i + 1, &e, err, sizeof(err)), 0, "%s", err);
+        cr_assert(tu_key_eq(&e.key, &want));
+    }
+}
+
+static void build_heartbeat(struct proto_buf *b) { build_node_events(b, PROTO_HEARTBEAT, 0); }
+static void build_resync(struct proto_buf *b)
+{
+    build_node_events(b, PROTO_RESYNC, PROTO_RESYNC_FIRST | PROTO_RESYNC_LAST);
+}
+
+static void build_locate(struct proto_buf *b)
+{
+    cr_assert_eq(proto_begin(b, PROTO_LOCATE, 18, NKEYS, 0), 0);
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        umbp_key_t k = key(i);
+        cr_assert_eq(proto_put_key(b, &k), 0);
+    }
+    cr_assert_eq(proto_end(b), 0);
+}
+
+static void check_locate(const struct proto_frame *f)
+{
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        umbp_key_t k, want = key(i);
+        cr_assert_eq(proto_get_key(f, i, &k), 0);
+        cr_assert(tu_key_eq(&k, &want));
+    }
+}
+
+static struct proto_location sample_location(uint32_t i)
+{
+    struct proto_location l = {.nrep = i % (PROTO_MAX_REPLICAS + 1)};
+    for (uint32_t r = 0; r < l.nrep; r++)
+        l.refs[r] = 10 + r;
+    l.size = l.nrep ? 4096 + i : 0;
+    return l;
+}
+
+static void build_locate_r(struct proto_buf *b)
+{
+    cr_assert_eq(proto_begin(b, PROTO_LOCATE_R, 18, NKEYS, 31), 0);
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        struct proto_location l = sample_location(i);
+        cr_assert_eq(proto_put_location(b, &l), 0);
+    }
+    cr_assert_eq(proto_end(b), 0);
+}
+
+static void check_locate_r(const struct proto_frame *f)
+{
+    cr_assert_eq(f->arg, 31);
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        struct proto_location l, want = sample_location(i);
+        cr_assert_eq(proto_get_location(f, i, &l, err, sizeof(err)), 0, "%s", err);
+        cr_assert_eq(memcmp(&l, &want, sizeof(l)), 0);
+    }
+}
+
+static void build_nodes(struct proto_buf *b) { build_empty(b, PROTO_NODES, 31); }
+static void check_nodes(const struct proto_frame *f) { check_empty(f, 31); }
+
+static struct proto_node_info sample_node(uint32_t i)
+{
+    struct proto_node_info n = {.ref = i + 1, .state = i & 1, .pid = 100 + i, .addr_len = 3,
+                                .start_ns = 5, .capacity_bytes = 6, .used_bytes = 7,
+                                .seq = 8, .keys = 9, .heartbeat_age_ms = 10};
+    snprintf(n.host, sizeof(n.host), "node-%u", i);
+    memcpy(n.addr, "xyz", 3);
+    return n;
+}
+
+static void build_nodes_r(struct proto_buf *b)
+{
+    cr_assert_eq(proto_begin(b, PROTO_NODES_R, 19, 3, 32), 0);
+    for (uint32_t i = 0; i < 3; i++) {
+        struct proto_node_info n = sample_node(i);
+        cr_assert_eq(proto_put_node_info(b, &n), 0);
+    }
+    cr_assert_eq(proto_end(b), 0);
+}
+
+static void check_nodes_r(const struct proto_frame *f)
+{
+    for (uint32_t i = 0; i < 3; i++) {
+        struct proto_node_info n, want = sample_node(i);
+        cr_assert_eq(proto_get_node_info(f, i, &n, err, sizeof(err)), 0, "%s", err);
+        cr_assert_eq(memcmp(&n, &want, sizeof(n)), 0);
+    }
+}
+
 struct sample {
     uint16_t type;
     bool from_server;
@@ -491,6 +686,19 @@ static const struct sample samples[] = {
     {PROTO_ERROR, true, build_error, check_error},
     {PROTO_SESSIONS, false, build_sessions, check_no_arg},
     {PROTO_SESSIONS_R, true, build_sessions_r, check_sessions_r},
+    {PROTO_AUTH_CHALLENGE, true, build_challenge, check_key1},
+    {PROTO_AUTH, false, build_auth, check_auth},
+    {PROTO_AUTH_OK, true, build_auth_ok, check_key1},
+    {PROTO_REGISTER, false, build_register, check_register},
+    {PROTO_REGISTER_R, true, build_register_r, check_ack},
+    {PROTO_HEARTBEAT, false, build_heartbeat, check_node_events},
+    {PROTO_HEARTBEAT_R, true, build_heartbeat_r, check_ack},
+    {PROTO_RESYNC, false, build_resync, check_node_events},
+    {PROTO_RESYNC_R, true, build_resync_r, check_ack},
+    {PROTO_LOCATE, false, build_locate, check_locate},
+    {PROTO_LOCATE_R, true, build_locate_r, check_locate_r},
+    {PROTO_NODES, false, build_nodes, check_nodes},
+    {PROTO_NODES_R, true, build_nodes_r, check_nodes_r},
 };
 #define NSAMPLES (sizeof(samples) / sizeof(samples[0]))
 
@@ -546,7 +754,7 @@ Test(proto_roundtrip, pipelined_frames_parse_one_after_another)
         seen++;
     }
     cr_assert_eq(off, b.len);
-    cr_assert_eq(seen, 11);
+    cr_assert_eq(seen, 17);
     proto_buf_free(&b);
 }
 
@@ -668,7 +876,7 @@ Test(proto_malformed, len_over_max_body)
 
 Test(proto_malformed, unknown_type)
 {
-    static const uint16_t bad[] = {0, 25, 99, 0xffff};
+    static const uint16_t bad[] = {0, 38, 99, 0xffff};
     uint8_t p[24];
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -805,7 +1013,7 @@ static void expect_hello_refused(size_t at, uint8_t v, const char *field)
 Test(proto_malformed, hello_records)
 {
     expect_hello_refused(0, 'X', "HELLO.magic");
-    expect_hello_refused(6, 3, "HELLO.role");
+    expect_hello_refused(6, 4, "HELLO.role");
     expect_hello_refused(7, 1, "HELLO.pad");
     expect_hello_refused(8, 0x02, "HELLO.flags");
     expect_hello_refused(24 + 20, 'x', "HELLO.engine_id");        /* after the NUL */
@@ -1498,4 +1706,69 @@ Test(proto_in, reserve_drops_parsed_bytes_compacts_then_doubles)
     cr_assert_eq(off, 0);
     cr_assert_eq(len, 0);
     free(buf);
+}
+
+/* The master's records: each accessor names the field it refuses. */
+static void expect_refused(void (*bld)(struct proto_buf *), size_t at, uint8_t v,
+                           int (*get)(const struct proto_frame *), const char *field)
+{
+    struct proto_buf b = {0};
+    struct proto_frame f;
+    bld(&b);
+    b.data[PROTO_HDR_SIZE + PROTO_BODY_HDR_SIZE + at] = v;
+    cr_assert_gt(proto_frame_parse(b.data, b.len, b.data[4] & 1 ? true : false, &f, err,
+                                   sizeof(err)), 0);
+    err[0] = 0;
+    cr_assert_lt(get(&f), 0, "%s", field);
+    assert_err_names(field);
+    proto_buf_free(&b);
+}
+
+static int get_register(const struct proto_frame *f)
+{
+    struct proto_register r;
+    return proto_get_register(f, &r, err, sizeof(err));
+}
+
+static int get_events(const struct proto_frame *f)
+{
+    struct proto_node_event e;
+    for (uint32_t i = 0; i < f->n; i++)
+        if (proto_get_node_event(f, i, &e, err, sizeof(err)) < 0)
+            return -EINVAL;
+    return 0;
+}
+
+static int get_ack(const struct proto_frame *f)
+{
+    struct proto_ack a;
+    return proto_get_ack(f, &a, err, sizeof(err));
+}
+
+static int get_locations(const struct proto_frame *f)
+{
+    struct proto_location l;
+    for (uint32_t i = 0; i < f->n; i++)
+        if (proto_get_location(f, i, &l, err, sizeof(err)) < 0)
+            return -EINVAL;
+    return 0;
+}
+
+Test(proto_malformed, master_records_name_the_field)
+{
+    /* types: REGISTER 28, HEARTBEAT 30, RESYNC 32 are requests (even),
+     * the replies odd: b.data[4] & 1 picks the parser's side */
+    expect_refused(build_register, PROTO_NAME_MAX + 4 + 1, 0x08, get_register,
+                   "REGISTER.addr_len");
+    expect_refused(build_register, PROTO_NAME_MAX + 8 + 32 + 10, 'x', get_register,
+                   "REGISTER.addr");
+    expect_refused(build_register, 0, 0, get_register, "REGISTER.host");
+    expect_refused(build_register, PROTO_NAME_MAX, 0, get_register, "REGISTER.pid");
+    expect_refused(build_heartbeat, 8, PROTO_NODE_STORED, get_events, "HEARTBEAT.kind");
+    expect_refused(build_heartbeat, PROTO_NODE_EVENT_SIZE + 12, 1, get_events, "HEARTBEAT.pad");
+    expect_refused(build_heartbeat, PROTO_NODE_EVENT_SIZE + 8, 9, get_events, "HEARTBEAT.kind");
+    expect_refused(build_resync, PROTO_NODE_EVENT_SIZE, 1, get_events, "RESYNC.kind");
+    expect_refused(build_register_r, 8, 7, get_ack, "REGISTER_R.action");
+    expect_refused(build_locate_r, 16 + 12, 5, get_locations, "LOCATE_R.refs");
+    expect_refused(build_locate_r, 4, 1, get_locations, "LOCATE_R.pad");
 }

@@ -1,0 +1,478 @@
+/*
+ * master_client.c - a client of umbp-master (master_client.h): the owner
+ * of one net/session (HELLO, HELLO_OK, replies) and of its poll() driver.
+ *
+ * A call is heap-allocated and shared by the caller and the session
+ * (refs): the caller leaves at its deadline, the session keeps an overdue
+ * call as an orphan until its late reply comes (dropped then) or the
+ * connection goes.  Output arrays belong to the caller, so a call stops
+ * writing to them (locs = NULL) once the caller has left.
+ *
+ * Threads: the caller's, one at a time.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "master_client.h"
+#include "session.h"
+#include "session_poll.h"
+#include "tcp.h"
+#include "umbp/tier.h"
+
+struct mclient {
+    struct mclient_config cfg;
+    char address[NET_TCP_NAME_MAX + 256];
+    char engine_id[PROTO_NAME_MAX];
+    struct net_session s;
+    struct net_poll d;
+    struct pollfd pfd[1];
+    bool tried;                        /* the first attempt was started */
+    uint32_t epoch;                    /* of the node list below; 0: none */
+    struct proto_node_info *nodes;     /* PROTO_MAX_NODES_FRAME */
+    size_t nnodes;
+    char last_error[PROTO_ERRMSG_MAX + 128];
+};
+
+struct mcall {
+    struct net_call nc;                /* first: container_of */
+    struct mclient *c;
+    int refs;                          /* the caller's and the session's */
+    bool done;
+    int status;
+    struct proto_ack ack;
+    struct proto_location *locs;       /* the caller's; NULL once it left */
+    size_t nkeys;
+};
+
+static uint64_t ms_ns(uint64_t ms) { return ms * 1000000ull; }
+
+/* ---- replies ----------------------------------------------------------------------- */
+
+static int take_nodes(struct mclient *c, const struct proto_frame *f, char *err, size_t errlen)
+{
+    if (f->arg == c->epoch)
+        return 0; /* unchanged */
+    for (uint32_t i = 0; i < f->n; i++)
+        if (proto_get_node_info(f, i, &c->nodes[i], err, errlen) < 0)
+            return -EPROTO;
+    c->nnodes = f->n;
+    c->epoch = f->arg;
+    return 0;
+}
+
+static int on_reply(struct net_call *nc, const struct proto_frame *f, char *err, size_t errlen)
+{
+    struct mcall *m = (struct mcall *)nc;
+    switch (f->type) {
+    case PROTO_REGISTER_R:
+    case PROTO_HEARTBEAT_R:
+    case PROTO_RESYNC_R:
+        return proto_get_ack(f, &m->ack, err, errlen) < 0 ? -EPROTO : 0;
+    case PROTO_LOCATE_R:
+        if (f->n != m->nkeys) {
+            snprintf(err, errlen, "LOCATE_R.n: %u records for %zu keys", f->n, m->nkeys);
+            return -EPROTO;
+        }
+        for (uint32_t i = 0; m->locs && i < f->n; i++)
+            if (proto_get_location(f, i, &m->locs[i], err, errlen) < 0)
+                return -EPROTO;
+        return 0;
+    case PROTO_NODES_R:
+        return take_nodes(m->c, f, err, errlen);
+    case PROTO_PONG:
+        return 0;
+    default:
+        snprintf(err, errlen, "%s is not a reply of the master", proto_type_name(f->type));
+        return -EPROTO;
+    }
+}
+
+static int on_late_reply(struct net_call *nc, const struct proto_frame *f, char *err,
+                         size_t errlen)
+{
+    struct mcall *m = (struct mcall *)nc;
+    if (f->type == PROTO_NODES_R) /* still news */
+        return take_nodes(m->c, f, err, errlen);
+    return 0; /* the caller has gone: dropped */
+}
+
+static void on_done(struct net_call *nc, int status)
+{
+    struct mcall *m = (struct mcall *)nc;
+    m->done = true;
+    m->status = status;
+}
+
+static void on_free(struct net_call *nc)
+{
+    struct mcall *m = (struct mcall *)nc;
+    if (--m->refs == 0)
+        free(m);
+}
+
+static const struct net_call_ops call_ops = {
+    .on_reply = on_reply, .on_late_reply = on_late_reply, .on_done = on_done,
+    .on_free = on_free,
+};
+
+/* ---- the session's hooks ----------------------------------------------------------- */
+
+static int hello(struct net_session *s, char *err, size_t errlen)
+{
+    struct mclient *c = s->owner;
+    struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION, .role = c->cfg.role,
+                            .pid = (uint32_t)getpid()};
+    snprintf(h.engine_id, sizeof(h.engine_id), "%s", c->engine_id);
+    int rc = proto_begin(&s->out, PROTO_HELLO, s->next_seq++, 1, 0);
+    if (rc == 0)
+        rc = proto_put_hello(&s->out, &h);
+    if (rc == 0)
+        rc = proto_end(&s->out);
+    if (rc < 0)
+        snprintf(err, errlen, "cannot build HELLO: %s", strerror(-rc));
+    return rc;
+}
+
+static int welcome(struct net_session *s, const struct proto_frame *f, int fd, char *err,
+                   size_t errlen)
+{
+    struct mclient *c = s->owner;
+    if (fd >= 0)
+        close(fd);
+    if (f->type == PROTO_HELLO_ERR) {
+        struct proto_error e;
+        if (proto_get_error(f, &e) < 0)
+            snprintf(e.message, sizeof(e.message), "(unreadable)");
+        snprintf(err, errlen, "the master refused us: %s", e.message);
+        snprintf(c->last_error, sizeof(c->last_error), "%s", err);
+        return -EACCES;
+    }
+    struct proto_welcome w;
+    char why[PROTO_ERRMSG_MAX] = "";
+    if (proto_get_welcome(f, &w, why, sizeof(why)) < 0 || w.version != PROTO_VERSION) {
+        snprintf(err, errlen, "HELLO_OK: %s", why[0] ? why : "another protocol version");
+        return -EPROTO;
+    }
+    return 0;
+}
+
+static int on_frame(struct net_session *s, const struct proto_frame *f, char *err,
+                    size_t errlen)
+{
+    struct mclient *c = s->owner;
+    if (f->type != PROTO_ERROR)
+        return 0;
+    struct proto_error e;
+    if (proto_get_error(f, &e) < 0)
+        snprintf(e.message, sizeof(e.message), "(unreadable)");
+    snprintf(err, errlen, "the master's ERROR: %s", e.message);
+    snprintf(c->last_error, sizeof(c->last_error), "%s", err);
+    return -EPROTO;
+}
+
+static void on_up(struct net_session *s, uint64_t down_ms, bool by_dir)
+{
+    (void)s;
+    (void)down_ms;
+    (void)by_dir;
+}
+
+static void on_down(struct net_session *s, const char *why, bool was_connected, bool news)
+{
+    struct mclient *c = s->owner;
+    (void)was_connected;
+    (void)news;
+    if (strncmp(c->last_error, "the master", 10) != 0 || was_connected)
+        snprintf(c->last_error, sizeof(c->last_error), "%s", why);
+}
+
+static const struct net_session_ops session_ops = {
+    .hello = hello, .welcome = welcome, .on_frame = on_frame, .on_up = on_up,
+    .on_down = on_down,
+};
+
+/* ---- life ----------------------------------------------------------------------------- */
+
+int mclient_create(const struct mclient_config *cfg, struct mclient **out)
+{
+    struct mclient *c = calloc(1, sizeof(*c));
+    if (!c || !(c->nodes = calloc(PROTO_MAX_NODES_FRAME, sizeof(*c->nodes)))) {
+        free(c);
+        return -ENOMEM;
+    }
+    c->cfg = *cfg;
+    snprintf(c->address, sizeof(c->address), "%s", cfg->address);
+    snprintf(c->engine_id, sizeof(c->engine_id), "%s", cfg->engine_id ? cfg->engine_id : "");
+    c->cfg.address = c->address;
+    struct net_session_config sc = {
+        .peer = "the master", .backoff_max_ms = 1000,
+        .hello_timeout_ms = cfg->hello_timeout_ms ? cfg->hello_timeout_ms : 5000,
+        .hello_timeout_name = "the handshake timeout", .stall_ms = 0, .auth = cfg->auth,
+    };
+    net_session_init(&c->s, &sc, &session_ops, c);
+    struct net_poll_config pc = {.tcp_address = c->address};
+    net_poll_init(&c->d, &c->s, &pc);
+    *out = c;
+    return 0;
+}
+
+void mclient_destroy(struct mclient *c)
+{
+    if (!c)
+        return;
+    net_session_stop(&c->s);
+    net_session_destroy(&c->s);
+    net_poll_close(&c->d);
+    free(c->nodes);
+    free(c);
+}
+
+const char *mclient_last_error(const struct mclient *c) { return c->last_error; }
+
+int mclient_health(struct mclient *c) { return net_session_health(&c->s, umbp_now_ns()); }
+
+/* ---- driving ----------------------------------------------------------------------------- */
+
+static bool settled(void *arg)
+{
+    const struct mclient *c = arg;
+    return c->s.state == NET_CONNECTED || c->s.state == NET_DISCONNECTED ||
+           c->s.state == NET_STOPPED;
+}
+
+static bool call_done(void *arg) { return ((const struct mcall *)arg)->done; }
+
+/* Connected, or an attempt begun (when its backoff is over) and run to its
+ * end by until_ns. */
+static int ensure_up(struct mclient *c, uint64_t until_ns)
+{
+    struct net_poll *dp = &c->d;
+    uint64_t now = umbp_now_ns();
+    if (c->s.state == NET_DISCONNECTED) {
+        if (!c->tried)
+            net_session_retry_now(&c->s, now);
+        c->tried = true;
+        net_session_tick(&c->s, now);
+    }
+    if (!settled(c))
+        net_poll_run(&dp, 1, c->pfd, until_ns, settled, c);
+    return c->s.state == NET_CONNECTED ? 0 : UMBP_E_NOT_ATTEMPTED;
+}
+
+/* Pushes m (frames already in `frames`) and runs until it is done or its
+ * deadline passed. */
+static int run_call(struct mclient *c, struct mcall *m, struct proto_buf *frames,
+                    uint32_t nframes, uint64_t first_seq, uint64_t deadline,
+                    struct proto_ack *ack)
+{
+    struct net_poll *dp = &c->d;
+    m->c = c;
+    m->refs = 2;
+    if (proto_buf_move(&c->s.out, frames) < 0) {
+        free(m);
+        return -ENOMEM;
+    }
+    net_session_push(&c->s, &m->nc, &call_ops, nframes, first_seq, umbp_now_ns(), deadline);
+    if (!m->done)
+        net_poll_run(&dp, 1, c->pfd, deadline + ms_ns(1), call_done, m);
+    int rc = m->done ? m->status : UMBP_E_TIMEOUT;
+    if (rc == 0 && ack)
+        *ack = m->ack;
+    m->locs = NULL; /* the caller leaves */
+    if (--m->refs == 0)
+        free(m);
+    return rc;
+}
+
+/* One call of the frames built by build(), after ensure_up. */
+static int call(struct mclient *c, struct mcall *m, int (*build)(struct mclient *, void *,
+                                                                struct proto_buf *, uint32_t *),
+                void *arg, uint64_t timeout_ms, struct proto_ack *ack)
+{
+    uint64_t deadline = umbp_now_ns() + ms_ns(timeout_ms);
+    struct proto_buf b = {0};
+    uint32_t nframes = 0;
+    int rc = ensure_up(c, deadline);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    uint64_t first = c->s.next_seq;
+    if ((rc = build(c, arg, &b, &nframes)) < 0) {
+        proto_buf_free(&b);
+        c->s.next_seq = first;
+        free(m);
+        return rc;
+    }
+    rc = run_call(c, m, &b, nframes, first, deadline, ack);
+    proto_buf_free(&b);
+    return rc;
+}
+
+static struct mcall *new_call(void) { return calloc(1, sizeof(struct mcall)); }
+
+/* ---- REGISTER, HEARTBEAT, RESYNC -------------------------------------------------------- */
+
+static int build_register(struct mclient *c, void *arg, struct proto_buf *b, uint32_t *n)
+{
+    int rc = proto_begin(b, PROTO_REGISTER, c->s.next_seq++, 1, 0);
+    if (rc == 0)
+        rc = proto_put_register(b, arg);
+    if (rc == 0)
+        rc = proto_end(b);
+    *n = 1;
+    return rc;
+}
+
+int mclient_register(struct mclient *c, const struct proto_register *r, struct proto_ack *ack)
+{
+    struct mcall *m = new_call();
+    return m ? call(c, m, build_register, (void *)r, c->cfg.timeout_ms, ack) : -ENOMEM;
+}
+
+struct events {
+    uint64_t seq, used;
+    const struct proto_node_event *ev;
+    size_t n;
+};
+
+static int build_heartbeat(struct mclient *c, void *arg, struct proto_buf *b, uint32_t *n)
+{
+    const struct events *e = arg;
+    struct proto_node_event st = {.seq = e->seq, .kind = PROTO_NODE_STATUS, .size = e->used};
+    if (e->n >= PROTO_MAX_RECORDS)
+        return -E2BIG;
+    int rc = proto_begin(b, PROTO_HEARTBEAT, c->s.next_seq++, (uint32_t)e->n + 1, 0);
+    if (rc == 0)
+        rc = proto_put_node_event(b, &st);
+    for (size_t i = 0; rc == 0 && i < e->n; i++)
+        rc = proto_put_node_event(b, &e->ev[i]);
+    if (rc == 0)
+        rc = proto_end(b);
+    *n = 1;
+    return rc;
+}
+
+int mclient_heartbeat(struct mclient *c, uint64_t seq, uint64_t used,
+                      const struct proto_node_event *ev, size_t n, struct proto_ack *ack)
+{
+    struct events e = {.seq = seq, .used = used, .ev = ev, .n = n};
+    struct mcall *m = new_call();
+    return m ? call(c, m, build_heartbeat, &e, c->cfg.timeout_ms, ack) : -ENOMEM;
+}
+
+struct snapshot {
+    uint64_t seq, used;
+    const umbp_key_t *keys;
+    const uint64_t *sizes;
+    size_t n, per;
+};
+
+static int build_resync(struct mclient *c, void *arg, struct proto_buf *b, uint32_t *nframes)
+{
+    const struct snapshot *sn = arg;
+    size_t frames = sn->n ? (sn->n + sn->per - 1) / sn->per : 1;
+    struct proto_node_event st = {.seq = sn->seq, .kind = PROTO_NODE_STATUS, .size = sn->used};
+    int rc = 0;
+    for (size_t f = 0; rc == 0 && f < frames; f++) {
+        size_t lo = f * sn->per, hi = lo + sn->per < sn->n ? lo + sn->per : sn->n;
+        uint32_t arg_ = (f == 0 ? PROTO_RESYNC_FIRST : 0) |
+                        (f + 1 == frames ? PROTO_RESYNC_LAST : 0);
+        rc = proto_begin(b, PROTO_RESYNC, c->s.next_seq++, (uint32_t)(hi - lo + 1), arg_);
+        if (rc == 0)
+            rc = proto_put_node_event(b, &st);
+        for (size_t i = lo; rc == 0 && i < hi; i++) {
+            struct proto_node_event e = {.kind = PROTO_NODE_STORED, .key = sn->keys[i],
+                                         .size = sn->sizes[i]};
+            rc = proto_put_node_event(b, &e);
+        }
+        if (rc == 0)
+            rc = proto_end(b);
+    }
+    *nframes = (uint32_t)frames;
+    return rc;
+}
+
+int mclient_resync(struct mclient *c, uint64_t seq, uint64_t used, const umbp_key_t *keys,
+                   const uint64_t *sizes, size_t n, size_t per_frame, struct proto_ack *ack)
+{
+    struct snapshot sn = {.seq = seq, .used = used, .keys = keys, .sizes = sizes, .n = n,
+                          .per = per_frame && per_frame < PROTO_MAX_RECORDS
+                                     ? per_frame : PROTO_MAX_RECORDS - 1};
+    struct mcall *m = new_call();
+    return m ? call(c, m, build_resync, &sn, c->cfg.timeout_ms, ack) : -ENOMEM;
+}
+
+/* ---- LOCATE and NODES ----------------------------------------------------------------- */
+
+struct keys {
+    const umbp_key_t *k;
+    size_t n;
+};
+
+static int build_locate(struct mclient *c, void *arg, struct proto_buf *b, uint32_t *n)
+{
+    const struct keys *k = arg;
+    int rc = proto_begin(b, PROTO_LOCATE, c->s.next_seq++, (uint32_t)k->n, 0);
+    for (size_t i = 0; rc == 0 && i < k->n; i++)
+        rc = proto_put_key(b, &k->k[i]);
+    if (rc == 0)
+        rc = proto_end(b);
+    if (rc == 0) /* the node list rides along: sent only when it changed */
+        rc = proto_put_empty(b, PROTO_NODES, c->s.next_seq++, c->epoch);
+    *n = 2;
+    return rc;
+}
+
+int mclient_locate(struct mclient *c, const umbp_key_t *keys, size_t n,
+                   struct proto_location *out)
+{
+    struct net_poll *dp = &c->d;
+    if (n > PROTO_MAX_RECORDS)
+        return -E2BIG;
+    memset(out, 0, n * sizeof(*out));
+    if (c->s.orphans) /* take in a late reply without waiting, then decide */
+        net_poll_run(&dp, 1, c->pfd, umbp_now_ns(), NULL, NULL);
+    if (c->s.state == NET_CONNECTED && net_session_health(&c->s, umbp_now_ns()) < 0)
+        return UMBP_E_NOT_ATTEMPTED; /* single flight: one lookup is overdue */
+    struct mcall *m = new_call();
+    if (!m)
+        return -ENOMEM;
+    m->locs = out;
+    m->nkeys = n;
+    struct keys k = {keys, n};
+    int rc = call(c, m, build_locate, &k, c->cfg.timeout_ms, NULL);
+    if (rc < 0)
+        memset(out, 0, n * sizeof(*out)); /* a part answer is no answer */
+    return rc;
+}
+
+static int build_nodes(struct mclient *c, void *arg, struct proto_buf *b, uint32_t *n)
+{
+    (void)arg;
+    *n = 1;
+    return proto_put_empty(b, PROTO_NODES, c->s.next_seq++, c->epoch);
+}
+
+int mclient_nodes(struct mclient *c)
+{
+    struct mcall *m = new_call();
+    return m ? call(c, m, build_nodes, NULL, c->cfg.timeout_ms, NULL) : -ENOMEM;
+}
+
+const struct proto_node_info *mclient_node(const struct mclient *c, uint32_t ref)
+{
+    for (size_t i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].ref == ref)
+            return &c->nodes[i];
+    return NULL;
+}
+
+size_t mclient_node_list(const struct mclient *c, const struct proto_node_info **out)
+{
+    *out = c->nodes;
+    return c->nnodes;
+}

@@ -1,0 +1,81 @@
+/*
+ * master_config.c - umbp-master's option table and the parse of its config
+ * (master.h): umbp_options_apply over the table, then the cross-option
+ * checks.  Messages name the option and the fix.  Caller's thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "master.h"
+#include "options.h"
+#include "proto.h"
+#include "tcp.h"
+
+#define OFF(f) offsetof(struct master_options, f)
+
+static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
+
+const struct umbp_option master_options[] = {
+    {"listen", UMBP_OPT_STRING, OFF(listen), "127.0.0.1:7390", 0, 0, 256, NULL,
+     "master: host:port the nodes and lookup clients connect to (IPv6: [addr]:port); an "
+     "address other hosts reach needs secret_file"},
+    {"secret_file", UMBP_OPT_STRING, OFF(secret_file), "", 0, 0, 512, NULL,
+     "master: file holding the cluster's shared secret (16 .. 4096 bytes, mode 0600): "
+     "every peer proves it holds it before HELLO; empty = no handshake (loopback only)"},
+    {"heartbeat_suspect_ms", UMBP_OPT_INT, OFF(heartbeat_suspect_ms), "3000", 100, 600000, 0,
+     NULL,
+     "master: a node without a heartbeat this long is suspect: lookups stop returning it"},
+    {"heartbeat_dead_ms", UMBP_OPT_INT, OFF(heartbeat_dead_ms), "10000", 200, 3600000, 0, NULL,
+     "master: a node without a heartbeat this long is dead: its keys leave the index and "
+     "it must register again (> heartbeat_suspect_ms)"},
+    {"max_nodes", UMBP_OPT_INT, OFF(max_nodes), "1024", 1, PROTO_MAX_NODES_FRAME, 0, NULL,
+     "master: registered nodes at most; a REGISTER past it is refused"},
+    {"max_replicas", UMBP_OPT_INT, OFF(max_replicas), "3", 1, PROTO_MAX_REPLICAS, 0, NULL,
+     "master: owners recorded per key; a further node's copy is not indexed (its "
+     "readers find the others)"},
+    {"max_keys", UMBP_OPT_INT, OFF(max_keys), "16777216", 1024, 1ll << 32, 0, NULL,
+     "master: keys indexed at most (about 64 bytes each); a stored event for a new key past "
+     "it is dropped and counted (a miss for that key)"},
+    {"max_connections", UMBP_OPT_INT, OFF(max_connections), "4096", 1, 65536, 0, NULL,
+     "master: connected nodes and clients at most; more are refused"},
+    {"handshake_timeout_ms", UMBP_OPT_INT, OFF(handshake_timeout_ms), "5000", 10, 3600000, 0,
+     NULL,
+     "master: a peer that has not finished AUTH and HELLO this long after connecting is "
+     "disconnected"},
+    {"frame_timeout_ms", UMBP_OPT_INT, OFF(frame_timeout_ms), "30000", 10, 3600000, 0, NULL,
+     "master: a frame whose last byte has not come this long after its first ends its "
+     "connection"},
+    {"metrics_port", UMBP_OPT_INT, OFF(metrics_port), "0", 0, 65535, 0, NULL,
+     "master: TCP port of the Prometheus /metrics endpoint; 0 = off"},
+    {"metrics_address", UMBP_OPT_STRING, OFF(metrics_address), "127.0.0.1", 0, 0, 64, NULL,
+     "master: address (IPv4 or IPv6) the /metrics endpoint listens on"},
+    {"log_level", UMBP_OPT_STRING, OFF(log_level), "info", 0, 0, 16, levels,
+     "master: error, warn, info or debug"},
+    {.name = NULL},
+};
+
+int master_options_parse(const char *json, struct master_options *o, char *err, size_t errlen)
+{
+    memset(o, 0, sizeof(*o));
+    struct umbp_opt_table t = {.opts = master_options, .base = o, .owner = "master"};
+    int rc = umbp_options_apply(&t, 1, json, err, errlen);
+    if (rc < 0)
+        return rc;
+    if (o->heartbeat_dead_ms <= o->heartbeat_suspect_ms) {
+        snprintf(err, errlen, "heartbeat_dead_ms (%lld) must exceed heartbeat_suspect_ms "
+                 "(%lld): a node is suspect before it is dead",
+                 (long long)o->heartbeat_dead_ms, (long long)o->heartbeat_suspect_ms);
+        return -EINVAL;
+    }
+    char host[NET_TCP_HOST_MAX];
+    uint16_t port;
+    if ((rc = net_tcp_split(o->listen, "listen", host, sizeof(host), &port, err, errlen)) < 0)
+        return rc;
+    if (!o->secret_file[0] && !net_tcp_is_loopback(o->listen)) {
+        snprintf(err, errlen, "listen %s is reachable from other hosts: set secret_file (peers "
+                 "on other hosts cannot be checked by uid), or listen on 127.0.0.1", o->listen);
+        return -EINVAL;
+    }
+    return 0;
+}
