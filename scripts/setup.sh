@@ -9,6 +9,7 @@ packages=(
   libev-dev libck-dev libnuma-dev libjson-c-dev libxxhash-dev
   libmicrohttpd-dev libsodium-dev
   libibverbs-dev librdmacm-dev
+  libucx-dev ucx-utils
   libcriterion-dev
   clang libclang-rt-14-dev
   python3 python3-numpy python3-pytest python3-torch python3-setuptools
