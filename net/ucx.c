@@ -74,9 +74,12 @@ struct ucx_batch {
 
 /* the owner's DATA send: the header and the lease it holds */
 struct ucx_send {
+    struct ucx_send *next, *prev; /* n->sends, while UCX holds it */
     struct ucx_node *node;
+    ucp_ep_h ep;
+    double deadline; /* ev_now + serve_timeout */
     uint64_t lease;
-    bool leased;
+    bool leased, linked;
     uint8_t hdr[UCX_DATA_HDR_LEN];
 };
 
@@ -101,6 +104,9 @@ struct ucx_node {
     struct ucx_peer *peers;
     uint64_t next_req;
     uint32_t sends_in_flight;
+    struct ucx_send sends; /* sentinel: DATA sends UCX has not ended */
+    double serve_timeout;
+    ev_timer sweep;
     struct ucx_node_stats st;
 };
 
@@ -127,12 +133,15 @@ static void deliver(struct ucx_node *n)
     }
 }
 
-/* Progress until the worker can be armed, at most UCX_PROGRESS_BATCH calls;
- * if it still cannot, the idle watcher brings the loop back without
- * sleeping. */
+/* Progress until the worker can be armed, at most UCX_PROGRESS_BATCH calls.
+ * The idle watcher keeps the loop from sleeping while the worker cannot be
+ * armed or batches wait to be handed to their done: those are delivered
+ * from the idle callback, an iteration of their own (so a caller running
+ * the loop once per step sees them), outside any UCX callback. */
 static void drive(struct ucx_node *n)
 {
     int calls = 0;
+    bool armed = false;
     for (;;) {
         while (calls < UCX_PROGRESS_BATCH && ucp_worker_progress(n->worker))
             calls++;
@@ -140,9 +149,8 @@ static void drive(struct ucx_node *n)
             break; /* still busy: come back on the next iteration */
         ucs_status_t s = ucp_worker_arm(n->worker);
         if (s == UCS_OK) {
-            ev_idle_stop(n->loop, &n->idle);
-            deliver(n);
-            return;
+            armed = true;
+            break;
         }
         if (s != UCS_ERR_BUSY) {
             umbp_log(UMBP_LOG_ERROR, "%s: ucp_worker_arm: %s", n->name, st_name(s));
@@ -150,8 +158,10 @@ static void drive(struct ucx_node *n)
         }
         calls++;
     }
-    ev_idle_start(n->loop, &n->idle);
-    deliver(n);
+    if (armed && !n->finished)
+        ev_idle_stop(n->loop, &n->idle);
+    else
+        ev_idle_start(n->loop, &n->idle);
 }
 
 static void on_prepare(struct ev_loop *loop, ev_prepare *w, int revents)
@@ -166,7 +176,7 @@ static void on_efd(struct ev_loop *loop, ev_io *w, int revents)
 
 static void on_idle(struct ev_loop *loop, ev_idle *w, int revents)
 {
-    /* keeps the loop from sleeping while the worker cannot be armed */
+    deliver(w->data);
 }
 
 /* ---- batches -------------------------------------------------------------- */
@@ -613,6 +623,10 @@ int ucx_fetch(struct ucx_peer *p, struct ucx_fetch_item *items, uint32_t n, uint
 static void send_end(struct ucx_send *s)
 {
     struct ucx_node *n = s->node;
+    if (s->linked) {
+        s->prev->next = s->next;
+        s->next->prev = s->prev;
+    }
     if (s->leased)
         n->serve.lease_release(n->serve.ctx, s->lease);
     n->sends_in_flight--;
@@ -669,8 +683,66 @@ static void reply(struct ucx_node *n, ucp_ep_h ep, uint64_t req_id, uint32_t ind
     }
     void *req = ucp_am_send_nbx(ep, UCX_AM_DATA, s->hdr, UCX_DATA_HDR_LEN, data ? addr : NULL,
                                 data ? size : 0, &prm);
-    if (!UCS_PTR_IS_PTR(req))
+    if (!UCS_PTR_IS_PTR(req)) {
         send_end(s); /* sent at once, or failed: either way UCX is done with it */
+        return;
+    }
+    s->ep = ep;
+    s->deadline = ev_now(n->loop) + n->serve_timeout;
+    s->linked = true;
+    s->prev = n->sends.prev;
+    s->next = &n->sends;
+    s->prev->next = s;
+    n->sends.prev = s;
+    if (!ev_is_active(&n->sweep))
+        ev_timer_again(n->loop, &n->sweep);
+}
+
+static void on_reply_ep_closed(void *req, ucs_status_t status, void *arg)
+{
+    ucp_request_free(req);
+}
+
+/* The owner's bound: a requester that stopped or went away (its endpoint
+ * force-closed: over tcp UCX then fails nothing on this side) would keep
+ * our sends, and the leases they hold, forever.  Past serve_timeout the
+ * reply endpoint is force-closed: UCX ends every send on it (cancelled),
+ * each releasing its lease. */
+static void on_sweep(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct ucx_node *n = w->data;
+    double now = ev_now(loop);
+    for (;;) {
+        ucp_ep_h ep = NULL;
+        for (struct ucx_send *s = n->sends.next; s != &n->sends; s = s->next)
+            if (s->ep && s->deadline <= now) {
+                ep = s->ep;
+                break;
+            }
+        if (!ep)
+            break;
+        uint32_t cnt = 0;
+        for (struct ucx_send *s = n->sends.next; s != &n->sends; s = s->next)
+            if (s->ep == ep) {
+                s->ep = NULL; /* closed once */
+                cnt++;
+            }
+        n->st.serve_timeouts++;
+        umbp_log(UMBP_LOG_WARN, "%s: %u replies to a requester pending past %.0f ms (it stopped "
+                 "or went away); force-closing its endpoint, which ends them and their leases",
+                 n->name, cnt, n->serve_timeout * 1000);
+        ucp_request_param_t prm = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK,
+            .flags = UCP_EP_CLOSE_FLAG_FORCE,
+            .cb.send = on_reply_ep_closed,
+        };
+        void *req = ucp_ep_close_nbx(ep, &prm);
+        if (UCS_PTR_IS_ERR(req))
+            umbp_log(UMBP_LOG_WARN, "%s: force close of a requester's endpoint: %s", n->name,
+                     st_name(UCS_PTR_STATUS(req)));
+    }
+    if (n->sends.next == &n->sends)
+        ev_timer_stop(loop, w);
 }
 
 static ucs_status_t on_fetch(void *arg, const void *header, size_t header_length, void *data,
@@ -737,6 +809,8 @@ int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out)
         n->serving = true;
     }
     n->batches.next = n->batches.prev = &n->batches;
+    n->sends.next = n->sends.prev = &n->sends;
+    n->serve_timeout = (cfg->serve_timeout_ms ? cfg->serve_timeout_ms : UCX_SERVE_TIMEOUT_MS) / 1000.0;
     n->efd = -1;
     const char *what = "ucp_config_read";
     ucp_config_t *ucfg = NULL;
@@ -793,7 +867,9 @@ int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out)
     ev_io_init(&n->io, on_efd, n->efd, EV_READ);
     ev_prepare_init(&n->prepare, on_prepare);
     ev_idle_init(&n->idle, on_idle);
-    n->io.data = n->prepare.data = n->idle.data = n;
+    ev_init(&n->sweep, on_sweep);
+    n->sweep.repeat = n->serve_timeout / 4 < 0.1 ? n->serve_timeout / 4 : 0.1;
+    n->io.data = n->prepare.data = n->idle.data = n->sweep.data = n;
     ev_io_start(n->loop, &n->io);
     ev_prepare_start(n->loop, &n->prepare);
     umbp_log(UMBP_LOG_INFO, "%s: UCX %s worker up (UCX_TLS=%s, address %zu bytes%s)", n->name,
@@ -830,6 +906,7 @@ void ucx_node_destroy(struct ucx_node *n)
     ev_io_stop(n->loop, &n->io);
     ev_prepare_stop(n->loop, &n->prepare);
     ev_idle_stop(n->loop, &n->idle);
+    ev_timer_stop(n->loop, &n->sweep);
     if (n->memh)
         ucp_mem_unmap(n->ctx, n->memh);
     ucp_worker_release_address(n->worker, n->addr);

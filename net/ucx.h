@@ -20,7 +20,9 @@
  * ucp_am_send_nbx (UCX picks eager or rendezvous; on RDMA the requester's
  * NIC reads the leased region) and releases the lease when UCX reports the
  * send complete, failed or cancelled: never before, so the region is not
- * reused while UCX may still read it.  A miss is answered as a miss.
+ * reused while UCX may still read it.  A miss is answered as a miss.  The
+ * owner bounds its sends too (serve_timeout_ms, below), so a requester that
+ * stops or goes away cannot pin its leases.
  *
  * Fetching (the requester): ucx_fetch sends one FETCH per batch to a peer
  * and lands each key's bytes in the buffer the caller names (its local
@@ -70,10 +72,17 @@ struct ucx_serve_ops {
     void *ctx;
 };
 
+#define UCX_SERVE_TIMEOUT_MS 10000
+
 struct ucx_node_config {
     struct ev_loop *loop;
     const char *name;                 /* in log lines */
     const struct ucx_serve_ops *serve; /* NULL: this node only fetches */
+    /* The owner's bound: DATA sends to one requester still pending after
+     * this long (it stopped, or force-closed its endpoint: over tcp UCX
+     * then fails nothing here) are ended by force-closing the endpoint to
+     * it, which releases their leases.  0: UCX_SERVE_TIMEOUT_MS. */
+    uint32_t serve_timeout_ms;
 };
 
 int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out);
@@ -120,6 +129,7 @@ struct ucx_node_stats {
     uint64_t timeouts, peer_errors, force_closes;
     uint64_t late_dropped, bad_messages;       /* DATA for no live batch; malformed */
     uint64_t served_keys, served_bytes, served_misses; /* owner */
+    uint64_t serve_timeouts; /* owner: requester endpoints force-closed by the bound */
 };
 void ucx_node_stats(const struct ucx_node *n, struct ucx_node_stats *out);
 
