@@ -306,7 +306,7 @@ static uint64_t seed_now(void)
 
 /* ---- tests --------------------------------------------------------------------- */
 
-Test(ucx_fetch, sizes_byte_exact, .timeout = 120)
+Test(ucx_fetch, sizes_byte_exact)
 {
     ucx_env();
     static struct owner_spec spec;
@@ -345,7 +345,7 @@ Test(ucx_fetch, sizes_byte_exact, .timeout = 120)
     owner_stop(&ow);
 }
 
-Test(ucx_fetch, many_keys_one_batch, .timeout = 120)
+Test(ucx_fetch, many_keys_one_batch)
 {
     ucx_env();
     static struct owner_spec spec;
@@ -376,7 +376,7 @@ Test(ucx_fetch, many_keys_one_batch, .timeout = 120)
     owner_stop(&ow);
 }
 
-Test(ucx_fetch, miss_and_too_small, .timeout = 120)
+Test(ucx_fetch, miss_and_too_small)
 {
     ucx_env();
     static struct owner_spec spec;
@@ -413,7 +413,7 @@ Test(ucx_fetch, miss_and_too_small, .timeout = 120)
  * and is killed: every key in flight (that batch's rest and a second batch
  * behind it) fails with the peer's error, long before the 60 s timeout; a
  * key that landed is byte-exact; the next fetch to the dead owner ends. */
-Test(ucx_fetch, owner_killed_mid_fetch, .timeout = 180)
+Test(ucx_fetch, owner_killed_mid_fetch)
 {
     ucx_env();
     static struct owner_spec spec;
@@ -485,7 +485,7 @@ Test(ucx_fetch, owner_killed_mid_fetch, .timeout = 180)
  * every reply late (each lease it took is released: its send ended) while
  * the requester runs: nothing lands.  Then a new fetch reconnects and
  * lands byte-exact. */
-Test(ucx_fetch, owner_stopped_times_out_nothing_lands_late, .timeout = 180)
+Test(ucx_fetch, owner_stopped_times_out_nothing_lands_late)
 {
     ucx_env();
     static struct owner_spec spec;
