@@ -10,6 +10,7 @@ packages=(
   libmicrohttpd-dev libsodium-dev
   libibverbs-dev librdmacm-dev
   iproute2 nftables
+  libucx-dev ucx-utils
   libcriterion-dev
   clang libclang-rt-14-dev
   python3 python3-numpy python3-pytest python3-torch python3-setuptools
