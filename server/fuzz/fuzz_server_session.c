@@ -27,14 +27,8 @@
 #include "fdpass.h"
 #include "server.h"
 #include "srv.h"
+#include "fuzz_check.h"
 
-#define CHECK(cond)                                                                 \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "%s:%d: property broken: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                \
-        }                                                                           \
-    } while (0)
 
 #define MAX_ITERATIONS 1000000
 
@@ -51,7 +45,7 @@ static void setup(void)
 {
     char json[256], err[512];
     snprintf(dir, sizeof(dir), "/tmp/umbp-fuzz-%d", (int)getpid());
-    CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    FZ_CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
     snprintf(json, sizeof(json), "{\"socket_dir\": \"%s\", \"capacity_bytes\": \"2MiB\", "
              "\"log_level\": \"error\", \"lease_ttl_ms\": 600000}", dir);
     if (umbp_server_create(json, &srv, err, sizeof(err)) < 0) {
@@ -70,12 +64,12 @@ static size_t build_stream(const uint8_t *data, size_t size, uint8_t **out)
                                 .role = PROTO_ROLE_WORKER,
                                 .flags = data[0] & 2 ? PROTO_HELLO_EVENTS : 0,
                                 .write_deadline_ms = 1000};
-        CHECK(proto_begin(&b, PROTO_HELLO, 1, 1, 0) == 0 && proto_put_hello(&b, &h) == 0 &&
+        FZ_CHECK(proto_begin(&b, PROTO_HELLO, 1, 1, 0) == 0 && proto_put_hello(&b, &h) == 0 &&
               proto_end(&b) == 0);
     }
     size_t rest = size ? size - 1 : 0, len = b.len + rest;
     uint8_t *s = malloc(len ? len : 1);
-    CHECK(s);
+    FZ_CHECK(s);
     if (b.len)
         memcpy(s, b.data, b.len);
     if (rest)
@@ -102,19 +96,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!srv)
         setup();
     int sv[2];
-    CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
-    CHECK(session_open(srv, sv[0], getpid(), geteuid(), getegid()));
+    FZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+    FZ_CHECK(session_open(srv, sv[0], getpid(), geteuid(), getegid()));
     uint8_t *stream;
     size_t len = build_stream(data, size, &stream), sent = 0;
     bool shut = false;
     for (long i = 0; srv->svc.nconns; i++) {
-        CHECK(i < MAX_ITERATIONS);
+        FZ_CHECK(i < MAX_ITERATIONS);
         if (sent < len) {
             ssize_t n = send(sv[1], stream + sent, len - sent, MSG_NOSIGNAL);
             if (n > 0)
                 sent += (size_t)n;
             else
-                CHECK(errno == EAGAIN || errno == EPIPE || errno == ECONNRESET);
+                FZ_CHECK(errno == EAGAIN || errno == EPIPE || errno == ECONNRESET);
             if (n < 0 && errno != EAGAIN)
                 sent = len; /* the server hung up: the rest is moot */
         }
@@ -131,16 +125,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     struct umbp_tier_usage u;
     dram_store_usage(srv->store, &u);
-    CHECK(u.num_pending == 0);
-    CHECK(u.num_leased == 0);
+    FZ_CHECK(u.num_pending == 0);
+    FZ_CHECK(u.num_leased == 0);
     /* what the session reserved and left is held until its writer's
      * deadline (1 s here): once that has passed, all of it comes back */
     uint64_t held, expired;
     dram_store_expire_writers(srv->store, UINT64_MAX);
     dram_store_writer_counts(srv->store, &held, &expired);
-    CHECK(held == 0);
+    FZ_CHECK(held == 0);
     dram_store_clear(srv->store);
     dram_store_usage(srv->store, &u);
-    CHECK(u.used_bytes == 0);
+    FZ_CHECK(u.used_bytes == 0);
     return 0;
 }

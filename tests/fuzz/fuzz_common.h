@@ -26,14 +26,7 @@
 #include <string.h>
 
 #include "proto.h"
-
-#define FZ_CHECK(cond)                                                              \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "%s:%d: property broken: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                \
-        }                                                                           \
-    } while (0)
+#include "fuzz_check.h"
 
 /* One accessor each; the order is irrelevant. */
 enum fz_acc {

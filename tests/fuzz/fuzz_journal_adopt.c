@@ -22,18 +22,11 @@
 #include <unistd.h>
 
 #include "store.h"
+#include "fuzz_check.h"
 
 #define CAP (1u << 20)
 #define SLOTS 64
 #define HDR 4096
-
-#define FZ_CHECK(cond)                                                              \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "%s:%d: property broken: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                \
-        }                                                                           \
-    } while (0)
 
 static char name[64];
 

@@ -26,14 +26,8 @@
 #include <unistd.h>
 
 #include "session.h"
+#include "fuzz_check.h"
 
-#define CHECK(cond)                                                                 \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "%s:%d: property broken: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                \
-        }                                                                           \
-    } while (0)
 
 #define MS 1000000ull
 #define MAX_CALLS 48
@@ -100,8 +94,8 @@ static int c_reply(struct net_call *nc, const struct proto_frame *f, char *err, 
 {
     struct fcall *c = (struct fcall *)nc;
     (void)err, (void)errlen;
-    CHECK(!nc->orphan && c->dones == 0 && c->frees == 0);
-    CHECK(f->seq >= nc->first_seq && f->seq < nc->first_seq + nc->frames);
+    FZ_CHECK(!nc->orphan && c->dones == 0 && c->frees == 0);
+    FZ_CHECK(f->seq >= nc->first_seq && f->seq < nc->first_seq + nc->frames);
     c->replies++;
     return 0;
 }
@@ -110,8 +104,8 @@ static int c_late(struct net_call *nc, const struct proto_frame *f, char *err, s
 {
     struct fcall *c = (struct fcall *)nc;
     (void)err, (void)errlen;
-    CHECK(nc->orphan && c->dones == 1 && c->frees == 0);
-    CHECK(f->seq >= nc->first_seq && f->seq < nc->first_seq + nc->frames);
+    FZ_CHECK(nc->orphan && c->dones == 1 && c->frees == 0);
+    FZ_CHECK(f->seq >= nc->first_seq && f->seq < nc->first_seq + nc->frames);
     c->lates++;
     return 0;
 }
@@ -119,18 +113,18 @@ static int c_late(struct net_call *nc, const struct proto_frame *f, char *err, s
 static void c_done(struct net_call *nc, int status)
 {
     struct fcall *c = (struct fcall *)nc;
-    CHECK(c->frees == 0);
-    CHECK(status == 0 || status == UMBP_E_TIMEOUT || status == -ECONNRESET ||
+    FZ_CHECK(c->frees == 0);
+    FZ_CHECK(status == 0 || status == UMBP_E_TIMEOUT || status == -ECONNRESET ||
           status == UMBP_E_NOT_ATTEMPTED);
     c->dones++;
-    CHECK(c->dones == 1);
+    FZ_CHECK(c->dones == 1);
 }
 
 static void c_free(struct net_call *nc)
 {
     struct fcall *c = (struct fcall *)nc;
     c->frees++;
-    CHECK(c->frees == 1);
+    FZ_CHECK(c->frees == 1);
 }
 
 static const struct net_call_ops call_ops = {
@@ -224,7 +218,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uint32_t frames = 1 + (uint32_t)a % 3;
             uint64_t first = s.next_seq;
             for (uint32_t i = 0; i < frames; i++)
-                CHECK(proto_put_empty(&s.out, PROTO_PING, s.next_seq++, 0) == 0);
+                FZ_CHECK(proto_put_empty(&s.out, PROTO_PING, s.next_seq++, 0) == 0);
             c->pushed = true;
             net_session_push(&s, &c->nc, &call_ops, frames, first, now,
                              d % 4 ? now + (uint64_t)(d % 4) * 10 * MS : 0);
@@ -267,9 +261,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     net_session_stop(&s);
     for (size_t i = 0; i < ncalls; i++)
-        CHECK(calls[i].dones == 1);
+        FZ_CHECK(calls[i].dones == 1);
     net_session_destroy(&s);
     for (size_t i = 0; i < ncalls; i++)
-        CHECK(calls[i].frees == 1);
+        FZ_CHECK(calls[i].frees == 1);
     return 0;
 }

@@ -19,14 +19,7 @@
 #include <string.h>
 
 #include "ucx_wire.h"
-
-#define FZ_CHECK(cond)                                                              \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "%s:%d: property broken: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                \
-        }                                                                           \
-    } while (0)
+#include "fuzz_check.h"
 
 static void check_fetch(const uint8_t *hdr, size_t hlen, const uint8_t *data, size_t dlen)
 {
