@@ -72,6 +72,9 @@ struct conf_fixture {
 static void server_peer_start(const struct tier_param *tp, const char *json, char *out,
                               size_t outlen);
 static void server_peer_stop(void);
+static void master_peer_start(const struct tier_param *tp, const char *json, char *out,
+                              size_t outlen);
+static void master_peer_stop(void);
 
 /* loopback: once more with half its regions mapped, so every batch mixes
  * keys the copy workers move with keys the tier moves (per-key movers) */
@@ -81,6 +84,9 @@ static const struct conf_fixture conf_fixtures[] = {
     /* standalone's client tier: a real umbp-server per test */
     {.tier = "shm", .peer_start = server_peer_start, .peer_stop = server_peer_stop},
     {.tier = "loopback", .variants = loopback_variants},
+    /* distributed mode's tier: a real umbp-master per test (the node's
+     * slice answers; its keys also reach the master) */
+    {.tier = "rdma", .peer_start = master_peer_start, .peer_stop = master_peer_stop},
     {.tier = NULL},
 };
 
@@ -173,6 +179,47 @@ static void server_peer_start(const struct tier_param *tp, const char *json, cha
 }
 
 static void server_peer_stop(void) { tu_server_cleanup(&conf_server); }
+
+/* ---- the master of the rdma tier ----------------------------------------------------- */
+
+#ifdef UMBP_MASTER_BIN
+#include "master_fixture.h"
+
+static struct master conf_master; /* one per test process */
+
+/* rdma: a fresh umbp-master; json + its address in out.  UCX over TCP on
+ * loopback (no RDMA device here). */
+static void master_peer_start(const struct tier_param *tp, const char *json, char *out,
+                              size_t outlen)
+{
+    (void)tp;
+    setenv("UCX_TLS", "tcp", 0);
+    setenv("UCX_NET_DEVICES", "lo", 0);
+    setenv("UCX_MEM_EVENTS", "no", 0);
+    master_peer_stop();
+    master_start(&conf_master, "");
+    size_t len = strlen(json);
+    bool empty = strspn(json, "{} \t\n") == len;
+    snprintf(out, outlen, "%.*s%s\"master_address\": \"%s\", \"heartbeat_ms\": 50}",
+             empty ? 1 : (int)(len - 1), json, empty ? "" : ", ", conf_master.addr);
+}
+
+static void master_peer_stop(void)
+{
+    if (conf_master.pid > 0)
+        master_kill(&conf_master, SIGKILL);
+    conf_master = (struct master){0};
+}
+#else
+static void master_peer_start(const struct tier_param *tp, const char *json, char *out,
+                              size_t outlen)
+{
+    (void)json, (void)out, (void)outlen;
+    cr_skip_test("tier %s needs umbp-master, which this build does not have", tp->name);
+}
+
+static void master_peer_stop(void) {}
+#endif
 
 /* The fixture whose peers run now (one set per test process). */
 static const struct conf_fixture *live_peers;
@@ -1960,6 +2007,9 @@ static void th_open(struct th *h, const struct tier_param *tp, uint64_t cap, con
         .emit_event = th_emit,
         .space_freed = th_freed,
         .ctx = h,
+        /* a composite creates its children as the runtime would let it */
+        .create_child = config_create_child,
+        .options = h->cfg,
     };
     char err[512] = "";
     rc = h->ops->create(&env, config_tier(h->cfg, h->ops), &h->t, err, sizeof(err));

@@ -782,8 +782,11 @@ Test(config, mode_and_tier_names)
                                                                    : "tier");
     for (size_t i = 0; umbp_tier_registry[i]; i++) {
         char json[128];
-        snprintf(json, sizeof(json), "{\"tier\": \"%s\", \"capacity_bytes\": \"4MiB\"}",
-                 umbp_tier_registry[i]->name);
+        /* the rdma tier needs its master's address */
+        snprintf(json, sizeof(json), "{\"tier\": \"%s\", \"capacity_bytes\": \"4MiB\"%s}",
+                 umbp_tier_registry[i]->name,
+                 strcmp(umbp_tier_registry[i]->name, "rdma") == 0
+                     ? ", \"master_address\": \"127.0.0.1:7390\"" : "");
         struct rt_config *c = parse_ok(json);
         config_free(c);
     }
@@ -801,6 +804,38 @@ Test(config, distributed_names_the_missing_rdma_tier)
     const char *msg = umbp_last_error();
     cr_assert_eq(strstr(msg, "standalone") != NULL, umbp_tier_find("shm") != NULL,
                  "built modes list standalone exactly when shm is built: %s", msg);
+}
+
+/* Distributed mode's options: the master's address is required and
+ * checked, a send's bound must end before its lease, and failed loads are
+ * quarantined 30 s unless the user says otherwise. */
+Test(config, distributed_options)
+{
+    if (!umbp_tier_find("rdma"))
+        cr_skip_test("this build has no rdma tier (no UCX)");
+    expect_refused("{\"mode\": \"distributed\"}", "master_address", "umbp-master");
+    expect_refused("{\"mode\": \"distributed\", \"master_address\": \"nohost\"}",
+                   "master_address", "nohost");
+    expect_refused("{\"mode\": \"distributed\", \"master_address\": \"127.0.0.1:0\"}",
+                   "master_address", "port 0");
+    expect_refused("{\"mode\": \"distributed\", \"master_address\": \"127.0.0.1:7390\", "
+                   "\"heartbeat_ms\": 5}", "heartbeat_ms");
+    /* another tier's option is refused; the dram slice's are the mode's */
+    expect_refused("{\"mode\": \"distributed\", \"master_address\": \"127.0.0.1:7390\", "
+                   "\"socket_dir\": \"/tmp\"}", "socket_dir", "distributed");
+    struct rt_config *c = parse_ok("{\"mode\": \"distributed\", \"master_address\": "
+                                   "\"127.0.0.1:7390\", \"dram_high_watermark\": 0.8}");
+    cr_assert_eq(c->core.load_failure_quarantine_ms, 30000);
+    config_free(c);
+    c = parse_ok("{\"mode\": \"distributed\", \"master_address\": \"127.0.0.1:7390\", "
+                 "\"load_failure_quarantine_ms\": 0}");
+    cr_assert_eq(c->core.load_failure_quarantine_ms, 0);
+    config_free(c);
+    c = parse_ok("{\"mode\": \"embedded\"}");
+    cr_assert_eq(c->core.load_failure_quarantine_ms, 0);
+    config_free(c);
+    cr_assert_eq(umbp_mode_flags("distributed"),
+                 (int)(UMBP_MODE_SHARED_POOL | UMBP_MODE_SHARED_LOOKUP));
 }
 
 /* The mode table (common/options.h) agrees with what the built tiers
