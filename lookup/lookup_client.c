@@ -52,7 +52,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "lookup_int.h"
+#include "master_client.h"
 #include "proto.h"
 #include "session.h"
 #include "session_poll.h"
@@ -96,6 +98,10 @@ struct umbp_lookup_client {
     struct lookup_client_config cfg;
     bool standalone;
     umbp_runtime_t *rt;            /* standalone: role lookup */
+    struct mclient *master;        /* distributed: umbp-master (its poll() driver) */
+    struct net_auth_key key;
+    struct proto_location *locs;   /* distributed: a LOCATE's answers */
+    size_t locs_cap;
     struct lk_rank *ranks;         /* embedded: num_ranks */
     size_t nranks;
     uint64_t gen;                  /* queries so far */
@@ -398,6 +404,8 @@ static const struct net_call_ops lookup_call_ops = {
 
 /* ---- a query, embedded ----------------------------------------------------------- */
 
+static int master_query(struct umbp_lookup_client *c, const umbp_key_t *keys, size_t total);
+
 static int grow(void **p, size_t *cap, size_t want, size_t elem)
 {
     if (want <= *cap)
@@ -595,6 +603,8 @@ int umbp_lookup_client_query(umbp_lookup_client_t *c, const umbp_key_t *keys, si
         rc = umbp_lookup(c->rt, keys, n * rows, c->ans, &ignored, 0);
         if (rc < 0)
             memset(c->ans, 0, n * rows);
+    } else if (c->master) {
+        rc = master_query(c, keys, n * rows);
     } else {
         rc = embedded_query(c, keys, rows, row_rank);
     }
@@ -609,6 +619,57 @@ int umbp_lookup_client_query(umbp_lookup_client_t *c, const umbp_key_t *keys, si
     if (present)
         memcpy(present, c->ans, n * rows);
     return rc;
+}
+
+/* Distributed: LOCATE of every key (rows are keys of ranks: one index
+ * answers them all), in frames of PROTO_MAX_RECORDS; present when some
+ * live node holds it.  Failures are misses. */
+static int master_query(struct umbp_lookup_client *c, const umbp_key_t *keys, size_t total)
+{
+    size_t chunk = total < PROTO_MAX_RECORDS ? total : PROTO_MAX_RECORDS;
+    if (grow((void **)&c->locs, &c->locs_cap, chunk, sizeof(*c->locs)) < 0) {
+        umbp_set_error("umbp_lookup_client_query: out of memory for %zu keys", total);
+        return -ENOMEM;
+    }
+    for (size_t at = 0; at < total; at += chunk) {
+        size_t m = total - at < chunk ? total - at : chunk;
+        struct proto_location *locs = c->locs;
+        int rc = mclient_locate(c->master, keys + at, m, locs);
+        if (rc < 0) {
+            memset(c->ans, 0, total);
+            umbp_set_error("umbp_lookup_client_query: umbp-master at %s: %s%s%s",
+                           c->cfg.master_address, umbp_strerror(rc),
+                           mclient_last_error(c->master)[0] ? ": " : "",
+                           mclient_last_error(c->master));
+            return rc;
+        }
+        for (size_t i = 0; i < m; i++)
+            c->ans[at + i] = locs[i].nrep > 0;
+    }
+    return 0;
+}
+
+static int master_open(struct umbp_lookup_client *c, char *err, size_t errlen)
+{
+    int rc;
+    if (c->cfg.secret_file[0] &&
+        (rc = net_auth_key_load(c->cfg.secret_file, "secret_file", &c->key, err, errlen)) < 0)
+        return rc;
+    char id[64];
+    snprintf(id, sizeof(id), "%s", c->cfg.engine_id[0] ? c->cfg.engine_id : "");
+    if (!id[0])
+        snprintf(id, sizeof(id), "scheduler pid %d", (int)getpid());
+    struct mclient_config mc = {
+        .address = c->cfg.master_address, .auth = c->cfg.secret_file[0] ? &c->key : NULL,
+        .role = PROTO_ROLE_LOOKUP, .engine_id = id,
+        .timeout_ms = (uint64_t)c->cfg.lookup_timeout_ms,
+        .hello_timeout_ms = (uint64_t)c->cfg.lookup_timeout_ms,
+    };
+    if ((rc = mclient_create(&mc, &c->master)) < 0) {
+        snprintf(err, errlen, "lookup client (distributed): out of memory");
+        return rc;
+    }
+    return 0; /* connects at the first query (a master not up yet: misses) */
 }
 
 /* Standalone: a runtime of role lookup with the client's options. */
@@ -709,6 +770,8 @@ void umbp_lookup_client_destroy(umbp_lookup_client_t *c)
     free(c->ans);
     free(c->order);
     umbp_runtime_destroy(c->rt);
+    mclient_destroy(c->master);
+    free(c->locs);
     free(c);
 }
 
@@ -728,8 +791,9 @@ int umbp_lookup_client_create(const char *json_options, umbp_lookup_client_t **o
     int rc = lookup_client_config_parse(json_options, &c->cfg, err, sizeof(err));
     if (rc == 0) {
         c->standalone = c->cfg.ask_server;
-        rc = c->standalone ? standalone_open(c, err, sizeof(err))
-                           : embedded_open(c, err, sizeof(err));
+        rc = c->cfg.ask_master ? master_open(c, err, sizeof(err))
+             : c->standalone   ? standalone_open(c, err, sizeof(err))
+                               : embedded_open(c, err, sizeof(err));
     }
     if (rc < 0) {
         umbp_set_error("%s", err);

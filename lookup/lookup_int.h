@@ -57,6 +57,9 @@ struct lookup_client_config {
     int64_t startup_timeout_ms;
     int64_t reconnect_max_ms;
     char engine_id[64];
+    bool ask_master;                /* distributed: umbp-master's index */
+    char master_address[256];       /* distributed */
+    char secret_file[512];          /* distributed */
 };
 
 extern const struct umbp_option lookup_client_options[];

@@ -10,6 +10,7 @@
 
 #include "lookup_int.h"
 #include "options.h"
+#include "tcp.h"
 
 #define OFF(f) offsetof(struct lookup_client_config, f)
 
@@ -20,8 +21,8 @@ static const char *const modes[] = {UMBP_MODES(MODE_NAME) NULL};
 const struct umbp_option lookup_client_options[] = {
     {"mode", UMBP_OPT_STRING, OFF(mode), "embedded", 0, 0, 16, modes,
      "the engine's mode: embedded asks each worker rank's lookup service, standalone asks "
-     "umbp-server (a mode whose lookups go to a shared index without a server session has "
-     "no lookup client)"},
+     "umbp-server, distributed asks umbp-master (which knows every node's keys within a "
+     "heartbeat)"},
     {"lookup_timeout_ms", UMBP_OPT_INT, OFF(lookup_timeout_ms), "1000", 1, 60000, 0, NULL,
      "bound on one query, all ranks together"},
     {"namespace", UMBP_OPT_STRING, OFF(name_space), "", 0, 0, 64, NULL,
@@ -44,7 +45,13 @@ const struct umbp_option lookup_client_options[] = {
     {"reconnect_max_ms", UMBP_OPT_INT, OFF(reconnect_max_ms), "2000", 10, 60000, 0, NULL,
      "standalone: cap of the backoff between reconnect attempts"},
     {"engine_id", UMBP_OPT_STRING, OFF(engine_id), "", 0, 0, 64, NULL,
-     "standalone: this scheduler's name in the server's session list (default: the pid)"},
+     "standalone, distributed: this scheduler's name in the server's session list or the "
+     "master's log (default: the pid)"},
+    {"master_address", UMBP_OPT_STRING, OFF(master_address), "", 0, 0, 256, NULL,
+     "distributed: umbp-master's host:port (required)"},
+    {"secret_file", UMBP_OPT_STRING, OFF(secret_file), "", 0, 0, 512, NULL,
+     "distributed: the cluster's shared secret (as the nodes'); empty = none (a master on "
+     "loopback only)"},
     {.name = NULL},
 };
 
@@ -60,13 +67,27 @@ int lookup_client_config_parse(const char *json, struct lookup_client_config *c,
     unsigned flags;
     if ((rc = umbp_mode_props(c->mode, &flags, err, errlen)) < 0)
         return rc;
-    /* the ranks serve the lookups, or a server session does */
-    if ((flags & UMBP_MODE_SHARED_LOOKUP) && !(flags & UMBP_MODE_SESSIONS)) {
-        snprintf(err, errlen, "mode: '%s' has no lookup client (its lookups go to the shared "
-                 "index through a runtime of role lookup)", c->mode);
-        return -ENOTSUP;
+    /* the ranks serve the lookups, or a server session does, or the master */
+    c->ask_master = (flags & UMBP_MODE_SHARED_LOOKUP) && !(flags & UMBP_MODE_SESSIONS);
+    c->ask_server = (flags & UMBP_MODE_SHARED_LOOKUP) && !c->ask_master;
+    if (c->ask_master) {
+        char host[NET_TCP_HOST_MAX];
+        uint16_t port;
+        if (!c->master_address[0]) {
+            snprintf(err, errlen, "master_address: required in %s mode (umbp-master's "
+                     "host:port, as the nodes have it)", c->mode);
+            return -EINVAL;
+        }
+        if ((rc = net_tcp_split(c->master_address, "master_address", host, sizeof(host), &port,
+                                err, errlen)) < 0)
+            return rc;
+        if (!c->secret_file[0] && !net_tcp_is_loopback(c->master_address)) {
+            snprintf(err, errlen, "master_address %s is not on this host: set secret_file to "
+                     "the cluster's secret", c->master_address);
+            return -EINVAL;
+        }
+        return 0;
     }
-    c->ask_server = (flags & UMBP_MODE_SHARED_LOOKUP) != 0;
     if (!c->ask_server) {
         if (!c->name_space[0]) {
             snprintf(err, errlen, "namespace: required in embedded mode (the engine's "

@@ -132,7 +132,14 @@ Test(lookup_client, bad_options_named)
     refused("{\"namespace\": \"" NS "\", \"lookup_timeout_ms\": \"1s\"}", "lookup_timeout_ms");
     refused("{\"namespace\": \"" NS "\", \"dp_index\": -1}", "dp_index");
     refused("{\"namespace\": \"" NS "\", \"dp_index\": 65536}", "dp_index");
-    refused("{\"namespace\": \"" NS "\", \"mode\": \"distributed\"}", "mode");
+    /* distributed: the master's address is required, and a remote one
+     * needs the cluster's secret */
+    refused("{\"namespace\": \"" NS "\", \"mode\": \"distributed\"}", "master_address");
+    refused("{\"mode\": \"distributed\", \"master_address\": \"nohost\"}", "master_address");
+    refused("{\"mode\": \"distributed\", \"master_address\": \"10.1.2.3:7390\"}",
+            "secret_file");
+    refused("{\"mode\": \"distributed\", \"master_address\": \"127.0.0.1:7390\", "
+            "\"secret_file\": \"/nonexistent-umbp-secret\"}", "secret_file");
     refused("{\"namespace\": \"" NS "\", \"lookup_instance\": \"a b\"}", "lookup_instance");
     refused("{\"namespace\": \"" NS "\", \"lookup_instance\": "
             "\"0123456789012345678901234567890123\"}", "lookup_instance");
@@ -153,6 +160,27 @@ Test(lookup_client, bad_options_named)
     umbp_lookup_client_t *c = NULL;
     cr_assert_eq(umbp_lookup_client_create("{\"namespace\": \"" NS "\"}", NULL), -EINVAL);
     cr_assert_eq(c, NULL);
+}
+
+/* Distributed: no master there is a miss within the bound, never a hang or
+ * an error at creation (the master may start after the scheduler). */
+Test(lookup_client, distributed_without_master_misses)
+{
+    umbp_lookup_client_t *c = NULL;
+    cr_assert_eq(umbp_lookup_client_create("{\"mode\": \"distributed\", \"master_address\": "
+                                           "\"127.0.0.1:1\", \"lookup_timeout_ms\": 200}", &c),
+                 0, "%s", umbp_last_error());
+    umbp_key_t k[4];
+    memset(k, 7, sizeof(k));
+    uint8_t present[4] = {1, 1, 1, 1};
+    size_t prefix = 9;
+    int rc = umbp_lookup_client_query(c, k, 4, 1, NULL, present, &prefix);
+    cr_assert_lt(rc, 0);
+    cr_assert_eq(prefix, 0);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(present[i], 0);
+    cr_assert(strstr(umbp_last_error(), "umbp-master"), "%s", umbp_last_error());
+    umbp_lookup_client_destroy(c);
 }
 
 Test(lookup_client, query_arguments)
