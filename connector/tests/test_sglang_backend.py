@@ -408,7 +408,8 @@ def test_loaded_like_sglangs_dynamic_factory():
 
 
 @pytest.mark.parametrize("extra,match", [
-    ({"mode": "distributed"}, "'mode'"),
+    ({"mode": "distributed"}, "master_address"),
+    ({"mode": "bogus"}, "'mode'"),
     ({"dp_rank": -1}, "'dp_rank'"),
     ({"dp_rank": "any"}, "'dp_rank'"),
     ({"key_namespace": ""}, "'key_namespace'"),

@@ -34,8 +34,9 @@ SGLANG_KEYS = frozenset({
 
 # name: (default, what it is) -- docs/sglang.md repeats this table
 BACKEND_OPTIONS = {
-    "mode": ("embedded", "embedded (a private pool in each rank's process) or standalone "
-                         "(attach to the host's umbp-server)"),
+    "mode": ("embedded", "embedded (a private pool in each rank's process), standalone "
+                         "(attach to the host's umbp-server) or distributed (each rank a node "
+                         "of umbp-master's cluster: master_address, secret_file)"),
     "key_namespace": (None, "non-empty string replacing the derived key namespace (model, "
                             "revision, page size, layout, dtype, parallel sizes); objects are "
                             "shared by every engine that uses the same string"),

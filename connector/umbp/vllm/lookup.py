@@ -10,6 +10,9 @@ groups, one round trip per batch).  Three ways to answer it:
   process beside the scheduler; the harness): ask them directly.
 - ``StandaloneLookup``: a ``role: lookup`` session of umbp-server; every rank's
   objects are in the one shared pool, so one ``rt.lookup`` answers all rows.
+- ``DistributedLookup``: ``umbp.LookupClient`` in distributed mode, which asks
+  umbp-master; its index knows every node's keys (each rank's runtime is a
+  node), within a heartbeat of their store.
 
 Every failure is a miss (all rows absent), never an exception on the scheduler
 thread.
@@ -133,6 +136,52 @@ class StandaloneLookup(LookupBackend):
             self.rt.close()
         except Exception:
             pass
+
+
+class DistributedLookup(LookupBackend):
+    """Distributed mode: the lookup client asks umbp-master, in one round trip
+    per query.  Created on first use and retried every ``retry_s`` while it
+    cannot be (a missing secret file is a config error, refused at once)."""
+
+    name = "distributed"
+
+    def __init__(self, umbp, runtime_cfg: dict, world: int, timeout_ms: int, retry_s: float = 5.0):
+        self.umbp = umbp
+        self.cfg = {"mode": runtime_cfg["mode"], "num_ranks": max(1, world), "lookup_timeout_ms": timeout_ms}
+        for k in ("master_address", "secret_file"):
+            if runtime_cfg.get(k):
+                self.cfg[k] = runtime_cfg[k]
+        self.retry_s = retry_s
+        self.client: ClientLookup | None = None
+        self.next_try = 0.0
+        self.lock = threading.Lock()
+        self.warned = False
+
+    def _client(self):
+        with self.lock:
+            if self.client is not None:
+                return self.client
+            now = time.monotonic()
+            if now < self.next_try:
+                return None
+            self.next_try = now + self.retry_s
+            try:
+                self.client = ClientLookup(self.umbp.LookupClient(self.cfg))
+            except Exception as e:
+                if not self.warned:
+                    log.warning("umbp: the master's lookup client cannot be made (%s); lookups miss", e)
+                    self.warned = True
+            return self.client
+
+    def query(self, rows, row_rank):
+        c = self._client()
+        if c is None:
+            return np.zeros(rows.shape[:2], dtype=bool), -1
+        return c.query(rows, row_rank)
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
 
 
 class EmbeddedLookup(LookupBackend):

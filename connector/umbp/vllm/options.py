@@ -189,7 +189,8 @@ OPTIONS: dict[str, Opt] = {
     o.name: o
     for o in [
         # -- connector behaviour (UMBP's names) --
-        Opt("mode", _mode, "embedded", doc="embedded | standalone (the C mode table; umbp.mode_properties)"),
+        Opt("mode", _mode, "embedded",
+            doc="embedded | standalone | distributed (the C mode table; umbp.mode_properties)"),
         Opt("key_namespace", _string(4096), "auto",
             doc="\"auto\" derives the key namespace from the model and layout; any other string is the namespace"),
         Opt("load_async", _bool, True,
@@ -231,6 +232,9 @@ OPTIONS: dict[str, Opt] = {
     ]
 }
 
+_DIST = ("UMBP's distributed-mode option; umbp's distributed mode takes master_address and "
+         "secret_file, and peers find each other through umbp-master (docs/distributed.md)")
+
 #: UMBP options this connector knows but does not support, and why.
 UNSUPPORTED = {
     "backend": "UMBP's in-process 'memory' validation runtime; use gpu_backend=\"host\" with CPU tensors instead",
@@ -238,16 +242,17 @@ UNSUPPORTED = {
     "lazy_offload_max_blocks": "lazy offload stores a request's blocks at request_finished; there is no block-pool scan to bound",
     "layerwise_load": "loads are per KV cache group, not per layer stage",
     "layerwise_load_stages": "loads are per KV cache group, not per layer stage",
-    "master_address": "distributed mode is not supported by this connector yet",
-    "peer_service_port": "distributed mode is not supported by this connector yet",
-    "node_address": "distributed mode is not supported by this connector yet",
-    "node_id": "distributed mode is not supported by this connector yet",
-    "io_engine_host": "distributed mode is not supported by this connector yet",
-    "io_engine_port": "distributed mode is not supported by this connector yet",
-    "dram_page_size": "distributed mode is not supported by this connector yet",
-    "ranged_scratch_size": "distributed mode is not supported by this connector yet",
-    "cache_remote_fetches": "distributed mode is not supported by this connector yet",
-    "local_first": "distributed mode is not supported by this connector yet",
+    # AMD UMBP's distributed-mode names with no counterpart here: peers are
+    # reached by the UCX worker address the master carries (no ports or node
+    # ids to set), and reads are always local first
+    "peer_service_port": _DIST,
+    "node_address": _DIST,
+    "node_id": _DIST,
+    "io_engine_host": _DIST,
+    "io_engine_port": _DIST,
+    "dram_page_size": _DIST,
+    "ranged_scratch_size": _DIST,
+    "local_first": "reads are always local first (the node's slice, then the owner the master names)",
     "rank": "set by the connector from the worker's parallel rank",
     "world_size": "set by the connector from the parallel sizes",
     "role": "set by the connector (workers: worker, scheduler: lookup)",

@@ -32,7 +32,7 @@ from . import _compat
 from .events import EventBuilder, UMBPKVEvents
 from .identity import (FULL, MAMBA, NULL_BLOCK_ID, Topology, derive_namespace, describe_groups,
                        hash_bytes, hash_scale, resolve_hash_block_size)
-from .lookup import EmbeddedLookup, LookupBackend, StandaloneLookup
+from .lookup import DistributedLookup, EmbeddedLookup, LookupBackend, StandaloneLookup
 from .metadata import LoadPlan, StorePlan, UMBPConnectorMetadata, UMBPWorkerMetadata
 from .stats import UMBPConnectorStats
 
@@ -324,6 +324,10 @@ class UMBPScheduler:
         if not self.load_enabled:
             return LookupBackend()
         o = self.opts
+        if o.props.shared_lookup and not o.props.sessions:
+            # distributed: umbp-master's index knows every node's keys
+            cfg = o.runtime_config(rank=0, world_size=self.world, dp_rank=self.topo.dp_rank)
+            return DistributedLookup(self.umbp, cfg, self.world, o.lookup_timeout_ms)
         if o.props.shared_lookup:
             cfg = o.runtime_config(rank=0, world_size=self.world, dp_rank=self.topo.dp_rank, role="lookup")
             return StandaloneLookup(self.umbp.Runtime(cfg))

@@ -228,8 +228,9 @@ class UMBPWorker:
         if meta.clear_epoch > self.cleared_epoch:
             try:
                 # a shared pool (standalone): one pool for every rank; a second
-                # rank's clear would remove what the first stored since
-                if not self.opts.props.shared_pool or self.rank == 0:
+                # rank's clear would remove what the first stored since.
+                # Distributed: each rank's node clears its own slice.
+                if not self.opts.props.sessions or self.rank == 0:
                     self.rt.clear()
             except Exception as e:
                 log.warning("umbp: reset_cache: clearing rank %d's pool failed: %s", self.rank, e)
