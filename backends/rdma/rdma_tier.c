@@ -586,6 +586,7 @@ struct rfetch {
 
 struct rread {
     struct rdma_tier *rt;
+    uint64_t t0_ns, located_ns;     /* for the debug log */
     bool lookup;
     struct umbp_tier_req *const *all;
     size_t nall;
@@ -619,6 +620,10 @@ static void rread_free(struct rread *rr)
 
 static void rread_finish(struct rread *rr)
 {
+    if (rr->located_ns && !rr->lookup)
+        umbp_log(UMBP_LOG_DEBUG, "rdma: %zu keys not in the slice: located in %.3f ms, fetched "
+                 "in %.3f ms", rr->nmiss, (double)(rr->located_ns - rr->t0_ns) / 1e6,
+                 (double)(umbp_now_ns() - rr->located_ns) / 1e6);
     umbp_tier_done_fn done = rr->done;
     void *arg = rr->arg;
     rread_free(rr);
@@ -856,6 +861,7 @@ static void on_located(void *arg, int status, const struct proto_ack *a)
     struct rread *rr = arg;
     struct rdma_tier *rt = rr->rt;
     (void)a;
+    rr->located_ns = umbp_now_ns();
     if (status < 0 || rt->stopped) {
         rt->remote_misses += rr->nmiss;
         rread_finish(rr);
@@ -900,6 +906,7 @@ static struct rread *rread_new(struct rdma_tier *rt, struct umbp_tier_req *const
         return NULL;
     }
     rr->rt = rt;
+    rr->t0_ns = umbp_now_ns();
     rr->all = reqs;
     rr->nall = n;
     rr->done = done;
