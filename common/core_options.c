@@ -44,7 +44,8 @@ const struct umbp_option umbp_core_options[] = {
     {"lease_ttl_ms", UMBP_OPT_INT, OFF(lease_ttl_ms), "30000", 10, 3600000, 0, NULL,
      "read lease lifetime; a reader that holds a lease longer may see UMBP_E_STALE"},
     {"load_failure_quarantine_ms", UMBP_OPT_INT, OFF(load_failure_quarantine_ms), "0", 0,
-     3600000, 0, NULL, "after a failed load, the key counts as a miss this long (0 = off)"},
+     3600000, 0, NULL, "after a failed load, the key counts as a miss this long (0 = off); unset in distributed "
+     "mode: 30000"},
     {"max_inflight_ops", UMBP_OPT_INT, OFF(max_inflight_ops), "1024", 4, 1 << 20, 0, NULL,
      "operations in flight per runtime; more are refused with -EAGAIN"},
     {"copy_threads", UMBP_OPT_INT, OFF(copy_threads), "2", 1, 64, 0, NULL,

@@ -18,6 +18,7 @@
 
 #include "master_client.h"
 #include "session.h"
+#include "session_ev.h"
 #include "session_poll.h"
 #include "tcp.h"
 #include "umbp/tier.h"
@@ -27,8 +28,9 @@ struct mclient {
     char address[NET_TCP_NAME_MAX + 256];
     char engine_id[PROTO_NAME_MAX];
     struct net_session s;
-    struct net_poll d;
+    struct net_poll d;                 /* blocking: the poll() driver */
     struct pollfd pfd[1];
+    struct net_ev ev;                  /* with a loop: the libev driver */
     bool tried;                        /* the first attempt was started */
     uint32_t epoch;                    /* of the node list below; 0: none */
     struct proto_node_info *nodes;     /* PROTO_MAX_NODES_FRAME */
@@ -45,6 +47,8 @@ struct mcall {
     struct proto_ack ack;
     struct proto_location *locs;       /* the caller's; NULL once it left */
     size_t nkeys;
+    mclient_done_fn cb;                /* an async call's; NULL: blocking */
+    void *cb_arg;
 };
 
 static uint64_t ms_ns(uint64_t ms) { return ms * 1000000ull; }
@@ -104,6 +108,15 @@ static void on_done(struct net_call *nc, int status)
     struct mcall *m = (struct mcall *)nc;
     m->done = true;
     m->status = status;
+    if (m->cb) {
+        bool acked = status == 0 && !m->locs && m->nkeys == 0;
+        if (status < 0 && m->locs) /* a part answer is no answer */
+            memset(m->locs, 0, m->nkeys * sizeof(*m->locs));
+        mclient_done_fn cb = m->cb;
+        m->cb = NULL;
+        m->locs = NULL; /* the caller's arrays are theirs again */
+        cb(m->cb_arg, status, acked ? &m->ack : NULL);
+    }
 }
 
 static void on_free(struct net_call *nc)
@@ -175,9 +188,11 @@ static int on_frame(struct net_session *s, const struct proto_frame *f, char *er
 
 static void on_up(struct net_session *s, uint64_t down_ms, bool by_dir)
 {
-    (void)s;
+    struct mclient *c = s->owner;
     (void)down_ms;
     (void)by_dir;
+    if (c->cfg.loop && c->cfg.on_up)
+        c->cfg.on_up(c->cfg.arg);
 }
 
 static void on_down(struct net_session *s, const char *why, bool was_connected, bool news)
@@ -187,6 +202,8 @@ static void on_down(struct net_session *s, const char *why, bool was_connected, 
     (void)news;
     if (strncmp(c->last_error, "the master", 10) != 0 || was_connected)
         snprintf(c->last_error, sizeof(c->last_error), "%s", why);
+    if (c->cfg.loop && c->cfg.on_down && (was_connected || news))
+        c->cfg.on_down(c->cfg.arg, c->last_error);
 }
 
 static const struct net_session_ops session_ops = {
@@ -213,19 +230,38 @@ int mclient_create(const struct mclient_config *cfg, struct mclient **out)
         .hello_timeout_name = "the handshake timeout", .stall_ms = 0, .auth = cfg->auth,
     };
     net_session_init(&c->s, &sc, &session_ops, c);
-    struct net_poll_config pc = {.tcp_address = c->address};
-    net_poll_init(&c->d, &c->s, &pc);
+    if (cfg->loop) {
+        struct net_ev_config ec = {.tcp_address = c->address, .name = "the master"};
+        net_ev_init(&c->ev, &c->s, cfg->loop, &ec);
+    } else {
+        struct net_poll_config pc = {.tcp_address = c->address};
+        net_poll_init(&c->d, &c->s, &pc);
+    }
     *out = c;
     return 0;
 }
+
+void mclient_start(struct mclient *c)
+{
+    if (!c->cfg.loop || c->tried)
+        return;
+    c->tried = true;
+    net_session_retry_now(&c->s, umbp_now_ns());
+    net_ev_sync(&c->ev);
+}
+
+bool mclient_connected(const struct mclient *c) { return c->s.state == NET_CONNECTED; }
 
 void mclient_destroy(struct mclient *c)
 {
     if (!c)
         return;
     net_session_stop(&c->s);
+    if (c->cfg.loop)
+        net_ev_stop(&c->ev);
     net_session_destroy(&c->s);
-    net_poll_close(&c->d);
+    if (!c->cfg.loop)
+        net_poll_close(&c->d);
     free(c->nodes);
     free(c);
 }
@@ -287,6 +323,33 @@ static int run_call(struct mclient *c, struct mcall *m, struct proto_buf *frames
     return rc;
 }
 
+/* With a loop: push the call if connected; done comes from the loop. */
+static int call_async(struct mclient *c, struct mcall *m,
+                      int (*build)(struct mclient *, void *, struct proto_buf *, uint32_t *),
+                      void *arg, uint64_t deadline)
+{
+    struct proto_buf b = {0};
+    uint32_t nframes = 0;
+    if (c->s.state != NET_CONNECTED) {
+        free(m);
+        return UMBP_E_NOT_ATTEMPTED;
+    }
+    uint64_t first = c->s.next_seq;
+    int rc = build(c, arg, &b, &nframes);
+    if (rc == 0 && proto_buf_move(&c->s.out, &b) < 0)
+        rc = -ENOMEM;
+    proto_buf_free(&b);
+    if (rc < 0) {
+        c->s.next_seq = first;
+        free(m);
+        return rc;
+    }
+    m->c = c;
+    m->refs = 1; /* the session's alone: the caller is called back */
+    net_session_push(&c->s, &m->nc, &call_ops, nframes, first, umbp_now_ns(), deadline);
+    return 0;
+}
+
 /* One call of the frames built by build(), after ensure_up. */
 static int call(struct mclient *c, struct mcall *m, int (*build)(struct mclient *, void *,
                                                                 struct proto_buf *, uint32_t *),
@@ -295,6 +358,12 @@ static int call(struct mclient *c, struct mcall *m, int (*build)(struct mclient 
     uint64_t deadline = umbp_now_ns() + ms_ns(timeout_ms);
     struct proto_buf b = {0};
     uint32_t nframes = 0;
+    if (m->cb)
+        return call_async(c, m, build, arg, deadline);
+    if (c->cfg.loop) { /* a loop's client does not block */
+        free(m);
+        return -EINVAL;
+    }
     int rc = ensure_up(c, deadline);
     if (rc < 0) {
         free(m);
@@ -431,6 +500,8 @@ int mclient_locate(struct mclient *c, const umbp_key_t *keys, size_t n,
                    struct proto_location *out)
 {
     struct net_poll *dp = &c->d;
+    if (c->cfg.loop)
+        return -EINVAL; /* mclient_locate_async */
     if (n > PROTO_MAX_RECORDS)
         return -E2BIG;
     memset(out, 0, n * sizeof(*out));
@@ -475,4 +546,70 @@ size_t mclient_node_list(const struct mclient *c, const struct proto_node_info *
 {
     *out = c->nodes;
     return c->nnodes;
+}
+
+/* ---- with a loop: the async calls ------------------------------------------------------- */
+
+static struct mcall *new_async(struct mclient *c, mclient_done_fn done, void *arg)
+{
+    if (!c->cfg.loop || !done)
+        return NULL;
+    struct mcall *m = new_call();
+    if (m) {
+        m->cb = done;
+        m->cb_arg = arg;
+    }
+    return m;
+}
+
+#define ASYNC_CALL(c, done, arg, build, barg, timeout)                                  \
+    do {                                                                               \
+        if (!(c)->cfg.loop || !(done))                                                 \
+            return -EINVAL;                                                            \
+        struct mcall *m_ = new_async((c), (done), (arg));                              \
+        return m_ ? call((c), m_, (build), (barg), (timeout), NULL) : -ENOMEM;         \
+    } while (0)
+
+int mclient_register_async(struct mclient *c, const struct proto_register *r,
+                           mclient_done_fn done, void *arg)
+{
+    ASYNC_CALL(c, done, arg, build_register, (void *)r, c->cfg.timeout_ms);
+}
+
+int mclient_heartbeat_async(struct mclient *c, uint64_t seq, uint64_t used,
+                            const struct proto_node_event *ev, size_t n, mclient_done_fn done,
+                            void *arg)
+{
+    struct events e = {.seq = seq, .used = used, .ev = ev, .n = n};
+    ASYNC_CALL(c, done, arg, build_heartbeat, &e, c->cfg.timeout_ms);
+}
+
+int mclient_resync_async(struct mclient *c, uint64_t seq, uint64_t used, const umbp_key_t *keys,
+                         const uint64_t *sizes, size_t n, size_t per_frame, mclient_done_fn done,
+                         void *arg)
+{
+    struct snapshot sn = {.seq = seq, .used = used, .keys = keys, .sizes = sizes, .n = n,
+                          .per = per_frame && per_frame < PROTO_MAX_RECORDS
+                                     ? per_frame : PROTO_MAX_RECORDS - 1};
+    ASYNC_CALL(c, done, arg, build_resync, &sn, c->cfg.timeout_ms);
+}
+
+int mclient_locate_async(struct mclient *c, const umbp_key_t *keys, size_t n,
+                         struct proto_location *out, mclient_done_fn done, void *arg)
+{
+    if (!c->cfg.loop || !done)
+        return -EINVAL;
+    if (n == 0 || n > PROTO_MAX_RECORDS)
+        return -E2BIG;
+    if (c->s.state != NET_CONNECTED || net_session_health(&c->s, umbp_now_ns()) < 0)
+        return UMBP_E_NOT_ATTEMPTED; /* single flight: one lookup is overdue */
+    memset(out, 0, n * sizeof(*out));
+    struct mcall *m = new_async(c, done, arg);
+    if (!m)
+        return -ENOMEM;
+    m->locs = out;
+    m->nkeys = n;
+    struct keys k = {keys, n};
+    return call(c, m, build_locate, &k,
+                c->cfg.locate_timeout_ms ? c->cfg.locate_timeout_ms : c->cfg.timeout_ms, NULL);
 }

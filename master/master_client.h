@@ -6,10 +6,20 @@
  * miss at once without asking (UMBP_E_NOT_ATTEMPTED).  Reconnects with
  * backoff (10 ms doubling to 1 s) when a call finds the connection gone.
  *
- * Used by the tests and bench_master as a node and as a lookup client;
- * the runtime's node side will own one the same way.
+ * Used by the tests and bench_master as a node and as a lookup client.
  *
- * Threads: one caller at a time per client.
+ * Two drivers.  Without a loop in the config every call blocks the caller
+ * until its reply or its deadline (poll()).  With a loop (the rdma tier:
+ * the runtime's loop) the client runs on it through net/session_ev.h over
+ * TCP, reconnecting by backoff on its own, and only the *_async calls are
+ * allowed: each returns at once, and 0 means done is called exactly once,
+ * later, on the loop thread (with the call's status and, for REGISTER,
+ * HEARTBEAT and RESYNC, the ack); a negative code means nothing was sent
+ * and done is never called (UMBP_E_NOT_ATTEMPTED: not connected, or a
+ * lookup overdue).  out arrays stay the caller's until done; after done
+ * the client never writes them.
+ *
+ * Threads: one caller at a time per client; with a loop, its thread only.
  */
 #ifndef UMBP_MASTER_CLIENT_H
 #define UMBP_MASTER_CLIENT_H
@@ -21,13 +31,22 @@
 #include "auth.h"
 #include "proto.h"
 
+struct ev_loop;
+
 struct mclient_config {
     const char *address;               /* the master's host:port */
     const struct net_auth_key *auth;   /* the cluster's secret, or NULL */
     uint8_t role;                      /* PROTO_ROLE_NODE, _LOOKUP or _ADMIN */
     const char *engine_id;             /* in the master's log lines */
     uint64_t timeout_ms;               /* each call (lookup_timeout_ms for lookups) */
+    uint64_t locate_timeout_ms;        /* LOCATE's bound if not 0 (else timeout_ms) */
     uint64_t hello_timeout_ms;         /* dial + AUTH + HELLO */
+    struct ev_loop *loop;              /* NULL: blocking calls; else *_async on it */
+    /* With a loop: the connection came up (after any outage) or went down;
+     * either may be NULL.  Loop thread. */
+    void (*on_up)(void *arg);
+    void (*on_down)(void *arg, const char *why);
+    void *arg;
 };
 
 struct mclient;
@@ -55,6 +74,24 @@ int mclient_locate(struct mclient *c, const umbp_key_t *keys, size_t n,
 int mclient_nodes(struct mclient *c);
 const struct proto_node_info *mclient_node(const struct mclient *c, uint32_t ref);
 size_t mclient_node_list(const struct mclient *c, const struct proto_node_info **out);
+
+/* With a loop: the *_async calls (see the top).  ack is NULL for LOCATE and
+ * NODES, and when status is not 0. */
+typedef void (*mclient_done_fn)(void *arg, int status, const struct proto_ack *ack);
+/* With a loop: start connecting now (create does not). */
+void mclient_start(struct mclient *c);
+int mclient_register_async(struct mclient *c, const struct proto_register *r,
+                           mclient_done_fn done, void *arg);
+int mclient_heartbeat_async(struct mclient *c, uint64_t seq, uint64_t used,
+                            const struct proto_node_event *ev, size_t n, mclient_done_fn done,
+                            void *arg);
+int mclient_resync_async(struct mclient *c, uint64_t seq, uint64_t used, const umbp_key_t *keys,
+                         const uint64_t *sizes, size_t n, size_t per_frame, mclient_done_fn done,
+                         void *arg);
+int mclient_locate_async(struct mclient *c, const umbp_key_t *keys, size_t n,
+                         struct proto_location *out, mclient_done_fn done, void *arg);
+/* With a loop: whether the connection is up (HELLO_OK received). */
+bool mclient_connected(const struct mclient *c);
 
 const char *mclient_last_error(const struct mclient *c);
 /* Session health (0 or UMBP_E_NOT_ATTEMPTED): for tests. */

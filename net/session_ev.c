@@ -17,6 +17,7 @@
 #include "fdpass.h"
 #include "inbuf.h"
 #include "session_ev.h"
+#include "tcp.h"
 #include "umbp/tier.h" /* umbp_log, umbp_now_ns */
 
 #define READS_PER_WAKEUP 16
@@ -157,11 +158,19 @@ static void begin(struct net_ev *d, uint64_t now)
 static void dial(struct net_ev *d, uint64_t now)
 {
     struct net_session *s = d->s;
-    if (s->was_up && s->gen != d->ino_gen) { /* again, if the directory was removed */
+    if (s->was_up && s->gen != d->ino_gen && !d->tcp_address[0]) { /* again, if the directory was removed */
         d->ino_gen = s->gen;
         dir_watch(d);
     }
     net_session_dialing(s, now);
+    if (d->tcp_address[0]) {
+        int rc = net_tcp_connect(d->tcp_address, &d->fd);
+        if (rc == 0)
+            begin(d, now);
+        else if (rc != -EINPROGRESS) /* else the write watcher sees it complete */
+            net_session_lost(s, now, strerror(-rc));
+        return;
+    }
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     snprintf(a.sun_path, sizeof(a.sun_path), "%s", d->path);
     d->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -195,7 +204,7 @@ void net_ev_sync(struct net_ev *d)
         net_session_want(s, &w); /* what is left after writing */
     watch(d, &d->rio, w.read, EV_READ);
     watch(d, &d->wio, w.write && !ev_is_active(&d->fail_timer), EV_WRITE);
-    if (w.watch_dir) {
+    if (w.watch_dir && !d->tcp_address[0]) {
         if (d->ino_gen != s->gen) {
             d->ino_gen = s->gen;
             dir_watch(d);
@@ -275,8 +284,10 @@ void net_ev_init(struct net_ev *d, struct net_session *s, struct ev_loop *loop,
     d->s = s;
     d->loop = loop;
     d->cfg = *cfg;
-    snprintf(d->path, sizeof(d->path), "%s", cfg->path);
-    snprintf(d->dir, sizeof(d->dir), "%s", cfg->dir);
+    snprintf(d->path, sizeof(d->path), "%s", cfg->path ? cfg->path : "");
+    snprintf(d->dir, sizeof(d->dir), "%s", cfg->dir ? cfg->dir : "");
+    snprintf(d->tcp_address, sizeof(d->tcp_address), "%s",
+             cfg->tcp_address ? cfg->tcp_address : "");
     snprintf(d->name, sizeof(d->name), "%s", cfg->name);
     const char *slash = strrchr(d->path, '/');
     d->sock_name = slash ? slash + 1 : d->path;

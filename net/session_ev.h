@@ -1,6 +1,6 @@
 /*
  * session_ev.h - the libev driver of a client session (session.h): a Unix
- * socket, its read and write watchers, one timer for the core's next
+ * socket (or a TCP connection), its read and write watchers, one timer for the core's next
  * deadline, and the inotify watch on the socket's directory, all on the
  * owner's loop.
  *
@@ -25,6 +25,10 @@
 struct net_ev_config {
     const char *path;    /* the server's socket */
     const char *dir;     /* its directory, watched while disconnected */
+    /* Or the server's TCP "host:port" (tcp.h; path and dir then unused, and
+     * no directory is watched: the backoff alone reconnects).  A name is
+     * resolved at each dial and may block: give numeric addresses. */
+    const char *tcp_address;
     const char *name;    /* in log lines: "umbp-server at <path>" */
     /* Optional: a connected socket's peer is acceptable (0), or err says
      * why not; connect() met EACCES/EPERM (why): err says what keeps this
@@ -42,6 +46,7 @@ struct net_ev {
     struct ev_loop *loop;
     struct net_ev_config cfg;
     char path[NET_EV_PATH_MAX], dir[NET_EV_PATH_MAX], name[NET_EV_NAME_MAX];
+    char tcp_address[NET_EV_NAME_MAX];
     const char *sock_name;   /* the socket's name within dir */
     int fd;                  /* the connection; -1: none */
     ev_io rio, wio;

@@ -104,6 +104,30 @@ static int refuse_foreign_options(const char *json, const struct umbp_core_confi
     return rc;
 }
 
+/* Defaults that depend on the mode, for options the user did not set (in
+ * the JSON or the environment): distributed mode quarantines a key whose
+ * load failed for 30 s (a dead owner's keys would otherwise be retried at
+ * every get until the master drops them). */
+#define DISTRIBUTED_QUARANTINE_MS 30000
+
+static bool option_given(const char *json, const char *name, const char *env)
+{
+    if (getenv(env))
+        return true;
+    json_object *root = json && *json ? json_tokener_parse(json) : NULL;
+    bool given = root && json_object_is_type(root, json_type_object) &&
+                 json_object_object_get_ex(root, name, NULL);
+    json_object_put(root);
+    return given;
+}
+
+static void mode_defaults(const char *json, struct umbp_core_config *core)
+{
+    if (strcmp(core->mode, "distributed") == 0 &&
+        !option_given(json, "load_failure_quarantine_ms", "UMBP_LOAD_FAILURE_QUARANTINE_MS"))
+        core->load_failure_quarantine_ms = DISTRIBUTED_QUARANTINE_MS;
+}
+
 int config_parse(const char *json, struct rt_config **out)
 {
     char err[512] = "";
@@ -132,6 +156,7 @@ int config_parse(const char *json, struct rt_config **out)
         (rc = umbp_core_validate(&c->core, &c->rank_capacity, err, sizeof(err))) < 0 ||
         (rc = config_primary_tier(&c->core, &c->primary, err, sizeof(err))) < 0)
         goto fail;
+    mode_defaults(json, &c->core);
     if ((rc = config_use_tiers(c, c->primary, err, sizeof(err))) < 0 ||
         (rc = refuse_foreign_options(json, &c->core, c->primary, err, sizeof(err))) < 0)
         goto fail;

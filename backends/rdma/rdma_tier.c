@@ -1,0 +1,1270 @@
+/*
+ * rdma_tier.c - the rdma tier: distributed mode's composition.  A local
+ * slice (a `dram` child tier, created with env->create_child) holds this
+ * node's objects; the node serves them to peers over UCX (net/ucx.h) and
+ * tells umbp-master which keys it holds (master/master_client.h, on the
+ * runtime's loop); keys the slice lacks are located through the master and
+ * fetched from a live owner into the slice.  README.md beside this file
+ * and docs/distributed.md describe it; this header is the map.
+ *
+ * Regions.  Every region is in the slice's pool, so every region is mapped
+ * and the runtime (memcpy, the GPU copy engine) moves the bytes as in
+ * embedded mode.  A remote object lands in a reservation of the slice:
+ * under its own key when it is admitted as a replica (cache_remote_fetches,
+ * size <= remote_cache_max_bytes, pool below its high watermark): it is
+ * then published, leased like any local object, and the master learns the
+ * replica from the STORED event; otherwise under a private key that is
+ * never published, handed to the reader as the region and aborted at
+ * release (RDMA_TEMP in region.aux[1]).
+ *
+ * Events.  The slice's STORED and REMOVED events pass through here: each
+ * gets the next seq and waits in a queue for the master's ack; the live key
+ * set (key -> size) is kept for a RESYNC.  A heartbeat goes every
+ * heartbeat_ms, sooner once RDMA_HB_EVENTS events wait.  The master's ack
+ * says REGISTER (it does not know us: a restarted master) or RESYNC (a gap);
+ * a lost connection means REGISTER again.  Only one master call is in
+ * flight for the node side; lookups are the master client's single flight.
+ *
+ * Reads.  acquire and lookup ask the slice first; the keys it lacks go to
+ * the master in one LOCATE (lookup_timeout_ms); each located key is fetched
+ * from its first owner that is not this node and not in its failure
+ * backoff, one UCX batch per owner (timeout_ms).  A failed fetch leaves a
+ * status the runtime understands: -ENOENT (the owner no longer has it, or
+ * its size changed), UMBP_E_TIMEOUT (a stalled or cut-off owner: not
+ * quarantined), -ECONNRESET (the owner died: quarantined by the runtime for
+ * load_failure_quarantine_ms).  An owner that failed is skipped for
+ * peer_failure_backoff_ms.  The local reservation is aborted only once UCX
+ * has ended the batch (net/ucx.h's bound), so a late reply never lands in
+ * reused memory.
+ *
+ * Serving.  The UCX node's lease_take is the slice's acquire of one key
+ * (inline: dram completes its calls inline), lease_release its release.
+ * ucx_serve_timeout_ms (< lease_ttl_ms) bounds a send, so a lease never
+ * outlives its send.
+ *
+ * Threads: the runtime's loop thread for every member (create and destroy
+ * on the creating thread while the loop does not run).
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ev.h>
+
+#include "auth.h"
+#include "master_client.h"
+#include "proto.h"
+#include "tcp.h"
+#include "ucx.h"
+#include "ucx_wire.h"
+#include "umbp/tier.h"
+
+extern const struct umbp_tier_ops umbp_tier_rdma_ops;
+
+#define RDMA_TEMP 0x726d6154454d5031ull /* region.aux[1] of a private reservation */
+#define RDMA_HB_EVENTS 128              /* a heartbeat goes once this many wait */
+#define RDMA_EVQ_MAX (1u << 20)         /* queued events past this: resync instead */
+
+/* ---- options ------------------------------------------------------------------------ */
+
+struct rdma_config {
+    char master_address[256];
+    char secret_file[512];
+    char node_host[PROTO_NAME_MAX];
+    int64_t heartbeat_ms;
+    bool cache_remote_fetches;
+    uint64_t remote_cache_max_bytes;
+    int64_t peer_failure_backoff_ms;
+    int64_t ucx_serve_timeout_ms;
+};
+
+#define OFF(f) offsetof(struct rdma_config, f)
+static const struct umbp_option rdma_options[] = {
+    {"master_address", UMBP_OPT_STRING, OFF(master_address), "", 0, 0, 256, NULL,
+     "distributed: umbp-master's host:port (required; IPv6: [addr]:port)"},
+    {"secret_file", UMBP_OPT_STRING, OFF(secret_file), "", 0, 0, 512, NULL,
+     "distributed: file holding the cluster's shared secret (16 .. 4096 bytes, mode 0600), "
+     "the same as umbp-master's; empty = none (a master on loopback only)"},
+    {"node_host", UMBP_OPT_STRING, OFF(node_host), "", 0, 0, PROTO_NAME_MAX, NULL,
+     "distributed: this node's name at the master (with its pid and start time, its id); "
+     "empty = the hostname"},
+    {"heartbeat_ms", UMBP_OPT_INT, OFF(heartbeat_ms), "1000", 20, 10000, 0, NULL,
+     "distributed: a node's heartbeat period; its stored/removed events reach the master "
+     "within it (sooner every 128 events); keep it below the master's heartbeat_suspect_ms"},
+    {"cache_remote_fetches", UMBP_OPT_BOOL, OFF(cache_remote_fetches), "true", 0, 0, 0, NULL,
+     "distributed: an object fetched from a peer stays in the local slice as a replica "
+     "(published, announced to the master) when it passes remote_cache_max_bytes and the "
+     "slice is below its high watermark"},
+    {"remote_cache_max_bytes", UMBP_OPT_SIZE, OFF(remote_cache_max_bytes), "64MiB", 1,
+     (double)(1ull << 32), 0, NULL,
+     "distributed: largest fetched object kept as a replica"},
+    {"peer_failure_backoff_ms", UMBP_OPT_INT, OFF(peer_failure_backoff_ms), "3000", 0, 600000,
+     0, NULL,
+     "distributed: a peer whose fetch failed (reset, timeout) is not fetched from for this "
+     "long (its keys miss), so a dead or stalled owner costs one timeout, not one per get"},
+    {"ucx_serve_timeout_ms", UMBP_OPT_INT, OFF(ucx_serve_timeout_ms), "10000", 10, 3600000, 0,
+     NULL,
+     "distributed: a send to a peer still pending this long (the peer stopped) is ended by "
+     "closing its endpoint, which frees the lease (< lease_ttl_ms)"},
+    {.name = NULL},
+};
+#undef OFF
+
+static int rdma_validate_config(const void *cfgp, const struct umbp_core_config *core, char *err,
+                                size_t errlen)
+{
+    const struct rdma_config *cfg = cfgp;
+    char host[NET_TCP_HOST_MAX];
+    uint16_t port;
+    if (!cfg->master_address[0]) {
+        snprintf(err, errlen, "master_address: distributed mode needs umbp-master's host:port "
+                 "(start one with umbp-master; see docs/distributed.md)");
+        return -EINVAL;
+    }
+    int rc = net_tcp_split(cfg->master_address, "master_address", host, sizeof(host), &port,
+                           err, errlen);
+    if (rc < 0)
+        return rc;
+    if (port == 0) {
+        snprintf(err, errlen, "master_address %s: port 0; give the master's port",
+                 cfg->master_address);
+        return -EINVAL;
+    }
+    if (cfg->ucx_serve_timeout_ms >= core->lease_ttl_ms) {
+        snprintf(err, errlen, "ucx_serve_timeout_ms (%lld) must be below lease_ttl_ms (%lld): a "
+                 "send to a peer must end before its lease can", 
+                 (long long)cfg->ucx_serve_timeout_ms, (long long)core->lease_ttl_ms);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* ---- the live key set: key -> size ------------------------------------------------------ */
+
+struct kslot {
+    umbp_key_t key;
+    uint64_t size; /* 0: empty; UINT64_MAX: removed (a tombstone) */
+};
+
+struct kmap {
+    struct kslot *v;
+    size_t cap, used, live; /* used: live + tombstones */
+};
+
+static struct kslot *kmap_find(struct kmap *m, const umbp_key_t *k, bool for_insert)
+{
+    if (!m->cap)
+        return NULL;
+    size_t i = umbp_key_hash(k) & (m->cap - 1);
+    struct kslot *tomb = NULL;
+    for (;;) {
+        struct kslot *s = &m->v[i];
+        if (s->size == 0)
+            return for_insert ? (tomb ? tomb : s) : NULL;
+        if (s->size == UINT64_MAX) {
+            if (!tomb)
+                tomb = s;
+        } else if (memcmp(&s->key, k, sizeof(*k)) == 0) {
+            return s;
+        }
+        i = (i + 1) & (m->cap - 1);
+    }
+}
+
+static int kmap_grow(struct kmap *m)
+{
+    size_t cap = m->cap ? m->cap : 1024;
+    while ((m->live + 1) * 2 > cap)
+        cap *= 2;
+    struct kslot *v = calloc(cap, sizeof(*v)), *old = m->v;
+    if (!v)
+        return -ENOMEM;
+    size_t ocap = m->cap;
+    m->v = v;
+    m->cap = cap;
+    m->used = m->live = 0;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i].size && old[i].size != UINT64_MAX) {
+            *kmap_find(m, &old[i].key, true) = old[i];
+            m->used++;
+            m->live++;
+        }
+    free(old);
+    return 0;
+}
+
+static int kmap_put(struct kmap *m, const umbp_key_t *k, uint64_t size)
+{
+    if ((m->used + 1) * 4 > m->cap * 3 && kmap_grow(m) < 0)
+        return -ENOMEM;
+    struct kslot *s = kmap_find(m, k, true);
+    if (s->size == 0 || s->size == UINT64_MAX) {
+        if (s->size == 0)
+            m->used++;
+        m->live++;
+        s->key = *k;
+    }
+    s->size = size;
+    return 0;
+}
+
+static bool kmap_del(struct kmap *m, const umbp_key_t *k)
+{
+    struct kslot *s = kmap_find(m, k, false);
+    if (!s)
+        return false;
+    s->size = UINT64_MAX;
+    m->live--;
+    return true;
+}
+
+/* ---- the tier ----------------------------------------------------------------------------- */
+
+struct rpeer {
+    struct rpeer *next;
+    uint32_t ref;
+    struct ucx_peer *p;
+    uint64_t fail_until_ns;
+    unsigned inflight;
+    bool named; /* its transport was logged */
+};
+
+struct rdma_tier {
+    struct umbp_tier base;
+    struct rdma_config cfg;
+    struct umbp_tier *local;       /* the dram slice */
+    struct umbp_tier_env child_env;
+    struct ucx_node *ucx;
+    struct ucx_serve_ops serve;    /* the slice's leases, for peers */
+    struct mclient *mc;
+    struct net_auth_key key;
+    bool have_key, stopped;
+    char engine_id[PROTO_NAME_MAX];
+    struct proto_register reg;     /* our id and worker address */
+    /* the node side */
+    struct kmap live;
+    struct proto_node_event *evq;  /* events after `acked`, in seq order */
+    size_t evq_n, evq_cap;
+    uint64_t seq, acked;           /* the last event's seq; the last the master applied */
+    bool registered, need_resync, busy;
+    size_t hb_events;              /* events in the heartbeat in flight */
+    umbp_key_t *snap_keys;         /* a RESYNC in flight: its snapshot */
+    uint64_t *snap_sizes, snap_seq;
+    uint32_t self_ref;
+    ev_timer hb, kick;
+    /* publish in progress: sizes of STORED events, by the cursor */
+    struct umbp_tier_req *const *pub_reqs;
+    size_t pub_n, pub_at;
+    /* reads */
+    struct rpeer *peers;
+    uint64_t temp_ctr;
+    /* counters */
+    uint64_t remote_hits, remote_misses, remote_failed, remote_bytes, replicas, locates;
+    uint64_t heartbeats, resyncs, registers;
+};
+
+static struct rdma_tier *to_rdma(struct umbp_tier *t)
+{
+    return umbp_container_of(t, struct rdma_tier, base);
+}
+
+static uint64_t ms_ns(int64_t ms) { return (uint64_t)ms * 1000000ull; }
+
+/* ---- what the slice reports --------------------------------------------------------------- */
+
+static void ev_push(struct rdma_tier *rt, uint32_t kind, const umbp_key_t *k, uint64_t size)
+{
+    if (rt->need_resync)
+        return; /* the snapshot will carry it */
+    if (rt->evq_n == rt->evq_cap) {
+        size_t cap = rt->evq_cap ? rt->evq_cap * 2 : 256;
+        struct proto_node_event *q;
+        if (cap > RDMA_EVQ_MAX || !(q = realloc(rt->evq, cap * sizeof(*q)))) {
+            /* too far behind the master: send the whole set instead */
+            rt->evq_n = 0;
+            rt->need_resync = true;
+            return;
+        }
+        rt->evq = q;
+        rt->evq_cap = cap;
+    }
+    rt->evq[rt->evq_n++] = (struct proto_node_event){.seq = rt->seq, .kind = kind, .key = *k,
+                                                     .size = size};
+    if (rt->evq_n - rt->hb_events >= RDMA_HB_EVENTS && !rt->busy && !ev_is_active(&rt->kick))
+        ev_timer_start(rt->base.env.loop, &rt->kick);
+}
+
+/* The size of key k being published: the publish batch's req, found from a
+ * cursor (the slice emits in request order). */
+static uint64_t pub_size(struct rdma_tier *rt, const umbp_key_t *k)
+{
+    for (size_t i = 0; i < rt->pub_n; i++) {
+        size_t j = (rt->pub_at + i) % rt->pub_n;
+        if (memcmp(&rt->pub_reqs[j]->key, k, sizeof(*k)) == 0) {
+            rt->pub_at = j + 1;
+            return rt->pub_reqs[j]->region.size ? rt->pub_reqs[j]->region.size
+                                                : rt->pub_reqs[j]->size;
+        }
+    }
+    return 0;
+}
+
+static void child_event(void *ctx, umbp_event_type_t type, const umbp_key_t *k)
+{
+    struct rdma_tier *rt = ctx;
+    if (type == UMBP_EVENT_STORED) {
+        uint64_t size = pub_size(rt, k);
+        if (size && kmap_put(&rt->live, k, size) == 0) {
+            rt->seq++;
+            ev_push(rt, PROTO_NODE_STORED, k, size);
+        }
+    } else if (type == UMBP_EVENT_REMOVED) {
+        if (kmap_del(&rt->live, k)) {
+            rt->seq++;
+            ev_push(rt, PROTO_NODE_REMOVED, k, 0);
+        }
+    }
+    if (rt->base.env.emit_event)
+        rt->base.env.emit_event(rt->base.env.ctx, type, k);
+}
+
+static void child_events_lost(void *ctx, uint64_t n)
+{
+    struct rdma_tier *rt = ctx;
+    if (rt->base.env.events_lost)
+        rt->base.env.events_lost(rt->base.env.ctx, n);
+}
+
+static void child_space_freed(void *ctx)
+{
+    struct rdma_tier *rt = ctx;
+    if (rt->base.env.space_freed)
+        rt->base.env.space_freed(rt->base.env.ctx);
+}
+
+static void child_mapping_changed(void *ctx)
+{
+    struct rdma_tier *rt = ctx;
+    if (rt->base.env.mapping_changed)
+        rt->base.env.mapping_changed(rt->base.env.ctx);
+}
+
+static void child_regions_revoked(void *ctx)
+{
+    struct rdma_tier *rt = ctx;
+    if (rt->base.env.regions_revoked)
+        rt->base.env.regions_revoked(rt->base.env.ctx);
+}
+
+/* ---- the node side: REGISTER, HEARTBEAT, RESYNC ------------------------------------------ */
+
+static void node_tick(struct rdma_tier *rt);
+
+static uint64_t used_bytes(struct rdma_tier *rt)
+{
+    struct umbp_tier_usage u = {0};
+    if (rt->local->ops->usage)
+        rt->local->ops->usage(rt->local, &u);
+    return u.used_bytes;
+}
+
+/* The master applied every event up to seq. */
+static void drop_acked(struct rdma_tier *rt, uint64_t seq)
+{
+    size_t k = 0;
+    while (k < rt->evq_n && rt->evq[k].seq <= seq)
+        k++;
+    memmove(rt->evq, rt->evq + k, (rt->evq_n - k) * sizeof(*rt->evq));
+    rt->evq_n -= k;
+    if (seq > rt->acked)
+        rt->acked = seq;
+}
+
+static void take_ack(struct rdma_tier *rt, int status, const struct proto_ack *a)
+{
+    rt->busy = false;
+    rt->hb_events = 0;
+    if (status < 0 || !a) {
+        rt->registered = false; /* a new connection starts with REGISTER */
+        if (status != UMBP_E_NOT_ATTEMPTED)
+            umbp_log(UMBP_LOG_DEBUG, "rdma: the master did not answer: %s (%s)",
+                     umbp_strerror(status), mclient_last_error(rt->mc));
+        return;
+    }
+    switch (a->action) {
+    case PROTO_ACK_REGISTER:
+        rt->registered = false;
+        break;
+    case PROTO_ACK_RESYNC:
+        rt->need_resync = true;
+        rt->evq_n = 0;
+        break;
+    default:
+        drop_acked(rt, a->seq);
+        break;
+    }
+}
+
+static void on_registered(void *arg, int status, const struct proto_ack *a)
+{
+    struct rdma_tier *rt = arg;
+    if (status == 0 && a) {
+        rt->registered = true;
+        rt->self_ref = a->node_ref;
+        rt->registers++;
+        umbp_log(UMBP_LOG_INFO, "rdma: registered with the master at %s as node %u (%s pid %u)",
+                 rt->cfg.master_address, a->node_ref, rt->reg.host, rt->reg.pid);
+    }
+    take_ack(rt, status, a);
+    if (rt->registered && !rt->stopped)
+        node_tick(rt); /* a resync, or the events, now */
+}
+
+static void on_resynced(void *arg, int status, const struct proto_ack *a)
+{
+    struct rdma_tier *rt = arg;
+    uint64_t snap = rt->snap_seq;
+    free(rt->snap_keys);
+    free(rt->snap_sizes);
+    rt->snap_keys = NULL;
+    rt->snap_sizes = NULL;
+    bool ok = status == 0 && a && a->action == PROTO_ACK_OK;
+    take_ack(rt, status, a);
+    if (ok) {
+        rt->need_resync = false;
+        rt->resyncs++;
+        drop_acked(rt, snap);
+        if (!rt->stopped)
+            node_tick(rt);
+    } else if (status == 0) {
+        rt->need_resync = true;
+    }
+}
+
+static void on_heartbeat(void *arg, int status, const struct proto_ack *a)
+{
+    struct rdma_tier *rt = arg;
+    if (status == 0)
+        rt->heartbeats++;
+    take_ack(rt, status, a);
+    if (!rt->stopped && rt->evq_n >= RDMA_HB_EVENTS)
+        node_tick(rt);
+}
+
+static int send_resync(struct rdma_tier *rt)
+{
+    size_t n = rt->live.live, k = 0;
+    rt->snap_keys = malloc((n ? n : 1) * sizeof(*rt->snap_keys));
+    rt->snap_sizes = malloc((n ? n : 1) * sizeof(*rt->snap_sizes));
+    if (!rt->snap_keys || !rt->snap_sizes) {
+        free(rt->snap_keys);
+        free(rt->snap_sizes);
+        rt->snap_keys = NULL;
+        rt->snap_sizes = NULL;
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < rt->live.cap; i++)
+        if (rt->live.v[i].size && rt->live.v[i].size != UINT64_MAX) {
+            rt->snap_keys[k] = rt->live.v[i].key;
+            rt->snap_sizes[k++] = rt->live.v[i].size;
+        }
+    rt->snap_seq = rt->seq;
+    rt->evq_n = 0; /* the snapshot carries them */
+    return mclient_resync_async(rt->mc, rt->snap_seq, used_bytes(rt), rt->snap_keys,
+                                rt->snap_sizes, k, 0, on_resynced, rt);
+}
+
+static void node_tick(struct rdma_tier *rt)
+{
+    if (rt->stopped || rt->busy || !mclient_connected(rt->mc))
+        return;
+    int rc;
+    if (!rt->registered) {
+        rt->reg.used_bytes = used_bytes(rt);
+        rt->reg.seq = rt->need_resync ? 0 : rt->seq;
+        rc = mclient_register_async(rt->mc, &rt->reg, on_registered, rt);
+    } else if (rt->need_resync) {
+        rc = send_resync(rt);
+        if (rc < 0 && rt->snap_keys) {
+            free(rt->snap_keys);
+            free(rt->snap_sizes);
+            rt->snap_keys = NULL;
+            rt->snap_sizes = NULL;
+        }
+    } else {
+        size_t n = rt->evq_n < PROTO_MAX_RECORDS - 2 ? rt->evq_n : PROTO_MAX_RECORDS - 2;
+        uint64_t last = n ? rt->evq[n - 1].seq : rt->acked;
+        rt->hb_events = n;
+        rc = mclient_heartbeat_async(rt->mc, last, used_bytes(rt), rt->evq, n, on_heartbeat, rt);
+        if (rc < 0)
+            rt->hb_events = 0;
+    }
+    if (rc == 0)
+        rt->busy = true;
+}
+
+static void on_hb_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    node_tick(w->data);
+}
+
+static void on_kick(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop, (void)revents;
+    node_tick(w->data);
+}
+
+static void master_up(void *arg)
+{
+    struct rdma_tier *rt = arg;
+    umbp_log(UMBP_LOG_INFO, "rdma: connected to the master at %s", rt->cfg.master_address);
+    rt->registered = false;
+    node_tick(rt);
+}
+
+static void master_down(void *arg, const char *why)
+{
+    struct rdma_tier *rt = arg;
+    umbp_log(UMBP_LOG_WARN, "rdma: the master at %s: %s (remote keys miss until it is back)",
+             rt->cfg.master_address, why);
+    rt->registered = false;
+}
+
+/* ---- peers ---------------------------------------------------------------------------------- */
+
+static struct rpeer *peer_of(struct rdma_tier *rt, uint32_t ref)
+{
+    for (struct rpeer *p = rt->peers; p; p = p->next)
+        if (p->ref == ref)
+            return p;
+    const struct proto_node_info *ni = mclient_node(rt->mc, ref);
+    if (!ni || !ni->addr_len)
+        return NULL;
+    struct rpeer *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    if (ucx_peer_create(rt->ucx, ni->addr, ni->addr_len, &p->p) < 0) {
+        umbp_log(UMBP_LOG_WARN, "rdma: no endpoint to node %u (%s pid %u): %s", ref, ni->host,
+                 ni->pid, umbp_last_error());
+        free(p);
+        return NULL;
+    }
+    p->ref = ref;
+    p->next = rt->peers;
+    rt->peers = p;
+    return p;
+}
+
+/* Endpoints to nodes the master no longer lists, with nothing in flight. */
+static void peers_prune(struct rdma_tier *rt)
+{
+    for (struct rpeer **pp = &rt->peers; *pp;) {
+        struct rpeer *p = *pp;
+        if (!p->inflight && !mclient_node(rt->mc, p->ref)) {
+            *pp = p->next;
+            ucx_peer_destroy(p->p);
+            free(p);
+        } else {
+            pp = &p->next;
+        }
+    }
+}
+
+/* ---- reads: the slice first, then the master and a peer ----------------------------------- */
+
+struct rread;
+
+struct rfetch {
+    struct rread *rr;
+    struct rpeer *peer;
+    struct ucx_fetch_item *items;
+    struct umbp_tier_req **reqs; /* the caller's, per item */
+    uint64_t *temp;              /* 0, or the private key's number */
+    uint32_t n;
+};
+
+struct rread {
+    struct rdma_tier *rt;
+    bool lookup;
+    struct umbp_tier_req *const *all;
+    size_t nall;
+    uint8_t *present;               /* lookup's */
+    uint64_t ttl_ms;
+    umbp_tier_done_fn done;
+    void *arg;
+    struct umbp_tier_req **miss;    /* the keys the slice lacks */
+    umbp_key_t *keys;
+    struct proto_location *locs;
+    size_t nmiss;
+    size_t *miss_idx;               /* lookup: index in all */
+    struct rfetch *fetches;
+    size_t nfetch, fetch_left;
+};
+
+static void rread_free(struct rread *rr)
+{
+    for (size_t i = 0; i < rr->nfetch; i++) {
+        free(rr->fetches[i].items);
+        free(rr->fetches[i].reqs);
+        free(rr->fetches[i].temp);
+    }
+    free(rr->fetches);
+    free(rr->miss);
+    free(rr->keys);
+    free(rr->locs);
+    free(rr->miss_idx);
+    free(rr);
+}
+
+static void rread_finish(struct rread *rr)
+{
+    umbp_tier_done_fn done = rr->done;
+    void *arg = rr->arg;
+    rread_free(rr);
+    done(arg, 0);
+}
+
+static void inline_done(void *arg, int rc)
+{
+    int *p = arg;
+    *p = rc;
+}
+
+/* The first owner of loc worth asking, or NULL. */
+static struct rpeer *owner_of(struct rdma_tier *rt, const struct proto_location *loc,
+                              uint64_t now)
+{
+    for (uint32_t r = 0; r < loc->nrep && r < PROTO_MAX_REPLICAS; r++) {
+        if (loc->refs[r] == rt->self_ref && rt->self_ref)
+            continue;
+        struct rpeer *p = peer_of(rt, loc->refs[r]);
+        if (p && now >= p->fail_until_ns)
+            return p;
+    }
+    return NULL;
+}
+
+/* The private key number ctr of this node: a reservation that is never
+ * published (no engine key has this prefix: engine keys are hashes, and a
+ * collision would cost a miss, never wrong bytes: the key is never looked
+ * up). */
+static void temp_key(const struct rdma_tier *rt, uint64_t ctr, umbp_key_t *k)
+{
+    memset(k, 0, sizeof(*k));
+    memcpy(k->bytes, "umbp-rdma-tmp", 13);
+    memcpy(k->bytes + 16, &ctr, sizeof(ctr));
+    memcpy(k->bytes + 24, &rt->reg.start_ns, sizeof(rt->reg.start_ns));
+}
+
+/* Drops q's reservation in the slice (under its private key temp, if not
+ * 0); the req keeps its key. */
+static void give_back(struct rdma_tier *rt, struct umbp_tier_req *q, uint64_t temp)
+{
+    struct umbp_tier_req *one = q;
+    umbp_key_t real = q->key;
+    if (temp)
+        temp_key(rt, temp, &q->key);
+    rt->local->ops->abort(rt->local, &one, 1);
+    q->key = real;
+    q->region = (struct umbp_region){0};
+}
+
+static bool admit_replica(struct rdma_tier *rt, uint64_t size)
+{
+    if (!rt->cfg.cache_remote_fetches || size > rt->cfg.remote_cache_max_bytes)
+        return false;
+    struct umbp_tier_usage u = {0};
+    if (rt->local->ops->usage)
+        rt->local->ops->usage(rt->local, &u);
+    return !u.high_watermark_bytes || u.used_bytes + size <= u.high_watermark_bytes;
+}
+
+static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
+{
+    struct rfetch *f = arg;
+    struct rread *rr = f->rr;
+    struct rdma_tier *rt = rr->rt;
+    struct umbp_tier *loc = rt->local;
+    bool peer_failed = false;
+    f->peer->inflight--;
+    if (!f->peer->named && f->peer->p) {
+        f->peer->named = true;
+        umbp_log(UMBP_LOG_INFO, "rdma: fetching from node %u over %s", f->peer->ref,
+                 ucx_peer_transport(f->peer->p));
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        struct umbp_tier_req *q = f->reqs[i];
+        int st = items[i].status;
+        if (st == 0 && items[i].size != q->region.size)
+            st = -ENOENT; /* the master's size was stale: not this object */
+        if (st == -ECONNRESET || st == UMBP_E_TIMEOUT)
+            peer_failed = true;
+        if (st != 0) {
+            give_back(rt, q, f->temp[i]);
+            if (rt->stopped)
+                st = UMBP_E_NOT_ATTEMPTED;
+            else if (st == -EMSGSIZE || st == -EPROTO)
+                st = -ENOENT;
+            q->status = st;
+            if (st == -ENOENT)
+                rt->remote_misses++;
+            else
+                rt->remote_failed++;
+            continue;
+        }
+        rt->remote_hits++;
+        rt->remote_bytes += items[i].size;
+        if (f->temp[i]) { /* the reservation is the reader's region until release */
+            q->region.aux[0] = f->temp[i];
+            q->region.aux[1] = RDMA_TEMP;
+            q->status = 0;
+            continue;
+        }
+        /* a replica: publish, then lease it like any local object */
+        struct umbp_tier_req *one = q;
+        int rc = 1;
+        q->status = 0;
+        rt->pub_reqs = &f->reqs[i];
+        rt->pub_n = 1;
+        rt->pub_at = 0;
+        loc->ops->publish(loc, &one, 1, inline_done, &rc);
+        rt->pub_n = 0;
+        if (rc == 1 || q->status != 0) {
+            q->status = rc == 1 ? -EIO : (q->status ? q->status : -EIO);
+            continue;
+        }
+        rt->replicas++;
+        rc = 1;
+        loc->ops->acquire(loc, &one, 1, rr->ttl_ms, inline_done, &rc);
+        if (rc == 1)
+            q->status = -EIO;
+    }
+    if (peer_failed && !rt->stopped)
+        f->peer->fail_until_ns = umbp_now_ns() + ms_ns(rt->cfg.peer_failure_backoff_ms);
+    if (--rr->fetch_left == 0)
+        rread_finish(rr);
+}
+
+/* Reserves a slice region per located key and sends one batch per owner. */
+static void start_fetches(struct rread *rr)
+{
+    struct rdma_tier *rt = rr->rt;
+    struct umbp_tier *loc = rt->local;
+    uint64_t now = umbp_now_ns();
+    struct rpeer **owner = calloc(rr->nmiss ? rr->nmiss : 1, sizeof(*owner));
+    if (!owner) {
+        rread_finish(rr);
+        return;
+    }
+    /* group by owner: at most one batch per owner (UCX_FETCH_MAX_KEYS keys) */
+    size_t groups = 0;
+    for (size_t i = 0; i < rr->nmiss; i++) {
+        if (rr->locs[i].nrep == 0 || rr->locs[i].size == 0 ||
+            rr->locs[i].size > UCX_OBJ_MAX) {
+            rt->remote_misses++;
+            continue;
+        }
+        owner[i] = owner_of(rt, &rr->locs[i], now);
+        if (!owner[i]) {
+            rt->remote_misses++;
+            continue;
+        }
+        bool seen = false;
+        for (size_t j = 0; j < i && !seen; j++)
+            seen = owner[j] == owner[i];
+        groups += !seen;
+    }
+    rr->fetches = calloc(groups ? groups * 2 : 1, sizeof(*rr->fetches));
+    if (!rr->fetches) {
+        free(owner);
+        rread_finish(rr);
+        return;
+    }
+    for (size_t i = 0; i < rr->nmiss; i++) {
+        if (!owner[i])
+            continue;
+        struct rfetch *f = NULL;
+        for (size_t g = 0; g < rr->nfetch && !f; g++)
+            if (rr->fetches[g].peer == owner[i] && rr->fetches[g].n < UCX_FETCH_MAX_KEYS)
+                f = &rr->fetches[g];
+        if (!f) {
+            if (rr->nfetch == groups * 2)
+                continue; /* more than two full batches for one owner: a miss */
+            f = &rr->fetches[rr->nfetch++];
+            f->rr = rr;
+            f->peer = owner[i];
+            f->items = calloc(UCX_FETCH_MAX_KEYS, sizeof(*f->items));
+            f->reqs = calloc(UCX_FETCH_MAX_KEYS, sizeof(*f->reqs));
+            f->temp = calloc(UCX_FETCH_MAX_KEYS, sizeof(*f->temp));
+            if (!f->items || !f->reqs || !f->temp)
+                continue;
+        }
+        struct umbp_tier_req *q = rr->miss[i];
+        uint64_t size = rr->locs[i].size;
+        uint64_t temp = admit_replica(rt, size) ? 0 : ++rt->temp_ctr;
+        umbp_key_t real = q->key;
+        struct umbp_tier_req r = {.key = real, .size = size};
+        if (temp)
+            temp_key(rt, temp, &r.key);
+        struct umbp_tier_req *one = &r;
+        int rc = 1;
+        loc->ops->reserve(loc, &one, 1, inline_done, &rc);
+        if (rc == 1 || r.status != 0) {
+            /* no room now, or a put of the same key under way: a miss */
+            if (rc == 1)
+                umbp_log(UMBP_LOG_ERROR, "rdma: the local slice did not reserve inline");
+            rt->remote_misses++;
+            continue;
+        }
+        q->size = size;
+        q->region = r.region;
+        q->status = -ENOENT; /* until the bytes are in */
+        f->items[f->n] = (struct ucx_fetch_item){.key = real, .dst = r.region.addr,
+                                                 .cap = size};
+        f->reqs[f->n] = q;
+        f->temp[f->n] = temp;
+        f->n++;
+    }
+    free(owner);
+    size_t sent = 0;
+    rr->fetch_left = rr->nfetch + 1; /* +1: ours, so no batch finishes us early */
+    for (size_t g = 0; g < rr->nfetch; g++) {
+        struct rfetch *f = &rr->fetches[g];
+        int rc = f->n ? ucx_fetch(f->peer->p, f->items, f->n, (uint32_t)rt->base.env.core->timeout_ms,
+                                  fetch_done, f)
+                      : -EINVAL;
+        if (rc == 0) {
+            f->peer->inflight++;
+            sent++;
+            continue;
+        }
+        /* nothing was sent: give the reservations back */
+        for (uint32_t i = 0; i < f->n; i++) {
+            give_back(rt, f->reqs[i], f->temp[i]);
+            f->reqs[i]->status = -ENOENT;
+        }
+        rr->fetch_left--;
+    }
+    (void)sent;
+    if (--rr->fetch_left == 0)
+        rread_finish(rr);
+}
+
+static void on_located(void *arg, int status, const struct proto_ack *a)
+{
+    struct rread *rr = arg;
+    struct rdma_tier *rt = rr->rt;
+    (void)a;
+    if (status < 0 || rt->stopped) {
+        rt->remote_misses += rr->nmiss;
+        rread_finish(rr);
+        return;
+    }
+    peers_prune(rt);
+    if (rr->lookup) {
+        uint64_t now = umbp_now_ns();
+        for (size_t i = 0; i < rr->nmiss; i++)
+            if (rr->locs[i].nrep && owner_of(rt, &rr->locs[i], now))
+                rr->present[rr->miss_idx[i]] = 1;
+        rread_finish(rr);
+        return;
+    }
+    start_fetches(rr);
+}
+
+/* The keys the slice lacks go to the master; false: none or no master (the
+ * caller finishes). */
+static bool ask_master(struct rread *rr)
+{
+    struct rdma_tier *rt = rr->rt;
+    if (!rr->nmiss || rt->stopped || !rt->registered || !mclient_connected(rt->mc))
+        return false;
+    if (!(rr->keys = malloc(rr->nmiss * sizeof(*rr->keys))) ||
+        !(rr->locs = calloc(rr->nmiss, sizeof(*rr->locs))))
+        return false;
+    for (size_t i = 0; i < rr->nmiss; i++)
+        rr->keys[i] = rr->miss[i]->key;
+    size_t n = rr->nmiss < PROTO_MAX_RECORDS ? rr->nmiss : PROTO_MAX_RECORDS;
+    rr->nmiss = n;
+    rt->locates++;
+    return mclient_locate_async(rt->mc, rr->keys, n, rr->locs, on_located, rr) == 0;
+}
+
+static struct rread *rread_new(struct rdma_tier *rt, struct umbp_tier_req *const *reqs, size_t n,
+                               umbp_tier_done_fn done, void *arg)
+{
+    struct rread *rr = calloc(1, sizeof(*rr));
+    if (!rr || !(rr->miss = calloc(n ? n : 1, sizeof(*rr->miss)))) {
+        free(rr);
+        return NULL;
+    }
+    rr->rt = rt;
+    rr->all = reqs;
+    rr->nall = n;
+    rr->done = done;
+    rr->arg = arg;
+    return rr;
+}
+
+static void rdma_lookup(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
+                        uint8_t *present, bool touch, umbp_tier_done_fn done, void *arg)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    int rc = 1;
+    rt->local->ops->lookup(rt->local, reqs, n, present, touch, inline_done, &rc);
+    struct rread *rr = rc == 0 ? rread_new(rt, reqs, n, done, arg) : NULL;
+    if (rr && (rr->miss_idx = calloc(n ? n : 1, sizeof(*rr->miss_idx)))) {
+        rr->lookup = true;
+        rr->present = present;
+        for (size_t i = 0; i < n; i++)
+            if (!present[i]) {
+                rr->miss_idx[rr->nmiss] = i;
+                rr->miss[rr->nmiss++] = reqs[i];
+            }
+        if (ask_master(rr))
+            return;
+    }
+    if (rr)
+        rread_free(rr);
+    done(arg, rc == 1 ? -EIO : rc);
+}
+
+static void rdma_acquire(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
+                         uint64_t ttl_ms, umbp_tier_done_fn done, void *arg)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    int rc = 1;
+    rt->local->ops->acquire(rt->local, reqs, n, ttl_ms, inline_done, &rc);
+    struct rread *rr = rc == 0 ? rread_new(rt, reqs, n, done, arg) : NULL;
+    if (rr) {
+        rr->ttl_ms = ttl_ms;
+        for (size_t i = 0; i < n; i++)
+            if (reqs[i]->status == -ENOENT)
+                rr->miss[rr->nmiss++] = reqs[i];
+        if (ask_master(rr))
+            return;
+        rread_free(rr);
+    }
+    done(arg, rc == 1 ? -EIO : rc);
+}
+
+#define RDMA_HIDDEN 0x72646d61 /* a status the slice does not act on */
+
+static void rdma_release(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
+                         umbp_tier_done_fn done, void *arg)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    size_t temps = 0;
+    for (size_t i = 0; i < n; i++)
+        if (reqs[i]->status == 0 && reqs[i]->region.aux[1] == RDMA_TEMP) {
+            /* a private reservation: its bytes were this reader's alone */
+            give_back(rt, reqs[i], reqs[i]->region.aux[0]);
+            reqs[i]->status = RDMA_HIDDEN;
+            temps++;
+        }
+    if (!temps) {
+        rt->local->ops->release(rt->local, reqs, n, done, arg);
+        return;
+    }
+    int rc = 1;
+    rt->local->ops->release(rt->local, reqs, n, inline_done, &rc); /* status 0 only */
+    for (size_t i = 0; i < n; i++)
+        if (reqs[i]->status == RDMA_HIDDEN)
+            reqs[i]->status = 0;
+    done(arg, rc == 1 ? -EIO : rc);
+}
+
+/* ---- the slice's members, passed through ------------------------------------------------ */
+
+static void rdma_reserve(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
+                         umbp_tier_done_fn done, void *arg)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    rt->local->ops->reserve(rt->local, reqs, n, done, arg);
+}
+
+static void rdma_publish(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
+                         umbp_tier_done_fn done, void *arg)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    rt->pub_reqs = reqs; /* the STORED events' sizes (the slice publishes inline) */
+    rt->pub_n = n;
+    rt->pub_at = 0;
+    rt->local->ops->publish(rt->local, reqs, n, done, arg);
+    rt->pub_n = 0;
+}
+
+static void rdma_abort(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    rt->local->ops->abort(rt->local, reqs, n);
+}
+
+static void rdma_clear(struct umbp_tier *t, umbp_tier_done_fn done, void *arg)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    rt->local->ops->clear(rt->local, done, arg);
+}
+
+static uint64_t rdma_evict(struct umbp_tier *t, uint64_t target, uint64_t want_run, size_t max,
+                           bool *more)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    *more = false;
+    return rt->local->ops->evict ? rt->local->ops->evict(rt->local, target, want_run, max, more)
+                                 : 0;
+}
+
+static void rdma_usage(struct umbp_tier *t, struct umbp_tier_usage *out)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    memset(out, 0, sizeof(*out));
+    if (rt->local->ops->usage)
+        rt->local->ops->usage(rt->local, out);
+}
+
+static void rdma_expire_leases(struct umbp_tier *t, uint64_t now_ns)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    if (rt->local->ops->expire_leases)
+        rt->local->ops->expire_leases(rt->local, now_ns);
+}
+
+static int rdma_health(struct umbp_tier *t)
+{
+    /* the slice is local; a master or peer that is away costs misses */
+    struct rdma_tier *rt = to_rdma(t);
+    return rt->local->ops->health ? rt->local->ops->health(rt->local) : 0;
+}
+
+static int rdma_mapped_memory(struct umbp_tier *t, void **addr, size_t *len)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    return rt->local->ops->mapped_memory ? rt->local->ops->mapped_memory(rt->local, addr, len)
+                                         : -ENOTSUP;
+}
+
+/* ---- serving peers -------------------------------------------------------------------------- */
+
+static int serve_take(void *ctx, const umbp_key_t *key, const void **addr, uint64_t *size,
+                      uint64_t *lease)
+{
+    struct rdma_tier *rt = ctx;
+    if (rt->stopped)
+        return -ENOENT;
+    struct umbp_tier_req *q = calloc(1, sizeof(*q));
+    if (!q)
+        return -ENOENT;
+    q->key = *key;
+    int rc = 1;
+    rt->local->ops->acquire(rt->local, &q, 1, (uint64_t)rt->base.env.core->lease_ttl_ms,
+                            inline_done, &rc);
+    if (rc == 1) { /* the slice completes inline (dram): never here */
+        umbp_log(UMBP_LOG_ERROR, "rdma: the local slice did not lease inline; not served");
+        return -ENOENT; /* q is the slice's until it calls back */
+    }
+    if (rc < 0 || q->status != 0) {
+        free(q);
+        return -ENOENT;
+    }
+    *addr = q->region.addr;
+    *size = q->region.size;
+    *lease = (uint64_t)(uintptr_t)q;
+    return 0;
+}
+
+static void serve_release(void *ctx, uint64_t lease)
+{
+    struct rdma_tier *rt = ctx;
+    struct umbp_tier_req *q = (struct umbp_tier_req *)(uintptr_t)lease;
+    int rc = 1;
+    rt->local->ops->release(rt->local, &q, 1, inline_done, &rc);
+    free(q);
+}
+
+/* ---- life ------------------------------------------------------------------------------------- */
+
+static void rdma_stop(struct umbp_tier *t)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    if (rt->stopped)
+        return;
+    rt->stopped = true;
+    ev_timer_stop(t->env.loop, &rt->hb);
+    ev_timer_stop(t->env.loop, &rt->kick);
+    /* fetches in flight end now (their reservations given back), then the
+     * lookups waiting for the master */
+    while (rt->peers) {
+        struct rpeer *p = rt->peers;
+        rt->peers = p->next;
+        ucx_peer_destroy(p->p);
+        free(p);
+    }
+    mclient_destroy(rt->mc);
+    rt->mc = NULL;
+    if (rt->local->ops->stop)
+        rt->local->ops->stop(rt->local);
+}
+
+static void rdma_destroy(struct umbp_tier *t)
+{
+    if (!t)
+        return;
+    struct rdma_tier *rt = to_rdma(t);
+    rt->stopped = true;
+    while (rt->peers) {
+        struct rpeer *p = rt->peers;
+        rt->peers = p->next;
+        ucx_peer_destroy(p->p);
+        free(p);
+    }
+    mclient_destroy(rt->mc);
+    ucx_node_destroy(rt->ucx); /* unmaps the pool before the slice frees it */
+    if (rt->local)
+        rt->local->ops->destroy(rt->local);
+    free(rt->evq);
+    free(rt->live.v);
+    free(rt->snap_keys);
+    free(rt->snap_sizes);
+    free(rt);
+}
+
+static int rdma_create(const struct umbp_tier_env *env, const void *cfgp, struct umbp_tier **out,
+                       char *err, size_t errlen)
+{
+    const struct rdma_config *cfg = cfgp;
+    struct rdma_tier *rt = calloc(1, sizeof(*rt));
+    if (!rt) {
+        snprintf(err, errlen, "rdma tier: out of memory");
+        return -ENOMEM;
+    }
+    rt->base.ops = &umbp_tier_rdma_ops;
+    rt->base.env = *env;
+    rt->cfg = *cfg;
+    int rc = 0;
+    if (cfg->secret_file[0]) {
+        if ((rc = net_auth_key_load(cfg->secret_file, "secret_file", &rt->key, err, errlen)) < 0)
+            goto fail;
+        rt->have_key = true;
+    } else if (!net_tcp_is_loopback(cfg->master_address)) {
+        snprintf(err, errlen, "master_address %s is not on this host: set secret_file to the "
+                 "cluster's secret (a master reachable from other hosts requires it)",
+                 cfg->master_address);
+        rc = -EINVAL;
+        goto fail;
+    }
+    /* the local slice: its events, space and mapping reports come here */
+    rt->child_env = *env;
+    rt->child_env.emit_event = child_event;
+    rt->child_env.events_lost = child_events_lost;
+    rt->child_env.space_freed = child_space_freed;
+    rt->child_env.mapping_changed = child_mapping_changed;
+    rt->child_env.regions_revoked = child_regions_revoked;
+    rt->child_env.ctx = rt;
+    if ((rc = env->create_child(&rt->child_env, "dram", &rt->local, err, errlen)) < 0)
+        goto fail;
+    /* the UCX worker on the runtime's loop, serving the slice */
+    rt->serve = (struct ucx_serve_ops){.lease_take = serve_take, .lease_release = serve_release,
+                                       .ctx = rt};
+    struct ucx_node_config nc = {.loop = env->loop, .name = "umbp node", .serve = &rt->serve,
+                                 .serve_timeout_ms = (uint32_t)cfg->ucx_serve_timeout_ms};
+    if ((rc = ucx_node_create(&nc, &rt->ucx)) < 0) {
+        snprintf(err, errlen, "rdma tier: UCX: %s", umbp_last_error());
+        goto fail;
+    }
+    void *pool = NULL;
+    size_t pool_len = 0;
+    if ((rc = rdma_mapped_memory(&rt->base, &pool, &pool_len)) < 0 ||
+        (rc = ucx_mem_map(rt->ucx, pool, pool_len)) < 0) {
+        snprintf(err, errlen, "rdma tier: cannot register the local slice (%zu bytes) with "
+                 "UCX: %s", pool_len, umbp_last_error());
+        goto fail;
+    }
+    /* our id at the master: host, pid, start time; the worker's address */
+    struct proto_register *r = &rt->reg;
+    if (cfg->node_host[0])
+        snprintf(r->host, sizeof(r->host), "%s", cfg->node_host);
+    else if (gethostname(r->host, sizeof(r->host) - 1) < 0 || !r->host[0])
+        snprintf(r->host, sizeof(r->host), "localhost");
+    r->pid = (uint32_t)getpid();
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    r->start_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    r->capacity_bytes = env->capacity_bytes ? env->capacity_bytes : 1;
+    const void *addr;
+    size_t alen;
+    ucx_node_address(rt->ucx, &addr, &alen);
+    if (alen > PROTO_NODE_ADDR_MAX) {
+        snprintf(err, errlen, "rdma tier: the UCX worker's address is %zu bytes, more than the "
+                 "master carries (%u): narrow UCX_TLS", alen, PROTO_NODE_ADDR_MAX);
+        rc = -E2BIG;
+        goto fail;
+    }
+    memcpy(r->addr, addr, alen);
+    r->addr_len = (uint32_t)alen;
+    snprintf(rt->engine_id, sizeof(rt->engine_id), "%.40s:%u", r->host, r->pid);
+    struct mclient_config mc = {
+        .address = cfg->master_address, .auth = rt->have_key ? &rt->key : NULL,
+        .role = PROTO_ROLE_NODE, .engine_id = rt->engine_id,
+        .timeout_ms = (uint64_t)env->core->timeout_ms,
+        .locate_timeout_ms = (uint64_t)env->core->lookup_timeout_ms,
+        .hello_timeout_ms = (uint64_t)env->core->timeout_ms,
+        .loop = env->loop, .on_up = master_up, .on_down = master_down, .arg = rt,
+    };
+    if ((rc = mclient_create(&mc, &rt->mc)) < 0) {
+        snprintf(err, errlen, "rdma tier: out of memory for the master's client");
+        goto fail;
+    }
+    ev_timer_init(&rt->hb, on_hb_timer, (double)cfg->heartbeat_ms / 1e3,
+                  (double)cfg->heartbeat_ms / 1e3);
+    ev_timer_init(&rt->kick, on_kick, 0.0, 0.0);
+    rt->hb.data = rt->kick.data = rt;
+    ev_timer_start(env->loop, &rt->hb);
+    mclient_start(rt->mc);
+    umbp_tier_set_caps(&rt->base, (rt->local->caps_set ? rt->local->caps : rt->local->ops->caps) |
+                                      UMBP_TIER_CAP_REMOTE | UMBP_TIER_CAP_SHARED);
+    umbp_log(UMBP_LOG_INFO, "rdma: node %s pid %u, UCX transports %s, master %s%s", r->host,
+             r->pid, ucx_node_transports(rt->ucx), cfg->master_address,
+             rt->have_key ? " (shared secret)" : "");
+    *out = &rt->base;
+    return 0;
+fail:
+    rdma_destroy(&rt->base);
+    return rc;
+}
+
+static const char *const rdma_modes[] = {"distributed", NULL};
+static const char *const rdma_uses[] = {"dram", NULL};
+
+const struct umbp_tier_ops umbp_tier_rdma_ops = {
+    .name = "rdma",
+    /* every instance: the slice's caps (dram: mapped, evicts, expires
+     * leases) plus remote and shared, set in create */
+    .caps = UMBP_TIER_CAP_MAPPED | UMBP_TIER_CAP_EVICTS_LOCALLY |
+            UMBP_TIER_CAP_EXPIRES_LEASES | UMBP_TIER_CAP_REMOTE | UMBP_TIER_CAP_SHARED,
+    .modes = rdma_modes,
+    .uses = rdma_uses,
+    .options = rdma_options,
+    .config_size = sizeof(struct rdma_config),
+    .validate_config = rdma_validate_config,
+    .create = rdma_create,
+    .destroy = rdma_destroy,
+    .stop = rdma_stop,
+    .lookup = rdma_lookup,
+    .reserve = rdma_reserve,
+    .publish = rdma_publish,
+    .abort = rdma_abort,
+    .acquire = rdma_acquire,
+    .release = rdma_release,
+    .clear = rdma_clear,
+    .evict = rdma_evict,
+    .usage = rdma_usage,
+    .expire_leases = rdma_expire_leases,
+    .health = rdma_health,
+    .mapped_memory = rdma_mapped_memory,
+};
