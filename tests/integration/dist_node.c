@@ -8,10 +8,12 @@
  *
  * After umbp_runtime_create it prints `ready`, or `error <rc> <message>` and
  * exits 2.  Then one command per line, exactly one answer line each
- * (flushed):
+ * (flushed; only answers go to stdout: whatever the libraries print there
+ * goes to stderr):
  *
  *   put <seed> <count> <size>     ok <stored>             | err <rc> <msg>
- *   get <seed> <count> <size>     ok <hit> <miss> <wrong> dirty=<n> quar=<n> timeout=<n> nattempt=<n> other=<n>
+ *   get <seed> <count> <size>     ok <hit> <miss> <wrong> dirty=<n> quar=<n> timeout=<n>
+ *                                   nattempt=<n> reset=<n> other=<n>
  *   aget <seed> <count> <size>    ok submitted            (a get left in flight)
  *   await                         the answer of that get, as `get` gives it
  *   lookup <seed> <count>         ok <present> <prefix> <rc>
@@ -32,7 +34,8 @@
  *   dirty  a miss that may leave undefined bytes by the API (timeout,
  *          connection reset, stale, I/O error) whose buffer was written:
  *          allowed, counted so tests can see it;
- *   quar / timeout / nattempt / other: misses by status.
+ *   quar / timeout / nattempt / reset / other: misses by status (quarantined,
+ *          UMBP_E_TIMEOUT, UMBP_E_NOT_ATTEMPTED, -ECONNRESET, any but -ENOENT).
  * Every wait is bounded (umbp_op_wait with the runtime's timeout plus a
  * margin); an op still open past it is answered `err -4097 op still in
  * flight` and the process exits 3 (a hang is a failure, never a wait).
@@ -68,6 +71,7 @@
 #define KV_LAYER ((size_t)2 * KV_NB * KV_CHUNK)
 
 static umbp_runtime_t *rt;
+static FILE *ans; /* the answers: the original stdout (fd 1 is stderr: UCX logs to stdout) */
 
 /* ---- keys and bytes ------------------------------------------------------------ */
 
@@ -122,10 +126,10 @@ static void answer(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vprintf(fmt, ap);
+    vfprintf(ans, fmt, ap);
     va_end(ap);
-    putchar('\n');
-    fflush(stdout);
+    fputc('\n', ans);
+    fflush(ans);
 }
 
 static void answer_err(int rc, const char *what)
@@ -147,7 +151,7 @@ static void wait_bounded(umbp_op_t *op)
 /* ---- tallies of gets ------------------------------------------------------------- */
 
 struct tally {
-    size_t hit, miss, wrong, dirty, quar, timeout, nattempt, other;
+    size_t hit, miss, wrong, dirty, quar, timeout, nattempt, reset, other;
 };
 
 static void tally_key(struct tally *t, int st, const uint8_t *got, const uint8_t *want,
@@ -167,6 +171,8 @@ static void tally_key(struct tally *t, int st, const uint8_t *got, const uint8_t
         t->timeout++;
     else if (st == UMBP_E_NOT_ATTEMPTED)
         t->nattempt++;
+    else if (st == -ECONNRESET)
+        t->reset++;
     else if (st != -ENOENT)
         t->other++;
     if (!all_poison(got, n)) {
@@ -182,8 +188,9 @@ static void tally_key(struct tally *t, int st, const uint8_t *got, const uint8_t
 
 static void answer_tally(const struct tally *t)
 {
-    answer("ok %zu %zu %zu dirty=%zu quar=%zu timeout=%zu nattempt=%zu other=%zu", t->hit,
-           t->miss, t->wrong, t->dirty, t->quar, t->timeout, t->nattempt, t->other);
+    answer("ok %zu %zu %zu dirty=%zu quar=%zu timeout=%zu nattempt=%zu reset=%zu other=%zu",
+           t->hit, t->miss, t->wrong, t->dirty, t->quar, t->timeout, t->nattempt, t->reset,
+           t->other);
 }
 
 /* ---- put / get -------------------------------------------------------------------- */
@@ -512,7 +519,15 @@ int main(int argc, char **argv)
                         "  kvput|kvget <seed> <nblocks>, stats, quit\n");
         return 2;
     }
-    setvbuf(stdout, NULL, _IOLBF, 0);
+    /* Libraries print to stdout (UCX's log lines do, by default): answers go
+     * to a private copy of the original stdout, and fd 1 becomes stderr, so
+     * nothing but answers reaches the reader. */
+    fflush(stdout);
+    int afd = dup(1);
+    if (afd < 0 || dup2(2, 1) < 0 || !(ans = fdopen(afd, "w"))) {
+        perror("umbp-dist-node: stdout");
+        return 2;
+    }
     int rc = umbp_runtime_create(argv[1], &rt);
     if (rc) {
         answer("error %d %s", rc, umbp_last_error());
