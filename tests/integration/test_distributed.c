@@ -65,6 +65,15 @@ static char *slurp(const char *path)
     return buf;
 }
 
+/* The last master started: failures print its log too. */
+static char master_log[160];
+
+static void dump_master_log(void)
+{
+    if (master_log[0])
+        cr_log_error("umbp-master's log (%s):\n%s", master_log, slurp(master_log));
+}
+
 /* ---- the master ----------------------------------------------------------------- */
 
 struct master {
@@ -105,6 +114,7 @@ static void master_start(struct master *m)
     if (!m->log[0])
         snprintf(m->log, sizeof(m->log), "/tmp/test_distributed.%d.master.%u.log", getpid(),
                  m->port);
+    snprintf(master_log, sizeof(master_log), "%s", m->log);
     char json[1024];
     snprintf(json, sizeof(json),
              "{\"listen\": \"%s\", \"log_level\": \"info\", \"heartbeat_suspect_ms\": 1000, "
@@ -336,6 +346,7 @@ static void get_until_hit(struct node *n, uint64_t seed, uint64_t count, uint64_
             return;
         pause_ms(50);
     }
+    dump_master_log();
     cr_assert_fail("node %s: seed %llu never hit all %llu keys; log:\n%s", n->name,
                    (unsigned long long)seed, (unsigned long long)count, slurp(n->log));
 }
@@ -380,6 +391,7 @@ static void until_found(struct node *n, uint64_t seed, uint64_t count, size_t wa
             return;
         pause_ms(50);
     }
+    dump_master_log();
     cr_assert_fail("node %s: lookup of seed %llu finds %zu of %llu keys, want %zu; log:\n%s",
                    n->name, (unsigned long long)seed, got, (unsigned long long)count, want,
                    slurp(n->log));
@@ -408,7 +420,11 @@ static void need_distributed(void)
 
 /* ---- the tool itself, embedded ------------------------------------------------------- */
 
-TestSuite(dist_node, .timeout = 300);
+/* A node that died makes our next write to its stdin fail: EPIPE, not a
+ * SIGPIPE that would kill the test before it says which node died. */
+static void no_sigpipe(void) { signal(SIGPIPE, SIG_IGN); }
+
+TestSuite(dist_node, .init = no_sigpipe, .timeout = 300);
 
 Test(dist_node, embedded_round_trip_is_byte_exact)
 {
@@ -474,7 +490,7 @@ Test(dist_node, bad_input_gets_a_specific_error)
 
 /* ---- distributed mode ------------------------------------------------------------------ */
 
-TestSuite(dist, .timeout = 600);
+TestSuite(dist, .init = no_sigpipe, .timeout = 600);
 
 #define MB (1ull << 20)
 
