@@ -26,6 +26,9 @@ pids=()
 
 fail() {
   echo "FAIL: $*" >&2
+  # the master's view (its /metrics, on loopback inside host 1)
+  "$N" exec "$name" 1 curl -s -m 5 "http://127.0.0.1:$mport/metrics" 2>/dev/null |
+    grep -E '^umbp_master_(nodes|keys|heartbeats|events|locate_(keys|hits))' >&2
   for f in "$work"/*.log; do [[ -f $f ]] && { echo "--- $f" >&2; tail -20 "$f" >&2; }; done
   exit 1
 }
@@ -48,12 +51,13 @@ trap cleanup EXIT
 "$N" up "$name" 3 || fail "netns up"
 a1=$("$N" addr "$name" 1)
 port=7390
+mport=9390
 secret="$work/secret"
 head -c 32 /dev/urandom | base64 > "$secret"
 chmod 600 "$secret"
 
 # ---- the master on h1 ----------------------------------------------------------
-"$N" exec "$name" 1 "$MASTER" --json "{\"listen\":\"$a1:$port\",\"secret_file\":\"$secret\",\"heartbeat_suspect_ms\":1000,\"heartbeat_dead_ms\":2000}" \
+"$N" exec "$name" 1 "$MASTER" --json "{\"listen\":\"$a1:$port\",\"secret_file\":\"$secret\",\"heartbeat_suspect_ms\":1000,\"heartbeat_dead_ms\":2000,\"metrics_port\":$mport}" \
   > "$work/master.log" 2>&1 &
 pids+=($!)
 up=0
