@@ -200,6 +200,11 @@ static void on_down(struct net_session *s, const char *why, bool was_connected, 
     struct mclient *c = s->owner;
     (void)was_connected;
     (void)news;
+    /* The node list's epoch is the master's counter, which starts again at a
+     * restart: a kept epoch can equal the new master's, which then never
+     * sends its list, and node refs resolve against the old one.  The next
+     * connection starts with none. */
+    c->epoch = 0;
     if (strncmp(c->last_error, "the master", 10) != 0 || was_connected)
         snprintf(c->last_error, sizeof(c->last_error), "%s", why);
     if (c->cfg.loop && c->cfg.on_down && (was_connected || news))

@@ -1,0 +1,774 @@
+/*
+ * test_distributed - distributed mode end to end: a real umbp-master on a
+ * free loopback port and umbp-dist-node processes (tests/integration/
+ * dist_node.c: one runtime each, driven over pipes), UCX over tcp on lo.
+ * Faults are real: kill -9 and SIGSTOP of nodes and of the master, a node
+ * restarted with a new pid, a node holding the wrong secret.
+ *
+ * Data are checked byte for byte by the node that reads them (random bytes of
+ * (seed, key), destinations poisoned with 0xA5; `wrong` counts any byte that
+ * is not what was put).  Every read of an answer is bounded by poll();
+ * every wait for an outcome (the master learnt a key, a node is suspect) is a
+ * bounded loop on that outcome.  Nothing asserts a duration.
+ *
+ * Suite dist_node checks the tool itself in embedded mode and runs wherever
+ * libumbp builds; suite dist skips, saying why, where this libumbp has no
+ * 'rdma' tier (distributed mode).
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "umbp/umbp.h"
+
+#ifndef UMBP_DIST_NODE_BIN
+#error "UMBP_DIST_NODE_BIN must name the umbp-dist-node binary"
+#endif
+#ifndef UMBP_MASTER_BIN
+#error "UMBP_MASTER_BIN must name the umbp-master binary"
+#endif
+
+#define ANSWER_MS 90000 /* bound on one answer: far past every timeout a node has */
+#define LEARN_TRIES 400 /* outcome loops: LEARN_TRIES x 50 ms at most */
+
+static void pause_ms(int ms) { usleep((useconds_t)ms * 1000); }
+
+static uint64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+static char *slurp(const char *path)
+{
+    static char buf[1 << 20];
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    buf[n] = 0;
+    if (f)
+        fclose(f);
+    return buf;
+}
+
+/* The last master started: failures print its log too. */
+static char master_log[160];
+
+static void dump_master_log(void)
+{
+    if (master_log[0])
+        cr_log_error("umbp-master's log (%s):\n%s", master_log, slurp(master_log));
+}
+
+/* ---- the master ----------------------------------------------------------------- */
+
+struct master {
+    pid_t pid;
+    uint16_t port;
+    char addr[64];
+    char log[160];
+    char extra[512];
+};
+
+static uint16_t free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(a);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &l), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static bool accepts(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* Starts umbp-master on m->port (0: a free one) with m->extra (JSON members). */
+static void master_start(struct master *m)
+{
+    if (!m->port)
+        m->port = free_port();
+    snprintf(m->addr, sizeof(m->addr), "127.0.0.1:%u", m->port);
+    if (!m->log[0])
+        snprintf(m->log, sizeof(m->log), "/tmp/test_distributed.%d.master.%u.log", getpid(),
+                 m->port);
+    snprintf(master_log, sizeof(master_log), "%s", m->log);
+    char json[1024];
+    snprintf(json, sizeof(json),
+             "{\"listen\": \"%s\", \"log_level\": \"info\", \"heartbeat_suspect_ms\": 1000, "
+             "\"heartbeat_dead_ms\": 2000%s%s}",
+             m->addr, m->extra[0] ? ", " : "", m->extra);
+    m->pid = fork();
+    cr_assert_geq(m->pid, 0);
+    if (m->pid == 0) {
+        int fd = open(m->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(UMBP_MASTER_BIN, "umbp-master", "--json", json, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 1000 && !accepts(m->port); i++) {
+        int st;
+        cr_assert_eq(waitpid(m->pid, &st, WNOHANG), 0, "umbp-master exited; log:\n%s",
+                     slurp(m->log));
+        pause_ms(10);
+    }
+    cr_assert(accepts(m->port), "umbp-master does not accept on %s", m->addr);
+}
+
+static void master_signal(struct master *m, int sig)
+{
+    int st;
+    cr_assert_eq(kill(m->pid, sig), 0);
+    if (sig == SIGKILL) {
+        waitpid(m->pid, &st, 0);
+        m->pid = 0;
+    }
+}
+
+static void master_stop(struct master *m)
+{
+    if (m->pid) {
+        kill(m->pid, SIGCONT);
+        master_signal(m, SIGKILL);
+    }
+}
+
+/* The master's log names `what` within a bounded wait. */
+static bool log_has(const char *path, const char *what)
+{
+    for (int i = 0; i < LEARN_TRIES; i++) {
+        if (strstr(slurp(path), what))
+            return true;
+        pause_ms(50);
+    }
+    return false;
+}
+
+/* ---- nodes ------------------------------------------------------------------------ */
+
+struct node {
+    const char *name;
+    pid_t pid;
+    int in, out; /* its stdin (we write), its stdout (we read) */
+    char rbuf[8192];
+    size_t rlen;
+    char line[8192];
+    char log[160];
+    bool eof; /* it closed its stdout: exited or crashed */
+};
+
+/* One line from the node, within ms; false on EOF or past the bound. */
+static bool node_read(struct node *n, int ms)
+{
+    uint64_t end = now_ms() + (uint64_t)ms;
+    for (;;) {
+        char *nl = memchr(n->rbuf, '\n', n->rlen);
+        if (nl) {
+            size_t len = (size_t)(nl - n->rbuf);
+            memcpy(n->line, n->rbuf, len);
+            n->line[len] = 0;
+            memmove(n->rbuf, nl + 1, n->rlen - len - 1);
+            n->rlen -= len + 1;
+            return true;
+        }
+        uint64_t t = now_ms();
+        if (t >= end || n->rlen == sizeof(n->rbuf))
+            return false;
+        struct pollfd p = {n->out, POLLIN, 0};
+        int r = poll(&p, 1, (int)(end - t));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return false;
+        ssize_t got = read(n->out, n->rbuf + n->rlen, sizeof(n->rbuf) - n->rlen);
+        if (got <= 0) {
+            n->eof = true;
+            return false;
+        }
+        n->rlen += (size_t)got;
+    }
+}
+
+/* Starts a node with the config json; the first line it printed is in
+ * n->line ("ready" or "error <rc> <msg>"); false if it printed none. */
+static bool node_spawn(struct node *n, const char *name, const char *json)
+{
+    int in[2], out[2];
+    memset(n, 0, sizeof(*n));
+    n->name = name;
+    snprintf(n->log, sizeof(n->log), "/tmp/test_distributed.%d.%s.log", getpid(), name);
+    cr_assert_eq(pipe2(in, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
+    n->pid = fork();
+    cr_assert_geq(n->pid, 0);
+    if (n->pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        int fd = open(n->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        dup2(fd, 2);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        setenv("UCX_TLS", "tcp", 1);
+        setenv("UCX_NET_DEVICES", "lo", 1);
+        setenv("UCX_MEM_EVENTS", "no", 1);
+        execl(UMBP_DIST_NODE_BIN, "umbp-dist-node", json, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    n->in = in[1];
+    n->out = out[0];
+    return node_read(n, ANSWER_MS);
+}
+
+static void node_start(struct node *n, const char *name, const char *json)
+{
+    cr_assert(node_spawn(n, name, json), "node %s printed nothing; log:\n%s", name,
+              slurp(n->log));
+    cr_assert_str_eq(n->line, "ready", "node %s: %s; log:\n%s", name, n->line, slurp(n->log));
+}
+
+/* Sends one command and returns its answer line (asserting one came). */
+static const char *node_cmd(struct node *n, const char *fmt, ...)
+{
+    char cmd[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(cmd, sizeof(cmd) - 1, fmt, ap);
+    va_end(ap);
+    cmd[len++] = '\n';
+    cr_assert_eq(write(n->in, cmd, (size_t)len), len, "node %s: cannot write", n->name);
+    cr_assert(node_read(n, ANSWER_MS), "node %s: %s '%.*s'; log:\n%s", n->name,
+              n->eof ? "exited (or crashed) answering" : "no answer within the bound to",
+              len - 1, cmd, slurp(n->log));
+    return n->line;
+}
+
+static void node_kill(struct node *n, int sig)
+{
+    int st;
+    cr_assert_eq(kill(n->pid, sig), 0);
+    if (sig == SIGKILL) {
+        waitpid(n->pid, &st, 0);
+        n->pid = 0;
+        close(n->in);
+        close(n->out);
+    }
+}
+
+/* quit (bounded), else kill -9 */
+static void node_stop(struct node *n)
+{
+    if (!n->pid)
+        return;
+    kill(n->pid, SIGCONT);
+    if (write(n->in, "quit\n", 5) == 5 && node_read(n, ANSWER_MS)) {
+        for (int i = 0; i < 2000; i++) {
+            int st;
+            if (waitpid(n->pid, &st, WNOHANG) == n->pid) {
+                n->pid = 0;
+                close(n->in);
+                close(n->out);
+                return;
+            }
+            pause_ms(10);
+        }
+    }
+    node_kill(n, SIGKILL);
+}
+
+/* ---- answers ----------------------------------------------------------------------- */
+
+struct got {
+    size_t hit, miss, wrong, dirty, quar, timeout, nattempt, reset, other;
+};
+
+static struct got node_get(struct node *n, const char *verb, uint64_t seed, uint64_t count,
+                           uint64_t size)
+{
+    const char *a = size ? node_cmd(n, "%s %llu %llu %llu", verb, (unsigned long long)seed,
+                                    (unsigned long long)count, (unsigned long long)size)
+                         : node_cmd(n, "%s %llu %llu", verb, (unsigned long long)seed,
+                                    (unsigned long long)count);
+    struct got g;
+    cr_assert_eq(sscanf(a, "ok %zu %zu %zu dirty=%zu quar=%zu timeout=%zu nattempt=%zu reset=%zu "
+                           "other=%zu",
+                        &g.hit, &g.miss, &g.wrong, &g.dirty, &g.quar, &g.timeout, &g.nattempt,
+                        &g.reset, &g.other),
+                 9, "node %s: %s %llu: '%s'", n->name, verb, (unsigned long long)seed, a);
+    cr_assert_eq(g.hit + g.miss, count, "node %s: '%s'", n->name, a);
+    cr_assert_eq(g.wrong, 0, "node %s: %s %llu: wrong bytes: '%s'", n->name, verb,
+                 (unsigned long long)seed, a);
+    cr_log_info("%s: %s %llu x%llu -> %s", n->name, verb, (unsigned long long)seed,
+                (unsigned long long)count, a);
+    return g;
+}
+
+static struct got get(struct node *n, uint64_t seed, uint64_t count, uint64_t size)
+{
+    return node_get(n, "get", seed, count, size);
+}
+
+static struct got kvget(struct node *n, uint64_t seed, uint64_t count)
+{
+    return node_get(n, "kvget", seed, count, 0);
+}
+
+/* Bounded loop until a get of the keys hits them all (a peer that failed is
+ * skipped for peer_failure_backoff_ms: its keys miss meanwhile). */
+static void get_until_hit(struct node *n, uint64_t seed, uint64_t count, uint64_t size)
+{
+    for (int i = 0; i < LEARN_TRIES; i++) {
+        if (get(n, seed, count, size).hit == count)
+            return;
+        pause_ms(50);
+    }
+    dump_master_log();
+    cr_assert_fail("node %s: seed %llu never hit all %llu keys; log:\n%s", n->name,
+                   (unsigned long long)seed, (unsigned long long)count, slurp(n->log));
+}
+
+static void put(struct node *n, uint64_t seed, uint64_t count, uint64_t size)
+{
+    const char *a = node_cmd(n, "put %llu %llu %llu", (unsigned long long)seed,
+                             (unsigned long long)count, (unsigned long long)size);
+    size_t stored;
+    cr_assert(sscanf(a, "ok %zu", &stored) == 1 && stored == count, "node %s: put %llu: '%s'",
+              n->name, (unsigned long long)seed, a);
+}
+
+static void kvput(struct node *n, uint64_t seed, uint64_t count)
+{
+    const char *a = node_cmd(n, "kvput %llu %llu", (unsigned long long)seed,
+                             (unsigned long long)count);
+    size_t stored;
+    cr_assert(sscanf(a, "ok %zu", &stored) == 1 && stored == count, "node %s: kvput %llu: '%s'",
+                     n->name, (unsigned long long)seed, a);
+}
+
+/* How many of keys (seed, 0..count) node n's lookup finds; *prefix too. */
+static size_t lookup(struct node *n, uint64_t seed, uint64_t count, size_t *prefix)
+{
+    const char *a = node_cmd(n, "lookup %llu %llu", (unsigned long long)seed,
+                             (unsigned long long)count);
+    size_t present, pre;
+    int rc;
+    cr_assert_eq(sscanf(a, "ok %zu %zu %d", &present, &pre, &rc), 3, "node %s: '%s'", n->name, a);
+    if (prefix)
+        *prefix = pre;
+    return present;
+}
+
+/* Bounded loop until n's lookup finds `want` of the keys; asserts it did. */
+static void until_found(struct node *n, uint64_t seed, uint64_t count, size_t want)
+{
+    size_t got = 0;
+    for (int i = 0; i < LEARN_TRIES; i++) {
+        if ((got = lookup(n, seed, count, NULL)) == want)
+            return;
+        pause_ms(50);
+    }
+    dump_master_log();
+    cr_assert_fail("node %s: lookup of seed %llu finds %zu of %llu keys, want %zu; log:\n%s",
+                   n->name, (unsigned long long)seed, got, (unsigned long long)count, want,
+                   slurp(n->log));
+}
+
+/* ---- configs ----------------------------------------------------------------------- */
+
+static const char *node_json(char *buf, size_t cap, const struct master *m, const char *host,
+                             const char *extra)
+{
+    snprintf(buf, cap,
+             "{\"mode\": \"distributed\", \"master_address\": \"%s\", \"node_host\": \"%s\", "
+             "\"capacity_bytes\": \"256MiB\", \"heartbeat_ms\": 100, \"timeout_ms\": 5000, "
+             "\"lookup_timeout_ms\": 500, \"gpu_backend\": \"host\"%s%s}",
+             m->addr, host, extra && *extra ? ", " : "", extra ? extra : "");
+    return buf;
+}
+
+static void need_distributed(void)
+{
+    if (umbp_mode_flags("distributed") < 0)
+        cr_skip_test("distributed mode is not built into this libumbp: %s", umbp_last_error());
+    if (access(UMBP_MASTER_BIN, X_OK) != 0)
+        cr_skip_test("umbp-master is not built (%s)", UMBP_MASTER_BIN);
+}
+
+/* ---- the tool itself, embedded ------------------------------------------------------- */
+
+/* A node that died makes our next write to its stdin fail: EPIPE, not a
+ * SIGPIPE that would kill the test before it says which node died. */
+static void no_sigpipe(void) { signal(SIGPIPE, SIG_IGN); }
+
+TestSuite(dist_node, .init = no_sigpipe, .timeout = 300);
+
+Test(dist_node, embedded_round_trip_is_byte_exact)
+{
+    struct node n;
+    node_start(&n, "emb",
+               "{\"mode\": \"embedded\", \"capacity_bytes\": \"64MiB\", \"gpu_backend\": \"host\"}");
+    /* absent keys miss with the poison untouched */
+    struct got g = get(&n, 7, 16, 4096);
+    cr_assert_eq(g.miss, 16);
+    cr_assert_eq(lookup(&n, 7, 16, NULL), 0);
+    put(&n, 7, 100, 4096);
+    put(&n, 8, 3, 1 << 20);
+    put(&n, 9, 300, 1000); /* more than one batch, odd size */
+    g = get(&n, 7, 100, 4096);
+    cr_assert_eq(g.hit, 100);
+    cr_assert_eq(get(&n, 8, 3, 1 << 20).hit, 3);
+    cr_assert_eq(get(&n, 9, 300, 1000).hit, 300);
+    /* a range past the end of the object: a shape miss, the buffer untouched */
+    g = get(&n, 7, 4, 8192);
+    cr_assert_eq(g.miss, 4);
+    cr_assert_eq(g.other, 4);
+    size_t prefix;
+    cr_assert_eq(lookup(&n, 7, 120, &prefix), 100);
+    cr_assert_eq(prefix, 100);
+    /* async get */
+    cr_assert_str_eq(node_cmd(&n, "aget 9 300 1000"), "ok submitted");
+    cr_assert(strncmp(node_cmd(&n, "aget 9 1 1000"), "err ", 4) == 0, "a second aget is refused");
+    cr_assert(strncmp(node_cmd(&n, "await"), "ok 300 0 0 ", 11) == 0, "%s", n.line);
+    /* the KV path */
+    kvput(&n, 5, 64);
+    g = kvget(&n, 5, 64);
+    cr_assert_eq(g.hit, 64);
+    g = kvget(&n, 6, 8);
+    cr_assert_eq(g.miss, 8);
+    cr_assert(strncmp(node_cmd(&n, "stats"), "ok capacity_bytes=67108864 ", 27) == 0, "%s",
+              n.line);
+    node_stop(&n);
+    cr_assert_eq(n.pid, 0);
+}
+
+Test(dist_node, bad_input_gets_a_specific_error)
+{
+    struct node n;
+    node_start(&n, "bad", "{\"capacity_bytes\": \"16MiB\"}");
+    cr_assert(strstr(node_cmd(&n, "frobnicate"), "unknown command 'frobnicate'"), "%s", n.line);
+    cr_assert(strstr(node_cmd(&n, "put 1 2"), "usage: <seed> <count> <size>"), "%s", n.line);
+    cr_assert(strstr(node_cmd(&n, "get 1 0 10"), "count must be 1.."), "%s", n.line);
+    cr_assert(strstr(node_cmd(&n, "await"), "no get in flight"), "%s", n.line);
+    cr_assert(strstr(node_cmd(&n, "kvput 1 100000"), "nblocks 1..256"), "%s", n.line);
+    /* kv without the host GPU backend: the runtime's error, named */
+    cr_assert(strncmp(node_cmd(&n, "kvput 1 4"), "err ", 4) == 0, "%s", n.line);
+    put(&n, 1, 2, 64);
+    cr_assert_eq(get(&n, 1, 2, 64).hit, 2);
+    node_stop(&n);
+
+    /* a config the runtime refuses: error <rc> <message naming the option>, exit 2 */
+    cr_assert(node_spawn(&n, "badcfg", "{\"capacity_bytes\": \"lots\"}"));
+    cr_assert(strncmp(n.line, "error ", 6) == 0 && strstr(n.line, "capacity_bytes"), "%s", n.line);
+    int st;
+    cr_assert_eq(waitpid(n.pid, &st, 0), n.pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+}
+
+/* ---- distributed mode ------------------------------------------------------------------ */
+
+TestSuite(dist, .init = no_sigpipe, .timeout = 600);
+
+#define MB (1ull << 20)
+
+struct cluster {
+    struct master m;
+    struct node n[3];
+    int nn;
+};
+
+static void cluster_stop(struct cluster *c)
+{
+    for (int i = 0; i < c->nn; i++)
+        node_stop(&c->n[i]);
+    master_stop(&c->m);
+}
+
+/* A master and nodes A, B, C; extra[i] adds options to node i. */
+static void cluster_start(struct cluster *c, int nodes, const char *const *extra)
+{
+    static const char *names[] = {"nodeA", "nodeB", "nodeC"};
+    char json[1024];
+    memset(c, 0, sizeof(*c));
+    master_start(&c->m);
+    for (int i = 0; i < nodes; i++) {
+        node_start(&c->n[i], names[i],
+                   node_json(json, sizeof(json), &c->m, names[i], extra ? extra[i] : NULL));
+        c->nn = i + 1;
+    }
+}
+
+Test(dist, a_prefix_put_on_one_node_is_read_byte_exact_on_the_others)
+{
+    need_distributed();
+    struct cluster c;
+    cluster_start(&c, 3, NULL);
+    struct node *a = &c.n[0], *b = &c.n[1], *cc = &c.n[2];
+    put(a, 1, 32, 256 * 1024);
+    put(a, 2, 200, 4096);
+    put(a, 3, 4, 4 * MB);
+    kvput(a, 4, 16);
+    until_found(b, 1, 32, 32);
+    size_t prefix;
+    cr_assert_eq(lookup(cc, 1, 40, &prefix), 32);
+    cr_assert_eq(prefix, 32);
+    until_found(cc, 2, 200, 200);
+    for (int r = 1; r <= 2; r++) {
+        struct node *n = &c.n[r];
+        cr_assert_eq(get(n, 1, 32, 256 * 1024).hit, 32, "%s", n->name);
+        cr_assert_eq(get(n, 2, 200, 4096).hit, 200, "%s", n->name);
+        cr_assert_eq(get(n, 3, 4, 4 * MB).hit, 4, "%s", n->name);
+        cr_assert_eq(kvget(n, 4, 16).hit, 16, "%s", n->name);
+    }
+    /* keys nobody put miss everywhere, their buffers untouched */
+    cr_assert_eq(get(b, 99, 8, 4096).miss, 8);
+    cluster_stop(&c);
+}
+
+Test(dist, a_replica_serves_after_its_origin_is_killed)
+{
+    need_distributed();
+    struct cluster c;
+    cluster_start(&c, 3, NULL);
+    struct node *a = &c.n[0], *b = &c.n[1], *cc = &c.n[2];
+    put(a, 10, 24, 128 * 1024);
+    until_found(b, 10, 24, 24);
+    cr_assert_eq(get(b, 10, 24, 128 * 1024).hit, 24); /* B keeps replicas */
+    node_kill(a, SIGKILL);
+    /* the master stops listing A (suspect), then only B's replicas remain */
+    cr_assert(log_has(c.m.log, "suspect"), "the master never marked nodeA suspect; log:\n%s",
+              slurp(c.m.log));
+    until_found(cc, 10, 24, 24);
+    struct got g = get(cc, 10, 24, 128 * 1024);
+    cr_assert_eq(g.hit, 24, "C reads A's objects from B's replicas");
+    cluster_stop(&c);
+}
+
+Test(dist, owner_killed_with_gets_in_flight)
+{
+    need_distributed();
+    static const char *const extra[] = {NULL,
+        "\"cache_remote_fetches\": false, \"timeout_ms\": 20000, "
+        "\"load_failure_quarantine_ms\": 600000", NULL};
+    struct cluster c;
+    cluster_start(&c, 3, extra);
+    struct node *a = &c.n[0], *b = &c.n[1], *cc = &c.n[2];
+    put(a, 20, 64, 256 * 1024);
+    put(cc, 21, 64, 256 * 1024);
+    until_found(b, 20, 64, 64);
+    until_found(b, 21, 64, 64);
+    /* one fetch from A first: B's endpoint to A is wired up (the first fetch
+     * from a peer that dies is owner_killed_during_the_first_fetch) */
+    cr_assert_eq(get(b, 20, 1, 256 * 1024).hit, 1);
+    /* A stopped first, so the gets cannot finish before it dies; then kill -9 */
+    node_kill(a, SIGSTOP);
+    cr_assert_str_eq(node_cmd(b, "aget 20 64 262144"), "ok submitted");
+    pause_ms(200); /* let the fetch reach A's socket; the checks hold either way */
+    node_kill(a, SIGKILL);
+    struct got g = node_get(b, "await", 20, 64, 0);
+    cr_assert_eq(g.hit, 0, "A was stopped: nothing could be served");
+    /* a retry: every key that failed for the dead owner is quarantined */
+    struct got r = get(b, 20, 64, 256 * 1024);
+    cr_assert_eq(r.hit, 0);
+    cr_assert_eq(r.quar, g.reset, "retry: %zu quarantined; first get: %zu reset by the dead "
+                 "owner", r.quar, g.reset);
+    /* the other owner's keys still hit */
+    cr_assert_eq(get(b, 21, 64, 256 * 1024).hit, 64);
+    cluster_stop(&c);
+}
+
+/* kill -9 of the owner while B's batch is being sent; warm: B fetched from
+ * A before (its endpoint is wired up), or not: the batch is B's first. */
+static void owner_killed_mid_transfer(bool warm)
+{
+    need_distributed();
+    static const char *const extra[] = {NULL,
+        "\"cache_remote_fetches\": false, \"timeout_ms\": 20000, "
+        "\"load_failure_quarantine_ms\": 600000"};
+    struct cluster c;
+    cluster_start(&c, 2, extra);
+    struct node *a = &c.n[0], *b = &c.n[1];
+    put(a, 22, 128, 1 << 20);
+    until_found(b, 22, 128, 128);
+    if (warm)
+        cr_assert_eq(get(b, 22, 1, 1 << 20).hit, 1);
+    cr_assert_str_eq(node_cmd(b, "aget 22 128 1048576"), "ok submitted");
+    node_kill(a, SIGKILL); /* some keys may have landed; the checks hold either way */
+    struct got g = node_get(b, "await", 22, 128, 0);
+    struct got r = get(b, 22, 128, 1 << 20);
+    cr_assert_eq(r.hit, 0, "the owner is dead and B keeps no replicas");
+    cr_assert_geq(r.quar, g.reset, "every key reset by the dead owner is quarantined");
+    cluster_stop(&c);
+}
+
+Test(dist, owner_killed_mid_transfer) { owner_killed_mid_transfer(true); }
+
+/* Found by this test, not fixed yet (UCX 1.13.1 over tcp): the reader aborts
+ * in UCX (wireup_ep.c:494, an assertion in ucp_ep_set_failed's discard of an
+ * endpoint still in wireup) when the peer of its first fetch dies. */
+Test(dist, owner_killed_during_the_first_fetch) { owner_killed_mid_transfer(false); }
+
+Test(dist, owner_stopped_gets_end_by_timeout_then_it_carries_on)
+{
+    need_distributed();
+    static const char *const extra[] = {NULL,
+        "\"cache_remote_fetches\": false, \"timeout_ms\": 1500", NULL};
+    struct cluster c;
+    cluster_start(&c, 2, extra);
+    struct node *a = &c.n[0], *b = &c.n[1];
+    put(a, 30, 16, 64 * 1024);
+    until_found(b, 30, 16, 16);
+    node_kill(a, SIGSTOP);
+    struct got g = get(b, 30, 16, 64 * 1024);
+    cr_assert_eq(g.hit, 0);
+    cr_assert_eq(g.miss, 16);
+    node_kill(a, SIGCONT);
+    /* A works: its own keys, a new put that B finds and reads */
+    cr_assert_eq(get(a, 30, 16, 64 * 1024).hit, 16);
+    put(a, 31, 16, 64 * 1024);
+    until_found(b, 31, 16, 16);
+    get_until_hit(b, 31, 16, 64 * 1024);
+    cluster_stop(&c);
+}
+
+Test(dist, master_killed_then_restarted_on_the_same_port)
+{
+    need_distributed();
+    struct cluster c;
+    cluster_start(&c, 2, NULL);
+    struct node *a = &c.n[0], *b = &c.n[1];
+    put(a, 40, 16, 64 * 1024);
+    put(b, 41, 16, 64 * 1024);
+    until_found(b, 40, 16, 16);
+    master_signal(&c.m, SIGKILL);
+    cr_assert_eq(lookup(b, 40, 16, NULL), 0, "remote keys miss with the master gone");
+    cr_assert_eq(get(b, 40, 16, 64 * 1024).hit, 0);
+    cr_assert_eq(lookup(b, 41, 16, NULL), 16, "local keys still hit");
+    cr_assert_eq(get(b, 41, 16, 64 * 1024).hit, 16);
+    master_start(&c.m); /* same port, same log */
+    until_found(b, 40, 16, 16); /* relearnt from A's resync */
+    cr_assert_eq(get(b, 40, 16, 64 * 1024).hit, 16, "found by lookup, so fetched");
+    until_found(a, 41, 16, 16);
+    cr_assert_eq(get(a, 41, 16, 64 * 1024).hit, 16);
+    cluster_stop(&c);
+}
+
+Test(dist, master_stopped_remote_keys_miss_local_keys_hit)
+{
+    need_distributed();
+    struct cluster c;
+    cluster_start(&c, 2, NULL);
+    struct node *a = &c.n[0], *b = &c.n[1];
+    put(a, 50, 16, 64 * 1024);
+    put(b, 51, 16, 64 * 1024);
+    until_found(b, 50, 16, 16);
+    master_signal(&c.m, SIGSTOP);
+    cr_assert_eq(lookup(b, 50, 16, NULL), 0);
+    cr_assert_eq(lookup(b, 50, 16, NULL), 0, "a second lookup while stalled");
+    cr_assert_eq(get(b, 50, 16, 64 * 1024).hit, 0);
+    cr_assert_eq(get(b, 51, 16, 64 * 1024).hit, 16);
+    cr_assert_eq(lookup(b, 51, 16, NULL), 16);
+    master_signal(&c.m, SIGCONT);
+    until_found(b, 50, 16, 16);
+    cr_assert_eq(get(b, 50, 16, 64 * 1024).hit, 16);
+    cluster_stop(&c);
+}
+
+Test(dist, a_restarted_node_is_a_new_node)
+{
+    need_distributed();
+    struct cluster c;
+    cluster_start(&c, 2, NULL);
+    struct node *a = &c.n[0], *b = &c.n[1];
+    put(a, 60, 16, 64 * 1024);
+    until_found(b, 60, 16, 16);
+    pid_t old = a->pid;
+    node_kill(a, SIGKILL);
+    char json[1024];
+    node_start(a, "nodeA", node_json(json, sizeof(json), &c.m, "nodeA", NULL));
+    cr_assert_neq(a->pid, old);
+    put(a, 61, 16, 64 * 1024);
+    until_found(b, 61, 16, 16);
+    cr_assert_eq(get(b, 61, 16, 64 * 1024).hit, 16);
+    /* the old node's keys leave the index (dead), and nobody holds them */
+    until_found(b, 60, 16, 0);
+    cr_assert_eq(get(b, 60, 16, 64 * 1024).hit, 0);
+    cr_assert_eq(get(a, 60, 16, 64 * 1024).hit, 0);
+    cluster_stop(&c);
+}
+
+static void write_secret(const char *path, const char *s)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, s, strlen(s)), (ssize_t)strlen(s));
+    close(fd);
+}
+
+Test(dist, a_node_with_the_wrong_secret_is_refused)
+{
+    need_distributed();
+    char good[128], bad[128], eg[256], eb[256], json[1024];
+    snprintf(good, sizeof(good), "/tmp/test_distributed.%d.secret", getpid());
+    snprintf(bad, sizeof(bad), "/tmp/test_distributed.%d.wrong-secret", getpid());
+    write_secret(good, "correct horse battery staple\n");
+    write_secret(bad, "incorrect mule battery staple\n");
+    snprintf(eg, sizeof(eg), "\"secret_file\": \"%s\"", good);
+    snprintf(eb, sizeof(eb), "\"secret_file\": \"%s\"", bad);
+    struct cluster c;
+    memset(&c, 0, sizeof(c));
+    snprintf(c.m.extra, sizeof(c.m.extra), "\"secret_file\": \"%s\"", good);
+    master_start(&c.m);
+    struct node *a = &c.n[0], *b = &c.n[1], *w = &c.n[2];
+    node_start(a, "nodeA", node_json(json, sizeof(json), &c.m, "nodeA", eg));
+    node_start(b, "nodeB", node_json(json, sizeof(json), &c.m, "nodeB", eg));
+    c.nn = 2;
+    cr_assert(node_spawn(w, "nodeW", node_json(json, sizeof(json), &c.m, "nodeW", eb)),
+              "log:\n%s", slurp(w->log));
+    cr_assert(log_has(c.m.log, "wrong shared secret"), "master log:\n%s", slurp(c.m.log));
+    if (strncmp(w->line, "error ", 6) == 0) {
+        /* refused at creation: the error says why */
+        cr_assert(strcasestr(w->line, "secret") || strcasestr(w->line, "refused"), "%s",
+                  w->line);
+        int st;
+        waitpid(w->pid, &st, 0);
+    } else {
+        cr_assert_str_eq(w->line, "ready");
+        c.nn = 3;
+        put(w, 70, 16, 64 * 1024);
+        cr_assert_eq(get(w, 70, 16, 64 * 1024).hit, 16, "the refused node serves its own keys");
+        put(a, 71, 16, 64 * 1024);
+        until_found(b, 71, 16, 16); /* heartbeats flow: A's keys are known */
+        for (int i = 0; i < 20; i++) {
+            cr_assert_eq(lookup(b, 70, 16, NULL), 0, "the refused node's keys were indexed");
+            pause_ms(50);
+        }
+        cr_assert_eq(get(b, 70, 16, 64 * 1024).hit, 0);
+    }
+    cluster_stop(&c);
+    unlink(good);
+    unlink(bad);
+}
