@@ -46,6 +46,7 @@ struct ucx_peer {
     size_t addrlen;
     ucp_ep_h ep;
     bool closing; /* force close in flight */
+    bool failed;  /* UCX reported it failed: closed from the idle watcher */
     bool transport_known;
     char transport[UCX_TRANSPORT_MAX];
 };
@@ -88,6 +89,7 @@ struct ucx_node {
     char name[64];
     struct ucx_serve_ops serve;
     bool serving;
+    bool failed_peers; /* a peer UCX reported failed awaits its close (close_failed) */
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_address_t *addr;
@@ -158,7 +160,7 @@ static void drive(struct ucx_node *n)
         }
         calls++;
     }
-    if (armed && !n->finished)
+    if (armed && !n->finished && !n->failed_peers)
         ev_idle_stop(n->loop, &n->idle);
     else
         ev_idle_start(n->loop, &n->idle);
@@ -174,8 +176,28 @@ static void on_efd(struct ev_loop *loop, ev_io *w, int revents)
     /* the prepare watcher progresses before the loop sleeps again */
 }
 
+static void peer_fail(struct ucx_peer *p, struct ucx_batch *mine, int mine_status);
+
+/* Endpoints UCX reported failed are closed here, outside UCX's callback:
+ * force-closing one from inside its error callback, while UCX still tears
+ * down a half-connected endpoint (a peer that died during wireup), made UCX
+ * 1.13 use the freed endpoint (an assertion in wireup_ep.c). */
+static void close_failed(struct ucx_node *n)
+{
+    if (!n->failed_peers)
+        return;
+    n->failed_peers = false;
+    for (struct ucx_peer *p = n->peers; p; p = p->next)
+        if (p->failed) {
+            p->failed = false;
+            if (p->ep)
+                peer_fail(p, NULL, -ECONNRESET);
+        }
+}
+
 static void on_idle(struct ev_loop *loop, ev_idle *w, int revents)
 {
+    close_failed(w->data);
     deliver(w->data);
 }
 
@@ -296,7 +318,9 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     umbp_log(UMBP_LOG_WARN, "%s: peer endpoint failed (%s); its fetches fail", p->node->name,
              st_name(status));
     p->node->st.peer_errors++;
-    peer_fail(p, NULL, -ECONNRESET);
+    p->failed = true; /* closed by the idle watcher, after this callback */
+    p->node->failed_peers = true;
+    ev_idle_start(p->node->loop, &p->node->idle);
 }
 
 static int peer_connect(struct ucx_peer *p)

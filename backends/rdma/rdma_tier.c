@@ -220,13 +220,26 @@ static bool kmap_del(struct kmap *m, const umbp_key_t *k)
 
 /* ---- the tier ----------------------------------------------------------------------------- */
 
+struct rfetch;
+
+/* A peer's endpoint is warmed up before a real batch goes to it: a FETCH of
+ * one key nobody has (answered as a miss) completes UCX's wireup.  Batches
+ * for a cold peer wait in `held` until then.  (UCX 1.13.1 aborts the
+ * process, in wireup_ep.c, when a peer fails while its endpoint is still in
+ * wireup with requests of the caller's pending on it; after one completed
+ * exchange the same failure is an ordinary endpoint error.) */
 struct rpeer {
     struct rpeer *next;
+    struct rdma_tier *rt;
     uint32_t ref;
     struct ucx_peer *p;
     uint64_t fail_until_ns;
-    unsigned inflight;
-    bool named; /* its transport was logged */
+    unsigned inflight;             /* batches, held ones and the warm-up */
+    bool named;                    /* its transport was logged */
+    bool warm, warming;
+    struct rfetch *held;           /* batches waiting for the warm-up */
+    struct ucx_fetch_item warm_item;
+    uint8_t warm_buf[8];
 };
 
 struct rdma_tier {
@@ -551,6 +564,7 @@ static struct rpeer *peer_of(struct rdma_tier *rt, uint32_t ref)
         return NULL;
     }
     p->ref = ref;
+    p->rt = rt;
     p->next = rt->peers;
     rt->peers = p;
     return p;
@@ -578,6 +592,7 @@ struct rread;
 struct rfetch {
     struct rread *rr;
     struct rpeer *peer;
+    struct rfetch *held_next;    /* the peer's held batches */
     struct ucx_fetch_item *items;
     struct umbp_tier_req **reqs; /* the caller's, per item */
     uint64_t *temp;              /* 0, or the private key's number */
@@ -751,6 +766,74 @@ static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
         rread_finish(rr);
 }
 
+/* f could not be sent: its reservations go back, its keys miss. */
+static void fetch_not_sent(struct rfetch *f)
+{
+    struct rread *rr = f->rr;
+    for (uint32_t i = 0; i < f->n; i++) {
+        give_back(rr->rt, f->reqs[i], f->temp[i]);
+        f->reqs[i]->status = -ENOENT;
+    }
+    f->peer->inflight--;
+    if (--rr->fetch_left == 0)
+        rread_finish(rr);
+}
+
+static void send_fetch(struct rfetch *f)
+{
+    struct rdma_tier *rt = f->rr->rt;
+    if (rt->stopped || ucx_fetch(f->peer->p, f->items, f->n,
+                                 (uint32_t)rt->base.env.core->timeout_ms, fetch_done, f) < 0)
+        fetch_not_sent(f);
+}
+
+/* The warm-up failed (the peer is dead or unreachable): every held batch
+ * ends with its status, as if UCX had failed it. */
+static void fail_fetch(struct rfetch *f, int status)
+{
+    for (uint32_t i = 0; i < f->n; i++)
+        f->items[i].status = status;
+    fetch_done(f, f->items, f->n);
+}
+
+static void warm_done(void *arg, struct ucx_fetch_item *it, uint32_t n)
+{
+    struct rpeer *p = arg;
+    struct rdma_tier *rt = p->rt;
+    int st = n ? it[0].status : -EPROTO;
+    bool ok = !rt->stopped && (st == 0 || st == -ENOENT || st == -EMSGSIZE);
+    p->warming = false;
+    p->inflight--;
+    if (ok)
+        p->warm = true;
+    else if (!rt->stopped)
+        p->fail_until_ns = umbp_now_ns() + ms_ns(rt->cfg.peer_failure_backoff_ms);
+    while (p->held) {
+        struct rfetch *f = p->held;
+        p->held = f->held_next;
+        if (ok)
+            send_fetch(f);
+        else
+            fail_fetch(f, rt->stopped ? UMBP_E_NOT_ATTEMPTED
+                          : st == UMBP_E_TIMEOUT ? UMBP_E_TIMEOUT : -ECONNRESET);
+    }
+}
+
+static void warm_up(struct rpeer *p)
+{
+    struct rdma_tier *rt = p->rt;
+    memset(&p->warm_item, 0, sizeof(p->warm_item)); /* the zero key: nobody's */
+    p->warm_item.dst = p->warm_buf;
+    p->warm_item.cap = sizeof(p->warm_buf);
+    p->warming = true;
+    p->inflight++;
+    if (ucx_fetch(p->p, &p->warm_item, 1, (uint32_t)rt->base.env.core->timeout_ms, warm_done,
+                  p) < 0) {
+        p->warm_item.status = -ECONNRESET;
+        warm_done(p, &p->warm_item, 1);
+    }
+}
+
 /* Reserves a slice region per located key and sends one batch per owner. */
 static void start_fetches(struct rread *rr)
 {
@@ -832,26 +915,23 @@ static void start_fetches(struct rread *rr)
         f->n++;
     }
     free(owner);
-    size_t sent = 0;
     rr->fetch_left = rr->nfetch + 1; /* +1: ours, so no batch finishes us early */
     for (size_t g = 0; g < rr->nfetch; g++) {
         struct rfetch *f = &rr->fetches[g];
-        int rc = f->n ? ucx_fetch(f->peer->p, f->items, f->n, (uint32_t)rt->base.env.core->timeout_ms,
-                                  fetch_done, f)
-                      : -EINVAL;
-        if (rc == 0) {
-            f->peer->inflight++;
-            sent++;
+        if (!f->n) {
+            rr->fetch_left--;
             continue;
         }
-        /* nothing was sent: give the reservations back */
-        for (uint32_t i = 0; i < f->n; i++) {
-            give_back(rt, f->reqs[i], f->temp[i]);
-            f->reqs[i]->status = -ENOENT;
+        f->peer->inflight++;
+        if (f->peer->warm) {
+            send_fetch(f);
+            continue;
         }
-        rr->fetch_left--;
+        f->held_next = f->peer->held; /* until the endpoint is warm */
+        f->peer->held = f;
+        if (!f->peer->warming)
+            warm_up(f->peer);
     }
-    (void)sent;
     if (--rr->fetch_left == 0)
         rread_finish(rr);
 }
@@ -870,9 +950,15 @@ static void on_located(void *arg, int status, const struct proto_ack *a)
     peers_prune(rt);
     if (rr->lookup) {
         uint64_t now = umbp_now_ns();
-        for (size_t i = 0; i < rr->nmiss; i++)
-            if (rr->locs[i].nrep && owner_of(rt, &rr->locs[i], now))
-                rr->present[rr->miss_idx[i]] = 1;
+        for (size_t i = 0; i < rr->nmiss; i++) {
+            struct rpeer *p = rr->locs[i].nrep ? owner_of(rt, &rr->locs[i], now) : NULL;
+            if (!p)
+                continue;
+            rr->present[rr->miss_idx[i]] = 1;
+            /* a get is likely to follow: its endpoint is wired up now */
+            if (!p->warm && !p->warming)
+                warm_up(p);
+        }
         rread_finish(rr);
         return;
     }
