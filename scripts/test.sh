@@ -83,6 +83,10 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   # ucm_madvise); umbp maps its pool once and needs no memory events.
   build-tsan/bench/bench_master 200 2>/dev/null | tail -1
   UCX_MEM_EVENTS=no build-tsan/bench/bench_ucx_fetch 1 2>/dev/null | tail -1
+  # a node: two runtimes in distributed mode (owner and reader) with a real
+  # umbp-master: puts, heartbeats, LOCATE, UCX fetches into the slice
+  UCX_MEM_EVENTS=no UCX_WARN_UNUSED_ENV_VARS=n build-tsan/bench/bench_dist 1 16 65536 2>/dev/null |
+    tail -1
   unset TSAN_OPTIONS UMBP_LOOKUP_TIMEOUT_MS
   echo "scripts/test.sh: ThreadSanitizer pass clean"
 fi
