@@ -381,6 +381,25 @@ void dir_locate(struct directory *d, const umbp_key_t *key, struct proto_locatio
     }
 }
 
+int dir_report(struct directory *d, uint32_t ref)
+{
+    for (uint32_t i = 0; i < d->cfg.max_nodes; i++) {
+        struct dir_node *n = d->nodes[i];
+        if (!n || n->ref != ref)
+            continue;
+        if (n->state != DIR_ALIVE)
+            return 0;
+        n->state = DIR_SUSPECT;
+        d->st.suspected++;
+        d->st.reported++;
+        d->epoch++;
+        if (d->cfg.on_suspect)
+            d->cfg.on_suspect(d->cfg.ctx, n);
+        return 1;
+    }
+    return 0;
+}
+
 unsigned dir_sweep(struct directory *d, uint64_t now, uint64_t suspect_ns, uint64_t dead_ns)
 {
     unsigned changed = 0;

@@ -62,6 +62,7 @@ struct dir_stats {
     uint64_t size_mismatch;     /* STORED with another size than the key's */
     uint64_t locates, locate_keys, locate_hits;
     uint64_t suspected, dead, keys_dropped;
+    uint64_t reported;          /* nodes made suspect by another's SUSPECT */
 };
 
 struct dir_config {
@@ -95,6 +96,10 @@ int dir_resync(struct directory *d, struct dir_node *n, const struct proto_frame
                uint64_t now, struct proto_ack *ack, char *err, size_t errlen);
 /* The live owners of key (suspect nodes skipped). */
 void dir_locate(struct directory *d, const umbp_key_t *key, struct proto_location *out);
+/* A node reported failing by another (SUSPECT): suspect now if alive, so
+ * lookups skip it at once; its next heartbeat makes it alive again.  1 if
+ * it changed, 0 if unknown or suspect already. */
+int dir_report(struct directory *d, uint32_t ref);
 /* States by the time: suspect after suspect_ns, forgotten after dead_ns.
  * Returns how many nodes changed state. */
 unsigned dir_sweep(struct directory *d, uint64_t now, uint64_t suspect_ns, uint64_t dead_ns);

@@ -184,6 +184,27 @@ static int handle_nodes(struct net_conn *c, const struct proto_frame *f)
     return reply_end(c, rc);
 }
 
+/* SUSPECT: refs of nodes the sender failed to fetch from.  Each alive one
+ * becomes suspect now (lookups skip it) until its next heartbeat; no
+ * reply.  Only a registered node reports, and never about itself. */
+static int handle_suspect(struct net_conn *c, const struct proto_frame *f)
+{
+    struct umbp_master *m = master_of(c);
+    struct dir_node *me = to_mconn(c)->node;
+    if (!me)
+        return 0;
+    for (uint32_t i = 0; i < f->n; i++) {
+        int32_t v;
+        proto_get_status(f, i, &v);
+        if ((uint32_t)v == me->ref)
+            continue;
+        m->reporter = me;
+        dir_report(m->dir, (uint32_t)v);
+        m->reporter = NULL;
+    }
+    return 0;
+}
+
 static int handle_ping(struct net_conn *c, const struct proto_frame *f)
 {
     return reply_end(c, proto_begin(&c->out, PROTO_PONG, f->seq, 0, 0));
@@ -193,7 +214,8 @@ static const struct net_role role_node = {
     .name = "node",
     .handlers = {[PROTO_REGISTER] = handle_register, [PROTO_HEARTBEAT] = handle_heartbeat,
                  [PROTO_RESYNC] = handle_resync, [PROTO_LOCATE] = handle_locate,
-                 [PROTO_NODES] = handle_nodes, [PROTO_PING] = handle_ping},
+                 [PROTO_NODES] = handle_nodes, [PROTO_SUSPECT] = handle_suspect,
+                 [PROTO_PING] = handle_ping},
 };
 static const struct net_role role_lookup = {
     .name = "lookup",
@@ -334,8 +356,14 @@ static void on_gone(void *ctx, struct dir_node *n)
 static void on_suspect(void *ctx, struct dir_node *n)
 {
     struct umbp_master *m = ctx;
-    char nn[128];
+    char nn[128], rn[128];
     log_node(n, nn, sizeof(nn));
+    if (m->reporter) {
+        log_node(m->reporter, rn, sizeof(rn));
+        umbp_log(UMBP_LOG_WARN, "%s: suspect (%s failed to fetch from it); lookups skip it "
+                 "until its next heartbeat", nn, rn);
+        return;
+    }
     umbp_log(UMBP_LOG_WARN, "%s: suspect (no heartbeat for heartbeat_suspect_ms = %lld ms); "
              "lookups skip it", nn, (long long)m->o.heartbeat_suspect_ms);
 }

@@ -28,6 +28,7 @@ struct umbp_master {
     struct proto_node_info *nodes_buf; /* max_nodes: NODES_R */
     ev_timer sweep_w;
     ev_async stop_w;
+    const struct dir_node *reporter; /* SUSPECT being handled: its sender */
     struct {
         uint64_t refused, auth_failed, malformed, timeouts, locates;
     } cnt;                        /* loop thread */

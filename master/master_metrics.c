@@ -139,6 +139,8 @@ void master_metrics_render(struct umbp_master *m)
            st->locate_hits);
     metric(t, "umbp_master_nodes_suspected_total", "counter", "Nodes that became suspect.",
            st->suspected);
+    metric(t, "umbp_master_nodes_reported_total", "counter",
+           "Nodes made suspect by another node's SUSPECT report.", st->reported);
     metric(t, "umbp_master_nodes_dead_total", "counter", "Nodes declared dead.", st->dead);
     metric(t, "umbp_master_keys_dropped_total", "counter", "Keys dropped with dead nodes or "
            "resyncs.", st->keys_dropped);

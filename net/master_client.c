@@ -618,3 +618,20 @@ int mclient_locate_async(struct mclient *c, const umbp_key_t *keys, size_t n,
     return call(c, m, build_locate, &k,
                 c->cfg.locate_timeout_ms ? c->cfg.locate_timeout_ms : c->cfg.timeout_ms, NULL);
 }
+
+int mclient_suspect(struct mclient *c, const uint32_t *refs, size_t n)
+{
+    if (n == 0 || n > PROTO_MAX_NODES_FRAME)
+        return -EINVAL;
+    if (c->s.state != NET_CONNECTED)
+        return UMBP_E_NOT_ATTEMPTED;
+    int rc = proto_begin(&c->s.out, PROTO_SUSPECT, c->s.next_seq++, (uint32_t)n, 0);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = proto_put_status(&c->s.out, (int32_t)refs[i]);
+    if (rc == 0)
+        rc = proto_end(&c->s.out);
+    if (rc < 0)
+        return rc;
+    net_session_flush(&c->s);
+    return 0;
+}

@@ -90,6 +90,9 @@ int mclient_resync_async(struct mclient *c, uint64_t seq, uint64_t used, const u
                          void *arg);
 int mclient_locate_async(struct mclient *c, const umbp_key_t *keys, size_t n,
                          struct proto_location *out, mclient_done_fn done, void *arg);
+/* SUSPECT: refs of nodes this node failed to fetch from (n <= 2048); no
+ * reply, nothing waits.  0, or UMBP_E_NOT_ATTEMPTED (not connected). */
+int mclient_suspect(struct mclient *c, const uint32_t *refs, size_t n);
 /* With a loop: whether the connection is up (HELLO_OK received). */
 bool mclient_connected(const struct mclient *c);
 

@@ -84,6 +84,7 @@ enum arg_rule {
 #define SPEC_LOCATE_R REC_LOCATION, ARG_ANY, false
 #define SPEC_NODES REC_NONE, ARG_ANY, false
 #define SPEC_NODES_R REC_NODE_INFO, ARG_ANY, false
+#define SPEC_SUSPECT REC_STATUS, ARG_ZERO, false /* a u32 node ref per record */
 
 #define DIR_C false
 #define DIR_S true

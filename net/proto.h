@@ -108,7 +108,9 @@
     X(LOCATE, 34, 32, PROTO_MAX_RECORDS, C)  /* keys */                            \
     X(LOCATE_R, 35, PROTO_LOCATION_SIZE, PROTO_MAX_RECORDS, S) /* arg = node epoch */ \
     X(NODES, 36, 0, 0, C)                    /* arg = the epoch the client knows */ \
-    X(NODES_R, 37, PROTO_NODE_INFO_SIZE, PROTO_MAX_NODES_FRAME, S) /* arg = epoch */
+    X(NODES_R, 37, PROTO_NODE_INFO_SIZE, PROTO_MAX_NODES_FRAME, S) /* arg = epoch */ \
+    /* a node's report: refs of nodes it failed to fetch from (no reply) */       \
+    X(SUSPECT, 38, 4, PROTO_MAX_NODES_FRAME, C)
 
 enum proto_type {
 #define X(name, val, rec, max, dir) PROTO_##name = val,

@@ -273,7 +273,7 @@ struct rdma_tier {
     uint64_t temp_ctr;
     /* counters */
     uint64_t remote_hits, remote_misses, remote_failed, remote_bytes, replicas, locates;
-    uint64_t heartbeats, resyncs, registers;
+    uint64_t heartbeats, resyncs, registers, reports;
 };
 
 static struct rdma_tier *to_rdma(struct umbp_tier *t)
@@ -570,6 +570,22 @@ static struct rpeer *peer_of(struct rdma_tier *rt, uint32_t ref)
     return p;
 }
 
+/* p failed (reset or timeout): skip it for peer_failure_backoff_ms, and tell
+ * the master, so that other readers skip it too until its next heartbeat
+ * (a node that is alive after all sends one within its heartbeat_ms). */
+static void peer_failed(struct rdma_tier *rt, struct rpeer *p)
+{
+    if (rt->stopped)
+        return;
+    uint64_t now = umbp_now_ns();
+    bool news = now >= p->fail_until_ns;
+    p->fail_until_ns = now + ms_ns(rt->cfg.peer_failure_backoff_ms);
+    if (news && rt->registered && mclient_suspect(rt->mc, &p->ref, 1) == 0) {
+        rt->reports++;
+        umbp_log(UMBP_LOG_INFO, "rdma: reported node %u to the master as failing", p->ref);
+    }
+}
+
 /* Endpoints to nodes the master no longer lists, with nothing in flight. */
 static void peers_prune(struct rdma_tier *rt)
 {
@@ -706,7 +722,7 @@ static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
     struct rread *rr = f->rr;
     struct rdma_tier *rt = rr->rt;
     struct umbp_tier *loc = rt->local;
-    bool peer_failed = false;
+    bool failed_peer = false;
     f->peer->inflight--;
     if (!f->peer->named && f->peer->p) {
         f->peer->named = true;
@@ -719,7 +735,7 @@ static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
         if (st == 0 && items[i].size != q->region.size)
             st = -ENOENT; /* the master's size was stale: not this object */
         if (st == -ECONNRESET || st == UMBP_E_TIMEOUT)
-            peer_failed = true;
+            failed_peer = true;
         if (st != 0) {
             give_back(rt, q, f->temp[i]);
             if (rt->stopped)
@@ -760,8 +776,8 @@ static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
         if (rc == 1)
             q->status = -EIO;
     }
-    if (peer_failed && !rt->stopped)
-        f->peer->fail_until_ns = umbp_now_ns() + ms_ns(rt->cfg.peer_failure_backoff_ms);
+    if (failed_peer)
+        peer_failed(rt, f->peer);
     if (--rr->fetch_left == 0)
         rread_finish(rr);
 }
@@ -806,8 +822,8 @@ static void warm_done(void *arg, struct ucx_fetch_item *it, uint32_t n)
     p->inflight--;
     if (ok)
         p->warm = true;
-    else if (!rt->stopped)
-        p->fail_until_ns = umbp_now_ns() + ms_ns(rt->cfg.peer_failure_backoff_ms);
+    else
+        peer_failed(rt, p);
     while (p->held) {
         struct rfetch *f = p->held;
         p->held = f->held_next;

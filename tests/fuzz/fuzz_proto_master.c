@@ -58,6 +58,13 @@ static void on_frame(const struct proto_frame *f)
             FZ_CHECK(l.nrep <= 2 && (l.nrep == 0) == (l.size == 0));
         }
         break;
+    case PROTO_SUSPECT:
+        for (uint32_t i = 0; i < f->n; i++) {
+            int32_t v;
+            FZ_CHECK(proto_get_status(f, i, &v) == 0);
+            FZ_CHECK(dir_report(dir, (uint32_t)v) <= 1);
+        }
+        break;
     case PROTO_NODES: {
         static struct proto_node_info ni[4];
         FZ_CHECK(dir_nodes(dir, now, ni, 4) == dir_node_count(dir));

@@ -10,6 +10,7 @@ HELLO, HELLO_OK, HELLO_ERR, ERROR = 1, 2, 3, 22
 AUTH_CHALLENGE, AUTH, AUTH_OK = 25, 26, 27
 REGISTER, REGISTER_R, HEARTBEAT, HEARTBEAT_R = 28, 29, 30, 31
 RESYNC, RESYNC_R, LOCATE, LOCATE_R, NODES, NODES_R = 32, 33, 34, 35, 36, 37
+SUSPECT = 38
 
 
 def frame(typ, seq, recs, arg=0):
@@ -55,7 +56,9 @@ def main(out):
             frame(HEARTBEAT, 3, [event(3, 0, size=300)] +
                   [event(i + 1, 1, key(i), 4096) for i in range(3)]) +
             frame(HEARTBEAT, 4, [event(4, 0)] + [event(4, 2, key(1))]) +
-            frame(LOCATE, 5, [key(i) for i in range(4)]) + frame(NODES, 6, [], 0))
+            frame(LOCATE, 5, [key(i) for i in range(4)]) + frame(NODES, 6, [], 0) +
+            frame(SUSPECT, 7, [struct.pack('<I', 1), struct.pack('<I', 2)]) +
+            frame(LOCATE, 8, [key(0)]))
     gap = (frame(REGISTER, 2, [register(11, seq=5)]) +
            frame(RESYNC, 3, [event(5, 0)] + [event(0, 1, key(i), 100) for i in range(5)], 1) +
            frame(RESYNC, 4, [event(5, 0)] + [event(0, 1, key(9), 100)], 2) +

@@ -206,6 +206,51 @@ Test(master, register_heartbeat_lookup_returns_the_owner)
     master_kill(&m, SIGTERM);
 }
 
+/* A node that failed to fetch from another reports it (SUSPECT): the master
+ * stops returning it at once, and its next heartbeat makes it alive again.
+ * A node cannot report itself. */
+Test(master, a_node_reported_failing_is_skipped_until_its_next_heartbeat)
+{
+    struct master m = {0};
+    master_start(&m, NULL);
+    struct node a, b;
+    struct proto_ack ack;
+    node_init(&a, &m, 1001, "addr-a");
+    node_init(&b, &m, 1002, "addr-b");
+    cr_assert_eq(node_register(&a, &ack), 0, "%s", mclient_last_error(a.c));
+    cr_assert_eq(node_register(&b, &ack), 0, "%s", mclient_last_error(b.c));
+    cr_assert_eq(node_store(&a, 0, 10, 0, &ack), 0);
+    struct mclient *look = client(&m, PROTO_ROLE_LOOKUP, NULL, 2000);
+    int rc;
+    cr_assert_eq(owned_by(look, 0, 10, a.ref, &rc), 10);
+
+    uint32_t self = a.ref; /* a report about oneself is ignored */
+    cr_assert_eq(mclient_suspect(a.c, &self, 1), 0);
+    cr_assert_eq(mclient_nodes(a.c), 0); /* behind the report: it was handled */
+    cr_assert_eq(owned_by(look, 0, 10, a.ref, &rc), 10);
+
+    uint32_t r = a.ref;
+    cr_assert_eq(mclient_suspect(b.c, &r, 1), 0);
+    cr_assert_eq(mclient_nodes(b.c), 0);
+    cr_assert_eq(owned_by(look, 0, 10, a.ref, &rc), 0, "a reported node is not returned");
+    cr_assert_eq(rc, 0);
+    const struct proto_node_info *ni = mclient_node(look, a.ref);
+    cr_assert_not_null(ni);
+    cr_assert_eq(ni->state, PROTO_NODE_SUSPECT);
+    cr_assert(log_has(&m, "failed to fetch from it"), "%s", slurp(m.log));
+
+    cr_assert_eq(node_beat(&a, &ack), 0);
+    cr_assert_eq(owned_by(look, 0, 10, a.ref, &rc), 10, "alive again after its heartbeat");
+    uint32_t bad[2] = {999999, 0}; /* unknown refs change nothing */
+    cr_assert_eq(mclient_suspect(b.c, bad, 2), 0);
+    cr_assert_eq(mclient_nodes(b.c), 0);
+    cr_assert_eq(owned_by(look, 0, 10, a.ref, &rc), 10);
+    mclient_destroy(look);
+    node_free(&a);
+    node_free(&b);
+    master_kill(&m, SIGTERM);
+}
+
 Test(master, a_gap_in_events_asks_a_resync_and_the_index_is_right_after)
 {
     struct master m = {0};
