@@ -387,7 +387,8 @@ static void drop_acked(struct rdma_tier *rt, uint64_t seq)
     size_t k = 0;
     while (k < rt->evq_n && rt->evq[k].seq <= seq)
         k++;
-    memmove(rt->evq, rt->evq + k, (rt->evq_n - k) * sizeof(*rt->evq));
+    if (k && k < rt->evq_n)
+        memmove(rt->evq, rt->evq + k, (rt->evq_n - k) * sizeof(*rt->evq));
     rt->evq_n -= k;
     if (seq > rt->acked)
         rt->acked = seq;

@@ -634,15 +634,13 @@ Test(dist, owner_killed_mid_transfer) { owner_killed_mid_transfer(true); }
  * batch uses it, starting as soon as a lookup names the peer, so here the
  * batch meets a wired-up endpoint.  A peer that dies during the warm-up
  * itself is the window left (docs/distributed.md). */
-Test(dist, owner_killed_during_the_first_fetch)
+/* Disabled: killing A while B's endpoint to it is in wireup aborts B inside
+ * UCX 1.13.1 (wireup_ep.c:494; docs/distributed.md, "How it fails"); the
+ * tier narrows that window to the warm-up, and a test cannot kill A only
+ * outside it.  Enable it (remove .disabled) with a newer UCX. */
+Test(dist, owner_killed_during_the_first_fetch, .disabled = true,
+     .description = "UCX 1.13.1 aborts a process whose peer fails during endpoint wireup")
 {
-    /* Killing A while B's endpoint to it is in wireup aborts B inside UCX
-     * 1.13.1; the tier narrows that window to the warm-up (see above), and
-     * a test cannot kill A only outside it. */
-    if (!getenv("UMBP_TEST_UCX_WIREUP_FAILURE"))
-        cr_skip_test("UCX 1.13.1 aborts a process whose peer fails during endpoint wireup "
-                     "(wireup_ep.c:494; docs/distributed.md, \"How it fails\"); set "
-                     "UMBP_TEST_UCX_WIREUP_FAILURE=1 to run it with a newer UCX");
     owner_killed_mid_transfer(false);
 }
 
