@@ -2,7 +2,8 @@
 """The miniature engine of issue 7: a real transformer over a vLLM-layout paged
 KV cache, whose prompt prefix is stored through umbp and restored by another
 engine (embedded: the same process; standalone: other processes, one
-umbp-server), which must then decode exactly what a full prefill decodes.
+umbp-server; distributed: other processes, each a node, one umbp-master), which
+must then decode exactly what a full prefill decodes.
 
 The engine
 ----------
@@ -60,6 +61,22 @@ standalone  an umbp-server started here; process A stores and waits; process B1
             restores while A is alive; A exits; process B2 restores after A
             exited (and is timed).  B compares with A's digests, tokens and
             weights through a file.
+distributed a real umbp-master (--master, $UMBP_MASTER, else
+            build/master/umbp-master) on a free loopback port; every engine
+            process's worker runtime is a node of its own ("mode":
+            "distributed", master_address, capacity_bytes, heartbeat_ms 100);
+            the scheduler asks the master through umbp.LookupClient.  Process
+            A stores, then looks its prompt up through its scheduler until the
+            master locates every block (bounded: 200 tries a heartbeat apart);
+            process B1 restores while A is alive, its blocks fetched from A's
+            node over UCX (UCX_TLS=tcp UCX_NET_DEVICES=lo unless the caller
+            set either), with the standalone checks; A and B1 exit (their
+            nodes, B1's replicas included, die with them); once the master has
+            logged both nodes suspect, process B2 must miss cleanly (0 hit
+            tokens, no lookup error, nothing loaded or failed) and decode the
+            reference's tokens by recomputing.  Skipped with the reason when
+            umbp.mode_properties("distributed") raises (no rdma tier) or there
+            is no umbp-master.
 
 Tensor parallelism (``--tp 2``)
 -------------------------------
