@@ -3,7 +3,10 @@ small config (a 2-layer stand-in Llama, a 500-token prompt) through the real
 vLLM connector and libumbp (CPU tensors, the host GPU backend).  It runs the
 paged-attention validation, the embedded scenarios (NHD with sync loads; HND
 with async loads; the direct umbp calls) and the standalone one (A stores, B
-restores while A is alive and after A exited, against a real umbp-server), and
+restores while A is alive and after A exited, against a real umbp-server), the
+distributed one (a real umbp-master; A's node stores, B1's node restores from
+A over UCX on loopback while A is alive; after A and B1 exited B2 misses
+cleanly and recomputes; skipped without the rdma tier or umbp-master), and
 shows that the checks catch wrong restores.  The GPU run is
 gpu/run_mini_engine.sh."""
 import json
@@ -69,6 +72,61 @@ def test_standalone(tmp_path):
                  "B (A exited): A's decode = the reference's (the KV A stored is what a full prefill computes)",
                  "umbp-server stops cleanly on SIGTERM"):
         assert f"standalone: {must}" in names, (must, names)
+
+
+def _master_binary():
+    """$UMBP_MASTER, this tree's build, the one beside the loaded library, the
+    PATH's; None when there is none."""
+    import shutil
+
+    import umbp
+
+    lib_dir = os.path.dirname(umbp.library_path)
+    for cand in (os.environ.get("UMBP_MASTER"), os.path.join(REPO, "build", "master", "umbp-master"),
+                 os.path.join(lib_dir, "master", "umbp-master"), shutil.which("umbp-master")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def test_distributed(tmp_path):
+    import umbp
+
+    try:
+        umbp.mode_properties("distributed")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"this libumbp has no rdma tier (built without UCX): {e}")
+    master = _master_binary()
+    if master is None:
+        pytest.skip("no umbp-master (set UMBP_MASTER or build build/master/umbp-master)")
+    env = dict(os.environ, UMBP_MASTER=master, UCX_TLS="tcp", UCX_NET_DEVICES="lo", UCX_MEM_EVENTS="no")
+    r, res = _run(tmp_path, "--mode", "distributed", env=env, timeout=300)
+    assert res is not None, _tail(r)
+    scen = {s["name"]: s for s in res["scenarios"]}
+    if scen.get("distributed", {}).get("skipped"):
+        pytest.skip(scen["distributed"]["skipped"])
+    assert r.returncode == 0, _tail(r)
+    names = mini_engine_check_names(res, ok=True)
+    assert not mini_engine_check_names(res, ok=False)
+    for must in ("A: every full prompt block stored",
+                 "A: umbp-master locates every stored block (a scheduler lookup through umbp.LookupClient)",
+                 "B (A alive): restore: the lookup finds 496 tokens (31 blocks: all but the last prompt block) "
+                 "in every run",
+                 "B (A alive): restore: the greedy decode = the reference's, token for token, in every run",
+                 "B (A alive): restore: the restored blocks are A's bytes (all of them in the first run, "
+                 "a sample in the others)",
+                 "B (A alive): restore: every hit block loaded, no load failed, nothing recomputed",
+                 "umbp-master marks every node that held A's blocks (A's, B1's) suspect after they exited",
+                 "B (A exited): A's process has exited",
+                 "B (A exited): miss: the lookup finds nothing (0 hit tokens) in every run",
+                 "B (A exited): miss: a clean miss (umbp-master answered; no lookup error)",
+                 "B (A exited): miss: nothing loaded, no load failed, nothing truncated",
+                 "B (A exited): miss: the greedy decode (recomputed) = the reference's, token for token, "
+                 "in every run",
+                 "B (A exited): A's decode = the reference's (the KV A stored is what a full prefill computes)",
+                 "umbp-master stops cleanly on SIGTERM"):
+        assert f"distributed: {must}" in names, (must, names)
+    assert res["summary"][0]["hit_tokens"] == 496, res["summary"]
 
 
 @pytest.mark.parametrize("fault,caught", [

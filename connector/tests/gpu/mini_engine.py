@@ -2,7 +2,8 @@
 """The miniature engine of issue 7: a real transformer over a vLLM-layout paged
 KV cache, whose prompt prefix is stored through umbp and restored by another
 engine (embedded: the same process; standalone: other processes, one
-umbp-server), which must then decode exactly what a full prefill decodes.
+umbp-server; distributed: other processes, each a node, one umbp-master), which
+must then decode exactly what a full prefill decodes.
 
 The engine
 ----------
@@ -60,6 +61,22 @@ standalone  an umbp-server started here; process A stores and waits; process B1
             restores while A is alive; A exits; process B2 restores after A
             exited (and is timed).  B compares with A's digests, tokens and
             weights through a file.
+distributed a real umbp-master (--master, $UMBP_MASTER, else
+            build/master/umbp-master) on a free loopback port; every engine
+            process's worker runtime is a node of its own ("mode":
+            "distributed", master_address, capacity_bytes, heartbeat_ms 100);
+            the scheduler asks the master through umbp.LookupClient.  Process
+            A stores, then looks its prompt up through its scheduler until the
+            master locates every block (bounded: 200 tries a heartbeat apart);
+            process B1 restores while A is alive, its blocks fetched from A's
+            node over UCX (UCX_TLS=tcp UCX_NET_DEVICES=lo unless the caller
+            set either), with the standalone checks; A and B1 exit (their
+            nodes, B1's replicas included, die with them); once the master has
+            logged both nodes suspect, process B2 must miss cleanly (0 hit
+            tokens, no lookup error, nothing loaded or failed) and decode the
+            reference's tokens by recomputing.  Skipped with the reason when
+            umbp.mode_properties("distributed") raises (no rdma tier) or there
+            is no umbp-master.
 
 Tensor parallelism (``--tp 2``)
 -------------------------------
@@ -97,6 +114,7 @@ import json
 import math
 import os
 import random
+import re
 import select
 import shutil
 import signal
@@ -675,7 +693,8 @@ class DirectConnector:
     """Both halves of a connector in the plain umbp calls UMBPConnector makes
     (--path direct): one Runtime per worker, keys from the engine block hashes
     (umbp.derive_keys), the scheduler's lookup (the worker's runtime in
-    embedded mode, a ``role: lookup`` session in standalone mode), load_blocks
+    embedded mode, a ``role: lookup`` session in standalone mode, umbp.LookupClient
+    asking umbp-master in distributed mode), load_blocks
     before the first attention, store_blocks after the forward with a CUDA
     event, delayed frees while stores are in flight.  One KV cache group, TP=1."""
 
@@ -685,14 +704,21 @@ class DirectConnector:
         cfg = {"mode": spec["mode"], "timeout_ms": 30000}
         if spec["mode"] == "embedded":
             cfg["capacity_bytes"] = spec["capacity"]
+        elif spec["mode"] == "distributed":
+            cfg.update(distributed_options(spec))
         else:
             cfg["socket_dir"] = spec["socket_dir"]
         if not is_cuda:
             cfg["gpu_backend"] = "host"
         self.rt = umbp.Runtime(cfg)
         self.lrt = self.rt
+        self.client = None
         if spec["mode"] == "standalone":
             self.lrt = umbp.Runtime({"mode": "standalone", "socket_dir": spec["socket_dir"], "role": "lookup"})
+        elif spec["mode"] == "distributed":  # the scheduler owns no pool: it asks the master
+            self.client = umbp.LookupClient({"mode": "distributed", "master_address": spec["master_address"],
+                                             "num_ranks": 1,
+                                             "lookup_timeout_ms": distributed_options(spec)["lookup_timeout_ms"]})
         dt = spec["dtype"]
         self.ns = umbp.Namespace.derive(spec["model_name"] + "+direct", "", BLOCK, spec["layout"], dt,
                                         groups=[("full", BLOCK, n_layers, dt)])
@@ -717,7 +743,15 @@ class DirectConnector:
         kmax = min((request.num_tokens - 1) // self.B, len(request.block_hashes))
         if kmax <= lo:
             return 0, False
-        prefix, _ = self.lrt.lookup(self._keys(request, lo, kmax))
+        keys = self._keys(request, lo, kmax)
+        if self.client is not None:
+            import numpy as np
+
+            prefix, _present, rc = self.client.query_ex(np.asarray(keys)[None],
+                                                        row_rank=np.zeros(1, dtype=np.uint32))
+            prefix = int(prefix) if rc >= 0 else 0
+        else:
+            prefix, _ = self.lrt.lookup(keys)
         return prefix * self.B, self.load_async and prefix > 0
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
@@ -879,6 +913,8 @@ class DirectConnector:
             self.rt.deregister(self.kv)
         if self.lrt is not self.rt:
             self.lrt.close()
+        if self.client is not None:
+            self.client.close()
         self.rt.close()
 
 
@@ -1107,6 +1143,15 @@ def connector_available():
     return True, c.__file__
 
 
+def distributed_options(spec):
+    """A node's options in the distributed scenario (each engine process's
+    worker runtime is a node of its own).  lookup_timeout_ms is raised from
+    the connector's 100 ms: a lookup that the loaded CI machine answers late
+    would be a miss, and this scenario checks hits, not lookup latency."""
+    return {"master_address": spec["master_address"], "capacity_bytes": spec["capacity"],
+            "heartbeat_ms": spec["heartbeat_ms"], "lookup_timeout_ms": 5000}
+
+
 def make_engine(H, spec, pm, kind, seed):
     """An engine over pm's KV tensors with no connector, UMBPConnector, or
     DirectConnector (kind: none | connector | direct)."""
@@ -1130,6 +1175,8 @@ def make_engine(H, spec, pm, kind, seed):
         extra = {"mode": spec["mode"], "load_async": bool(spec["load_async"]), "timeout_ms": 30000}
         if spec["mode"] == "embedded":
             extra.update(capacity_bytes=spec["capacity"], lookup_dir=spec["lookup_dir"])
+        elif spec["mode"] == "distributed":
+            extra.update(distributed_options(spec))
         else:
             extra["socket_dir"] = spec["socket_dir"]
         cfg.extra = extra
@@ -1388,6 +1435,81 @@ def restore_phase(sc, E, pm, prompt, ref, a_tokens, a_digests, a_blocks, ref_eng
         hit_tokens=expect)
 
 
+def master_probe(sc, E, prompt):
+    """Distributed mode, in A after its store: a scheduler lookup of A's
+    prompt (the connector's, through umbp.LookupClient: umbp-master's index,
+    never A's slice) until it finds every stored block, at most 200 tries a
+    heartbeat apart.  The master learns A's blocks from A's next heartbeat;
+    B's first lookup must not race it.  The probe requests are looked up and
+    finished (vLLM's sequence for a request aborted while waiting): they
+    leave nothing behind."""
+    from vllm.v1.request import Request, SamplingParams
+
+    spec, C = sc.spec, sc.C
+    conn = E.conn._conn if isinstance(E.conn, Timed) else E.conn
+    expect = (len(prompt) - 1) // BLOCK * BLOCK
+    got, tries = 0, 0
+    for tries in range(1, 201):
+        req = Request(f"probe{tries}", prompt, SamplingParams(max_tokens=1), block_size=BLOCK,
+                      hash_block_size=E.cfg.hash_block_size or None)
+        got, _ = conn.get_num_new_matched_tokens(req, 0)
+        conn.request_finished_all_groups(req, ([],))
+        if got == expect:
+            break
+        time.sleep(spec["heartbeat_ms"] / 1000)
+    sc.info["master_probe_tries"] = tries
+    C.add("A: umbp-master locates every stored block (a scheduler lookup through umbp.LookupClient)",
+          got == expect, f"{got} of {expect} tokens after {tries} lookups, {spec['heartbeat_ms']} ms apart")
+
+
+def miss_phase(sc, E, pm, prompt, ref, a_tokens, a_digests):
+    """Distributed mode after every node that held A's blocks exited: fresh
+    requests with A's prompt must miss cleanly (the master answered, nothing
+    found, nothing loaded or failed), recompute the prompt and decode the
+    reference's tokens."""
+    spec, C = sc.spec, sc.C
+    R, N, B = spec["runs"], spec["model_cfg"]["decode"], BLOCK
+    nfull = len(prompt) // B
+    conn = E.conn._conn if isinstance(E.conn, Timed) else E.conn
+    umbp_conn = type(conn).__name__ == "UMBPConnector"
+    runs, errs = [], []
+    for i in range(R + 1 if R else 1):
+        pm.wipe()  # nothing left from an earlier run can help
+        r = run_request(E, pm, f"{spec['tag']}-miss{i}", prompt, N)
+        runs.append(r)
+        if umbp_conn:  # the scheduler's lookup counters (UMBPConnector only)
+            st = conn.get_kv_connector_stats()
+            data = getattr(st, "data", None) or {}
+            errs.append((int(data.get("lookups", 0)), int(data.get("lookup_errors", 0))))
+        log(f"miss {i}: hit {r.hit_tokens}, TTFT {r.ttft_s * 1e3:.2f} ms, tokens "
+            f"{'=' if r.tokens == ref.tokens else '!='} reference")
+    n = len(runs)
+    C.add("miss: the lookup finds nothing (0 hit tokens) in every run", all(r.hit_tokens == 0 for r in runs),
+          f"hit tokens {[r.hit_tokens for r in runs]}")
+    if umbp_conn:
+        C.add("miss: a clean miss (umbp-master answered; no lookup error)",
+              all(lk > 0 and e == 0 for lk, e in errs), f"(lookups, lookup errors) per run {errs}")
+    C.add("miss: nothing loaded, no load failed, nothing truncated",
+          all(r.loaded_blocks == 0 and not r.stats.get("load_blocks_ok") and not r.stats.get("load_blocks_failed")
+              and not r.truncated for r in runs),
+          f"loaded {[r.loaded_blocks for r in runs]}, failed {[r.stats.get('load_blocks_failed', 0) for r in runs]}")
+    same = [r.tokens == ref.tokens for r in runs]
+    C.add("miss: the greedy decode (recomputed) = the reference's, token for token, in every run", all(same),
+          f"{sum(same)}/{n}; reference {ref.tokens}")
+    d = max(float((r.first_logits - ref.first_logits).abs().max()) for r in runs)
+    scale = max(1.0, float(ref.first_logits.abs().max()))
+    C.add("miss: the first token's logits = the reference's", d <= 1e-3 * scale, f"max |diff| {d:.3g}")
+    got = pm.digests(runs[0].blocks[:nfull])
+    bad = [p for p, (g, a) in enumerate(zip(got, a_digests)) if g != a]
+    C.add("miss: the recomputed blocks are A's bytes", not bad and len(got) == len(a_digests),
+          f"{len(bad)} of {len(a_digests)} blocks differ")
+    C.add("A's decode = the reference's (the KV A stored is what a full prefill computes)",
+          a_tokens == ref.tokens, f"A {a_tokens}")
+    timed = runs[1:] if R else runs
+    sc.timings.update(ttft_miss_ms=[round(r.ttft_s * 1e3, 3) for r in timed],
+                      lookup_miss_ms=[round(r.lookup_s * 1e3, 3) for r in timed])
+
+
 def finish(sc, *engines):
     for name, E in engines:
         try:
@@ -1416,6 +1538,8 @@ def role_store(sc):
     H = load_harness()
     E = make_engine(H, spec, pm, spec["path"], spec["seed"] + 1)
     a, dig = store_phase(sc, E, pm, prompt)
+    if spec["mode"] == "distributed":
+        master_probe(sc, E, prompt)
     data = {"tokens": a.tokens, "blocks": a.blocks[:len(dig)], "digests": dig, "weights": sc.info["weights"],
             "prompt_sha": sc.info["prompt_sha"], "pid": os.getpid()}
     tmp = spec["a_data"] + ".tmp"
@@ -1450,7 +1574,10 @@ def role_restore(sc):
     ref_E = make_engine(H, spec, pm, "none", spec["seed"] + 102)
     E = make_engine(H, spec, pm, spec["path"], spec["seed"] + spec["pool_seed"])
     ref = reference_phase(sc, ref_E, pm, prompt)
-    restore_phase(sc, E, pm, prompt, ref, a["tokens"], a["digests"], a["blocks"], ref_E)
+    if spec.get("expect_miss"):
+        miss_phase(sc, E, pm, prompt, ref, a["tokens"], a["digests"])
+    else:
+        restore_phase(sc, E, pm, prompt, ref, a["tokens"], a["digests"], a["blocks"], ref_E)
     finish(sc, ("reference", ref_E), ("B", E))
 
 
@@ -2120,6 +2247,59 @@ class Server:
         return self.p.returncode
 
 
+class Master:
+    """An umbp-master on a free loopback port (listen port 0: the kernel picks
+    it, the "serving" line says which).  Its log is kept: which nodes
+    registered and which went suspect."""
+
+    def __init__(self, binary, log_path):
+        cfg = {"listen": "127.0.0.1:0", "log_level": "info"}
+        self.lines = []
+        self.lock = threading.Lock()
+        self.p = subprocess.Popen([binary, "--json", json.dumps(cfg)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        r, _, _ = select.select([self.p.stdout], [], [], 30)
+        line = self.p.stdout.readline() if r else ""
+        m = re.search(r"serving (\S+:\d+)", line)
+        if m is None:
+            self.p.kill()
+            raise RuntimeError(f"umbp-master did not start: {line!r} {self.p.stdout.read()[-2000:]}")
+        self.address = m.group(1)
+        log(line.strip())
+        self.logf = open(log_path, "w")
+        self.logf.write(line)
+        self.drain = threading.Thread(target=self._drain, daemon=True)
+        self.drain.start()
+
+    def _drain(self):
+        for line in self.p.stdout:
+            with self.lock:
+                self.lines.append(line)
+            self.logf.write(line)
+            self.logf.flush()
+
+    def nodes(self, what):
+        """Names of the nodes the log says `what` (registered, suspect) of."""
+        with self.lock:
+            lines = list(self.lines)
+        pat = re.compile(r"(node \d+ \([^)]*\)):? " + what + r"\b")  # "node 3 (host pid 123)"
+        return {m.group(1) for m in map(pat.search, lines) if m}
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(15)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(5)
+                return None
+        return self.p.returncode
+
+
 class Child:
     def __init__(self, spec, env):
         with open(spec["spec_path"], "w") as f:
@@ -2242,6 +2422,123 @@ def run_standalone(args, mc, name, work, env, **kw):
     return out
 
 
+def master_binary(args):
+    """The umbp-master to start: --master, $UMBP_MASTER, this tree's build,
+    the one beside the loaded library, the PATH's; None when there is none."""
+    import umbp
+
+    lib_dir = os.path.dirname(umbp.library_path)
+    for cand in (args.master, os.environ.get("UMBP_MASTER"), os.path.join(REPO, "build", "master", "umbp-master"),
+                 os.path.join(lib_dir, "master", "umbp-master"), os.path.join(lib_dir, "umbp-master"),
+                 shutil.which("umbp-master")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+        if cand and (cand == args.master or cand == os.environ.get("UMBP_MASTER")):
+            return None  # named but not there: do not fall back to another binary
+    return None
+
+
+def distributed_skip_reason(args):
+    """Why the distributed scenario cannot run here, or None."""
+    import umbp
+
+    try:
+        umbp.mode_properties("distributed")
+    except Exception as e:  # noqa: BLE001
+        return f"this libumbp cannot run distributed mode (no rdma tier: built without UCX?): {e}"
+    if master_binary(args) is None:
+        named = args.master or os.environ.get("UMBP_MASTER")
+        return (f"umbp-master {named} is not an executable file" if named else
+                "no umbp-master binary (pass --master, set UMBP_MASTER or build build/master/umbp-master)")
+    return None
+
+
+def skipped_result(name, mode, spec, why):
+    log(f"SKIPPED {name}: {why}")
+    return {"name": name, "mode": mode, "path": spec["path"], "layout": spec["layout"],
+            "load_async": spec["load_async"], "ok": True, "skipped": why, "checks": [], "errors": [],
+            "timings": {}, "info": {}}
+
+
+def ucx_env(env):
+    """The children's UCX settings: everything runs on this host, so UCX over
+    TCP on loopback unless the caller chose transports (UCX_TLS or
+    UCX_NET_DEVICES set); UCX's memory-event hooks off (umbp maps its pool
+    once and needs none)."""
+    env = dict(env)
+    if "UCX_TLS" not in env and "UCX_NET_DEVICES" not in env:
+        env.update(UCX_TLS="tcp", UCX_NET_DEVICES="lo")
+    env.setdefault("UCX_MEM_EVENTS", "no")
+    return env
+
+
+def run_distributed(args, mc, name, work, env, **kw):
+    """A real umbp-master; A (a node) stores and waits; B1 (another node, in
+    another process) restores while A is alive: its blocks come from A over
+    UCX; A exits, B1 exits; once the master has marked every node that held
+    the blocks suspect, B2 (a third node) must miss cleanly and recompute."""
+    kw = dict(kw, mode="distributed", heartbeat_ms=100)
+    spec = base_spec(args, mc, name, "store", work, **kw)
+    why = distributed_skip_reason(args)
+    if why:
+        return skipped_result(name, "distributed", spec, why)
+    master_bin = master_binary(args)
+    env = ucx_env(env)
+    log(f"--- {name}: distributed ({master_bin}; UCX_TLS={env.get('UCX_TLS')} "
+        f"UCX_NET_DEVICES={env.get('UCX_NET_DEVICES')}), path {spec['path']}; A stores, B restores from A's node "
+        "while A is alive, then after A exited")
+    master = Master(master_bin, os.path.join(work, f"{name}-master.log"))
+    kw["master_address"] = master.address
+    spec["master_address"] = master.address
+    parts, gone, alive, rc = [], None, False, None
+    a = b1 = b2 = None
+    try:
+        a_data, release = os.path.join(work, f"{name}-a.json"), os.path.join(work, f"{name}-a.release")
+        a = Child(dict(spec, a_data=a_data, release=release, timeout=3 * spec["timeout"]), env)
+        while not os.path.exists(a_data) and a.p.poll() is None and now() - a.t0 < spec["timeout"]:
+            time.sleep(0.1)
+        if not os.path.exists(a_data):
+            a.kill()
+            return merge(name, "distributed", [("A: ", a.wait())], spec)
+        b1_spec = base_spec(args, mc, name, "restore", work, suffix="-alive", a_data=a_data, pool_seed=3,
+                            tag=f"{name}-alive", **dict(kw, runs=0, validate=False))
+        b1 = Child(b1_spec, env)
+        r_b1 = b1.wait()
+        open(release, "w").close()
+        r_a = a.wait()
+        # A's node and B1's (its replicas) are gone; the master drops them from
+        # lookups once they are suspect (heartbeat_suspect_ms after their last
+        # heartbeat).  Until then a lookup would still name them: wait for it.
+        nodes = master.nodes("registered")
+        t = now()
+        while now() - t < 60 and not nodes <= master.nodes("suspect"):
+            time.sleep(0.2)
+        gone = {"name": "umbp-master marks every node that held A's blocks (A's, B1's) suspect after they exited",
+                "ok": len(nodes) >= 2 and nodes <= master.nodes("suspect"),
+                "detail": f"registered {sorted(nodes)}, suspect {sorted(master.nodes('suspect'))}"}
+        b2_spec = base_spec(args, mc, name, "restore", work, suffix="-exited", a_data=a_data, pool_seed=4,
+                            tag=f"{name}-exited", a_exited=True, expect_miss=True,
+                            **dict(kw, runs=0, validate=False))
+        b2 = Child(b2_spec, env)
+        r_b2 = b2.wait()
+        parts = [("A: ", r_a), ("B (A alive): ", r_b1), ("B (A exited): ", r_b2)]
+        alive = master.alive()
+    finally:
+        for c in (a, b1, b2):
+            if c is not None:
+                c.kill()
+        rc = master.stop()
+    out = merge(name, "distributed", parts, spec)
+    extra = [gone] if gone else []
+    extra += [{"name": "umbp-master alive through the nodes' exits and both restores", "ok": alive, "detail": ""},
+              {"name": "umbp-master stops cleanly on SIGTERM", "ok": rc == 0, "detail": f"exit status {rc}"}]
+    for c in extra:
+        log(f"{'PASS' if c['ok'] else 'FAIL'}  {c['name']}")
+        out["checks"].append(c)
+    out["ok"] = out["ok"] and all(c["ok"] for c in extra)
+    return out
+
+
 def summary_rows(results):
     rows = []
     for r in results:
@@ -2317,7 +2614,7 @@ def write_json(path, obj):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=["embedded", "standalone", "all"], default="all")
+    ap.add_argument("--mode", choices=["embedded", "standalone", "distributed", "all"], default="all")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (tests: the small config)")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="default: gpu on cuda, cpu-small on cpu")
     ap.add_argument("--path", choices=["auto", "connector", "direct"], default="auto",
@@ -2333,6 +2630,7 @@ def main(argv=None):
                     help="prefill chunk budget (vLLM's max_num_batched_tokens)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--server", help="umbp-server binary (default $UMBP_SERVER, else build/server/umbp-server)")
+    ap.add_argument("--master", help="umbp-master binary (default $UMBP_MASTER, else build/master/umbp-master)")
     ap.add_argument("--timeout", type=int, help="seconds per process")
     ap.add_argument("--deadline", type=int, default=540,
                     help="seconds for the whole run (the GPU tool's commands get 600); scenarios not started "
@@ -2340,7 +2638,7 @@ def main(argv=None):
     ap.add_argument("--out", help="result JSON (default $OUT/mini_engine.json when OUT is set)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--only", help="comma-separated scenario names (embedded, embedded-hnd-async, "
-                    "embedded-direct, standalone)")
+                    "embedded-direct, standalone, distributed)")
     ap.add_argument("--tp", type=int, choices=[1, 2], default=1,
                     help="tensor parallelism: 2 runs the model's shards in two rank processes (embedded-tp2, "
                          "standalone-tp2)")
@@ -2420,6 +2718,12 @@ def main(argv=None):
             plan.append(("embedded-direct", run_embedded, dict(path="direct")))
     if args.mode in ("standalone", "all") and args.tp == 1:
         plan.append(("standalone", run_standalone, dict(path=path, validate=args.mode == "standalone")))
+    if args.mode in ("distributed", "all"):
+        if args.tp == 1:
+            plan.append(("distributed", run_distributed, dict(path=path, validate=args.mode == "distributed")))
+        elif args.mode == "distributed":
+            print("FAIL: --mode distributed runs at --tp 1 only", flush=True)
+            return 1
     if args.only:
         want = set(args.only.split(","))
         plan = [x for x in plan if x[0] in want]
@@ -2448,6 +2752,8 @@ def main(argv=None):
             for c in r["checks"]:
                 if not c["ok"]:
                     print(f"FAILED  {r['name']}: {c['name']}  ({c['detail']})")
+            if r.get("skipped"):
+                print(f"SKIPPED {r['name']}: {r['skipped']}")
             for e in r["errors"]:
                 print(f"ERROR   {r['name']}: {e}")
         n = sum(len(r["checks"]) for r in results)
