@@ -53,6 +53,14 @@ void umbp_set_error(const char *fmt, ...)
     umbp_log(UMBP_LOG_ERROR, "%s", last_error);
 }
 
+void umbp_set_answer(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+}
+
 const char *umbp_last_error(void) { return last_error; }
 
 uint64_t umbp_now_ns(void)

@@ -13,6 +13,9 @@
 
 /* Errors: remember a message for umbp_last_error() and log it once. */
 void umbp_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same message for umbp_last_error without logging it: for a query
+ * whose "no" is an answer, not a failure (umbp_option_lookup). */
+void umbp_set_answer(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void umbp_log_set_level(enum umbp_log_level l);
 int umbp_log_level_parse(const char *s, enum umbp_log_level *out);
 

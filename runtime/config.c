@@ -397,7 +397,7 @@ int umbp_option_lookup(const char *name, const char *mode)
     }
     if ((rc = umbp_mode_props(mode, &flags, err, sizeof(err))) < 0 ||
         (rc = mode_tier(mode, &ops, err, sizeof(err))) < 0) {
-        umbp_set_error("%s", err);
+        umbp_set_answer("%s", err);
         return rc;
     }
     bool core;
@@ -410,11 +410,11 @@ int umbp_option_lookup(const char *name, const char *mode)
                 t[nt++] = (struct umbp_opt_table){umbp_tier_registry[k]->options, NULL,
                                                   umbp_tier_registry[k]->name};
         umbp_options_unknown(t, nt, name, err, sizeof(err));
-        umbp_set_error("%s", err);
+        umbp_set_answer("%s", err);
         return -ENOENT;
     }
     if ((rc = foreign_option(name, mode, ops, err, sizeof(err))) < 0) {
-        umbp_set_error("%s", err);
+        umbp_set_answer("%s", err);
         return rc;
     }
     return 0;
