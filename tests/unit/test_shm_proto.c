@@ -654,6 +654,24 @@ static void check_nodes_r(const struct proto_frame *f)
     }
 }
 
+static void build_suspect(struct proto_buf *b)
+{
+    cr_assert_eq(proto_begin(b, PROTO_SUSPECT, 20, 3, 0), 0);
+    for (int32_t i = 0; i < 3; i++)
+        cr_assert_eq(proto_put_status(b, 7 + i), 0);
+    cr_assert_eq(proto_end(b), 0);
+}
+
+static void check_suspect(const struct proto_frame *f)
+{
+    cr_assert_eq(f->n, 3);
+    for (uint32_t i = 0; i < 3; i++) {
+        int32_t v;
+        cr_assert_eq(proto_get_status(f, i, &v), 0);
+        cr_assert_eq(v, (int32_t)(7 + i));
+    }
+}
+
 struct sample {
     uint16_t type;
     bool from_server;
@@ -699,6 +717,7 @@ static const struct sample samples[] = {
     {PROTO_LOCATE_R, true, build_locate_r, check_locate_r},
     {PROTO_NODES, false, build_nodes, check_nodes},
     {PROTO_NODES_R, true, build_nodes_r, check_nodes_r},
+    {PROTO_SUSPECT, false, build_suspect, check_suspect},
 };
 #define NSAMPLES (sizeof(samples) / sizeof(samples[0]))
 
@@ -754,7 +773,7 @@ Test(proto_roundtrip, pipelined_frames_parse_one_after_another)
         seen++;
     }
     cr_assert_eq(off, b.len);
-    cr_assert_eq(seen, 17);
+    cr_assert_eq(seen, 18);
     proto_buf_free(&b);
 }
 
@@ -876,7 +895,7 @@ Test(proto_malformed, len_over_max_body)
 
 Test(proto_malformed, unknown_type)
 {
-    static const uint16_t bad[] = {0, 38, 99, 0xffff};
+    static const uint16_t bad[] = {0, 39, 99, 0xffff};
     uint8_t p[24];
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
