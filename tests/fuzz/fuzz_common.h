@@ -64,7 +64,7 @@ static inline int fz_acc_of(uint16_t type)
     switch (type) {
     case PROTO_LOOKUP: case PROTO_ACQUIRE: return FZ_KEY;
     case PROTO_LOOKUP_R: return FZ_U8;
-    case PROTO_PUBLISH_R: case PROTO_RELEASE_R: return FZ_STATUS;
+    case PROTO_PUBLISH_R: case PROTO_RELEASE_R: case PROTO_SUSPECT: return FZ_STATUS;
     case PROTO_HELLO: return FZ_HELLO;
     case PROTO_HELLO_OK: return FZ_WELCOME;
     case PROTO_RESERVE: return FZ_RESERVE;
