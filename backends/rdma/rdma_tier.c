@@ -445,13 +445,13 @@ static void on_resynced(void *arg, int status, const struct proto_ack *a)
     bool ok = status == 0 && a && a->action == PROTO_ACK_OK;
     take_ack(rt, status, a);
     if (ok) {
-        rt->need_resync = false;
         rt->resyncs++;
-        drop_acked(rt, snap);
+        drop_acked(rt, snap); /* events after the snapshot stay queued */
         if (!rt->stopped)
             node_tick(rt);
-    } else if (status == 0) {
-        rt->need_resync = true;
+    } else {
+        rt->need_resync = true; /* again, once registered */
+        rt->evq_n = 0;
     }
 }
 
@@ -484,8 +484,11 @@ static int send_resync(struct rdma_tier *rt)
         }
     rt->snap_seq = rt->seq;
     rt->evq_n = 0; /* the snapshot carries them */
-    return mclient_resync_async(rt->mc, rt->snap_seq, used_bytes(rt), rt->snap_keys,
-                                rt->snap_sizes, k, 0, on_resynced, rt);
+    int rc = mclient_resync_async(rt->mc, rt->snap_seq, used_bytes(rt), rt->snap_keys,
+                                  rt->snap_sizes, k, 0, on_resynced, rt);
+    if (rc == 0) /* events from now on queue behind the snapshot */
+        rt->need_resync = false;
+    return rc;
 }
 
 static void node_tick(struct rdma_tier *rt)
