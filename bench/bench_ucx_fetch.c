@@ -51,6 +51,14 @@ int main(void)
 #include "ucx.h"
 
 #define NSIZES 3
+/* UMBP_UCX_SPIN_US: both nodes progress this long before sleeping while a
+ * fetch or a send is in flight (ucx_node_config.spin_us; 0 by default) */
+static uint32_t spin_us(void)
+{
+    const char *v = getenv("UMBP_UCX_SPIN_US");
+    return v ? (uint32_t)strtoul(v, NULL, 10) : 0;
+}
+
 static const uint64_t sizes[NSIZES] = { 4096, 256 << 10, 2 << 20 };
 static const int iters[NSIZES] = { 2000, 200, 40 };
 static const char *names[NSIZES] = { "4 KiB", "256 KiB", "2 MiB" };
@@ -138,7 +146,8 @@ static void owner_main(int out)
 
     struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     struct ucx_serve_ops ops = { .lease_take = own_take, .lease_release = own_release };
-    struct ucx_node_config cfg = { .loop = loop, .name = "bench-owner", .serve = &ops };
+    struct ucx_node_config cfg = { .loop = loop, .name = "bench-owner", .serve = &ops,
+                                   .spin_us = spin_us() };
     struct ucx_node *n;
     if (ucx_node_create(&cfg, &n) || ucx_mem_map(n, g_pool, POOL)) {
         fprintf(stderr, "owner: %s\n", umbp_last_error());
@@ -236,7 +245,8 @@ int main(int argc, char **argv)
     fill_pool(g_pool);
 
     g_loop = ev_loop_new(EVFLAG_AUTO);
-    struct ucx_node_config cfg = { .loop = g_loop, .name = "bench-requester" };
+    struct ucx_node_config cfg = { .loop = g_loop, .name = "bench-requester",
+                                   .spin_us = spin_us() };
     struct ucx_node *n;
     struct ucx_peer *peer;
     uint8_t *dst = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -280,8 +290,8 @@ int main(int argc, char **argv)
     }
     const char *tr = ucx_peer_transport(peer);
     printf("bench_ucx_fetch: UCX %s, UCX_TLS=%s, transport in use: %s; %d rounds; one get in "
-           "flight; every byte verified\n", ucp_get_version_string(), ucx_node_transports(n), tr,
-           rounds);
+           "flight; spin %u us; every byte verified\n", ucp_get_version_string(),
+           ucx_node_transports(n), tr, rounds, spin_us());
 
     static double gbps[NSIZES][NM][64], p50[NSIZES][NM][64];
     static double lat[2000];

@@ -90,6 +90,7 @@ struct ucx_node {
     struct ucx_serve_ops serve;
     bool serving;
     bool failed_peers; /* a peer UCX reported failed awaits its close (close_failed) */
+    uint64_t spin_ns;  /* ucx_node_config.spin_us */
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_address_t *addr;
@@ -149,6 +150,16 @@ static void drive(struct ucx_node *n)
             calls++;
         if (calls >= UCX_PROGRESS_BATCH)
             break; /* still busy: come back on the next iteration */
+        if (n->spin_ns && !n->finished &&
+            (n->batches.next != &n->batches || n->sends.next != &n->sends)) {
+            /* work in flight: its next event is likely soon */
+            uint64_t end = umbp_now_ns() + n->spin_ns;
+            while (!n->finished && calls < UCX_PROGRESS_BATCH && umbp_now_ns() < end)
+                if (ucp_worker_progress(n->worker))
+                    calls++;
+            if (n->finished || calls >= UCX_PROGRESS_BATCH)
+                break;
+        }
         ucs_status_t s = ucp_worker_arm(n->worker);
         if (s == UCS_OK) {
             armed = true;
@@ -835,6 +846,7 @@ int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out)
     n->batches.next = n->batches.prev = &n->batches;
     n->sends.next = n->sends.prev = &n->sends;
     n->serve_timeout = (cfg->serve_timeout_ms ? cfg->serve_timeout_ms : UCX_SERVE_TIMEOUT_MS) / 1000.0;
+    n->spin_ns = (uint64_t)cfg->spin_us * 1000u;
     n->efd = -1;
     const char *what = "ucp_config_read";
     ucp_config_t *ucfg = NULL;

@@ -83,6 +83,12 @@ struct ucx_node_config {
      * then fails nothing here) are ended by force-closing the endpoint to
      * it, which releases their leases.  0: UCX_SERVE_TIMEOUT_MS. */
     uint32_t serve_timeout_ms;
+    /* With work in flight (a batch awaiting its DATA, a send pending), the
+     * loop progresses the worker for up to this long before it sleeps on
+     * the event fd, saving the wake-up's latency; 0: never (the default;
+     * the rdma tier sets it where poll_wait says this process may spin:
+     * at least 8 usable CPUs). */
+    uint32_t spin_us;
 };
 
 int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out);

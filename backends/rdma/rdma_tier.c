@@ -56,6 +56,7 @@
 #include <ev.h>
 
 #include "auth.h"
+#include "options.h"
 #include "master_client.h"
 #include "proto.h"
 #include "tcp.h"
@@ -1284,7 +1285,9 @@ static int rdma_create(const struct umbp_tier_env *env, const void *cfgp, struct
     if (serve_ms > env->core->lease_ttl_ms / 2)
         serve_ms = env->core->lease_ttl_ms / 2 > 0 ? env->core->lease_ttl_ms / 2 : 1;
     struct ucx_node_config nc = {.loop = env->loop, .name = "umbp node", .serve = &rt->serve,
-                                 .serve_timeout_ms = (uint32_t)serve_ms};
+                                 .serve_timeout_ms = (uint32_t)serve_ms,
+                                 /* poll_wait's rule (>= 8 usable CPUs, or "on") */
+                                 .spin_us = umbp_poll_wait_spins(env->core->poll_wait) ? 50 : 0};
     if ((rc = ucx_node_create(&nc, &rt->ucx)) < 0) {
         snprintf(err, errlen, "rdma tier: UCX: %s", umbp_last_error());
         goto fail;
