@@ -39,6 +39,19 @@ def rt():
     r.close()
 
 
+def master_binary():
+    """The umbp-master tests start: $UMBP_MASTER, this tree's build, the one
+    beside the loaded library, or the PATH's; None when there is none."""
+    for cand in (os.environ.get("UMBP_MASTER"),
+                 os.path.join(REPO, "build", "master", "umbp-master"),
+                 os.path.join(os.path.dirname(umbp.library_path), "master", "umbp-master"),
+                 os.path.join(os.path.dirname(umbp.library_path), "umbp-master"),
+                 shutil.which("umbp-master")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
 def server_binary():
     """The umbp-server tests start: $UMBP_SERVER, this tree's build, the one
     beside the loaded library, or the PATH's; None when there is none."""

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import server_binary
+from conftest import master_binary, server_binary
 
 torch = pytest.importorskip("torch")
 
@@ -637,3 +637,86 @@ def test_standalone_unreachable_server_fails_at_creation():
                               "startup_timeout_ms": 200})
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+# ---- distributed mode: each process's runtime is a node of umbp-master's cluster ----
+
+DIST_WRITER = r"""
+import json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+from sglang_fakes import FakeHostPool, page_indices
+from umbp.sglang import _compat
+from umbp.sglang.hicache import UMBPStore
+opts = json.loads(sys.argv[2])
+pool = FakeHostPool("layer_first", num_pages=16)
+pool.fill_random(seed=43)
+cfg = _compat.HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, False, False, "test/model", extra_config=opts)
+st = UMBPStore(cfg, {})
+st.register_mem_pool_host(pool)
+keys = ["%064x" % (i + 101) for i in range(5)]
+ok = st.batch_set_v1(keys, page_indices(pool, [9, 3, 12, 0, 7]))
+print(json.dumps(ok), flush=True)
+sys.stdin.read()  # this node holds the pages until the test is done reading
+st.close()
+"""
+
+
+def test_distributed_page_stored_on_one_node_is_read_on_another():
+    """SGLang's backend in distributed mode: a writer process's node stores
+    pages; this process's node finds them through a real umbp-master and
+    fetches them over UCX (tcp on loopback) into a poisoned pool, byte-exact."""
+    try:
+        umbp.mode_properties("distributed")
+    except umbp.UmbpError as e:
+        pytest.skip(f"this libumbp has no distributed mode: {e}")
+    binary = master_binary()
+    if binary is None:
+        pytest.skip("no umbp-master (set UMBP_MASTER or build it)")
+    for k, v in (("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo"), ("UCX_MEM_EVENTS", "no"),
+                 ("UCX_WARN_UNUSED_ENV_VARS", "n")):
+        os.environ.setdefault(k, v)
+    master = subprocess.Popen([binary, "--json", json.dumps({"listen": "127.0.0.1:0"})],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    writer = st = None
+    try:
+        line = master.stdout.readline()  # "umbp-master: serving 127.0.0.1:<port> (pid ..)"
+        assert "serving" in line, line
+        addr = line.split("serving ")[1].split()[0]
+        threading.Thread(target=lambda f=master.stdout: [None for _ in f], daemon=True).start()
+        opts = {"mode": "distributed", "master_address": addr, "heartbeat_ms": 50,
+                "lookup_timeout_ms": 2000, "timeout_ms": 10000}
+        writer = subprocess.Popen([sys.executable, "-c", DIST_WRITER,
+                                   json.dumps([str(HERE), str(CONNECTOR)]),
+                                   json.dumps({**DYNAMIC, "capacity_bytes": "64MiB", **opts})],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=dict(os.environ))
+        out = writer.stdout.readline()
+        assert json.loads(out) == [True] * 5, out
+
+        ref = FakeHostPool("layer_first", num_pages=16)
+        ref.fill_random(seed=43)
+        pool = FakeHostPool("layer_first", num_pages=16)
+        pool.poison()
+        st = make_store(pool, opts)
+        keys = ["%064x" % (i + 101) for i in range(5)]
+        found = 0
+        for _ in range(200):  # the master learns the writer's pages within a heartbeat
+            found = st.batch_exists(keys + [hkey(0)])
+            if found == 5:
+                break
+            time.sleep(0.05)
+        assert found == 5
+        assert st.batch_get_v1(keys, page_indices(pool, [1, 2, 4, 5, 6])) == [True] * 5
+        for src, dst in zip([9, 3, 12, 0, 7], [1, 2, 4, 5, 6]):
+            assert pool.page_bytes(dst * pool.page_size) == ref.page_bytes(src * ref.page_size)
+        untouched = FakeHostPool("layer_first", num_pages=16)
+        untouched.poison()
+        assert pool.page_bytes(8 * pool.page_size) == untouched.page_bytes(8 * pool.page_size)
+    finally:
+        if st is not None:
+            st.close()
+        if writer is not None:
+            writer.stdin.close()
+            writer.wait(30)
+        master.terminate()
+        master.wait(15)
