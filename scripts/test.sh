@@ -66,6 +66,11 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   cmake --build build-tsan -j "$jobs"
   export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1 exitcode=66"
   export UMBP_LOOKUP_TIMEOUT_MS=10000 # TSan slows everything ~10x
+  # libumbp links UCX (the rdma tier) wherever UCX is built: its memory-event
+  # hooks (libucm) intercept madvise when a thread exits, after TSan's state
+  # for that thread is gone, and crash there (ucm_madvise), even in a process
+  # that never uses UCX.  umbp maps its pools once and needs no memory events.
+  export UCX_MEM_EVENTS=no UCX_WARN_UNUSED_ENV_VARS=n
   build-tsan/umbp-demo --blocks 64 2>/dev/null | tail -1
   UMBP_POLL_WAIT=on build-tsan/umbp-demo --blocks 64 2>/dev/null | tail -1
   build-tsan/bench/bench_alloc 20000 | tail -1
@@ -82,12 +87,11 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   # thread's exit, after TSan's state for the thread is gone (a SIGSEGV in
   # ucm_madvise); umbp maps its pool once and needs no memory events.
   build-tsan/bench/bench_master 200 2>/dev/null | tail -1
-  UCX_MEM_EVENTS=no build-tsan/bench/bench_ucx_fetch 1 2>/dev/null | tail -1
+  build-tsan/bench/bench_ucx_fetch 1 2>/dev/null | tail -1
   # a node: two runtimes in distributed mode (owner and reader) with a real
   # umbp-master: puts, heartbeats, LOCATE, UCX fetches into the slice
-  UCX_MEM_EVENTS=no UCX_WARN_UNUSED_ENV_VARS=n build-tsan/bench/bench_dist 1 16 65536 2>/dev/null |
-    tail -1
-  unset TSAN_OPTIONS UMBP_LOOKUP_TIMEOUT_MS
+  build-tsan/bench/bench_dist 1 16 65536 2>/dev/null | tail -1
+  unset TSAN_OPTIONS UMBP_LOOKUP_TIMEOUT_MS UCX_MEM_EVENTS UCX_WARN_UNUSED_ENV_VARS
   echo "scripts/test.sh: ThreadSanitizer pass clean"
 fi
 if [[ "${1:-}" != "--no-sanitize" ]]; then
