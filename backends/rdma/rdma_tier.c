@@ -272,6 +272,7 @@ struct rdma_tier {
     /* reads */
     struct rpeer *peers;
     uint64_t temp_ctr;
+    uint64_t pruned_ns;            /* the last peers_prune */
     /* counters */
     uint64_t remote_hits, remote_misses, remote_failed, remote_bytes, replicas, locates;
     uint64_t heartbeats, resyncs, registers, reports;
@@ -866,8 +867,7 @@ static void start_fetches(struct rread *rr)
         rread_finish(rr);
         return;
     }
-    /* group by owner: at most one batch per owner (UCX_FETCH_MAX_KEYS keys) */
-    size_t groups = 0;
+    /* group by owner: one batch per owner and UCX_FETCH_MAX_KEYS keys */
     for (size_t i = 0; i < rr->nmiss; i++) {
         if (rr->locs[i].nrep == 0 || rr->locs[i].size == 0 ||
             rr->locs[i].size > UCX_OBJ_MAX) {
@@ -875,21 +875,10 @@ static void start_fetches(struct rread *rr)
             continue;
         }
         owner[i] = owner_of(rt, &rr->locs[i], now);
-        if (!owner[i]) {
+        if (!owner[i])
             rt->remote_misses++;
-            continue;
-        }
-        bool seen = false;
-        for (size_t j = 0; j < i && !seen; j++)
-            seen = owner[j] == owner[i];
-        groups += !seen;
     }
-    rr->fetches = calloc(groups ? groups * 2 : 1, sizeof(*rr->fetches));
-    if (!rr->fetches) {
-        free(owner);
-        rread_finish(rr);
-        return;
-    }
+    size_t cap = 0;
     for (size_t i = 0; i < rr->nmiss; i++) {
         if (!owner[i])
             continue;
@@ -897,17 +886,33 @@ static void start_fetches(struct rread *rr)
         for (size_t g = 0; g < rr->nfetch && !f; g++)
             if (rr->fetches[g].peer == owner[i] && rr->fetches[g].n < UCX_FETCH_MAX_KEYS)
                 f = &rr->fetches[g];
-        if (!f) {
-            if (rr->nfetch == groups * 2)
-                continue; /* more than two full batches for one owner: a miss */
-            f = &rr->fetches[rr->nfetch++];
+        if (!f) { /* a new batch (nothing points into the array before the sends) */
+            if (rr->nfetch == cap) {
+                size_t ncap = cap ? 2 * cap : 4;
+                struct rfetch *a = realloc(rr->fetches, ncap * sizeof(*a));
+                if (!a) {
+                    rt->remote_misses++;
+                    continue;
+                }
+                memset(a + cap, 0, (ncap - cap) * sizeof(*a));
+                rr->fetches = a;
+                cap = ncap;
+            }
+            f = &rr->fetches[rr->nfetch];
             f->rr = rr;
             f->peer = owner[i];
             f->items = calloc(UCX_FETCH_MAX_KEYS, sizeof(*f->items));
             f->reqs = calloc(UCX_FETCH_MAX_KEYS, sizeof(*f->reqs));
             f->temp = calloc(UCX_FETCH_MAX_KEYS, sizeof(*f->temp));
-            if (!f->items || !f->reqs || !f->temp)
+            if (!f->items || !f->reqs || !f->temp) { /* this key misses; the slot is reused */
+                free(f->items);
+                free(f->reqs);
+                free(f->temp);
+                memset(f, 0, sizeof(*f));
+                rt->remote_misses++;
                 continue;
+            }
+            rr->nfetch++;
         }
         struct umbp_tier_req *q = rr->miss[i];
         uint64_t size = rr->locs[i].size;
@@ -968,7 +973,10 @@ static void on_located(void *arg, int status, const struct proto_ack *a)
         rread_finish(rr);
         return;
     }
-    peers_prune(rt);
+    if (umbp_now_ns() - rt->pruned_ns > 1000000000ull) { /* O(peers x nodes): once a second */
+        rt->pruned_ns = umbp_now_ns();
+        peers_prune(rt);
+    }
     if (rr->lookup) {
         uint64_t now = umbp_now_ns();
         for (size_t i = 0; i < rr->nmiss; i++) {

@@ -39,30 +39,27 @@ def rt():
     r.close()
 
 
-def master_binary():
-    """The umbp-master tests start: $UMBP_MASTER, this tree's build, the one
-    beside the loaded library, or the PATH's; None when there is none."""
-    for cand in (os.environ.get("UMBP_MASTER"),
-                 os.path.join(REPO, "build", "master", "umbp-master"),
-                 os.path.join(os.path.dirname(umbp.library_path), "master", "umbp-master"),
-                 os.path.join(os.path.dirname(umbp.library_path), "umbp-master"),
-                 shutil.which("umbp-master")):
+def _daemon_binary(env, subdir, name):
+    """A daemon tests start: $env, this tree's build, the one beside the
+    loaded library, or the PATH's; None when there is none."""
+    for cand in (os.environ.get(env),
+                 os.path.join(REPO, "build", subdir, name),
+                 os.path.join(os.path.dirname(umbp.library_path), subdir, name),
+                 os.path.join(os.path.dirname(umbp.library_path), name),
+                 shutil.which(name)):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     return None
+
+
+def master_binary():
+    """umbp-master: $UMBP_MASTER, build/master/, beside the library, PATH."""
+    return _daemon_binary("UMBP_MASTER", "master", "umbp-master")
 
 
 def server_binary():
-    """The umbp-server tests start: $UMBP_SERVER, this tree's build, the one
-    beside the loaded library, or the PATH's; None when there is none."""
-    for cand in (os.environ.get("UMBP_SERVER"),
-                 os.path.join(REPO, "build", "server", "umbp-server"),
-                 os.path.join(os.path.dirname(umbp.library_path), "server", "umbp-server"),
-                 os.path.join(os.path.dirname(umbp.library_path), "umbp-server"),
-                 shutil.which("umbp-server")):
-        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
-            return cand
-    return None
+    """umbp-server: $UMBP_SERVER, build/server/, beside the library, PATH."""
+    return _daemon_binary("UMBP_SERVER", "server", "umbp-server")
 
 
 def mini_engine_check_names(res, ok=None):

@@ -548,6 +548,23 @@ Test(dist, a_prefix_put_on_one_node_is_read_byte_exact_on_the_others)
     cluster_stop(&c);
 }
 
+/* One get of more keys from one owner than fit three UCX batches (1,024
+ * keys each): every key comes, byte-exact.  (It also passed against the
+ * tier's earlier two-batches-per-owner cap: the runtime hands the tier
+ * smaller batches than this; the cap's removal is covered by reading.) */
+Test(dist, a_get_larger_than_several_fetch_batches)
+{
+    need_distributed();
+    struct cluster c;
+    cluster_start(&c, 2, NULL);
+    struct node *a = &c.n[0], *b = &c.n[1];
+    put(a, 5, 3500, 4096);
+    until_found(b, 5, 3500, 3500);
+    struct got g = get(b, 5, 3500, 4096);
+    cr_assert_eq(g.hit, 3500, "%zu of 3500 hit (miss %zu)", g.hit, g.miss);
+    cluster_stop(&c);
+}
+
 Test(dist, a_replica_serves_after_its_origin_is_killed)
 {
     need_distributed();
