@@ -23,3 +23,16 @@ target_link_libraries(umbp_libev INTERFACE ${LIBEV_LIBRARY})
 add_library(umbp_deps INTERFACE)
 target_link_libraries(umbp_deps INTERFACE PkgConfig::CK PkgConfig::NUMA
   PkgConfig::JSONC PkgConfig::XXHASH PkgConfig::SODIUM umbp_libev Threads::Threads m)
+
+# The master's leader lease and its discovery in Redis (net/lease_redis.c):
+# optional.  Without it a redis:// master address or lease_url is refused
+# naming the package, and the tests that need Redis skip.
+pkg_check_modules(HIREDIS IMPORTED_TARGET GLOBAL hiredis)
+if(HIREDIS_FOUND)
+  message(STATUS "hiredis ${HIREDIS_VERSION}: the master's Redis lease built")
+  target_link_libraries(umbp_deps INTERFACE PkgConfig::HIREDIS)
+  target_compile_definitions(umbp_deps INTERFACE UMBP_HAVE_HIREDIS=1)
+else()
+  message(STATUS "hiredis not found (pkg-config hiredis): redis:// leases not built; "
+                 "run scripts/setup.sh (libhiredis-dev)")
+endif()

@@ -11,6 +11,7 @@ packages=(
   libibverbs-dev librdmacm-dev
   iproute2 nftables
   libucx-dev ucx-utils
+  redis-server libhiredis-dev
   libcriterion-dev
   clang libclang-rt-14-dev
   python3 python3-numpy python3-pytest python3-torch python3-setuptools

@@ -1,0 +1,105 @@
+/*
+ * lease.h - the leader lease of umbp-master's high availability, in an
+ * external store, behind four calls (acquire, renew, release, leader) so
+ * that another store (etcd) can be added beside Redis without touching the
+ * master or its clients.  Correctness never rests on it: the master is a
+ * soft-state directory, and nodes own every byte.  What the lease gives is
+ * at most one master that clients follow: the holder's epoch grows at every
+ * takeover, and a client refuses a master whose epoch is below one it has
+ * seen (a deposed master that wakes up cannot take traffic back).
+ *
+ * A store is named by a URL.  Redis (and Valkey: the same protocol):
+ *   redis://host:port/<cluster>    ([v6addr]:port; port 6379 if omitted)
+ * Keys, all under one cluster name (letters, digits, '.', '_', '-'):
+ *   umbp:<cluster>:leader  "<epoch> <address> <owner>", with an expiry (the
+ *                          lease); absent: nobody leads
+ *   umbp:<cluster>:epoch   the last epoch handed out (never expires)
+ * Each call is one Lua script, so it is atomic in the store.
+ *
+ * Epochs survive the store losing its data (a Redis failover that lost
+ * the last writes, a restart without persistence): acquire takes
+ * max(the store's counter, min_epoch) + 1, where min_epoch is the highest
+ * epoch the caller has seen; and a holder whose key vanished re-takes it
+ * with its own epoch (renew), raising the counter to it.
+ *
+ * Errors: a negative code with err naming the store and what failed
+ * ("redis://10.0.0.5:6379/prod: connect: Connection refused").  Every call
+ * is bounded by the timeout given at open (connect and each command); a
+ * call after an error reconnects first.  A reply that is not what the
+ * script returns is -EPROTO, named.
+ *
+ * Threads: one caller at a time per struct lease; calls block (bounded).
+ * umbp-master calls them from its lease thread, clients from a watcher
+ * thread (leader_watch.h): never from a loop thread.
+ */
+#ifndef UMBP_NET_LEASE_H
+#define UMBP_NET_LEASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tcp.h"
+
+#define LEASE_CLUSTER_MAX 64
+#define LEASE_OWNER_MAX 96
+#define LEASE_URL_MAX 384
+
+/* Who holds (or held) the lease. */
+struct lease_holder {
+    uint64_t epoch;                       /* >= 1 */
+    char address[NET_TCP_NAME_MAX];       /* where clients dial it: host:port */
+    char owner[LEASE_OWNER_MAX];          /* unique per master process */
+};
+
+/* A parsed store URL. */
+struct lease_url {
+    char scheme[16];                      /* "redis" */
+    char host[NET_TCP_HOST_MAX];
+    uint16_t port;
+    char cluster[LEASE_CLUSTER_MAX];
+};
+
+/* Whether s names a store ("redis://..."), rather than a host:port. */
+int lease_is_url(const char *s);
+/* 0, or -EINVAL with err naming the bad part and `what` (the option). */
+int lease_url_parse(const char *s, const char *what, struct lease_url *out, char *err,
+                    size_t errlen);
+
+/* The store's value of the leader key, "<epoch> <address> <owner>":
+ * 0, or -EPROTO with err naming the bad field (a decoder of bytes from
+ * outside the process: fuzzed by fuzz_lease_value).  The address must
+ * parse as host:port (tcp.h), the owner be printable without spaces. */
+int lease_value_parse(const char *v, size_t len, struct lease_holder *out, char *err,
+                      size_t errlen);
+/* The value of h, NUL-terminated: 0, or -ENAMETOOLONG. */
+int lease_value_format(const struct lease_holder *h, char *buf, size_t len);
+
+struct lease;
+
+/* Opens (does not connect: the first call does).  -EINVAL for a bad URL,
+ * -ENOTSUP for a scheme this build lacks (named, with the package). */
+int lease_open(const char *url, uint64_t timeout_ms, struct lease **out, char *err,
+               size_t errlen);
+void lease_close(struct lease *l);
+const char *lease_url_of(const struct lease *l);
+
+/* If nobody holds the lease, take it for ttl_ms as (epoch, address, owner)
+ * with epoch = max(counter, min_epoch) + 1.  1: taken, *out is ours; 0:
+ * held by another, *out is theirs; < 0: error (nothing known). */
+int lease_acquire(struct lease *l, const char *address, const char *owner, uint64_t ttl_ms,
+                  uint64_t min_epoch, struct lease_holder *out, char *err, size_t errlen);
+/* Keeps mine for ttl_ms more: if the key holds my value, extend it; if it
+ * is absent (expired while the store or I was away, or the store lost it),
+ * re-take it with my epoch, unless the counter has passed my epoch (someone
+ * took over and vanished).  1: held; 0: lost, *out the holder if any
+ * (epoch 0: none); < 0: error (the caller keeps serving until a higher
+ * epoch shows up: an unreachable store deposes nobody). */
+int lease_renew(struct lease *l, const struct lease_holder *mine, uint64_t ttl_ms,
+                struct lease_holder *out, char *err, size_t errlen);
+/* Gives mine up at once (a clean stop): deletes the key only if it holds my
+ * value.  0 (released or not mine any more), or < 0. */
+int lease_release(struct lease *l, const struct lease_holder *mine, char *err, size_t errlen);
+/* The current holder: 1 and *out; 0: nobody holds it; < 0: error. */
+int lease_leader(struct lease *l, struct lease_holder *out, char *err, size_t errlen);
+
+#endif /* UMBP_NET_LEASE_H */
