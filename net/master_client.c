@@ -246,7 +246,7 @@ static void on_down(struct net_session *s, const char *why, bool was_connected, 
      * connection starts with none. */
     c->epoch = 0;
     c->master_epoch = 0;
-    if (c->watch && was_connected)
+    if (c->watch) /* gone, or a dial refused: who leads now?  (paced by the backoff) */
         leader_watch_poke(c->watch);
     if (strncmp(c->last_error, "the master", 10) != 0 || was_connected)
         snprintf(c->last_error, sizeof(c->last_error), "%s", why);
