@@ -24,8 +24,9 @@
  *
  *   build/bench/bench_failover [-t lease_ttl_ms] [-r rounds] [-n nodes]
  *                              [-k keys_per_node] [-s sample_per_node]
- *                              [-w node_threads] [-K]
+ *                              [-w node_threads] [-p discovery_poll_ms] [-K]
  *
+ * -p: the clients' read period of the leader key (0: the library's, 250 ms).
  * -K keeps the temporary directory (the masters' and Redis's logs).
  * Exits 0 saying why when redis-server is not on PATH or the build has no
  * Redis client (hiredis); 1 when a round does not complete.
@@ -59,7 +60,7 @@
 /* ---- options and shared state ----------------------------------------------------------- */
 
 static struct {
-    uint64_t ttl_ms, timeout_ms;
+    uint64_t ttl_ms, timeout_ms, poll_ms;
     int rounds, nodes, keys, sample, workers;
     bool keep;
 } opt = {.ttl_ms = 3000, .rounds = 5, .nodes = 8, .keys = 10000, .sample = 100,
@@ -247,7 +248,8 @@ static void tail_log(const char *path)
 static struct mclient *client(uint8_t role, const char *id, uint64_t timeout_ms)
 {
     struct mclient_config cfg = {.address = url, .role = role, .engine_id = id,
-                                 .timeout_ms = timeout_ms, .hello_timeout_ms = 1000};
+                                 .timeout_ms = timeout_ms, .hello_timeout_ms = 1000,
+                                 .discovery_poll_ms = opt.poll_ms};
     struct mclient *c;
     if (mclient_create(&cfg, &c) < 0)
         return NULL;
@@ -623,14 +625,15 @@ static void cleanup(void)
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_failover [-t lease_ttl_ms] [-r rounds] [-n nodes] "
-            "[-k keys_per_node] [-s sample_per_node] [-w node_threads] [-K]\n");
+            "[-k keys_per_node] [-s sample_per_node] [-w node_threads] [-p discovery_poll_ms] "
+            "[-K]\n");
     return 2;
 }
 
 int main(int argc, char **argv)
 {
     int ch;
-    while ((ch = getopt(argc, argv, "t:r:n:k:s:w:K")) != -1) {
+    while ((ch = getopt(argc, argv, "t:r:n:k:s:w:p:K")) != -1) {
         switch (ch) {
         case 't': opt.ttl_ms = strtoull(optarg, NULL, 10); break;
         case 'r': opt.rounds = atoi(optarg); break;
@@ -638,6 +641,7 @@ int main(int argc, char **argv)
         case 'k': opt.keys = atoi(optarg); break;
         case 's': opt.sample = atoi(optarg); break;
         case 'w': opt.workers = atoi(optarg); break;
+        case 'p': opt.poll_ms = strtoull(optarg, NULL, 10); break;
         case 'K': opt.keep = true; break;
         default: return usage();
         }
@@ -711,9 +715,11 @@ int main(int argc, char **argv)
     }
     printf("bench_failover: redis-server 127.0.0.1:%u, masters %s and %s, lease_ttl_ms %" PRIu64
            ", lease_timeout_ms %" PRIu64 "; %d nodes x %d keys (heartbeat %d ms, %d threads), "
-           "lookup of %d keys per node every %d ms; %d rounds each of kill -9 and SIGTERM\n",
+           "lookup of %d keys per node every %d ms; clients read the leader every %" PRIu64 " ms; "
+           "%d rounds each of kill -9 and SIGTERM\n",
            rport, masters[0].addr, masters[1].addr, opt.ttl_ms, opt.timeout_ms, opt.nodes,
-           opt.keys, HEARTBEAT_MS, opt.workers, opt.sample, LOOKUP_EVERY_US / 1000, opt.rounds);
+           opt.keys, HEARTBEAT_MS, opt.workers, opt.sample, LOOKUP_EVERY_US / 1000,
+           opt.poll_ms ? opt.poll_ms : 250, opt.rounds);
     printf("first leader: %s, epoch %" PRIu64 "\n", h.address, h.epoch);
     fflush(stdout);
 
