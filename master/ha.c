@@ -38,6 +38,7 @@ struct master_ha {
     struct lease_holder mine;       /* epoch 0: not leading */
     uint64_t seen;                  /* the highest epoch seen */
     bool warned;                    /* the store error was logged (once per outage) */
+    uint64_t hold_off_until_ns;     /* standby: no acquire before (after an outage) */
 };
 
 static void ring(struct master_ha *h) { ev_async_send(h->m->loop, &h->m->role_w); }
@@ -76,9 +77,14 @@ static void store_error(struct master_ha *h, const char *err)
 
 static void store_ok(struct master_ha *h)
 {
-    if (h->warned)
+    if (h->warned) {
         umbp_log(UMBP_LOG_INFO, "umbp-master: lease store %s reachable again",
                  lease_url_of(h->store));
+        /* a standby gives a sitting leader one lease to re-take its key
+         * (an empty store after a restart) before it competes */
+        if (!h->mine.epoch)
+            h->hold_off_until_ns = umbp_now_ns() + h->ttl_ms * 1000000ull;
+    }
     h->warned = false;
     pthread_mutex_lock(&h->mu);
     h->view.why[0] = 0;
@@ -99,6 +105,14 @@ static void try_acquire(struct master_ha *h)
 {
     struct lease_holder got;
     char err[512];
+    if (umbp_now_ns() < h->hold_off_until_ns) { /* still watch the store */
+        int rc = lease_leader(h->store, &got, err, sizeof(err));
+        if (rc < 0)
+            store_error(h, err);
+        else if (rc == 1)
+            saw(h, &got);
+        return;
+    }
     int rc = lease_acquire(h->store, h->address, h->owner, h->ttl_ms, h->seen, &got, err,
                            sizeof(err));
     if (rc < 0) {
@@ -168,7 +182,9 @@ static void *run(void *arg)
             renew(h);
         else
             try_acquire(h);
-        if (nap(h, h->mine.epoch ? h->renew_ms : h->retry_ms))
+        /* a leader that cannot reach the store tries as often as a standby,
+         * so it re-takes its key first when the store comes back empty */
+        if (nap(h, h->mine.epoch && !h->warned ? h->renew_ms : h->retry_ms))
             break;
     }
     return NULL;

@@ -85,8 +85,11 @@ void lease_close(struct lease *l);
 const char *lease_url_of(const struct lease *l);
 
 /* If nobody holds the lease, take it for ttl_ms as (epoch, address, owner)
- * with epoch = max(counter, min_epoch) + 1.  1: taken, *out is ours; 0:
- * held by another, *out is theirs; < 0: error (nothing known). */
+ * with epoch = max(counter, min_epoch) + 1 (at most 2^53: Lua counts in
+ * doubles).  A lease already held by this address and owner is ours (an
+ * earlier call that timed out here may have run late in the store).  1:
+ * taken, *out is ours; 0: held by another, *out is theirs; < 0: error
+ * (nothing known: the call may still run in the store later). */
 int lease_acquire(struct lease *l, const char *address, const char *owner, uint64_t ttl_ms,
                   uint64_t min_epoch, struct lease_holder *out, char *err, size_t errlen);
 /* Keeps mine for ttl_ms more: if the key holds my value, extend it; if it

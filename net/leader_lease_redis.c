@@ -33,10 +33,18 @@ struct lease_redis {
 
 static struct lease_redis *to_redis(struct lease *l) { return (struct lease_redis *)l; }
 
-/* If nobody leads: epoch = max(counter, min_epoch) + 1, set both keys. */
+/* If nobody leads: epoch = max(counter, min_epoch) + 1, set both keys.  If
+ * the key is already ours (an earlier acquire that timed out on our side
+ * ran late in Redis: owners are unique per process), it is taken. */
 static const char acquire_lua[] =
     "local cur = redis.call('GET', KEYS[1])\n"
-    "if cur then return {0, cur} end\n"
+    "if cur then\n"
+    "  local me = ' ' .. ARGV[1] .. ' ' .. ARGV[2]\n"
+    "  if #cur > #me and string.sub(cur, -#me) == me then\n"
+    "    redis.call('PEXPIRE', KEYS[1], ARGV[3]) return {1, cur}\n"
+    "  end\n"
+    "  return {0, cur}\n"
+    "end\n"
     "local e = tonumber(redis.call('GET', KEYS[2]) or '0') or 0\n"
     "local m = tonumber(ARGV[4])\n"
     "if m > e then e = m end\n"
