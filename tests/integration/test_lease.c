@@ -13,6 +13,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,7 +148,9 @@ Test(lease_value, good_values_parse_and_round_trip)
     } good[] = {
         {"1 127.0.0.1:7390 umbp-master-1234", 1, "127.0.0.1:7390", "umbp-master-1234"},
         {"42 [::1]:7390 host-a.9999.123456", 42, "[::1]:7390", "host-a.9999.123456"},
-        {"18446744073709551615 master.example.com:1 x", UINT64_MAX, "master.example.com:1", "x"},
+        /* 2^53: the largest epoch (Redis's Lua counts in doubles) */
+        {"9007199254740992 master.example.com:1 x", 9007199254740992ull, "master.example.com:1",
+         "x"},
     };
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
         struct lease_holder h;
@@ -192,6 +195,7 @@ Test(lease_value, bad_values_are_refused_naming_the_field)
         {"x 127.0.0.1:1 o", 0, "epoch"},
         {"-1 127.0.0.1:1 o", 0, "epoch"},
         {"1x 127.0.0.1:1 o", 0, "epoch"},
+        {"9007199254740993 127.0.0.1:1 o", 0, "epoch"},     /* 2^53 + 1 */
         {"18446744073709551616 127.0.0.1:1 o", 0, "epoch"}, /* 2^64 */
         {"99999999999999999999999 127.0.0.1:1 o", 0, "epoch"},
         {"1", 0, "address"},
@@ -644,6 +648,127 @@ Test(lease, epochs_stay_monotonic_across_a_restart_that_loses_data)
     lease_close(a);
     lease_close(b);
     lease_close(c);
+    fx_stop(&f);
+}
+
+/* Many owners at once on a free lease, round after round: exactly one
+ * takes it (the script is atomic), with the next epoch, and every other
+ * sees that one. */
+#define RACERS 8
+#define ROUNDS 25
+
+struct racer {
+    struct fx *f;
+    struct lease *l;
+    int id;
+    pthread_barrier_t *go;
+    int rc[ROUNDS];
+    struct lease_holder h[ROUNDS];
+    char err[ERRLEN];
+};
+
+static void *race(void *arg)
+{
+    struct racer *r = arg;
+    char addr[32], owner[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", 7100 + r->id);
+    snprintf(owner, sizeof(owner), "racer-%d", r->id);
+    for (int k = 0; k < ROUNDS; k++) {
+        pthread_barrier_wait(&r->go[0]); /* the key was deleted */
+        r->rc[k] = lease_acquire(r->l, addr, owner, TTL_LONG, 0, &r->h[k], r->err,
+                                 sizeof(r->err));
+        pthread_barrier_wait(&r->go[1]); /* everyone is done */
+    }
+    return NULL;
+}
+
+Test(lease, concurrent_acquires_elect_exactly_one)
+{
+    struct fx f;
+    fx_start(&f, "race", 2000);
+    pthread_barrier_t go[2];
+    pthread_barrier_init(&go[0], NULL, RACERS + 1);
+    pthread_barrier_init(&go[1], NULL, RACERS + 1);
+    struct racer r[RACERS];
+    pthread_t t[RACERS];
+    for (int i = 0; i < RACERS; i++) {
+        r[i] = (struct racer){.f = &f, .l = fx_open(&f), .id = i, .go = go};
+        cr_assert_eq(pthread_create(&t[i], NULL, race, &r[i]), 0);
+    }
+    int wins[RACERS] = {0};
+    for (int k = 0; k < ROUNDS; k++) {
+        redis_do(&f.r, "DEL %s", f.leader_key);
+        pthread_barrier_wait(&go[0]);
+        pthread_barrier_wait(&go[1]);
+        int winner = -1;
+        for (int i = 0; i < RACERS; i++) {
+            cr_assert_geq(r[i].rc[k], 0, "round %d, racer %d: %d %s", k, i, r[i].rc[k],
+                          r[i].err);
+            if (r[i].rc[k] == 1) {
+                cr_assert_eq(winner, -1, "round %d: racers %d and %d both took the lease", k,
+                             winner, i);
+                winner = i;
+            }
+        }
+        cr_assert_neq(winner, -1, "round %d: nobody took the free lease", k);
+        wins[winner]++;
+        const struct lease_holder *w = &r[winner].h[k];
+        cr_assert_eq(w->epoch, (uint64_t)k + 1, "round %d: epoch %llu", k,
+                     (unsigned long long)w->epoch);
+        cr_assert_str_eq(get_leader(&f), value_of(w), "round %d: the key is the winner's", k);
+        for (int i = 0; i < RACERS; i++)
+            if (i != winner) {
+                cr_assert_eq(r[i].h[k].epoch, w->epoch, "round %d: racer %d saw epoch %llu", k,
+                             i, (unsigned long long)r[i].h[k].epoch);
+                cr_assert_str_eq(r[i].h[k].owner, w->owner, "round %d: racer %d", k, i);
+            }
+    }
+    for (int i = 0; i < RACERS; i++) {
+        pthread_join(t[i], NULL);
+        lease_close(r[i].l);
+    }
+    char line[256] = "";
+    for (int i = 0; i < RACERS; i++)
+        snprintf(line + strlen(line), sizeof(line) - strlen(line), " %d", wins[i]);
+    cr_log_info("%d rounds of %d racers: wins per racer:%s", ROUNDS, RACERS, line);
+    cr_assert_str_eq(get_epoch(&f), "25");
+    pthread_barrier_destroy(&go[0]);
+    pthread_barrier_destroy(&go[1]);
+    fx_stop(&f);
+}
+
+/* Keys that are not what the lease wrote (another program, an operator):
+ * an error naming the store, never a lease taken with an epoch that could
+ * repeat one handed out. */
+Test(lease, a_counter_or_key_of_the_wrong_kind_is_an_error)
+{
+    struct fx f;
+    fx_start(&f, "corrupt", 2000);
+    struct lease *a = fx_open(&f);
+    struct lease_holder h;
+    char err[ERRLEN] = "";
+    redis_do(&f.r, "SET %s %s", f.epoch_key, "not-a-number");
+    int rc = lease_acquire(a, A_ADDR, A_OWNER, TTL_LONG, 7, &h, err, sizeof(err));
+    cr_log_info("acquire with a counter that is not a number: %d %s (epoch %llu)", rc, err,
+                rc == 1 ? (unsigned long long)h.epoch : 0ull);
+    if (rc == 1)
+        cr_assert_gt(h.epoch, 7, "taken with epoch %llu", (unsigned long long)h.epoch);
+    else
+        cr_assert(rc < 0 && has(err, f.url), "%d '%s'", rc, err);
+    redis_do(&f.r, "DEL %s %s", f.epoch_key, f.leader_key);
+    redis_do(&f.r, "HSET %s a b", f.leader_key);  /* the leader key is a hash */
+    err[0] = 0;
+    rc = lease_acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err));
+    cr_log_info("acquire with a hash as the leader key: %d %s", rc, err);
+    cr_assert(rc < 0 && has(err, f.url), "acquire: %d '%s'", rc, err);
+    err[0] = 0;
+    rc = lease_leader(a, &h, err, sizeof(err));
+    cr_log_info("leader with a hash as the leader key: %d %s", rc, err);
+    cr_assert(rc < 0 && has(err, f.url), "leader: %d '%s'", rc, err);
+    /* and it works once the keys are right again */
+    redis_do(&f.r, "DEL %s", f.leader_key);
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &h), 1);
+    lease_close(a);
     fx_stop(&f);
 }
 
