@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "lookup_int.h"
+#include "master_client.h"
 #include "options.h"
 #include "tcp.h"
 
@@ -48,7 +49,8 @@ const struct umbp_option lookup_client_options[] = {
      "standalone, distributed: this scheduler's name in the server's session list or the "
      "master's log (default: the pid)"},
     {"master_address", UMBP_OPT_STRING, OFF(master_address), "", 0, 0, 256, NULL,
-     "distributed: umbp-master's host:port (required)"},
+     "distributed: umbp-master's host:port, or redis://host:port/<cluster> where the masters "
+     "elect a leader: the client follows it (required)"},
     {"secret_file", UMBP_OPT_STRING, OFF(secret_file), "", 0, 0, 512, NULL,
      "distributed: the cluster's shared secret (as the nodes'); empty = none (a master on "
      "loopback only)"},
@@ -71,22 +73,12 @@ int lookup_client_config_parse(const char *json, struct lookup_client_config *c,
     c->ask_master = (flags & UMBP_MODE_SHARED_LOOKUP) && !(flags & UMBP_MODE_SESSIONS);
     c->ask_server = (flags & UMBP_MODE_SHARED_LOOKUP) && !c->ask_master;
     if (c->ask_master) {
-        char host[NET_TCP_HOST_MAX];
-        uint16_t port;
         if (!c->master_address[0]) {
             snprintf(err, errlen, "master_address: required in %s mode (umbp-master's "
-                     "host:port, as the nodes have it)", c->mode);
+                     "host:port or its redis:// lease store, as the nodes have it)", c->mode);
             return -EINVAL;
         }
-        if ((rc = net_tcp_split(c->master_address, "master_address", host, sizeof(host), &port,
-                                err, errlen)) < 0)
-            return rc;
-        if (!c->secret_file[0] && !net_tcp_is_loopback(c->master_address)) {
-            snprintf(err, errlen, "master_address %s is not on this host: set secret_file to "
-                     "the cluster's secret", c->master_address);
-            return -EINVAL;
-        }
-        return 0;
+        return mclient_check_address(c->master_address, c->secret_file[0] != 0, err, errlen);
     }
     if (!c->ask_server) {
         if (!c->name_space[0]) {

@@ -24,6 +24,7 @@
 #include <ev.h>
 
 #include "directory.h"
+#include "ha.h"
 #include "master.h"
 #include "master_int.h"
 #include "util.h"
@@ -257,6 +258,23 @@ static int on_hello(struct net_conn *c, const struct proto_frame *f, char *what,
     }
     if (proto_get_hello(f, &mc->hello, what, whatlen) < 0)
         return -EPROTO;
+    struct umbp_master *m = master_of(c);
+    if (!m->leading) {
+        struct ha_view v;
+        ha_view(m->ha, &v);
+        if (v.holder.epoch)
+            snprintf(msg, sizeof(msg), "this umbp-master is a standby: the leader is %s "
+                     "(epoch %llu)", v.holder.address, (unsigned long long)v.holder.epoch);
+        else
+            snprintf(msg, sizeof(msg), "this umbp-master is a standby; no master leads yet%s%.100s",
+                     v.why[0] ? ": " : "", v.why);
+        m->standby_refused++;
+        master_conn_name(c, name, sizeof(name));
+        umbp_log(UMBP_LOG_INFO, "%s: refused: %s", name, msg);
+        proto_put_error_frame(&c->out, PROTO_HELLO_ERR, f->seq, -EAGAIN, msg);
+        snprintf(c->why, sizeof(c->why), "refused at HELLO (standby)");
+        return NET_CLOSE;
+    }
     switch (mc->hello.role) {
     case PROTO_ROLE_NODE: c->role = &role_node; break;
     case PROTO_ROLE_LOOKUP: c->role = &role_lookup; break;
@@ -265,7 +283,10 @@ static int on_hello(struct net_conn *c, const struct proto_frame *f, char *what,
         return refuse_hello(c, f, "HELLO.role: worker (0) is umbp-server's role; umbp-master "
                             "takes node (3), lookup (1) and admin (2)");
     }
-    struct proto_welcome w = {.version = PROTO_VERSION, .session_id = c->id};
+    /* pool_id: a master has no pool; it carries the leader's epoch (0:
+     * no lease), which clients check against the highest they have seen */
+    struct proto_welcome w = {.version = PROTO_VERSION, .session_id = c->id,
+                              .pool_id = m->epoch};
     int rc = proto_begin(&c->out, PROTO_HELLO_OK, f->seq, 1, 0);
     if (rc == 0)
         rc = proto_put_welcome(&c->out, &w);
@@ -378,6 +399,39 @@ static void sweep_cb(struct ev_loop *loop, ev_timer *w, int revents)
     master_metrics_render(m);
 }
 
+/* The lease thread rang: lead, or step down.  A step-down closes every
+ * connection and empties the directory (soft state: if this master leads
+ * again, nodes re-register and resync). */
+void master_role_changed(struct umbp_master *m)
+{
+    struct ha_view v;
+    ha_view(m->ha, &v);
+    if (m->leading && (!v.leader || v.epoch != m->epoch)) {
+        m->leading = false;
+        m->epoch = 0;
+        net_service_close_all(&m->svc, "this master lost the lease");
+        dir_destroy(m->dir);
+        m->dir = NULL;
+        if (dir_create(&m->dc, &m->dir) < 0) {
+            umbp_log(UMBP_LOG_ERROR, "umbp-master: no memory for an empty directory; stopping");
+            ev_break(m->loop, EVBREAK_ALL);
+            return;
+        }
+    }
+    if (!m->leading && v.leader) {
+        m->leading = true;
+        m->epoch = v.epoch;
+    }
+    master_metrics_render(m);
+}
+
+static void role_cb(struct ev_loop *loop, ev_async *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    master_role_changed(umbp_container_of(w, struct umbp_master, role_w));
+}
+
 static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
 {
     (void)w;
@@ -400,12 +454,12 @@ static int setup(struct umbp_master *m, const char *json, char *err, size_t errl
             return rc;
         m->have_key = true;
     }
-    struct dir_config dc = {.max_nodes = (uint32_t)m->o.max_nodes,
-                            .max_replicas = (uint32_t)m->o.max_replicas,
-                            .max_keys = (uint64_t)m->o.max_keys,
-                            .on_gone = on_gone, .on_suspect = on_suspect, .ctx = m};
+    m->dc = (struct dir_config){.max_nodes = (uint32_t)m->o.max_nodes,
+                                .max_replicas = (uint32_t)m->o.max_replicas,
+                                .max_keys = (uint64_t)m->o.max_keys,
+                                .on_gone = on_gone, .on_suspect = on_suspect, .ctx = m};
     m->nodes_buf = calloc((size_t)m->o.max_nodes, sizeof(*m->nodes_buf));
-    if (!m->nodes_buf || (rc = dir_create(&dc, &m->dir)) < 0) {
+    if (!m->nodes_buf || (rc = dir_create(&m->dc, &m->dir)) < 0) {
         snprintf(err, errlen, "no memory for the directory");
         return -ENOMEM;
     }
@@ -418,7 +472,12 @@ static int setup(struct umbp_master *m, const char *json, char *err, size_t errl
     net_tcp_split(m->o.listen, "listen", host, sizeof(host), &asked, NULL, 0);
     snprintf(m->address, sizeof(m->address), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
              port);
-    return master_metrics_start(m, err, errlen);
+    m->leading = !m->o.lease_url[0];
+    if ((rc = master_metrics_start(m, err, errlen)) < 0)
+        return rc;
+    if (m->o.lease_url[0])
+        rc = ha_start(m, m->o.advertise[0] ? m->o.advertise : m->address, &m->ha, err, errlen);
+    return rc;
 }
 
 int umbp_master_create(const char *json, struct umbp_master **out, char *err, size_t errlen)
@@ -430,6 +489,10 @@ int umbp_master_create(const char *json, struct umbp_master **out, char *err, si
     }
     m->listen_fd = -1;
     m->loop = ev_loop_new(EVFLAG_AUTO);
+    if (m->loop) { /* before setup: the lease thread may ring it at once */
+        ev_async_init(&m->role_w, role_cb);
+        ev_async_start(m->loop, &m->role_w);
+    }
     int rc = m->loop ? setup(m, json, err, errlen) : -ENOMEM;
     if (rc < 0) {
         umbp_master_destroy(m);
@@ -469,6 +532,7 @@ void umbp_master_destroy(struct umbp_master *m)
 {
     if (!m)
         return;
+    ha_stop(m->ha); /* the lease released first: a standby takes over at once */
     master_metrics_stop(m);
     if (m->serving) {
         net_service_stop_accepting(&m->svc);
@@ -476,6 +540,8 @@ void umbp_master_destroy(struct umbp_master *m)
         ev_timer_stop(m->loop, &m->sweep_w);
         ev_async_stop(m->loop, &m->stop_w);
     }
+    if (m->loop)
+        ev_async_stop(m->loop, &m->role_w);
     if (m->listen_fd >= 0)
         close(m->listen_fd);
     dir_destroy(m->dir);

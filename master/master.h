@@ -30,6 +30,9 @@ struct master_options {
     int64_t metrics_port;
     char metrics_address[64];
     char log_level[16];
+    char lease_url[384];          /* "" = one master, no lease */
+    char advertise[64];
+    int64_t lease_ttl_ms, lease_timeout_ms;
 };
 extern const struct umbp_option master_options[];
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "leader_lease.h"
 #include "master.h"
 #include "options.h"
 #include "proto.h"
@@ -52,6 +53,19 @@ const struct umbp_option master_options[] = {
      "master: address (IPv4 or IPv6) the /metrics endpoint listens on"},
     {"log_level", UMBP_OPT_STRING, OFF(log_level), "info", 0, 0, 16, levels,
      "master: error, warn, info or debug"},
+    {"lease_url", UMBP_OPT_STRING, OFF(lease_url), "", 0, 0, 384, NULL,
+     "master: redis://host:port/<cluster>: several masters elect one leader through a lease "
+     "in this Redis (or Valkey); the others stand by; nodes and lookup clients given the same "
+     "URL as master_address follow the leader; empty = one master, no lease"},
+    {"advertise", UMBP_OPT_STRING, OFF(advertise), "", 0, 0, 64, NULL,
+     "master: host:port the lease publishes for nodes and clients to dial; empty = the listen "
+     "address (which must then not be a wildcard)"},
+    {"lease_ttl_ms", UMBP_OPT_INT, OFF(lease_ttl_ms), "3000", 300, 600000, 0, NULL,
+     "master: the leader lease's length: the leader renews it every third, a standby takes "
+     "it within about this long after the leader dies"},
+    {"lease_timeout_ms", UMBP_OPT_INT, OFF(lease_timeout_ms), "500", 10, 60000, 0, NULL,
+     "master: each call to the lease store (connect, then the command) is bounded by this "
+     "(at most lease_ttl_ms / 3)"},
     {.name = NULL},
 };
 
@@ -72,6 +86,36 @@ int master_options_parse(const char *json, struct master_options *o, char *err, 
     uint16_t port;
     if ((rc = net_tcp_split(o->listen, "listen", host, sizeof(host), &port, err, errlen)) < 0)
         return rc;
+    if (o->lease_url[0]) {
+        struct lease_url u;
+        if ((rc = lease_url_parse(o->lease_url, "lease_url", &u, err, errlen)) < 0)
+            return rc;
+        if (o->lease_timeout_ms * 3 > o->lease_ttl_ms) {
+            snprintf(err, errlen, "lease_timeout_ms (%lld) must be at most lease_ttl_ms / 3 "
+                     "(%lld): a renewal must end well before the lease does",
+                     (long long)o->lease_timeout_ms, (long long)o->lease_ttl_ms / 3);
+            return -EINVAL;
+        }
+        const char *pub = o->advertise[0] ? o->advertise : o->listen;
+        char h2[NET_TCP_HOST_MAX];
+        uint16_t p2;
+        if ((rc = net_tcp_split(pub, o->advertise[0] ? "advertise" : "listen", h2, sizeof(h2),
+                                &p2, err, errlen)) < 0)
+            return rc;
+        if (!strcmp(h2, "0.0.0.0") || !strcmp(h2, "::") || !h2[0]) {
+            snprintf(err, errlen, "lease_url is set and listen %s is a wildcard: set advertise "
+                     "to the host:port nodes dial", o->listen);
+            return -EINVAL;
+        }
+        if (o->advertise[0] && p2 == 0) {
+            snprintf(err, errlen, "advertise %s: give the port nodes dial", o->advertise);
+            return -EINVAL;
+        }
+    } else if (o->advertise[0]) {
+        snprintf(err, errlen, "advertise is set without lease_url: it is what the lease "
+                 "publishes; nodes of a single master dial master_address");
+        return -EINVAL;
+    }
     if (!o->secret_file[0] && !net_tcp_is_loopback(o->listen)) {
         snprintf(err, errlen, "listen %s is reachable from other hosts: set secret_file (peers "
                  "on other hosts cannot be checked by uid), or listen on 127.0.0.1", o->listen);

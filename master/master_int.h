@@ -33,6 +33,15 @@ struct umbp_master {
         uint64_t refused, auth_failed, malformed, timeouts, locates;
     } cnt;                        /* loop thread */
     struct master_metrics *metrics; /* NULL: metrics_port 0 */
+    /* High availability (ha.h): NULL without lease_url.  leading and
+     * epoch are the loop thread's copy of the lease thread's view, applied
+     * when role_w rings; without a lease the master always leads, epoch 0. */
+    struct master_ha *ha;
+    ev_async role_w;
+    bool leading;
+    uint64_t epoch;
+    uint64_t standby_refused;     /* HELLOs refused while standing by */
+    struct dir_config dc;         /* to empty the directory at a step-down */
 };
 
 void master_conn_name(const struct net_conn *c, char *buf, size_t len);

@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "ha.h"
 #include "master_int.h"
 #include "util.h"
 
@@ -150,6 +151,26 @@ void master_metrics_render(struct umbp_master *m)
            "shared-secret handshake.", m->cnt.auth_failed);
     metric(t, "umbp_master_protocol_errors_total", "counter", "Malformed frames.",
            m->cnt.malformed);
+    struct ha_view v = {.leader = true};
+    if (m->ha)
+        ha_view(m->ha, &v);
+    metric(t, "umbp_master_leader", "gauge", "1 while this master serves (it holds the lease, "
+           "or runs without lease_url); 0 while it stands by.", m->leading);
+    metric(t, "umbp_master_epoch", "gauge", "The leader epoch this master serves under (0: "
+           "standby, or no lease_url).", m->epoch);
+    metric(t, "umbp_master_takeovers_total", "counter", "Times this master took the lease.",
+           v.takeovers);
+    metric(t, "umbp_master_lease_errors_total", "counter", "Calls to the lease store that "
+           "failed (unreachable, timed out, refused).", v.errors);
+    metric(t, "umbp_master_standby_refused_total", "counter", "HELLOs refused while standing "
+           "by.", m->standby_refused);
+    put(t, "# HELP umbp_master_lease_renew_seconds Time of one lease renewal in the store.\n"
+           "# TYPE umbp_master_lease_renew_seconds summary\n"
+           "umbp_master_lease_renew_seconds_sum %.9f\numbp_master_lease_renew_seconds_count "
+           "%llu\n# HELP umbp_master_lease_renew_max_seconds The slowest renewal.\n"
+           "# TYPE umbp_master_lease_renew_max_seconds gauge\n"
+           "umbp_master_lease_renew_max_seconds %.9f\n",
+        (double)v.renew_ns_sum / 1e9, (unsigned long long)v.renews, (double)v.renew_ns_max / 1e9);
     put(t, "# HELP umbp_master_locate_seconds Time to handle one LOCATE frame.\n"
            "# TYPE umbp_master_locate_seconds histogram\n");
     uint64_t cum = 0;

@@ -16,6 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <ev.h>
+
+#include "leader_watch.h"
 #include "master_client.h"
 #include "session.h"
 #include "session_ev.h"
@@ -36,6 +39,13 @@ struct mclient {
     struct proto_node_info *nodes;     /* PROTO_MAX_NODES_FRAME */
     size_t nnodes;
     char last_error[PROTO_ERRMSG_MAX + 128];
+    /* A redis:// address: the leader as the lease store says (its thread),
+     * the epoch of the master this connection was welcomed by (0: none or
+     * no lease), and, with a loop, the doorbell the watch rings. */
+    struct leader_watch *watch;
+    uint64_t master_epoch;
+    uint64_t highest_epoch;            /* without a watch: the highest welcomed */
+    ev_async change_w;
 };
 
 struct mcall {
@@ -149,6 +159,34 @@ static int hello(struct net_session *s, char *err, size_t errlen)
     return rc;
 }
 
+/* A welcoming master's epoch (HELLO_OK.pool_id: 0 for one without a
+ * lease) against the highest seen: a master below it was deposed (it woke
+ * up after a takeover) and must not take traffic back. */
+static int check_epoch(struct mclient *c, uint64_t epoch, char *err, size_t errlen)
+{
+    uint64_t seen = c->watch ? leader_watch_max_epoch(c->watch) : c->highest_epoch;
+    if (c->watch && epoch == 0) {
+        snprintf(err, errlen, "the master at %s holds no lease (epoch 0) but %s names it: "
+                 "give every umbp-master the same lease_url", c->address,
+                 leader_watch_url(c->watch));
+    } else if (epoch < seen) {
+        snprintf(err, errlen, "the master at %s has epoch %llu, below %llu already seen: "
+                 "a deposed leader, refused", c->address, (unsigned long long)epoch,
+                 (unsigned long long)seen);
+    } else {
+        c->master_epoch = epoch;
+        if (c->watch)
+            leader_watch_note_epoch(c->watch, epoch);
+        else if (epoch > c->highest_epoch)
+            c->highest_epoch = epoch;
+        return 0;
+    }
+    snprintf(c->last_error, sizeof(c->last_error), "%s", err);
+    if (c->watch)
+        leader_watch_poke(c->watch);
+    return -ESTALE;
+}
+
 static int welcome(struct net_session *s, const struct proto_frame *f, int fd, char *err,
                    size_t errlen)
 {
@@ -161,6 +199,8 @@ static int welcome(struct net_session *s, const struct proto_frame *f, int fd, c
             snprintf(e.message, sizeof(e.message), "(unreadable)");
         snprintf(err, errlen, "the master refused us: %s", e.message);
         snprintf(c->last_error, sizeof(c->last_error), "%s", err);
+        if (c->watch) /* a standby, say: who leads now? */
+            leader_watch_poke(c->watch);
         return -EACCES;
     }
     struct proto_welcome w;
@@ -169,7 +209,7 @@ static int welcome(struct net_session *s, const struct proto_frame *f, int fd, c
         snprintf(err, errlen, "HELLO_OK: %s", why[0] ? why : "another protocol version");
         return -EPROTO;
     }
-    return 0;
+    return check_epoch(c, w.pool_id, err, errlen);
 }
 
 static int on_frame(struct net_session *s, const struct proto_frame *f, char *err,
@@ -205,6 +245,9 @@ static void on_down(struct net_session *s, const char *why, bool was_connected, 
      * sends its list, and node refs resolve against the old one.  The next
      * connection starts with none. */
     c->epoch = 0;
+    c->master_epoch = 0;
+    if (c->watch && was_connected)
+        leader_watch_poke(c->watch);
     if (strncmp(c->last_error, "the master", 10) != 0 || was_connected)
         snprintf(c->last_error, sizeof(c->last_error), "%s", why);
     if (c->cfg.loop && c->cfg.on_down && (was_connected || news))
@@ -215,6 +258,109 @@ static const struct net_session_ops session_ops = {
     .hello = hello, .welcome = welcome, .on_frame = on_frame, .on_up = on_up,
     .on_down = on_down,
 };
+
+/* ---- the leader, when the address is a lease store ---------------------------------- */
+
+int mclient_check_address(const char *address, bool have_secret, char *err, size_t errlen)
+{
+    char host[NET_TCP_HOST_MAX];
+    uint16_t port;
+    int rc;
+    if (!address || !address[0]) {
+        snprintf(err, errlen, "master_address: distributed mode needs umbp-master's host:port, "
+                 "or redis://host:port/<cluster> where the masters elect a leader (see "
+                 "docs/distributed.md)");
+        return -EINVAL;
+    }
+    if (lease_is_url(address)) {
+        struct lease_url u;
+        if ((rc = lease_url_parse(address, "master_address", &u, err, errlen)) < 0)
+            return rc;
+#ifndef UMBP_HAVE_HIREDIS
+        snprintf(err, errlen, "master_address %s: this build has no Redis client: install "
+                 "libhiredis-dev (scripts/setup.sh) and rebuild", address);
+        return -ENOTSUP;
+#endif
+        char hp[NET_TCP_HOST_MAX + 16];
+        snprintf(hp, sizeof(hp), strchr(u.host, ':') ? "[%s]:%u" : "%s:%u", u.host, u.port);
+        if (!have_secret && !net_tcp_is_loopback(hp)) {
+            snprintf(err, errlen, "master_address %s: the masters it names may be on other "
+                     "hosts: set secret_file to the cluster's secret", address);
+            return -EINVAL;
+        }
+        return 0;
+    }
+    if ((rc = net_tcp_split(address, "master_address", host, sizeof(host), &port, err,
+                            errlen)) < 0)
+        return rc;
+    if (port == 0) {
+        snprintf(err, errlen, "master_address %s: port 0; give the master's port", address);
+        return -EINVAL;
+    }
+    if (!have_secret && !net_tcp_is_loopback(address)) {
+        snprintf(err, errlen, "master_address %s is not on this host: set secret_file to the "
+                 "cluster's secret (a master reachable from other hosts requires it)", address);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* A driver's dial: the leader's address, or why there is none. */
+static int resolve(void *ctx, char *addr, size_t addrlen, char *why, size_t whylen)
+{
+    struct mclient *c = ctx;
+    struct lease_holder h;
+    if (leader_watch_get(c->watch, &h, why, whylen) != 1) {
+        leader_watch_poke(c->watch);
+        return -ENOENT;
+    }
+    if (!c->cfg.auth && !net_tcp_is_loopback(h.address)) {
+        snprintf(why, whylen, "the leader %s is not on this host and no secret_file is set",
+                 h.address);
+        return -EACCES;
+    }
+    snprintf(addr, addrlen, "%s", h.address);
+    return 0;
+}
+
+/* Connected to a master below the leader the store names now (or to
+ * another address): leave it; disconnected: dial at once. */
+static void follow_leader(struct mclient *c)
+{
+    struct lease_holder h;
+    if (leader_watch_get(c->watch, &h, NULL, 0) != 1)
+        return;
+    uint64_t now = umbp_now_ns();
+    const char *dialled = c->cfg.loop ? c->ev.tcp_address : c->d.tcp_address;
+    if (c->s.state == NET_CONNECTED || c->s.state == NET_HELLO) {
+        if (c->s.state == NET_CONNECTED ? h.epoch <= c->master_epoch
+                                        : strcmp(h.address, dialled) == 0)
+            return;
+        char why[256];
+        snprintf(why, sizeof(why), "the lease store names a new leader: %s (epoch %llu)",
+                 h.address, (unsigned long long)h.epoch);
+        umbp_log(UMBP_LOG_INFO, "master: %s", why);
+        net_session_lost(&c->s, now, why);
+    }
+    if (c->s.state == NET_DISCONNECTED && c->tried)
+        net_session_retry_now(&c->s, now);
+}
+
+/* The watch's thread: a doorbell only. */
+static void leader_changed(void *arg)
+{
+    struct mclient *c = arg;
+    ev_async_send(c->cfg.loop, &c->change_w);
+}
+
+static void on_change_async(struct ev_loop *loop, ev_async *w, int revents)
+{
+    struct mclient *c = w->data;
+    (void)loop;
+    (void)revents;
+    follow_leader(c);
+    net_ev_sync(&c->ev);
+}
 
 /* ---- life ----------------------------------------------------------------------------- */
 
@@ -235,11 +381,33 @@ int mclient_create(const struct mclient_config *cfg, struct mclient **out)
         .hello_timeout_name = "the handshake timeout", .stall_ms = 0, .auth = cfg->auth,
     };
     net_session_init(&c->s, &sc, &session_ops, c);
+    bool by_store = lease_is_url(c->address);
+    if (by_store) {
+        char err[512];
+        struct leader_watch_config wc = {.url = c->address, .poll_ms = cfg->discovery_poll_ms,
+                                         .timeout_ms = cfg->discovery_timeout_ms,
+                                         .on_change = cfg->loop ? leader_changed : NULL,
+                                         .arg = c};
+        int rc = leader_watch_start(&wc, &c->watch, err, sizeof(err));
+        if (rc < 0) {
+            umbp_log(UMBP_LOG_ERROR, "master_address: %s", err);
+            net_session_destroy(&c->s);
+            free(c->nodes);
+            free(c);
+            return rc;
+        }
+    }
     if (cfg->loop) {
-        struct net_ev_config ec = {.tcp_address = c->address, .name = "the master"};
+        struct net_ev_config ec = {.tcp_address = by_store ? "" : c->address,
+                                   .name = "the master", .resolve = by_store ? resolve : NULL,
+                                   .ctx = c};
         net_ev_init(&c->ev, &c->s, cfg->loop, &ec);
+        ev_async_init(&c->change_w, on_change_async);
+        c->change_w.data = c;
+        ev_async_start(cfg->loop, &c->change_w);
     } else {
-        struct net_poll_config pc = {.tcp_address = c->address};
+        struct net_poll_config pc = {.tcp_address = by_store ? "" : c->address,
+                                     .resolve = by_store ? resolve : NULL, .ctx = c};
         net_poll_init(&c->d, &c->s, &pc);
     }
     *out = c;
@@ -261,9 +429,12 @@ void mclient_destroy(struct mclient *c)
 {
     if (!c)
         return;
+    leader_watch_stop(c->watch); /* no doorbell after this */
     net_session_stop(&c->s);
-    if (c->cfg.loop)
+    if (c->cfg.loop) {
+        ev_async_stop(c->cfg.loop, &c->change_w);
         net_ev_stop(&c->ev);
+    }
     net_session_destroy(&c->s);
     if (!c->cfg.loop)
         net_poll_close(&c->d);
@@ -272,6 +443,8 @@ void mclient_destroy(struct mclient *c)
 }
 
 const char *mclient_last_error(const struct mclient *c) { return c->last_error; }
+
+uint64_t mclient_master_epoch(const struct mclient *c) { return c->master_epoch; }
 
 int mclient_health(struct mclient *c) { return net_session_health(&c->s, umbp_now_ns()); }
 
@@ -291,6 +464,8 @@ static bool call_done(void *arg) { return ((const struct mcall *)arg)->done; }
 static int ensure_up(struct mclient *c, uint64_t until_ns)
 {
     struct net_poll *dp = &c->d;
+    if (c->watch)
+        follow_leader(c);
     uint64_t now = umbp_now_ns();
     if (c->s.state == NET_DISCONNECTED) {
         if (!c->tried)

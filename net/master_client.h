@@ -34,7 +34,13 @@
 struct ev_loop;
 
 struct mclient_config {
-    const char *address;               /* the master's host:port */
+    /* The master's host:port; or the lease store where the masters elect
+     * their leader, redis://host:port/<cluster> (leader_lease.h): the client
+     * dials whichever master the store names, follows a takeover, and
+     * refuses a master whose epoch is below one it has seen. */
+    const char *address;
+    uint64_t discovery_poll_ms;        /* a store address: its read period (0: 250) */
+    uint64_t discovery_timeout_ms;     /* each store read's bound (0: 500) */
     const struct net_auth_key *auth;   /* the cluster's secret, or NULL */
     uint8_t role;                      /* PROTO_ROLE_NODE, _LOOKUP or _ADMIN */
     const char *engine_id;             /* in the master's log lines */
@@ -50,6 +56,11 @@ struct mclient_config {
 };
 
 struct mclient;
+
+/* The master_address option of a node or a lookup client: host:port, or a
+ * lease store URL (leader_lease.h); without a secret, only this host.  0, or
+ * -EINVAL / -ENOTSUP with err naming the option and the fix. */
+int mclient_check_address(const char *address, bool have_secret, char *err, size_t errlen);
 
 int mclient_create(const struct mclient_config *cfg, struct mclient **out);
 void mclient_destroy(struct mclient *c);
@@ -97,6 +108,8 @@ int mclient_suspect(struct mclient *c, const uint32_t *refs, size_t n);
 bool mclient_connected(const struct mclient *c);
 
 const char *mclient_last_error(const struct mclient *c);
+/* The epoch of the master connected to (0: none, or one without a lease). */
+uint64_t mclient_master_epoch(const struct mclient *c);
 /* Session health (0 or UMBP_E_NOT_ATTEMPTED): for tests. */
 int mclient_health(struct mclient *c);
 

@@ -163,6 +163,14 @@ static void dial(struct net_ev *d, uint64_t now)
         dir_watch(d);
     }
     net_session_dialing(s, now);
+    if (d->cfg.resolve) {
+        char why[256];
+        if (d->cfg.resolve(d->cfg.ctx, d->tcp_address, sizeof(d->tcp_address), why,
+                           sizeof(why)) < 0) {
+            net_session_lost(s, now, why);
+            return;
+        }
+    }
     if (d->tcp_address[0]) {
         int rc = net_tcp_connect(d->tcp_address, &d->fd);
         if (rc == 0)

@@ -35,6 +35,11 @@ struct net_ev_config {
      * process out; returns why. */
     int (*check_peer)(void *ctx, int fd, char *err, size_t errlen);
     int (*denied)(void *ctx, int why, char *err, size_t errlen);
+    /* Optional, TCP only: the address to dial now, asked before each dial
+     * (umbp-master's clients: the leader published in Redis).  0 and addr;
+     * or < 0 and why: the dial fails at once (backoff, as a refused one).
+     * Must not block (the loop thread). */
+    int (*resolve)(void *ctx, char *addr, size_t addrlen, char *why, size_t whylen);
     void *ctx;
 };
 

@@ -103,6 +103,14 @@ static void dial(struct net_poll *d, uint64_t now)
 {
     enum net_poll_step step;
     net_session_dialing(d->s, now);
+    if (d->cfg.resolve) {
+        char why[256];
+        if (d->cfg.resolve(d->cfg.ctx, d->tcp_address, sizeof(d->tcp_address), why,
+                           sizeof(why)) < 0) {
+            net_session_lost(d->s, now, why);
+            return;
+        }
+    }
     int rc = start_connect(d, &step);
     if (rc == 0)
         begin(d, now);

@@ -48,6 +48,10 @@ struct net_poll_config {
     int (*check_peer)(void *ctx, int fd, char *err, size_t errlen);
     /* Optional: words why `step` failed with errno e (default: strerror). */
     void (*failed)(void *ctx, enum net_poll_step step, int e, char *why, size_t whylen);
+    /* Optional, TCP only: the address to dial now, asked before each dial
+     * (umbp-master's clients: the leader published in Redis).  0 and addr;
+     * or < 0 and why: the dial fails at once.  Must not block long. */
+    int (*resolve)(void *ctx, char *addr, size_t addrlen, char *why, size_t whylen);
     void *ctx;
 };
 

@@ -86,7 +86,8 @@ struct rdma_config {
 #define OFF(f) offsetof(struct rdma_config, f)
 static const struct umbp_option rdma_options[] = {
     {"master_address", UMBP_OPT_STRING, OFF(master_address), "", 0, 0, 256, NULL,
-     "distributed: umbp-master's host:port (required; IPv6: [addr]:port)"},
+     "distributed: umbp-master's host:port (IPv6: [addr]:port), or redis://host:port/<cluster> "
+     "where several masters elect a leader (lease_url): the node follows it (required)"},
     {"secret_file", UMBP_OPT_STRING, OFF(secret_file), "", 0, 0, 512, NULL,
      "distributed: file holding the cluster's shared secret (16 .. 4096 bytes, mode 0600), "
      "the same as umbp-master's; empty = none (a master on loopback only)"},
@@ -120,24 +121,8 @@ static int rdma_validate_config(const void *cfgp, const struct umbp_core_config 
                                 size_t errlen)
 {
     const struct rdma_config *cfg = cfgp;
-    char host[NET_TCP_HOST_MAX];
-    uint16_t port;
-    if (!cfg->master_address[0]) {
-        snprintf(err, errlen, "master_address: distributed mode needs umbp-master's host:port "
-                 "(start one with umbp-master; see docs/distributed.md)");
-        return -EINVAL;
-    }
-    int rc = net_tcp_split(cfg->master_address, "master_address", host, sizeof(host), &port,
-                           err, errlen);
-    if (rc < 0)
-        return rc;
-    if (port == 0) {
-        snprintf(err, errlen, "master_address %s: port 0; give the master's port",
-                 cfg->master_address);
-        return -EINVAL;
-    }
     (void)core;
-    return 0;
+    return mclient_check_address(cfg->master_address, cfg->secret_file[0] != 0, err, errlen);
 }
 
 /* ---- the live key set: key -> size ------------------------------------------------------ */
@@ -1269,12 +1254,6 @@ static int rdma_create(const struct umbp_tier_env *env, const void *cfgp, struct
         if ((rc = net_auth_key_load(cfg->secret_file, "secret_file", &rt->key, err, errlen)) < 0)
             goto fail;
         rt->have_key = true;
-    } else if (!net_tcp_is_loopback(cfg->master_address)) {
-        snprintf(err, errlen, "master_address %s is not on this host: set secret_file to the "
-                 "cluster's secret (a master reachable from other hosts requires it)",
-                 cfg->master_address);
-        rc = -EINVAL;
-        goto fail;
     }
     /* the local slice: its events, space and mapping reports come here */
     rt->child_env = *env;

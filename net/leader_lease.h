@@ -1,5 +1,5 @@
 /*
- * lease.h - the leader lease of umbp-master's high availability, in an
+ * leader_lease.h - the leader lease of umbp-master's high availability, in an
  * external store, behind four calls (acquire, renew, release, leader) so
  * that another store (etcd) can be added beside Redis without touching the
  * master or its clients.  Correctness never rests on it: the master is a
@@ -32,8 +32,8 @@
  * umbp-master calls them from its lease thread, clients from a watcher
  * thread (leader_watch.h): never from a loop thread.
  */
-#ifndef UMBP_NET_LEASE_H
-#define UMBP_NET_LEASE_H
+#ifndef UMBP_NET_LEADER_LEASE_H
+#define UMBP_NET_LEADER_LEASE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -102,4 +102,4 @@ int lease_release(struct lease *l, const struct lease_holder *mine, char *err, s
 /* The current holder: 1 and *out; 0: nobody holds it; < 0: error. */
 int lease_leader(struct lease *l, struct lease_holder *out, char *err, size_t errlen);
 
-#endif /* UMBP_NET_LEASE_H */
+#endif /* UMBP_NET_LEADER_LEASE_H */

@@ -1,0 +1,237 @@
+/*
+ * leader_lease.c - the store-independent half of the leader lease
+ * (leader_lease.h): the
+ * store URL, the leader value "<epoch> <address> <owner>" both ways, and
+ * the dispatch to a store's ops (leader_lease_int.h).  Errors are prefixed with
+ * the store's URL here, once, so every message names which store failed.
+ *
+ * Threads: stateless but for struct lease, one caller at a time.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "leader_lease_int.h"
+
+#define EPOCH_MAX (1ull << 53) /* exact in the store's Lua numbers */
+
+int lease_is_url(const char *s) { return s && strstr(s, "://") != NULL; }
+
+static int cluster_ok(const char *c, size_t n)
+{
+    if (n == 0 || n >= LEASE_CLUSTER_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)c[i]) && c[i] != '.' && c[i] != '_' && c[i] != '-')
+            return 0;
+    return 1;
+}
+
+int lease_url_parse(const char *s, const char *what, struct lease_url *out, char *err,
+                    size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    const char *sep = s ? strstr(s, "://") : NULL;
+    if (!sep || sep == s || (size_t)(sep - s) >= sizeof(out->scheme)) {
+        snprintf(err, errlen, "%s \"%s\": not a store URL; write redis://host:port/<cluster>",
+                 what, s ? s : "");
+        return -EINVAL;
+    }
+    memcpy(out->scheme, s, (size_t)(sep - s));
+    if (strcmp(out->scheme, "redis") != 0) {
+        snprintf(err, errlen, "%s \"%s\": unknown store \"%s\" (known: redis, which also "
+                 "serves Valkey)", what, s, out->scheme);
+        return -EINVAL;
+    }
+    const char *hp = sep + 3, *slash = strchr(hp, '/');
+    if (!slash || slash == hp) {
+        snprintf(err, errlen, "%s \"%s\": no %s; write redis://host:port/<cluster>", what, s,
+                 slash ? "host" : "cluster name after the address");
+        return -EINVAL;
+    }
+    const char *cluster = slash + 1;
+    if (!cluster_ok(cluster, strlen(cluster))) {
+        snprintf(err, errlen, "%s \"%s\": the cluster name \"%s\" must be 1 .. %d letters, "
+                 "digits, '.', '_' or '-'", what, s, cluster, LEASE_CLUSTER_MAX - 1);
+        return -EINVAL;
+    }
+    char addr[NET_TCP_HOST_MAX + 16];
+    size_t n = (size_t)(slash - hp);
+    if (n >= sizeof(addr) - 6) {
+        snprintf(err, errlen, "%s \"%s\": the address is too long", what, s);
+        return -EINVAL;
+    }
+    memcpy(addr, hp, n);
+    addr[n] = 0;
+    /* no port: Redis's own */
+    const char *close_br = addr[0] == '[' ? strchr(addr, ']') : NULL;
+    const char *colon = close_br ? strchr(close_br, ':') : strrchr(addr, ':');
+    if (!colon)
+        strcat(addr, ":6379");
+    char e2[256];
+    if (net_tcp_split(addr, what, out->host, sizeof(out->host), &out->port, e2,
+                      sizeof(e2)) < 0 || out->port == 0 || !out->host[0]) {
+        snprintf(err, errlen, "%s \"%s\": the store's address \"%s\" is not host:port with a "
+                 "port in 1 .. 65535", what, s, addr);
+        return -EINVAL;
+    }
+    memcpy(out->cluster, cluster, strlen(cluster) + 1);
+    return 0;
+}
+
+/* ---- the leader value ---------------------------------------------------------------- */
+
+static const char *field(const char *p, const char *end, size_t *n)
+{
+    const char *q = p;
+    while (q < end && *q != ' ')
+        q++;
+    *n = (size_t)(q - p);
+    return q;
+}
+
+int lease_value_parse(const char *v, size_t len, struct lease_holder *out, char *err,
+                      size_t errlen)
+{
+    const char *p = v, *end = v + len, *q;
+    size_t n;
+    struct lease_holder h;
+    memset(&h, 0, sizeof(h));
+
+    q = field(p, end, &n);
+    if (n == 0 || n > 16) {
+        snprintf(err, errlen, "leader value: the epoch is %s", n ? "too long" : "missing");
+        return -EPROTO;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') {
+            snprintf(err, errlen, "leader value: the epoch is not a decimal number");
+            return -EPROTO;
+        }
+        h.epoch = h.epoch * 10 + (uint64_t)(p[i] - '0');
+    }
+    if (h.epoch == 0 || h.epoch > EPOCH_MAX) {
+        snprintf(err, errlen, "leader value: epoch %" PRIu64 " outside 1 .. 2^53", h.epoch);
+        return -EPROTO;
+    }
+    if (q == end) {
+        snprintf(err, errlen, "leader value: no address after the epoch");
+        return -EPROTO;
+    }
+    p = q + 1;
+    q = field(p, end, &n);
+    if (n == 0 || n >= sizeof(h.address)) {
+        snprintf(err, errlen, "leader value: the address is %s", n ? "too long" : "empty");
+        return -EPROTO;
+    }
+    memcpy(h.address, p, n);
+    char host[NET_TCP_HOST_MAX], e2[256];
+    uint16_t port;
+    if (memchr(h.address, 0, n) || net_tcp_split(h.address, "leader", host, sizeof(host), &port,
+                                                 e2, sizeof(e2)) < 0 || port == 0 || !host[0]) {
+        snprintf(err, errlen, "leader value: the address is not host:port");
+        return -EPROTO;
+    }
+    if (q == end) {
+        snprintf(err, errlen, "leader value: no owner after the address");
+        return -EPROTO;
+    }
+    p = q + 1;
+    q = field(p, end, &n);
+    if (n == 0 || n >= sizeof(h.owner) || q != end) {
+        snprintf(err, errlen, "leader value: the owner is %s",
+                 q != end ? "followed by more fields" : n ? "too long" : "empty");
+        return -EPROTO;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!isgraph((unsigned char)p[i])) {
+            snprintf(err, errlen, "leader value: the owner has a byte that is not printable");
+            return -EPROTO;
+        }
+    }
+    memcpy(h.owner, p, n);
+    *out = h;
+    return 0;
+}
+
+int lease_value_format(const struct lease_holder *h, char *buf, size_t len)
+{
+    int n = snprintf(buf, len, "%" PRIu64 " %s %s", h->epoch, h->address, h->owner);
+    return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------ */
+
+int lease_open(const char *url, uint64_t timeout_ms, struct lease **out, char *err,
+               size_t errlen)
+{
+    struct lease_url u;
+    int rc = lease_url_parse(url, "the lease store", &u, err, errlen);
+    if (rc < 0)
+        return rc;
+#ifdef UMBP_HAVE_HIREDIS
+    struct lease *l;
+    if ((rc = lease_redis_open(&u, &l)) < 0) {
+        snprintf(err, errlen, "%s: %s", url, strerror(-rc));
+        return rc;
+    }
+    snprintf(l->url, sizeof(l->url), "%s", url);
+    l->u = u;
+    l->timeout_ms = timeout_ms ? timeout_ms : 1000;
+    *out = l;
+    return 0;
+#else
+    snprintf(err, errlen, "%s: this build has no Redis client: install libhiredis-dev "
+             "(scripts/setup.sh) and rebuild", url);
+    return -ENOTSUP;
+#endif
+}
+
+void lease_close(struct lease *l)
+{
+    if (l)
+        l->ops->close(l);
+}
+
+const char *lease_url_of(const struct lease *l) { return l->url; }
+
+/* err <- "<url>: <what the store said>" */
+static int named(const struct lease *l, int rc, char *err, size_t errlen)
+{
+    if (rc < 0 && err && errlen) {
+        char tmp[512];
+        snprintf(tmp, sizeof(tmp), "%s", err);
+        snprintf(err, errlen, "%s: %s", l->url, tmp);
+    }
+    return rc;
+}
+
+int lease_acquire(struct lease *l, const char *address, const char *owner, uint64_t ttl_ms,
+                  uint64_t min_epoch, struct lease_holder *out, char *err, size_t errlen)
+{
+    err[0] = 0;
+    return named(l, l->ops->acquire(l, address, owner, ttl_ms, min_epoch, out, err, errlen),
+                 err, errlen);
+}
+
+int lease_renew(struct lease *l, const struct lease_holder *mine, uint64_t ttl_ms,
+                struct lease_holder *out, char *err, size_t errlen)
+{
+    err[0] = 0;
+    return named(l, l->ops->renew(l, mine, ttl_ms, out, err, errlen), err, errlen);
+}
+
+int lease_release(struct lease *l, const struct lease_holder *mine, char *err, size_t errlen)
+{
+    err[0] = 0;
+    return named(l, l->ops->release(l, mine, err, errlen), err, errlen);
+}
+
+int lease_leader(struct lease *l, struct lease_holder *out, char *err, size_t errlen)
+{
+    err[0] = 0;
+    return named(l, l->ops->leader(l, out, err, errlen), err, errlen);
+}

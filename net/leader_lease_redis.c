@@ -1,0 +1,261 @@
+/*
+ * leader_lease_redis.c - the leader lease in Redis (or Valkey), through hiredis's
+ * blocking API with a timeout on the connect and on every command.  Each
+ * call is one EVAL of a small Lua script, so it is atomic in Redis; the
+ * scripts answer {taken, value} and the value is parsed by leader_lease.c (a
+ * store is outside the process: its bytes are checked like a wire's).
+ *
+ * Keys: umbp:<cluster>:leader (the value, with the lease as its expiry)
+ * and umbp:<cluster>:epoch (the last epoch handed out).  leader_lease.h says
+ * what each call promises.
+ *
+ * A failed command (connection refused, reset, timeout) frees the
+ * connection; the next call dials again.  A stopped Redis costs each call
+ * at most the timeout, twice (connect, then the command).
+ *
+ * Threads: one caller at a time per lease (leader_lease.h).
+ */
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "leader_lease_int.h"
+
+struct lease_redis {
+    struct lease base; /* first: container_of */
+    redisContext *c;
+    char k_leader[LEASE_CLUSTER_MAX + 16], k_epoch[LEASE_CLUSTER_MAX + 16];
+};
+
+static struct lease_redis *to_redis(struct lease *l) { return (struct lease_redis *)l; }
+
+/* If nobody leads: epoch = max(counter, min_epoch) + 1, set both keys. */
+static const char acquire_lua[] =
+    "local cur = redis.call('GET', KEYS[1])\n"
+    "if cur then return {0, cur} end\n"
+    "local e = tonumber(redis.call('GET', KEYS[2]) or '0') or 0\n"
+    "local m = tonumber(ARGV[4])\n"
+    "if m > e then e = m end\n"
+    "e = e + 1\n"
+    "local v = string.format('%d %s %s', e, ARGV[1], ARGV[2])\n"
+    "redis.call('SET', KEYS[2], string.format('%d', e))\n"
+    "redis.call('SET', KEYS[1], v, 'PX', ARGV[3])\n"
+    "return {1, v}\n";
+
+/* Mine: extend.  Nobody's: re-take with my epoch unless the counter has
+ * passed it (someone took over since).  Another's: lost. */
+static const char renew_lua[] =
+    "local cur = redis.call('GET', KEYS[1])\n"
+    "if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return {1, cur} end\n"
+    "if cur then return {0, cur} end\n"
+    "local e = tonumber(redis.call('GET', KEYS[2]) or '0') or 0\n"
+    "local mine = tonumber(ARGV[3])\n"
+    "if e > mine then return {0, ''} end\n"
+    "redis.call('SET', KEYS[2], ARGV[3])\n"
+    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])\n"
+    "return {1, ARGV[1]}\n";
+
+static const char release_lua[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end\n"
+    "return 1\n";
+
+static void drop(struct lease_redis *r)
+{
+    if (r->c)
+        redisFree(r->c);
+    r->c = NULL;
+}
+
+static int connect_store(struct lease_redis *r, char *err, size_t errlen)
+{
+    if (r->c)
+        return 0;
+    struct timeval tv = {.tv_sec = (time_t)(r->base.timeout_ms / 1000),
+                         .tv_usec = (suseconds_t)(r->base.timeout_ms % 1000) * 1000};
+    r->c = redisConnectWithTimeout(r->base.u.host, r->base.u.port, tv);
+    if (!r->c) {
+        snprintf(err, errlen, "connect: out of memory");
+        return -ENOMEM;
+    }
+    if (r->c->err) {
+        snprintf(err, errlen, "connect: %s", r->c->errstr);
+        drop(r);
+        return -ECONNREFUSED;
+    }
+    if (redisSetTimeout(r->c, tv) != REDIS_OK) {
+        snprintf(err, errlen, "cannot set the command timeout: %s", r->c->errstr);
+        drop(r);
+        return -EIO;
+    }
+    return 0;
+}
+
+/* Runs argv; a reply of the wanted type, or NULL with err and *rc set (the
+ * connection dropped when it broke). */
+static redisReply *command(struct lease_redis *r, int argc, const char **argv, int want,
+                           int *rc, char *err, size_t errlen)
+{
+    if ((*rc = connect_store(r, err, errlen)) < 0)
+        return NULL;
+    redisReply *rep = redisCommandArgv(r->c, argc, argv, NULL);
+    if (!rep) {
+        bool timed_out = r->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+        snprintf(err, errlen, "%s: %s", argv[0],
+                 timed_out ? "no reply within the timeout" : r->c->errstr);
+        *rc = timed_out ? -ETIMEDOUT : -ECONNRESET;
+        drop(r);
+        return NULL;
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+        snprintf(err, errlen, "%s: the store answered: %.*s", argv[0], (int)rep->len, rep->str);
+        freeReplyObject(rep);
+        *rc = -EIO;
+        return NULL;
+    }
+    if (rep->type != want) {
+        snprintf(err, errlen, "%s: a reply of type %d where %d was expected", argv[0],
+                 rep->type, want);
+        freeReplyObject(rep);
+        *rc = -EPROTO;
+        return NULL;
+    }
+    *rc = 0;
+    return rep;
+}
+
+/* {taken, value}: 1 / 0 with *out parsed (epoch 0 for an empty value), or
+ * < 0. */
+static int taken_value(redisReply *rep, struct lease_holder *out, char *err, size_t errlen)
+{
+    int rc = -EPROTO;
+    if (rep->elements != 2 || rep->element[0]->type != REDIS_REPLY_INTEGER ||
+        rep->element[1]->type != REDIS_REPLY_STRING ||
+        (rep->element[0]->integer != 0 && rep->element[0]->integer != 1)) {
+        snprintf(err, errlen, "EVAL: the script's reply is not {0|1, value}");
+    } else if (rep->element[1]->len == 0 && rep->element[0]->integer == 0) {
+        memset(out, 0, sizeof(*out));
+        rc = 0;
+    } else if (lease_value_parse(rep->element[1]->str, rep->element[1]->len, out, err,
+                                 errlen) == 0) {
+        rc = (int)rep->element[0]->integer;
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int eval(struct lease_redis *r, const char *script, const char *a1, const char *a2,
+                const char *a3, const char *a4, struct lease_holder *out, char *err,
+                size_t errlen)
+{
+    const char *argv[9] = {"EVAL", script, "2", r->k_leader, r->k_epoch, a1, a2, a3, a4};
+    int argc = 5 + (a1 != NULL) + (a2 != NULL) + (a3 != NULL) + (a4 != NULL);
+    int rc;
+    redisReply *rep = command(r, argc, argv, out ? REDIS_REPLY_ARRAY : REDIS_REPLY_INTEGER, &rc,
+                              err, errlen);
+    if (!rep)
+        return rc;
+    if (!out) {
+        freeReplyObject(rep);
+        return 0;
+    }
+    return taken_value(rep, out, err, errlen);
+}
+
+static int r_acquire(struct lease *l, const char *address, const char *owner, uint64_t ttl_ms,
+                     uint64_t min_epoch, struct lease_holder *out, char *err, size_t errlen)
+{
+    struct lease_holder probe = {.epoch = 1};
+    snprintf(probe.address, sizeof(probe.address), "%s", address);
+    snprintf(probe.owner, sizeof(probe.owner), "%s", owner);
+    char v[256], ttl[24], me[24];
+    if (strlen(address) >= sizeof(probe.address) || strlen(owner) >= sizeof(probe.owner) ||
+        lease_value_format(&probe, v, sizeof(v)) < 0 ||
+        lease_value_parse(v, strlen(v), &probe, err, errlen) < 0) {
+        snprintf(err, errlen, "acquire: address \"%s\" or owner \"%s\" cannot be published",
+                 address, owner);
+        return -EINVAL;
+    }
+    snprintf(ttl, sizeof(ttl), "%" PRIu64, ttl_ms);
+    snprintf(me, sizeof(me), "%" PRIu64, min_epoch);
+    return eval(to_redis(l), acquire_lua, address, owner, ttl, me, out, err, errlen);
+}
+
+static int r_renew(struct lease *l, const struct lease_holder *mine, uint64_t ttl_ms,
+                   struct lease_holder *out, char *err, size_t errlen)
+{
+    char v[256], ttl[24], e[24];
+    if (lease_value_format(mine, v, sizeof(v)) < 0) {
+        snprintf(err, errlen, "renew: the value is too long");
+        return -EINVAL;
+    }
+    snprintf(ttl, sizeof(ttl), "%" PRIu64, ttl_ms);
+    snprintf(e, sizeof(e), "%" PRIu64, mine->epoch);
+    return eval(to_redis(l), renew_lua, v, ttl, e, NULL, out, err, errlen);
+}
+
+static int r_release(struct lease *l, const struct lease_holder *mine, char *err, size_t errlen)
+{
+    char v[256];
+    if (lease_value_format(mine, v, sizeof(v)) < 0) {
+        snprintf(err, errlen, "release: the value is too long");
+        return -EINVAL;
+    }
+    return eval(to_redis(l), release_lua, v, NULL, NULL, NULL, NULL, err, errlen);
+}
+
+static int r_leader(struct lease *l, struct lease_holder *out, char *err, size_t errlen)
+{
+    struct lease_redis *r = to_redis(l);
+    const char *argv[2] = {"GET", r->k_leader};
+    int rc;
+    if ((rc = connect_store(r, err, errlen)) < 0)
+        return rc;
+    redisReply *rep = redisCommandArgv(r->c, 2, argv, NULL);
+    if (!rep) {
+        bool timed_out = r->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+        snprintf(err, errlen, "GET: %s", timed_out ? "no reply within the timeout" : r->c->errstr);
+        drop(r);
+        return timed_out ? -ETIMEDOUT : -ECONNRESET;
+    }
+    if (rep->type == REDIS_REPLY_NIL) {
+        rc = 0;
+    } else if (rep->type == REDIS_REPLY_STRING) {
+        rc = lease_value_parse(rep->str, rep->len, out, err, errlen) < 0 ? -EPROTO : 1;
+    } else if (rep->type == REDIS_REPLY_ERROR) {
+        snprintf(err, errlen, "GET: the store answered: %.*s", (int)rep->len, rep->str);
+        rc = -EIO;
+    } else {
+        snprintf(err, errlen, "GET: a reply of type %d where a string was expected", rep->type);
+        rc = -EPROTO;
+    }
+    freeReplyObject(rep);
+    return rc;
+}
+
+static void r_close(struct lease *l)
+{
+    struct lease_redis *r = to_redis(l);
+    drop(r);
+    free(r);
+}
+
+static const struct lease_ops redis_ops = {
+    .close = r_close, .acquire = r_acquire, .renew = r_renew, .release = r_release,
+    .leader = r_leader,
+};
+
+int lease_redis_open(const struct lease_url *u, struct lease **out)
+{
+    struct lease_redis *r = calloc(1, sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    r->base.ops = &redis_ops;
+    snprintf(r->k_leader, sizeof(r->k_leader), "umbp:%s:leader", u->cluster);
+    snprintf(r->k_epoch, sizeof(r->k_epoch), "umbp:%s:epoch", u->cluster);
+    *out = &r->base;
+    return 0;
+}
