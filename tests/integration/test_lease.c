@@ -1,6 +1,6 @@
 /*
  * test_lease - the leader lease of umbp-master's high availability
- * (net/lease.h) through its four calls, against a real redis-server
+ * (net/leader_lease.h) through its four calls, against a real redis-server
  * (tests/common/redis_fixture.h) that the tests also read and write
  * behind the lease's back (the leader and epoch keys), restart without
  * persistence (an empty Redis: lost data), kill and stop.
@@ -21,7 +21,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "../../net/lease.h" /* store/lease.h (the DRAM read lease) comes first on the path */
+#include "leader_lease.h"
 #include "redis_fixture.h"
 
 #define ERRLEN 512
