@@ -226,7 +226,7 @@ static void fo_node_start(struct fo *f, int i)
 
 /* Redis, master 0 (which takes the lease: it is alone), then master 1 (a
  * standby), then `nodes` nodes following the URL. */
-static void fo_start(struct fo *f, const char *cluster, int nodes)
+static void fo_redis(struct fo *f, const char *cluster)
 {
     need_distributed();
     redis_need();
@@ -237,11 +237,21 @@ static void fo_start(struct fo *f, const char *cluster, int nodes)
     snprintf(f->leader_key, sizeof(f->leader_key), "umbp:%s:leader", cluster);
     redis_start(&f->r);
     redis_url(&f->r, cluster, f->url, sizeof(f->url));
+}
+
+static void fo_cluster(struct fo *f, int nodes)
+{
     fo_master_start(f, 0);
     wait_leader(f, 0, 0, NULL, NULL);
     fo_master_start(f, 1);
     for (int i = 0; i < nodes; i++)
         fo_node_start(f, i);
+}
+
+static void fo_start(struct fo *f, const char *cluster, int nodes)
+{
+    fo_redis(f, cluster);
+    fo_cluster(f, nodes);
 }
 
 static void fo_stop(struct fo *f)
@@ -351,8 +361,13 @@ Test(failover, kill9_of_the_leader_the_standby_takes_over)
     uint64_t e0;
     fo_roles(&f, &L, &S, &e0);
     standby_refuses(&f, S);
-    double refused = metric(&f, S, "umbp_master_standby_refused_total");
-    cr_log_info("standby refusals counted: %g", refused);
+    uint64_t t_ref = now_ms();
+    double refused;
+    while ((refused = metric(&f, S, "umbp_master_standby_refused_total")) < 1)
+        fo_assert(now_ms() - t_ref < 10000, "umbp_master_standby_refused_total is %g on the "
+                  "standby after it refused a client", refused);
+    cr_log_info("standby refusals counted: %g (%llu ms after)", refused,
+                (unsigned long long)(now_ms() - t_ref));
     put_then_read(&f, &f.n[0], &f.n[1], 1);
     put(&f.n[0], 2, NKEYS, SIZE); /* read for the first time after the failover */
 
@@ -584,6 +599,165 @@ Test(failover, a_node_started_during_a_failover_joins_the_new_leader)
                 (unsigned long long)(now_ms() - t0), tries);
     put_then_read(&f, &f.n[2], &f.n[0], 2);
     wait_metric(&f, S, "umbp_master_nodes{state=\"alive\"}", 3, FAILOVER_MS);
+    fo_stop(&f);
+}
+
+/* ---- a clean stop of the leader ---------------------------------------------------------- */
+
+Test(failover, a_leader_stopped_cleanly_releases_the_lease)
+{
+    struct fo f;
+    fo_start(&f, "term", 2);
+    int L, S;
+    uint64_t e0, e1, ms;
+    fo_roles(&f, &L, &S, &e0);
+    put_then_read(&f, &f.n[0], &f.n[1], 1);
+    uint64_t t0 = now_ms();
+    cr_assert_eq(kill(f.m[L].pid, SIGTERM), 0);
+    int st;
+    while (waitpid(f.m[L].pid, &st, WNOHANG) != f.m[L].pid) {
+        fo_assert(now_ms() - t0 < 10000, "umbp-master did not exit on SIGTERM");
+        pause_ms(10);
+    }
+    f.m[L].pid = 0;
+    uint64_t exit_ms = now_ms() - t0, e;
+    int l = leader_in_redis(&f, &e);
+    cr_log_info("SIGTERM: the leader exited after %llu ms (status %d); Redis names %d (epoch "
+                "%llu)", (unsigned long long)exit_ms, st, l, (unsigned long long)e);
+    fo_assert(!(l == L && e == e0), "the leader exited without releasing the lease: Redis "
+              "still names it (epoch %llu)", (unsigned long long)e);
+    wait_leader(&f, S, e0, &e1, &ms);
+    cr_log_info("the standby took over %llu ms after the SIGTERM (epoch %llu)",
+                (unsigned long long)(now_ms() - t0), (unsigned long long)e1);
+    int tries;
+    hit_within(&f, &f.n[1], 1, &tries);
+    cr_log_info("the first remote hit %llu ms after the SIGTERM (%d gets)",
+                (unsigned long long)(now_ms() - t0), tries);
+    fo_stop(&f);
+}
+
+/* ---- Redis stalled past the lease ------------------------------------------------------ */
+
+/* Redis SIGSTOPped for three leases: the leader serves on (an unreachable
+ * store deposes nobody); the commands that timed out meanwhile (the
+ * standby's acquires, the leader's renewals) may still run when Redis
+ * wakes.  After a settle: one leader, named by Redis, epochs never went
+ * back, and the nodes read on. */
+Test(failover, redis_stalled_past_the_lease_then_one_leader)
+{
+    struct fo f;
+    fo_start(&f, "rstop", 3);
+    int L, S;
+    uint64_t e0;
+    fo_roles(&f, &L, &S, &e0);
+    put_then_read(&f, &f.n[0], &f.n[1], 1);
+    redis_signal(&f.r, SIGSTOP);
+    uint64_t t0 = now_ms();
+    int gets = 0;
+    while (now_ms() - t0 < 3 * TTL_MS) {
+        struct got g = get(&f.n[1], 1, NKEYS, SIZE);
+        fo_assert(g.hit == NKEYS, "Redis stopped: %zu of %d remote keys hit", g.hit, NKEYS);
+        gets++;
+        pause_ms(200);
+    }
+    fo_assert(metric(&f, L, "umbp_master_leader") == 1, "the leader stepped down with Redis "
+              "stopped");
+    cr_log_info("Redis stopped %llu ms: %d gets all hit", (unsigned long long)(now_ms() - t0),
+                gets);
+    redis_signal(&f.r, SIGCONT);
+    uint64_t t1 = now_ms(), settle = 2 * TTL_MS + 1000, last_e = 0;
+    int seen[2] = {0, 0};
+    while (now_ms() - t1 < settle + 4000) {
+        uint64_t e;
+        int l = leader_in_redis(&f, &e);
+        if (l >= 0) {
+            fo_assert(e >= last_e && e >= e0, "the epoch went back: %llu after %llu (before "
+                      "the stall %llu)", (unsigned long long)e, (unsigned long long)last_e,
+                      (unsigned long long)e0);
+            last_e = e;
+        }
+        if (now_ms() - t1 >= settle) {
+            one_leader(&f, "after Redis woke");
+            fo_assert(l >= 0, "nobody leads %llu ms after Redis woke",
+                      (unsigned long long)(now_ms() - t1));
+            seen[l]++;
+        } else if (metric(&f, 0, "umbp_master_leader") == 1 &&
+                   metric(&f, 1, "umbp_master_leader") == 1) {
+            cr_log_warn("settling, %llu ms after Redis woke: both report leader=1",
+                        (unsigned long long)(now_ms() - t1));
+        }
+        pause_ms(100);
+    }
+    fo_assert(!(seen[0] && seen[1]), "the leader changed after the settle");
+    int l = seen[0] ? 0 : 1;
+    cr_log_info("after Redis woke: master %d leads (it %s), epoch %llu (was %llu)", l,
+                l == L ? "led before" : "was the standby", (unsigned long long)last_e,
+                (unsigned long long)e0);
+    hit_within(&f, &f.n[1], 1, NULL);
+    put_then_read(&f, &f.n[2], &f.n[0], 2);
+    fo_stop(&f);
+}
+
+/* ---- Redis lost its data and a master that never saw the epoch starts --------------------- */
+
+/* The leader holds epoch 42 (the counter was at 41).  Redis restarts empty
+ * and the standby restarts too, so it has seen no epoch; it reaches the
+ * empty store before the leader's next renewal (forced here by stopping
+ * the leader for that moment; with the standby retrying every ttl/10 and
+ * the leader renewing every ttl/3 the same order is the likely one anyway)
+ * and takes epoch 1.  After a settle there must still be one leader, and
+ * nodes (old ones, and one started afterwards) must reach each other's
+ * keys through it. */
+Test(failover, an_empty_store_and_a_master_that_never_saw_the_epoch_one_leader)
+{
+    struct fo f;
+    fo_redis(&f, "fresh");
+    redis_do(&f.r, "SET umbp:%s:epoch 41", f.cluster);
+    fo_cluster(&f, 2);
+    int L, S;
+    uint64_t e0;
+    fo_roles(&f, &L, &S, &e0);
+    fo_assert(e0 == 42, "the first epoch is %llu, expected 42", (unsigned long long)e0);
+    put_then_read(&f, &f.n[0], &f.n[1], 1);
+
+    master_signal(&f.m[S], SIGKILL);
+    master_signal(&f.m[L], SIGSTOP);
+    redis_restart_same_port(&f.r);
+    fo_master_start(&f, S); /* a new process: it has seen no epoch */
+    uint64_t e1, ms;
+    wait_leader(&f, S, 0, &e1, &ms);
+    cr_log_info("the restarted master took the empty store with epoch %llu", (unsigned long long)e1);
+    master_signal(&f.m[L], SIGCONT);
+
+    uint64_t t1 = now_ms(), settle = 2 * TTL_MS + 1000;
+    int bad = 0, samples = 0;
+    while (now_ms() - t1 < settle + 3000) {
+        if (now_ms() - t1 >= settle) {
+            uint64_t e;
+            int l = leader_in_redis(&f, &e);
+            double v0 = metric(&f, 0, "umbp_master_leader");
+            double v1 = metric(&f, 1, "umbp_master_leader");
+            double p0 = metric(&f, 0, "umbp_master_epoch");
+            double p1 = metric(&f, 1, "umbp_master_epoch");
+            if ((v0 == 1 && v1 == 1) || (v0 == 1 && l != 0) || (v1 == 1 && l != 1)) {
+                if (!bad)
+                    cr_log_error("%llu ms after: master 0 leader=%g epoch=%g, master 1 "
+                                 "leader=%g epoch=%g; Redis names %d (epoch %llu)",
+                                 (unsigned long long)(now_ms() - t1), v0, p0, v1, p1, l,
+                                 (unsigned long long)e);
+                bad++;
+            }
+            samples++;
+        }
+        pause_ms(100);
+    }
+    /* a node that starts now follows whatever Redis names */
+    fo_node_start(&f, 2);
+    cr_expect_eq(bad, 0, "%d of %d samples after the settle had two leaders, or a leader "
+                 "Redis does not name", bad, samples);
+    put(&f.n[2], 2, NKEYS, SIZE);
+    hit_within(&f, &f.n[0], 2, NULL); /* the old node reads the new node's keys */
+    hit_within(&f, &f.n[2], 1, NULL); /* and the other way */
     fo_stop(&f);
 }
 
