@@ -232,13 +232,14 @@ static inline const char *redis_url(const struct redis *r, const char *cluster, 
 #if UMBP_HAVE_HIREDIS
 /* One command (hiredis format: %s, %b, %lld ...) on a fresh connection,
  * bounded by REDIS_CMD_MS: its reply (freeReplyObject it); NULL, with the
- * reason logged, if Redis did not answer. */
+ * reason logged, if Redis did not answer.  (Logged as info: Criterion 2.4
+ * exits 1 after any cr_log_warn, which ctest counts as a failure.) */
 static inline redisReply *redis_try_cmd(struct redis *r, const char *fmt, ...)
 {
     struct timeval tv = {.tv_sec = REDIS_CMD_MS / 1000, .tv_usec = (REDIS_CMD_MS % 1000) * 1000};
     redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
     if (!c || c->err) {
-        cr_log_warn("redis port %u: connect: %s", r->port, c ? c->errstr : "out of memory");
+        cr_log_info("redis port %u: connect: %s", r->port, c ? c->errstr : "out of memory");
         if (c)
             redisFree(c);
         return NULL;
@@ -249,7 +250,7 @@ static inline redisReply *redis_try_cmd(struct redis *r, const char *fmt, ...)
     redisReply *rep = redisvCommand(c, fmt, ap);
     va_end(ap);
     if (!rep)
-        cr_log_warn("redis port %u: '%s': %s", r->port, fmt, c->errstr);
+        cr_log_info("redis port %u: '%s': %s", r->port, fmt, c->errstr);
     redisFree(c);
     return rep;
 }
