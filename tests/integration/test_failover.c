@@ -519,8 +519,10 @@ Test(failover, redis_killed_the_leader_serves_on_and_back_empty_there_is_one_lea
         fo_assert(l != -2, "the leader key names neither master");
         if (now_ms() - t1 >= settle) {
             one_leader(&f, "after Redis came back");
-            fo_assert(l >= 0, "nobody leads %llu ms after Redis came back",
-                      (unsigned long long)(now_ms() - t1));
+            fo_assert(l >= 0, "nobody leads %llu ms after Redis came back (GET %s: %d, epoch "
+                      "%llu; metrics leader %g/%g)", (unsigned long long)(now_ms() - t1),
+                      f.leader_key, l, (unsigned long long)e,
+                      metric(&f, 0, "umbp_master_leader"), metric(&f, 1, "umbp_master_leader"));
             seen[l]++;
             samples++;
         } else {
@@ -690,8 +692,10 @@ Test(failover, redis_stalled_past_the_lease_then_one_leader)
         }
         if (now_ms() - t1 >= settle) {
             one_leader(&f, "after Redis woke");
-            fo_assert(l >= 0, "nobody leads %llu ms after Redis woke",
-                      (unsigned long long)(now_ms() - t1));
+            fo_assert(l >= 0, "nobody leads %llu ms after Redis woke (GET %s: %d, epoch %llu; "
+                      "metrics leader %g/%g)", (unsigned long long)(now_ms() - t1),
+                      f.leader_key, l, (unsigned long long)e,
+                      metric(&f, 0, "umbp_master_leader"), metric(&f, 1, "umbp_master_leader"));
             seen[l]++;
         } else if (metric(&f, 0, "umbp_master_leader") == 1 &&
                    metric(&f, 1, "umbp_master_leader") == 1) {
