@@ -143,16 +143,6 @@ static void renew(struct master_ha *h)
         pthread_mutex_unlock(&h->mu);
         return;
     }
-    if (other.epoch && other.epoch < h->mine.epoch) {
-        /* the store lost its data and a master that never saw ours took
-         * it: ours is higher, so our clients stay with us; say so */
-        saw(h, &other);
-        umbp_log(UMBP_LOG_WARN, "umbp-master: %s names %s with epoch %" PRIu64 ", below ours "
-                 "(%" PRIu64 "): the store lost the lease; clients that saw ours stay with "
-                 "this master, new ones go there until one of us stops",
-                 lease_url_of(h->store), other.address, other.epoch, h->mine.epoch);
-        return;
-    }
     if (other.epoch)
         saw(h, &other);
     else if (h->mine.epoch + 1 > h->seen)

@@ -552,3 +552,8 @@ void umbp_master_destroy(struct umbp_master *m)
 }
 
 const char *umbp_master_address(const struct umbp_master *m) { return m->address; }
+
+const char *umbp_master_lease_url(const struct umbp_master *m)
+{
+    return m->o.lease_url[0] ? m->o.lease_url : NULL;
+}

@@ -49,5 +49,7 @@ void umbp_master_stop(struct umbp_master *m); /* async-signal-safe */
 void umbp_master_destroy(struct umbp_master *m);
 /* The address it listens on, with the port bound ("127.0.0.1:7390"). */
 const char *umbp_master_address(const struct umbp_master *m);
+/* lease_url, or NULL when this master runs alone (no lease). */
+const char *umbp_master_lease_url(const struct umbp_master *m);
 
 #endif /* UMBP_MASTER_H */

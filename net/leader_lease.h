@@ -19,8 +19,9 @@
  * Epochs survive the store losing its data (a Redis failover that lost
  * the last writes, a restart without persistence): acquire takes
  * max(the store's counter, min_epoch) + 1, where min_epoch is the highest
- * epoch the caller has seen; and a holder whose key vanished re-takes it
- * with its own epoch (renew), raising the counter to it.
+ * epoch the caller has seen; a holder whose key vanished re-takes it with
+ * its own epoch (renew), raising the counter to it; and a holder that finds
+ * a lower epoch in its place takes the key back (the highest epoch wins).
  *
  * Errors: a negative code with err naming the store and what failed
  * ("redis://10.0.0.5:6379/prod: connect: Connection refused").  Every call
@@ -91,9 +92,12 @@ int lease_acquire(struct lease *l, const char *address, const char *owner, uint6
 /* Keeps mine for ttl_ms more: if the key holds my value, extend it; if it
  * is absent (expired while the store or I was away, or the store lost it),
  * re-take it with my epoch, unless the counter has passed my epoch (someone
- * took over and vanished).  1: held; 0: lost, *out the holder if any
- * (epoch 0: none); < 0: error (the caller keeps serving until a higher
- * epoch shows up: an unreachable store deposes nobody). */
+ * took over and vanished); if another holds it with a lower epoch (the
+ * store lost the lease and a master that never saw mine took it), take it
+ * back: the highest epoch wins, so two leaders converge to one.  1: held;
+ * 0: lost, *out the holder if any (epoch 0: none); < 0: error (the caller
+ * keeps serving until a higher epoch shows up: an unreachable store
+ * deposes nobody). */
 int lease_renew(struct lease *l, const struct lease_holder *mine, uint64_t ttl_ms,
                 struct lease_holder *out, char *err, size_t errlen);
 /* Gives mine up at once (a clean stop): deletes the key only if it holds my

@@ -47,15 +47,19 @@ static const char acquire_lua[] =
     "return {1, v}\n";
 
 /* Mine: extend.  Nobody's: re-take with my epoch unless the counter has
- * passed it (someone took over since).  Another's: lost. */
+ * passed it (someone took over since).  Another's with a lower epoch (the
+ * store lost the lease and a master that never saw mine took it): the
+ * higher epoch wins, take it back.  Another's with a higher one: lost. */
 static const char renew_lua[] =
     "local cur = redis.call('GET', KEYS[1])\n"
     "if cur == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return {1, cur} end\n"
-    "if cur then return {0, cur} end\n"
-    "local e = tonumber(redis.call('GET', KEYS[2]) or '0') or 0\n"
     "local mine = tonumber(ARGV[3])\n"
-    "if e > mine then return {0, ''} end\n"
-    "redis.call('SET', KEYS[2], ARGV[3])\n"
+    "local e = tonumber(redis.call('GET', KEYS[2]) or '0') or 0\n"
+    "if cur then\n"
+    "  local ce = tonumber(string.match(cur, '^(%d+) '))\n"
+    "  if ce == nil or ce >= mine or e > mine then return {0, cur} end\n"
+    "elseif e > mine then return {0, ''} end\n"
+    "if e < mine then redis.call('SET', KEYS[2], ARGV[3]) end\n"
     "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])\n"
     "return {1, ARGV[1]}\n";
 

@@ -45,6 +45,7 @@ struct mclient {
     struct leader_watch *watch;
     uint64_t master_epoch;
     uint64_t highest_epoch;            /* without a watch: the highest welcomed */
+    uint64_t dialled_epoch;            /* the leader the last dial was to */
     ev_async change_w;
 };
 
@@ -246,7 +247,7 @@ static void on_down(struct net_session *s, const char *why, bool was_connected, 
      * connection starts with none. */
     c->epoch = 0;
     c->master_epoch = 0;
-    if (c->watch && was_connected)
+    if (c->watch) /* gone, or a dial refused: who leads now?  (paced by the backoff) */
         leader_watch_poke(c->watch);
     if (strncmp(c->last_error, "the master", 10) != 0 || was_connected)
         snprintf(c->last_error, sizeof(c->last_error), "%s", why);
@@ -320,6 +321,7 @@ static int resolve(void *ctx, char *addr, size_t addrlen, char *why, size_t whyl
         return -EACCES;
     }
     snprintf(addr, addrlen, "%s", h.address);
+    c->dialled_epoch = h.epoch;
     return 0;
 }
 
@@ -342,7 +344,8 @@ static void follow_leader(struct mclient *c)
         umbp_log(UMBP_LOG_INFO, "master: %s", why);
         net_session_lost(&c->s, now, why);
     }
-    if (c->s.state == NET_DISCONNECTED && c->tried)
+    /* a new leader is worth a dial now; the same one waits for the backoff */
+    if (c->s.state == NET_DISCONNECTED && c->tried && h.epoch != c->dialled_epoch)
         net_session_retry_now(&c->s, now);
 }
 

@@ -35,8 +35,10 @@ static int create(const char *json, void **svc, char *err, size_t errlen)
 
 static void run(void *svc)
 {
-    fprintf(stderr, "umbp-master: serving %s (pid %ld)\n", umbp_master_address(svc),
-            (long)getpid());
+    const char *lease = umbp_master_lease_url(svc);
+    fprintf(stderr, "umbp-master: serving %s (pid %ld)%s%s\n", umbp_master_address(svc),
+            (long)getpid(), lease ? "; it leads while it holds the lease in " : "",
+            lease ? lease : "");
     umbp_master_run(svc);
 }
 

@@ -217,7 +217,12 @@ struct rfetch;
 struct rpeer {
     struct rpeer *next;
     struct rdma_tier *rt;
-    uint32_t ref;
+    uint32_t ref;                  /* the master's number; 0: retired */
+    /* the node it was made for: refs are the master's, and a new master
+     * (a restart, a failover) numbers the nodes afresh */
+    uint32_t pid;
+    uint64_t start_ns;
+    char host[PROTO_NAME_MAX];
     struct ucx_peer *p;
     uint64_t fail_until_ns;
     unsigned inflight;             /* batches, held ones and the warm-up */
@@ -537,12 +542,25 @@ static void master_down(void *arg, const char *why)
 
 /* ---- peers ---------------------------------------------------------------------------------- */
 
+static bool same_node(const struct rpeer *p, const struct proto_node_info *ni)
+{
+    return p->pid == ni->pid && p->start_ns == ni->start_ns && !strcmp(p->host, ni->host);
+}
+
+/* The endpoint to node ref as the master numbers it now.  An endpoint made
+ * for another node under the same ref (the master changed) is retired
+ * (ref 0: never matched again, freed by peers_prune once idle). */
 static struct rpeer *peer_of(struct rdma_tier *rt, uint32_t ref)
 {
-    for (struct rpeer *p = rt->peers; p; p = p->next)
-        if (p->ref == ref)
-            return p;
     const struct proto_node_info *ni = mclient_node(rt->mc, ref);
+    for (struct rpeer *p = rt->peers; p; p = p->next) {
+        if (p->ref != ref)
+            continue;
+        if (ni && same_node(p, ni))
+            return p;
+        p->ref = 0;
+        break;
+    }
     if (!ni || !ni->addr_len)
         return NULL;
     struct rpeer *p = calloc(1, sizeof(*p));
@@ -555,6 +573,9 @@ static struct rpeer *peer_of(struct rdma_tier *rt, uint32_t ref)
         return NULL;
     }
     p->ref = ref;
+    p->pid = ni->pid;
+    p->start_ns = ni->start_ns;
+    snprintf(p->host, sizeof(p->host), "%s", ni->host);
     p->rt = rt;
     p->next = rt->peers;
     rt->peers = p;
@@ -571,7 +592,7 @@ static void peer_failed(struct rdma_tier *rt, struct rpeer *p)
     uint64_t now = umbp_now_ns();
     bool news = now >= p->fail_until_ns;
     p->fail_until_ns = now + ms_ns(rt->cfg.peer_failure_backoff_ms);
-    if (news && rt->registered && mclient_suspect(rt->mc, &p->ref, 1) == 0) {
+    if (news && p->ref && rt->registered && mclient_suspect(rt->mc, &p->ref, 1) == 0) {
         rt->reports++;
         umbp_log(UMBP_LOG_INFO, "rdma: reported node %u to the master as failing", p->ref);
     }
@@ -582,7 +603,8 @@ static void peers_prune(struct rdma_tier *rt)
 {
     for (struct rpeer **pp = &rt->peers; *pp;) {
         struct rpeer *p = *pp;
-        if (!p->inflight && !mclient_node(rt->mc, p->ref)) {
+        const struct proto_node_info *ni = p->ref ? mclient_node(rt->mc, p->ref) : NULL;
+        if (!p->inflight && (!ni || !same_node(p, ni))) {
             *pp = p->next;
             ucx_peer_destroy(p->p);
             free(p);

@@ -664,6 +664,14 @@ Test(master, options_are_refused_naming_them)
         {"{\"heartbeat_suspect_ms\": 500, \"heartbeat_dead_ms\": 400}", "heartbeat_dead_ms"},
         {"{\"listen\": \"nohost\"}", "listen"},
         {"{\"max_replicas\": 9}", "max_replicas"},
+        {"{\"lease_url\": \"redis://127.0.0.1:6379\"}", "cluster"},
+        {"{\"lease_url\": \"etcd://127.0.0.1:2379/c\"}", "unknown store"},
+        {"{\"lease_url\": \"redis://127.0.0.1:6379/a b\"}", "cluster name"},
+        {"{\"lease_url\": \"redis://127.0.0.1:6379/c\", \"lease_ttl_ms\": 900, "
+         "\"lease_timeout_ms\": 400}", "lease_timeout_ms"},
+        {"{\"listen\": \"0.0.0.0:1\", \"secret_file\": \"/nonexistent\", "
+         "\"lease_url\": \"redis://127.0.0.1:6379/c\"}", "advertise"},
+        {"{\"advertise\": \"10.0.0.1:7390\"}", "without lease_url"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int p[2];

@@ -843,6 +843,15 @@ Test(config, distributed_options)
                    "master_address", "port 0");
     expect_refused("{\"mode\": \"distributed\", \"master_address\": \"127.0.0.1:7390\", "
                    "\"heartbeat_ms\": 5}", "heartbeat_ms");
+    /* the lease store's URL: checked, and off-host only with a secret */
+    expect_refused("{\"mode\": \"distributed\", \"master_address\": \"redis://h:1\"}",
+                   "master_address", "cluster");
+    expect_refused("{\"mode\": \"distributed\", \"master_address\": "
+                   "\"redis://10.0.0.9:6379/prod\"}", "master_address", "secret_file");
+#ifdef UMBP_HAVE_HIREDIS
+    config_free(parse_ok("{\"mode\": \"distributed\", \"master_address\": "
+                         "\"redis://127.0.0.1:6379/prod\"}"));
+#endif
     /* another tier's option is refused; the dram slice's are the mode's */
     expect_refused("{\"mode\": \"distributed\", \"master_address\": \"127.0.0.1:7390\", "
                    "\"socket_dir\": \"/tmp\"}", "socket_dir", "distributed");
