@@ -43,7 +43,7 @@ struct redis {
     pid_t pid;          /* 0: not running */
     uint16_t port;      /* kept across restarts */
     bool stopped;       /* SIGSTOPped */
-    char dir[128];      /* its private --dir */
+    char dir[128];      /* its private --dir (removed once it runs: it stays empty) */
     char log[160];      /* its stdout and stderr (kept after stop) */
     const char *extra[16]; /* more arguments, NULL-terminated (kept across restarts) */
     char reply[1024];   /* redis_str's last answer */
@@ -144,10 +144,10 @@ static inline void redis_start(struct redis *r)
     cr_assert_not_null(bin, "no redis-server (call redis_need() first)");
     if (!r->port)
         r->port = redis_free_port();
-    if (!r->dir[0]) {
-        snprintf(r->dir, sizeof(r->dir), "/tmp/umbp-test-redis.%d.XXXXXX", getpid());
-        cr_assert_not_null(mkdtemp(r->dir), "mkdtemp %s: %s", r->dir, strerror(errno));
-    }
+    /* a fresh directory each start; removed once Redis runs in it (nothing
+     * is persisted there), so a test that fails leaves none behind */
+    snprintf(r->dir, sizeof(r->dir), "/tmp/umbp-test-redis.%d.XXXXXX", getpid());
+    cr_assert_not_null(mkdtemp(r->dir), "mkdtemp %s: %s", r->dir, strerror(errno));
     if (!r->log[0])
         snprintf(r->log, sizeof(r->log), "/tmp/umbp-test-redis.%d.%u.log", getpid(), r->port);
     char port[8];
@@ -179,6 +179,7 @@ static inline void redis_start(struct redis *r)
                      "%d ms; its log:\n%s", r->port, REDIS_READY_MS, redis_slurp(r->log));
         usleep(10000);
     }
+    rmdir(r->dir); /* empty: Redis keeps it as its working directory */
 }
 
 /* SIGSTOP, SIGCONT, SIGKILL (reaped: r->pid becomes 0) or SIGTERM (same). */
@@ -208,17 +209,11 @@ static inline void redis_restart_same_port(struct redis *r)
     redis_start(r);
 }
 
-/* Kills it (if running) and removes its directory; the log stays. */
+/* Kills it (if running); the log stays. */
 static inline void redis_stop(struct redis *r)
 {
     if (r->pid)
         redis_signal(r, SIGKILL);
-    if (r->dir[0]) {
-        char cmd[192];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", r->dir);
-        (void)!system(cmd);
-        r->dir[0] = 0;
-    }
 }
 
 /* "redis://127.0.0.1:<port>/<cluster>" */
