@@ -417,12 +417,11 @@ Test(lease, renew_keeps_it_for_the_holder_only)
     for (int i = 0; i < 5; i++)
         cr_assert_eq(renew(a, &ha, TTL_LONG, &out), 1);
 
-    /* non-holders: another owner with A's epoch, with a higher epoch, and A's
-     * owner with another epoch or address: none of them is A's value */
+    /* non-holders with A's epoch (a higher one takes the key back: see
+     * a_higher_epoch_takes_the_key_back): another owner, A's owner at
+     * another address, another owner at A's address */
     const struct lease_holder not_mine[] = {
         holder(1, B_ADDR, B_OWNER),
-        holder(7, B_ADDR, B_OWNER),
-        holder(2, A_ADDR, A_OWNER),
         holder(1, B_ADDR, A_OWNER),
         holder(1, A_ADDR, B_OWNER),
     };
@@ -598,6 +597,51 @@ Test(lease, the_epoch_is_the_greater_of_the_counter_and_min_epoch_plus_1)
         }                                                                                  \
         rc_;                                                                               \
     })
+
+/* The store lost the lease and a newcomer that never saw A's epoch took
+ * it with a lower one: A's renewal takes the key back (the highest epoch
+ * wins) and raises the counter; the newcomer's next renewal loses to A.
+ * Not when the counter has passed A's epoch (epochs above it were handed
+ * out: A is not the highest). */
+Test(lease, a_higher_epoch_takes_the_key_back)
+{
+    struct fx f;
+    fx_start(&f, "back", 2000);
+    struct lease *a = fx_open(&f), *b = fx_open(&f);
+    struct lease_holder ha, hb, out;
+    char err[ERRLEN] = "";
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 4, &ha), 1);
+    cr_assert_eq(ha.epoch, 5);
+    redis_restart_same_port(&f.r);
+    int rc = UNTIL_OK(lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &hb, err, sizeof(err)));
+    cr_assert_eq(rc, 1);
+    cr_assert_eq(hb.epoch, 1, "the newcomer saw no epoch: it gets 1 in the empty store");
+    rc = UNTIL_OK(lease_renew(a, &ha, TTL_LONG, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "A (epoch 5) takes the key back from epoch 1");
+    cr_assert_str_eq(get_leader(&f), value_of(&ha));
+    cr_assert_str_eq(get_epoch(&f), "5", "the counter is raised to A's epoch");
+    cr_assert_eq(renew(b, &hb, TTL_LONG, &out), 0, "the newcomer lost");
+    assert_holder(&out, 5, A_ADDR, A_OWNER, "the newcomer sees A");
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &out), 0);
+    assert_holder(&out, 5, A_ADDR, A_OWNER, "B's acquire sees A");
+
+    /* the counter passed A's epoch: the key stays with the lower holder */
+    redis_do(&f.r, "SET %s %s", f.leader_key, value_of(&hb));
+    redis_do(&f.r, "SET %s 9", f.epoch_key);
+    cr_assert_eq(renew(a, &ha, TTL_LONG, &out), 0, "epochs above A's were handed out");
+    assert_holder(&out, 1, B_ADDR, B_OWNER, "the holder A found");
+    cr_assert_str_eq(get_leader(&f), value_of(&hb), "A did not take it");
+    cr_assert_str_eq(get_epoch(&f), "9", "nor touch the counter");
+    /* equal epochs: the holder keeps it */
+    redis_do(&f.r, "SET %s 5", f.epoch_key);
+    struct lease_holder h5 = holder(5, B_ADDR, B_OWNER);
+    redis_do(&f.r, "SET %s %s", f.leader_key, value_of(&h5));
+    cr_assert_eq(renew(a, &ha, TTL_LONG, &out), 0, "an equal epoch is not taken back");
+    assert_holder(&out, 5, B_ADDR, B_OWNER, "the holder A found");
+    lease_close(a);
+    lease_close(b);
+    fx_stop(&f);
+}
 
 Test(lease, epochs_stay_monotonic_across_a_restart_that_loses_data)
 {
