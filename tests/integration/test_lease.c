@@ -816,6 +816,42 @@ Test(lease, a_counter_or_key_of_the_wrong_kind_is_an_error)
     fx_stop(&f);
 }
 
+/* A command that timed out is not a command that did not run: the socket
+ * held it, and Redis runs it when it wakes.  B's acquire times out while
+ * Redis is stopped and A's lease runs out; on SIGCONT Redis runs it and B
+ * holds the lease without knowing.  B's next acquire must not answer
+ * "held by another" with B itself as the holder (a standby that believes
+ * that refuses every client for a whole lease while the store names it):
+ * it is B's (1, with the epoch the late command took), or free. */
+Test(lease, a_timed_out_acquire_that_ran_late_is_still_its_callers)
+{
+    struct fx f;
+    fx_start(&f, "late", 300);
+    struct lease *a = fx_open(&f), *b = fx_open(&f);
+    struct lease_holder ha, out;
+    char err[ERRLEN] = "";
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, 600, 0, &ha), 1);
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &out), 0);
+    redis_signal(&f.r, SIGSTOP);
+    int rc = lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, ha.epoch, &out, err, sizeof(err));
+    cr_log_info("B's acquire with Redis stopped: %d %s", rc, err);
+    cr_assert_lt(rc, 0);
+    usleep(800 * 1000); /* past A's 600 ms: expired by the time Redis looks */
+    redis_signal(&f.r, SIGCONT);
+    char v[256];
+    snprintf(v, sizeof(v), "%s", get_leader(&f));
+    cr_log_info("after SIGCONT the store holds '%s', counter %s", v, get_epoch(&f));
+    rc = UNTIL_OK(lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, ha.epoch, &out, err, sizeof(err)));
+    cr_log_info("B's next acquire: %d, holder '%s'", rc, value_of(&out));
+    cr_assert(rc == 1 || strcmp(out.owner, B_OWNER) != 0, "B's acquire answered 0 (held by "
+              "another) naming B itself: '%s'", value_of(&out));
+    if (rc == 1)
+        cr_assert_str_eq(get_leader(&f), value_of(&out), "B's lease is the key");
+    lease_close(a);
+    lease_close(b);
+    fx_stop(&f);
+}
+
 /* One failing call: rc < 0 within 10x the timeout, err naming the URL. */
 static void must_fail(struct fx *f, const char *what, int rc, const char *err, uint64_t t0)
 {
