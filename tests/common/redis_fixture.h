@@ -1,0 +1,302 @@
+/*
+ * redis_fixture.h - a real redis-server process for tests: started on a
+ * free loopback port without persistence (--save '' --appendonly no) in a
+ * private directory, waited for until it answers PING (bounded), signalled
+ * (SIGSTOP, SIGCONT, SIGKILL), restarted on the same port (empty: nothing
+ * was persisted, as a Redis that lost its data), and killed with its test
+ * (PR_SET_PDEATHSIG).  redis_cmd() sends one command through hiredis for
+ * the test to read or write keys behind the code under test.
+ *
+ * Call redis_need() first: it skips the test, saying why, when this build
+ * has no hiredis (UMBP_HAVE_HIREDIS) or no redis-server can be found
+ * ($UMBP_REDIS_SERVER, else redis-server on $PATH).
+ */
+#ifndef UMBP_TEST_REDIS_FIXTURE_H
+#define UMBP_TEST_REDIS_FIXTURE_H
+
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#if UMBP_HAVE_HIREDIS
+#include <hiredis/hiredis.h>
+#endif
+
+#define REDIS_READY_MS 5000 /* bound on a start until PING answers */
+#define REDIS_CMD_MS 2000   /* bound on one redis_cmd */
+
+struct redis {
+    pid_t pid;          /* 0: not running */
+    uint16_t port;      /* kept across restarts */
+    bool stopped;       /* SIGSTOPped */
+    char dir[128];      /* its private --dir (removed once it runs: it stays empty) */
+    char log[160];      /* its stdout and stderr (kept after stop) */
+    const char *extra[16]; /* more arguments, NULL-terminated (kept across restarts) */
+    char reply[1024];   /* redis_str's last answer */
+};
+
+static inline uint64_t redis_now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+/* The redis-server to start, or NULL. */
+static inline const char *redis_server_bin(void)
+{
+    static char found[512];
+    const char *env = getenv("UMBP_REDIS_SERVER");
+    if (env && *env)
+        return access(env, X_OK) == 0 ? env : NULL;
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t n = strcspn(path, ":");
+        snprintf(found, sizeof(found), "%.*s/redis-server", (int)n, path);
+        if (n && access(found, X_OK) == 0)
+            return found;
+        path += n + (path[n] == ':');
+    }
+    return NULL;
+}
+
+/* Skips the calling test, with the reason, where Redis cannot be used. */
+static inline void redis_need(void)
+{
+#if !UMBP_HAVE_HIREDIS
+    cr_skip_test("built without hiredis (pkg-config hiredis; scripts/setup.sh installs "
+                 "libhiredis-dev): no redis:// lease to test");
+#endif
+    if (!redis_server_bin())
+        cr_skip_test("no redis-server on PATH (or $UMBP_REDIS_SERVER; scripts/setup.sh installs "
+                     "redis-server)");
+}
+
+static inline uint16_t redis_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof(a);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &l), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static inline char *redis_slurp(const char *path)
+{
+    static char buf[1 << 16];
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    buf[n] = 0;
+    if (f)
+        fclose(f);
+    return buf;
+}
+
+/* One raw PING over a fresh socket, bounded by ms: true if "+PONG" came. */
+static inline bool redis_pings(uint16_t port, int ms)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char buf[64];
+    size_t got = 0;
+    bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+              send(fd, "PING\r\n", 6, MSG_NOSIGNAL) == 6;
+    while (ok && got < 7) {
+        ssize_t r = recv(fd, buf + got, sizeof(buf) - 1 - got, 0);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = 0;
+    return ok && strncmp(buf, "+PONG", 5) == 0;
+}
+
+/* Starts redis-server on r->port (0: a free one), with r->extra. */
+static inline void redis_start(struct redis *r)
+{
+    const char *bin = redis_server_bin();
+    cr_assert_not_null(bin, "no redis-server (call redis_need() first)");
+    if (!r->port)
+        r->port = redis_free_port();
+    /* a fresh directory each start; removed once Redis runs in it (nothing
+     * is persisted there), so a test that fails leaves none behind */
+    snprintf(r->dir, sizeof(r->dir), "/tmp/umbp-test-redis.%d.XXXXXX", getpid());
+    cr_assert_not_null(mkdtemp(r->dir), "mkdtemp %s: %s", r->dir, strerror(errno));
+    if (!r->log[0])
+        snprintf(r->log, sizeof(r->log), "/tmp/umbp-test-redis.%d.%u.log", getpid(), r->port);
+    char port[8];
+    snprintf(port, sizeof(port), "%u", r->port);
+    const char *argv[40] = {"redis-server", "--port", port, "--bind", "127.0.0.1",
+                            "--save", "", "--appendonly", "no", "--dir", r->dir,
+                            "--daemonize", "no", "--logfile", ""};
+    int argc = 15;
+    for (int i = 0; r->extra[i] && argc < 39; i++)
+        argv[argc++] = r->extra[i];
+    argv[argc] = NULL;
+    r->pid = fork();
+    cr_assert_geq(r->pid, 0);
+    if (r->pid == 0) {
+        int fd = open(r->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test leaves no redis-server behind */
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    r->stopped = false;
+    uint64_t end = redis_now_ms() + REDIS_READY_MS;
+    while (!redis_pings(r->port, 500)) {
+        int st;
+        cr_assert_eq(waitpid(r->pid, &st, WNOHANG), 0, "redis-server exited; its log (%s):\n%s",
+                     r->log, redis_slurp(r->log));
+        cr_assert_lt(redis_now_ms(), end, "redis-server does not answer PING on port %u within "
+                     "%d ms; its log:\n%s", r->port, REDIS_READY_MS, redis_slurp(r->log));
+        usleep(10000);
+    }
+    rmdir(r->dir); /* empty: Redis keeps it as its working directory */
+}
+
+/* SIGSTOP, SIGCONT, SIGKILL (reaped: r->pid becomes 0) or SIGTERM (same). */
+static inline void redis_signal(struct redis *r, int sig)
+{
+    cr_assert_neq(r->pid, 0, "redis-server is not running");
+    cr_assert_eq(kill(r->pid, sig), 0);
+    if (sig == SIGSTOP)
+        r->stopped = true;
+    else if (sig == SIGCONT)
+        r->stopped = false;
+    else if (sig == SIGKILL || sig == SIGTERM) {
+        int st;
+        if (r->stopped && sig == SIGTERM)
+            kill(r->pid, SIGCONT);
+        waitpid(r->pid, &st, 0);
+        r->pid = 0;
+        r->stopped = false;
+    }
+}
+
+/* kill -9 and start again on the same port: an empty Redis. */
+static inline void redis_restart_same_port(struct redis *r)
+{
+    if (r->pid)
+        redis_signal(r, SIGKILL);
+    redis_start(r);
+}
+
+/* Kills it (if running); the log stays. */
+static inline void redis_stop(struct redis *r)
+{
+    if (r->pid)
+        redis_signal(r, SIGKILL);
+}
+
+/* "redis://127.0.0.1:<port>/<cluster>" */
+static inline const char *redis_url(const struct redis *r, const char *cluster, char *buf,
+                                    size_t cap)
+{
+    snprintf(buf, cap, "redis://127.0.0.1:%u/%s", r->port, cluster);
+    return buf;
+}
+
+#if UMBP_HAVE_HIREDIS
+/* One command (hiredis format: %s, %b, %lld ...) on a fresh connection,
+ * bounded by REDIS_CMD_MS: its reply (freeReplyObject it); NULL, with the
+ * reason logged, if Redis did not answer.  (Logged as info: Criterion 2.4
+ * exits 1 after any cr_log_warn, which ctest counts as a failure.) */
+static inline redisReply *redis_try_cmd(struct redis *r, const char *fmt, ...)
+{
+    struct timeval tv = {.tv_sec = REDIS_CMD_MS / 1000, .tv_usec = (REDIS_CMD_MS % 1000) * 1000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    if (!c || c->err) {
+        cr_log_info("redis port %u: connect: %s", r->port, c ? c->errstr : "out of memory");
+        if (c)
+            redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *rep = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    if (!rep)
+        cr_log_info("redis port %u: '%s': %s", r->port, fmt, c->errstr);
+    redisFree(c);
+    return rep;
+}
+
+#define redis_cmd(r, ...)                                                                  \
+    ({                                                                                     \
+        redisReply *rep_ = redis_try_cmd((r), __VA_ARGS__);                                \
+        cr_assert_not_null(rep_, "redis-server on port %u did not answer a command",       \
+                           (r)->port);                                                     \
+        rep_;                                                                              \
+    })
+
+/* The reply, as text in r->reply: a string or status as is, an integer in
+ * decimal, "(nil)", "(error) <message>", "(array of n)". */
+static inline const char *redis_render(struct redis *r, redisReply *rep)
+{
+    switch (rep->type) {
+    case REDIS_REPLY_STRING:
+    case REDIS_REPLY_STATUS:
+        snprintf(r->reply, sizeof(r->reply), "%.*s", (int)rep->len, rep->str);
+        break;
+    case REDIS_REPLY_INTEGER:
+        snprintf(r->reply, sizeof(r->reply), "%lld", rep->integer);
+        break;
+    case REDIS_REPLY_NIL:
+        snprintf(r->reply, sizeof(r->reply), "(nil)");
+        break;
+    case REDIS_REPLY_ERROR:
+        snprintf(r->reply, sizeof(r->reply), "(error) %.*s", (int)rep->len, rep->str);
+        break;
+    default:
+        snprintf(r->reply, sizeof(r->reply), "(array of %zu)", rep->elements);
+    }
+    freeReplyObject(rep);
+    return r->reply;
+}
+
+/* A command's reply as text (redis_render): redis_str(&r, "GET %s", key). */
+#define redis_str(r, ...) redis_render((r), redis_cmd((r), __VA_ARGS__))
+
+/* A command whose reply is not wanted; asserts it is not an error. */
+#define redis_do(r, ...)                                                                   \
+    do {                                                                                   \
+        const char *a_ = redis_str((r), __VA_ARGS__);                                      \
+        cr_assert(strncmp(a_, "(error)", 7) != 0, "redis: %s", a_);                        \
+    } while (0)
+#else
+/* Without hiredis there is nothing to test against Redis (redis_need()
+ * skips); these only keep the tests compiling. */
+#define redis_str(r, ...) (cr_assert_fail("built without hiredis"), (r)->reply)
+#define redis_do(r, ...) cr_assert_fail("built without hiredis")
+#endif /* UMBP_HAVE_HIREDIS */
+
+#endif /* UMBP_TEST_REDIS_FIXTURE_H */

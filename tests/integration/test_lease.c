@@ -1,0 +1,974 @@
+/*
+ * test_lease - the leader lease of umbp-master's high availability
+ * (net/leader_lease.h) through its four calls, against a real redis-server
+ * (tests/common/redis_fixture.h) that the tests also read and write
+ * behind the lease's back (the leader and epoch keys), restart without
+ * persistence (an empty Redis: lost data), kill and stop.
+ *
+ * Suites lease_url and lease_value need no Redis.  Suite lease skips,
+ * saying why, without hiredis or redis-server.  Every wait is a bounded
+ * loop on an outcome (the key expired, a call works again); durations of
+ * failing calls are printed and bounded only generously (10x the timeout).
+ */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "leader_lease.h"
+#include "redis_fixture.h"
+
+#define ERRLEN 512
+
+static bool has(const char *s, const char *part) { return strcasestr(s, part) != NULL; }
+
+/* ---- URLs -------------------------------------------------------------------------- */
+
+TestSuite(lease_url, .timeout = 30);
+
+Test(lease_url, a_url_is_told_from_a_host_port)
+{
+    cr_assert(lease_is_url("redis://127.0.0.1:6379/prod"));
+    cr_assert(lease_is_url("redis://10.0.0.5/c"));
+    cr_assert_not(lease_is_url("127.0.0.1:7390"));
+    cr_assert_not(lease_is_url("[::1]:7390"));
+    cr_assert_not(lease_is_url("master.example.com:7390"));
+    cr_assert_not(lease_is_url(""));
+}
+
+Test(lease_url, good_urls_parse)
+{
+    static const struct {
+        const char *url, *host;
+        uint16_t port;
+        const char *cluster;
+    } good[] = {
+        {"redis://127.0.0.1:6379/prod", "127.0.0.1", 6379, "prod"},
+        {"redis://10.0.0.5/c-1.x_y", "10.0.0.5", 6379, "c-1.x_y"},   /* default port */
+        {"redis://[::1]:7000/c", "::1", 7000, "c"},                   /* IPv6 */
+        {"redis://[fd00::5]/A9", "fd00::5", 6379, "A9"},
+        {"redis://redis.example.com:6380/Cluster_2", "redis.example.com", 6380, "Cluster_2"},
+        {"redis://h:1/"
+         "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk", /* 63: the most */
+         "h", 1, "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk"},
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        struct lease_url u;
+        char err[ERRLEN] = "";
+        memset(&u, 0x5a, sizeof(u));
+        int rc = lease_url_parse(good[i].url, "lease_url", &u, err, sizeof(err));
+        cr_assert_eq(rc, 0, "%s: %d %s", good[i].url, rc, err);
+        cr_assert_str_eq(u.scheme, "redis", "%s", good[i].url);
+        cr_assert_str_eq(u.host, good[i].host, "%s", good[i].url);
+        cr_assert_eq(u.port, good[i].port, "%s: port %u", good[i].url, u.port);
+        cr_assert_str_eq(u.cluster, good[i].cluster, "%s", good[i].url);
+    }
+}
+
+/* Each bad URL is -EINVAL, and err names the option and the bad part. */
+Test(lease_url, bad_urls_are_refused_naming_the_bad_part)
+{
+    static const struct {
+        const char *url, *part; /* `part`: what err must mention (case-insensitive) */
+    } bad[] = {
+        {"", "lease_url"},
+        {"http://127.0.0.1:6379/c", "http"},
+        {"etcd2://127.0.0.1:2379/c", "etcd2"},
+        {"redis:/127.0.0.1:6379/c", "redis:/127.0.0.1:6379/c"},
+        {"redis://127.0.0.1:6379", "cluster"},
+        {"redis://127.0.0.1:6379/", "cluster"},
+        {"redis://127.0.0.1:6379/a b", "cluster"},
+        {"redis://127.0.0.1:6379/a/b", "cluster"},
+        {"redis://127.0.0.1:6379/a:b", "cluster"},
+        {"redis://127.0.0.1:6379/"
+         "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijkl", /* 64 */
+         "cluster"},
+        {"redis://127.0.0.1:70000/c", "port"},
+        {"redis://127.0.0.1:abc/c", "port"},
+        {"redis://127.0.0.1:/c", "port"},
+        {"redis://:6379/c", "host"},
+        {"redis:///c", "host"},
+        {"redis://[::1/c", "lease_url"},
+        {"redis://::1:6379/c", "lease_url"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct lease_url u;
+        char err[ERRLEN] = "";
+        int rc = lease_url_parse(bad[i].url, "lease_url", &u, err, sizeof(err));
+        cr_log_info("'%s' -> %d %s", bad[i].url, rc, err);
+        cr_expect_eq(rc, -EINVAL, "'%s': %d (%s)", bad[i].url, rc, err);
+        cr_expect(has(err, "lease_url"), "'%s': the error does not name the option: '%s'",
+                  bad[i].url, err);
+        cr_expect(has(err, bad[i].part), "'%s': the error does not name '%s': '%s'", bad[i].url,
+                  bad[i].part, err);
+    }
+}
+
+Test(lease_url, open_refuses_a_bad_url_and_does_not_connect)
+{
+    struct lease *l = NULL;
+    char err[ERRLEN] = "";
+    int rc = lease_open("redis://127.0.0.1:6379", 500, &l, err, sizeof(err));
+    cr_assert_eq(rc, -EINVAL, "%d %s", rc, err);
+    cr_assert(has(err, "cluster"), "%s", err);
+    rc = lease_open("ftp://127.0.0.1:6379/c", 500, &l, err, sizeof(err));
+    cr_assert(rc == -EINVAL || rc == -ENOTSUP, "%d %s", rc, err);
+    cr_assert(has(err, "ftp"), "%s", err);
+    /* nothing listens there: open does not connect, so it succeeds */
+    uint16_t port = redis_free_port();
+    char url[128];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%u/c", port);
+    rc = lease_open(url, 500, &l, err, sizeof(err));
+#if UMBP_HAVE_HIREDIS
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    cr_assert_str_eq(lease_url_of(l), url);
+    lease_close(l);
+#else
+    cr_assert_eq(rc, -ENOTSUP, "without hiredis: %d %s", rc, err);
+    cr_assert(has(err, "hiredis"), "the error names the package: %s", err);
+#endif
+}
+
+/* ---- the leader key's value ------------------------------------------------------------- */
+
+TestSuite(lease_value, .timeout = 30);
+
+Test(lease_value, good_values_parse_and_round_trip)
+{
+    static const struct {
+        const char *v;
+        uint64_t epoch;
+        const char *address, *owner;
+    } good[] = {
+        {"1 127.0.0.1:7390 umbp-master-1234", 1, "127.0.0.1:7390", "umbp-master-1234"},
+        {"42 [::1]:7390 host-a.9999.123456", 42, "[::1]:7390", "host-a.9999.123456"},
+        /* 2^53: the largest epoch (Redis's Lua counts in doubles) */
+        {"9007199254740992 master.example.com:1 x", 9007199254740992ull, "master.example.com:1",
+         "x"},
+    };
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        struct lease_holder h;
+        char err[ERRLEN] = "", buf[256];
+        int rc = lease_value_parse(good[i].v, strlen(good[i].v), &h, err, sizeof(err));
+        cr_assert_eq(rc, 0, "'%s': %d %s", good[i].v, rc, err);
+        cr_assert_eq(h.epoch, good[i].epoch, "'%s'", good[i].v);
+        cr_assert_str_eq(h.address, good[i].address);
+        cr_assert_str_eq(h.owner, good[i].owner);
+        cr_assert_eq(lease_value_format(&h, buf, sizeof(buf)), 0);
+        cr_assert_str_eq(buf, good[i].v, "formatting gives back the value");
+    }
+    /* only len bytes are read: the value needs no NUL */
+    const char *v = "7 127.0.0.1:7 abcdefXYZ";
+    struct lease_holder h;
+    char err[ERRLEN] = "";
+    cr_assert_eq(lease_value_parse(v, strlen(v) - 3, &h, err, sizeof(err)), 0, "%s", err);
+    cr_assert_str_eq(h.owner, "abcdef");
+    /* a buffer too small to format into */
+    h = (struct lease_holder){.epoch = 123456, .address = "127.0.0.1:7390", .owner = "m-1"};
+    char small[20]; /* "123456 127.0.0.1:7390 m-1" is 25 bytes */
+    cr_assert_eq(lease_value_format(&h, small, sizeof(small)), -ENAMETOOLONG);
+    char fits[26];
+    cr_assert_eq(lease_value_format(&h, fits, sizeof(fits)), 0);
+    cr_assert_str_eq(fits, "123456 127.0.0.1:7390 m-1");
+    cr_assert_eq(lease_value_format(&h, fits, 25), -ENAMETOOLONG, "no room for the NUL");
+}
+
+Test(lease_value, bad_values_are_refused_naming_the_field)
+{
+    char long_owner[160], long_addr[160];
+    snprintf(long_owner, sizeof(long_owner), "1 127.0.0.1:1 %0*d", LEASE_OWNER_MAX, 0);
+    snprintf(long_addr, sizeof(long_addr), "1 %0*d.example.com:1 o", NET_TCP_NAME_MAX, 0);
+    static const char nul_owner[] = "1 127.0.0.1:1 o\0x"; /* a NUL inside the owner */
+    const struct {
+        const char *v;
+        size_t len; /* 0: strlen */
+        const char *field;
+    } bad[] = {
+        {"", 0, "epoch"},
+        {"0 127.0.0.1:1 o", 0, "epoch"},
+        {"x 127.0.0.1:1 o", 0, "epoch"},
+        {"-1 127.0.0.1:1 o", 0, "epoch"},
+        {"1x 127.0.0.1:1 o", 0, "epoch"},
+        {"9007199254740993 127.0.0.1:1 o", 0, "epoch"},     /* 2^53 + 1 */
+        {"18446744073709551616 127.0.0.1:1 o", 0, "epoch"}, /* 2^64 */
+        {"99999999999999999999999 127.0.0.1:1 o", 0, "epoch"},
+        {"1", 0, "address"},
+        {"1 127.0.0.1 o", 0, "address"},
+        {"1 127.0.0.1:99999 o", 0, "address"},
+        {"1 :7390 o", 0, "address"},
+        {long_addr, 0, "address"},
+        {"1 127.0.0.1:1", 0, "owner"},
+        {"1 127.0.0.1:1 ", 0, "owner"},
+        {"1 127.0.0.1:1 a b", 0, "owner"},
+        {"1 127.0.0.1:1 a\tb", 0, "owner"},
+        {"1 127.0.0.1:1 a\x01", 0, "owner"},
+        {"1 127.0.0.1:1 a\xc3\xa9", 0, "owner"},
+        {nul_owner, sizeof(nul_owner) - 1, "owner"},
+        {long_owner, 0, "owner"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct lease_holder h;
+        char err[ERRLEN] = "";
+        size_t len = bad[i].len ? bad[i].len : strlen(bad[i].v);
+        int rc = lease_value_parse(bad[i].v, len, &h, err, sizeof(err));
+        cr_log_info("value %zu ('%.40s') -> %d %s", i, bad[i].v, rc, err);
+        cr_expect_eq(rc, -EPROTO, "value %zu '%.60s': %d (%s)", i, bad[i].v, rc, err);
+        cr_expect(has(err, bad[i].field), "value %zu '%.60s': the error does not name the %s: "
+                  "'%s'", i, bad[i].v, bad[i].field, err);
+    }
+}
+
+/* ---- against Redis ------------------------------------------------------------------------ */
+
+TestSuite(lease, .timeout = 180);
+
+#define A_ADDR "127.0.0.1:7001"
+#define A_OWNER "master-a.101"
+#define B_ADDR "127.0.0.1:7002"
+#define B_OWNER "master-b.202"
+#define C_ADDR "127.0.0.1:7003"
+#define C_OWNER "master-c.303"
+#define TTL_LONG 60000
+#define GONE_MS 10000 /* bound on an expiry to show (the ttls here are <= 300 ms) */
+
+struct fx {
+    struct redis r;
+    const char *cluster;
+    char url[160];
+    char leader_key[128], epoch_key[128];
+    uint64_t timeout_ms;
+};
+
+static void fx_start(struct fx *f, const char *cluster, uint64_t timeout_ms)
+{
+    redis_need();
+    memset(f, 0, sizeof(*f));
+    f->cluster = cluster;
+    f->timeout_ms = timeout_ms;
+    redis_start(&f->r);
+    redis_url(&f->r, cluster, f->url, sizeof(f->url));
+    snprintf(f->leader_key, sizeof(f->leader_key), "umbp:%s:leader", cluster);
+    snprintf(f->epoch_key, sizeof(f->epoch_key), "umbp:%s:epoch", cluster);
+}
+
+static struct lease *fx_open(struct fx *f)
+{
+    struct lease *l = NULL;
+    char err[ERRLEN] = "";
+    int rc = lease_open(f->url, f->timeout_ms, &l, err, sizeof(err));
+    cr_assert_eq(rc, 0, "lease_open %s: %d %s", f->url, rc, err);
+    cr_assert_not_null(l);
+    return l;
+}
+
+static void fx_stop(struct fx *f) { redis_stop(&f->r); }
+
+static const char *get_leader(struct fx *f) { return redis_str(&f->r, "GET %s", f->leader_key); }
+static const char *get_epoch(struct fx *f) { return redis_str(&f->r, "GET %s", f->epoch_key); }
+static long long pttl(struct fx *f) { return atoll(redis_str(&f->r, "PTTL %s", f->leader_key)); }
+
+static struct lease_holder holder(uint64_t epoch, const char *address, const char *owner)
+{
+    struct lease_holder h;
+    memset(&h, 0, sizeof(h));
+    h.epoch = epoch;
+    snprintf(h.address, sizeof(h.address), "%s", address);
+    snprintf(h.owner, sizeof(h.owner), "%s", owner);
+    return h;
+}
+
+static void assert_holder(const struct lease_holder *h, uint64_t epoch, const char *address,
+                          const char *owner, const char *what)
+{
+    cr_assert_eq(h->epoch, epoch, "%s: epoch %llu, expected %llu", what,
+                 (unsigned long long)h->epoch, (unsigned long long)epoch);
+    cr_assert_str_eq(h->address, address, "%s", what);
+    cr_assert_str_eq(h->owner, owner, "%s", what);
+}
+
+/* The key's value for h, as the store holds it. */
+static const char *value_of(const struct lease_holder *h)
+{
+    static char buf[256];
+    cr_assert_eq(lease_value_format(h, buf, sizeof(buf)), 0);
+    return buf;
+}
+
+/* Bounded wait until the leader key is gone (expired); returns the ms waited. */
+static uint64_t wait_gone(struct fx *f)
+{
+    uint64_t t0 = redis_now_ms();
+    while (strcmp(get_leader(f), "(nil)") != 0) {
+        cr_assert_lt(redis_now_ms() - t0, GONE_MS, "the leader key never expired: '%s'",
+                     f->r.reply);
+        usleep(20000);
+    }
+    return redis_now_ms() - t0;
+}
+
+/* Calls that must succeed (rc >= 0), each asserted with its err. */
+static int acquire(struct lease *l, const char *addr, const char *owner, uint64_t ttl,
+                   uint64_t min_epoch, struct lease_holder *out)
+{
+    char err[ERRLEN] = "";
+    memset(out, 0x5a, sizeof(*out));
+    int rc = lease_acquire(l, addr, owner, ttl, min_epoch, out, err, sizeof(err));
+    cr_assert_geq(rc, 0, "lease_acquire(%s): %d %s", owner, rc, err);
+    return rc;
+}
+
+static int renew(struct lease *l, const struct lease_holder *mine, uint64_t ttl,
+                 struct lease_holder *out)
+{
+    char err[ERRLEN] = "";
+    memset(out, 0x5a, sizeof(*out));
+    int rc = lease_renew(l, mine, ttl, out, err, sizeof(err));
+    cr_assert_geq(rc, 0, "lease_renew(%s): %d %s", mine->owner, rc, err);
+    return rc;
+}
+
+static int release(struct lease *l, const struct lease_holder *mine)
+{
+    char err[ERRLEN] = "";
+    int rc = lease_release(l, mine, err, sizeof(err));
+    cr_assert_geq(rc, 0, "lease_release(%s): %d %s", mine->owner, rc, err);
+    return rc;
+}
+
+static int leader(struct lease *l, struct lease_holder *out)
+{
+    char err[ERRLEN] = "";
+    memset(out, 0x5a, sizeof(*out));
+    int rc = lease_leader(l, out, err, sizeof(err));
+    cr_assert_geq(rc, 0, "lease_leader: %d %s", rc, err);
+    return rc;
+}
+
+Test(lease, acquire_on_an_empty_store_gives_epoch_1)
+{
+    struct fx f;
+    fx_start(&f, "acq", 2000);
+    struct lease *a = fx_open(&f);
+    struct lease_holder h;
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, 10000, 0, &h), 1);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "ours");
+    /* what the store holds */
+    cr_assert_str_eq(get_leader(&f), "1 " A_ADDR " " A_OWNER);
+    cr_assert_str_eq(get_epoch(&f), "1");
+    long long t = pttl(&f);
+    cr_assert(t > 0 && t <= 10000, "the leader key expires within the ttl: PTTL %lld", t);
+    cr_assert_eq(atoll(redis_str(&f.r, "PTTL %s", f.epoch_key)), -1, "the counter never "
+                 "expires");
+    /* nothing else was written, and nothing outside the cluster's names */
+    cr_assert_str_eq(redis_str(&f.r, "DBSIZE"), "2");
+    lease_close(a);
+    fx_stop(&f);
+}
+
+Test(lease, a_second_owner_gets_0_and_sees_the_first_holder)
+{
+    struct fx f;
+    fx_start(&f, "second", 2000);
+    struct lease *a = fx_open(&f), *b = fx_open(&f);
+    struct lease_holder ha, hb;
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &ha), 1);
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &hb), 0);
+    assert_holder(&hb, 1, A_ADDR, A_OWNER, "B sees A");
+    /* even with a higher min_epoch: held is held */
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 50, &hb), 0);
+    assert_holder(&hb, 1, A_ADDR, A_OWNER, "B sees A");
+    cr_assert_str_eq(get_leader(&f), value_of(&ha), "the key is A's");
+    cr_assert_str_eq(get_epoch(&f), "1", "a refused acquire hands out no epoch");
+    /* clusters are separate: another cluster name in the same Redis is free */
+    struct fx g = f;
+    g.cluster = "second2";
+    redis_url(&g.r, g.cluster, g.url, sizeof(g.url));
+    struct lease *c = fx_open(&g);
+    struct lease_holder hc;
+    cr_assert_eq(acquire(c, C_ADDR, C_OWNER, TTL_LONG, 0, &hc), 1);
+    assert_holder(&hc, 1, C_ADDR, C_OWNER, "another cluster");
+    cr_assert_str_eq(redis_str(&f.r, "GET umbp:second2:leader"), value_of(&hc));
+    cr_assert_str_eq(get_leader(&f), value_of(&ha), "cluster 'second' untouched");
+    lease_close(a);
+    lease_close(b);
+    lease_close(c);
+    fx_stop(&f);
+}
+
+Test(lease, renew_keeps_it_for_the_holder_only)
+{
+    struct fx f;
+    fx_start(&f, "renew", 2000);
+    struct lease *a = fx_open(&f), *b = fx_open(&f);
+    struct lease_holder ha, out;
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, 1000, 0, &ha), 1);
+    cr_assert_leq(pttl(&f), 1000);
+    cr_assert_eq(renew(a, &ha, TTL_LONG, &out), 1, "the holder renews");
+    long long t = pttl(&f);
+    cr_assert(t > 1000 && t <= TTL_LONG, "renew extended the key to the new ttl: PTTL %lld", t);
+    cr_assert_str_eq(get_leader(&f), value_of(&ha), "renew keeps the value");
+    cr_assert_str_eq(get_epoch(&f), "1", "renew hands out no epoch");
+    for (int i = 0; i < 5; i++)
+        cr_assert_eq(renew(a, &ha, TTL_LONG, &out), 1);
+
+    /* non-holders with A's epoch (a higher one takes the key back: see
+     * a_higher_epoch_takes_the_key_back): another owner, A's owner at
+     * another address, another owner at A's address */
+    const struct lease_holder not_mine[] = {
+        holder(1, B_ADDR, B_OWNER),
+        holder(1, B_ADDR, A_OWNER),
+        holder(1, A_ADDR, B_OWNER),
+    };
+    for (size_t i = 0; i < sizeof(not_mine) / sizeof(not_mine[0]); i++) {
+        cr_assert_eq(renew(b, &not_mine[i], 500, &out), 0, "'%s' renewed A's lease",
+                     value_of(&not_mine[i]));
+        assert_holder(&out, 1, A_ADDR, A_OWNER, "the holder is A");
+        cr_assert_str_eq(get_leader(&f), value_of(&ha), "the key is still A's");
+        t = pttl(&f);
+        cr_assert_gt(t, 1000, "a non-holder's renew did not change the expiry: PTTL %lld", t);
+    }
+    cr_assert_str_eq(get_epoch(&f), "1");
+    lease_close(a);
+    lease_close(b);
+    fx_stop(&f);
+}
+
+Test(lease, expiry_lets_another_owner_take_it_with_epoch_2)
+{
+    struct fx f;
+    fx_start(&f, "expiry", 2000);
+    struct lease *a = fx_open(&f), *b = fx_open(&f);
+    struct lease_holder ha, hb, out;
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, 300, 0, &ha), 1);
+    cr_assert_eq(ha.epoch, 1);
+    uint64_t waited = wait_gone(&f);
+    cr_log_info("the 300 ms lease expired %llu ms after the check began",
+                (unsigned long long)waited);
+    cr_assert_eq(leader(b, &out), 0, "nobody holds an expired lease");
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &hb), 1);
+    assert_holder(&hb, 2, B_ADDR, B_OWNER, "B takes over with epoch 2");
+    cr_assert_str_eq(get_epoch(&f), "2");
+    /* the old holder learns it lost, and who holds it now */
+    cr_assert_eq(renew(a, &ha, 300, &out), 0, "the deposed holder's renew");
+    assert_holder(&out, 2, B_ADDR, B_OWNER, "the new holder");
+    cr_assert_str_eq(get_leader(&f), value_of(&hb), "A's renew did not touch B's key");
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, 300, 0, &out), 0);
+    assert_holder(&out, 2, B_ADDR, B_OWNER, "A's acquire sees B");
+    lease_close(a);
+    lease_close(b);
+    fx_stop(&f);
+}
+
+/* renew on an absent key: the holder re-takes it with its own epoch, unless
+ * the counter has passed its epoch (someone took over meanwhile and
+ * vanished: then the lease is left free). */
+Test(lease, a_holder_whose_key_expired_retakes_it_unless_the_counter_passed_it)
+{
+    struct fx f;
+    fx_start(&f, "retake", 2000);
+    struct lease *a = fx_open(&f), *b = fx_open(&f);
+    struct lease_holder ha, hb, out;
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, 300, 0, &ha), 1);
+    wait_gone(&f);
+    cr_assert_eq(renew(a, &ha, 300, &out), 1, "the holder re-takes its expired key");
+    cr_assert_str_eq(get_leader(&f), value_of(&ha), "with its own value (epoch 1)");
+    cr_assert_str_eq(get_epoch(&f), "1", "and no new epoch");
+    long long t = pttl(&f);
+    cr_assert(t > 0 && t <= 300, "with the ttl asked: PTTL %lld", t);
+
+    /* B takes over once A's key expires, then B vanishes too */
+    wait_gone(&f);
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, 300, 0, &hb), 1);
+    cr_assert_eq(hb.epoch, 2);
+    wait_gone(&f);
+    cr_assert_eq(renew(a, &ha, TTL_LONG, &out), 0, "A (epoch 1) must not re-take: epoch 2 "
+                 "was handed out");
+    cr_assert_eq(out.epoch, 0, "nobody holds it: epoch 0, got %llu",
+                 (unsigned long long)out.epoch);
+    cr_assert_str_eq(get_leader(&f), "(nil)", "the lease is left free");
+    cr_assert_str_eq(get_epoch(&f), "2");
+    /* B, whose epoch is the counter's, may re-take it */
+    cr_assert_eq(renew(b, &hb, TTL_LONG, &out), 1);
+    cr_assert_str_eq(get_leader(&f), value_of(&hb));
+    lease_close(a);
+    lease_close(b);
+    fx_stop(&f);
+}
+
+Test(lease, release_deletes_only_mine)
+{
+    struct fx f;
+    fx_start(&f, "release", 2000);
+    struct lease *a = fx_open(&f), *b = fx_open(&f);
+    struct lease_holder ha = holder(1, A_ADDR, A_OWNER), hb, out;
+    cr_assert_eq(release(a, &ha), 0, "releasing on an empty store");
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &ha), 1);
+    const struct lease_holder not_mine[] = {holder(1, B_ADDR, B_OWNER),
+                                            holder(2, A_ADDR, A_OWNER)};
+    for (size_t i = 0; i < 2; i++) {
+        cr_assert_eq(release(b, &not_mine[i]), 0);
+        cr_assert_str_eq(get_leader(&f), value_of(&ha), "'%s' released A's lease",
+                         value_of(&not_mine[i]));
+    }
+    cr_assert_eq(release(a, &ha), 0);
+    cr_assert_str_eq(get_leader(&f), "(nil)", "the holder's release deletes the key");
+    cr_assert_str_eq(get_epoch(&f), "1", "and keeps the counter");
+    cr_assert_eq(leader(b, &out), 0);
+    cr_assert_eq(release(a, &ha), 0, "a second release: not mine any more");
+    /* the next taker at once, with the next epoch */
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &hb), 1);
+    cr_assert_eq(hb.epoch, 2);
+    cr_assert_eq(release(a, &ha), 0);
+    cr_assert_str_eq(get_leader(&f), value_of(&hb), "A's late release leaves B's key");
+    lease_close(a);
+    lease_close(b);
+    fx_stop(&f);
+}
+
+Test(lease, leader_names_the_holder)
+{
+    struct fx f;
+    fx_start(&f, "leader", 2000);
+    struct lease *a = fx_open(&f), *b = fx_open(&f);
+    struct lease_holder ha, out;
+    cr_assert_eq(leader(b, &out), 0, "an empty store: nobody leads");
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &ha), 1);
+    cr_assert_eq(leader(b, &out), 1);
+    assert_holder(&out, 1, A_ADDR, A_OWNER, "leader()");
+    cr_assert_eq(leader(a, &out), 1, "the holder asks too");
+    assert_holder(&out, 1, A_ADDR, A_OWNER, "leader()");
+    /* a value that is not a lease: an error naming it, not a holder */
+    redis_do(&f.r, "SET %s %s", f.leader_key, "not a lease value");
+    char err[ERRLEN] = "";
+    int rc = lease_leader(b, &out, err, sizeof(err));
+    cr_log_info("leader() of a bad value: %d %s", rc, err);
+    cr_assert_lt(rc, 0, "a bad value in the key is not a leader");
+    cr_expect_eq(rc, -EPROTO, "%d %s", rc, err);
+    cr_assert(has(err, f.url), "the error names the store: '%s'", err);
+    /* the lease still works after the error */
+    redis_do(&f.r, "DEL %s", f.leader_key);
+    cr_assert_eq(leader(b, &out), 0);
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &out), 1);
+    cr_assert_eq(out.epoch, 2);
+    lease_close(a);
+    lease_close(b);
+    fx_stop(&f);
+}
+
+Test(lease, the_epoch_is_the_greater_of_the_counter_and_min_epoch_plus_1)
+{
+    struct fx f;
+    fx_start(&f, "min", 2000);
+    struct lease *a = fx_open(&f);
+    struct lease_holder h;
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 41, &h), 1);
+    cr_assert_eq(h.epoch, 42);
+    cr_assert_str_eq(get_epoch(&f), "42");
+    redis_do(&f.r, "DEL %s", f.leader_key);
+    redis_do(&f.r, "SET %s 100", f.epoch_key);
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 5, &h), 1);
+    cr_assert_eq(h.epoch, 101, "the counter wins over a lower min_epoch");
+    cr_assert_str_eq(get_epoch(&f), "101");
+    redis_do(&f.r, "DEL %s", f.leader_key);
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 500, &h), 1);
+    cr_assert_eq(h.epoch, 501);
+    cr_assert_str_eq(get_leader(&f), "501 " A_ADDR " " A_OWNER);
+    lease_close(a);
+    fx_stop(&f);
+}
+
+/* A call after the store restarted may fail once (the connection was
+ * reset); the next reconnects.  Retries for a bounded time until rc >= 0. */
+#define UNTIL_OK(call)                                                                     \
+    ({                                                                                     \
+        int rc_;                                                                           \
+        uint64_t t0_ = redis_now_ms();                                                     \
+        while ((rc_ = (call)) < 0) {                                                       \
+            cr_log_info("%s: %d %s (retrying)", #call, rc_, err);                          \
+            cr_assert_lt(redis_now_ms() - t0_, 10000, "%s never worked again: %d %s",      \
+                         #call, rc_, err);                                                 \
+            usleep(50000);                                                                 \
+        }                                                                                  \
+        rc_;                                                                               \
+    })
+
+/* The store lost the lease and a newcomer that never saw A's epoch took
+ * it with a lower one: A's renewal takes the key back (the highest epoch
+ * wins) and raises the counter; the newcomer's next renewal loses to A.
+ * Not when the counter has passed A's epoch (epochs above it were handed
+ * out: A is not the highest). */
+Test(lease, a_higher_epoch_takes_the_key_back)
+{
+    struct fx f;
+    fx_start(&f, "back", 2000);
+    struct lease *a = fx_open(&f), *b = fx_open(&f);
+    struct lease_holder ha, hb, out;
+    char err[ERRLEN] = "";
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 4, &ha), 1);
+    cr_assert_eq(ha.epoch, 5);
+    redis_restart_same_port(&f.r);
+    int rc = UNTIL_OK(lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &hb, err, sizeof(err)));
+    cr_assert_eq(rc, 1);
+    cr_assert_eq(hb.epoch, 1, "the newcomer saw no epoch: it gets 1 in the empty store");
+    rc = UNTIL_OK(lease_renew(a, &ha, TTL_LONG, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "A (epoch 5) takes the key back from epoch 1");
+    cr_assert_str_eq(get_leader(&f), value_of(&ha));
+    cr_assert_str_eq(get_epoch(&f), "5", "the counter is raised to A's epoch");
+    cr_assert_eq(renew(b, &hb, TTL_LONG, &out), 0, "the newcomer lost");
+    assert_holder(&out, 5, A_ADDR, A_OWNER, "the newcomer sees A");
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &out), 0);
+    assert_holder(&out, 5, A_ADDR, A_OWNER, "B's acquire sees A");
+
+    /* the counter passed A's epoch: the key stays with the lower holder */
+    redis_do(&f.r, "SET %s %s", f.leader_key, value_of(&hb));
+    redis_do(&f.r, "SET %s 9", f.epoch_key);
+    cr_assert_eq(renew(a, &ha, TTL_LONG, &out), 0, "epochs above A's were handed out");
+    assert_holder(&out, 1, B_ADDR, B_OWNER, "the holder A found");
+    cr_assert_str_eq(get_leader(&f), value_of(&hb), "A did not take it");
+    cr_assert_str_eq(get_epoch(&f), "9", "nor touch the counter");
+    /* equal epochs: the holder keeps it */
+    redis_do(&f.r, "SET %s 5", f.epoch_key);
+    struct lease_holder h5 = holder(5, B_ADDR, B_OWNER);
+    redis_do(&f.r, "SET %s %s", f.leader_key, value_of(&h5));
+    cr_assert_eq(renew(a, &ha, TTL_LONG, &out), 0, "an equal epoch is not taken back");
+    assert_holder(&out, 5, B_ADDR, B_OWNER, "the holder A found");
+    lease_close(a);
+    lease_close(b);
+    fx_stop(&f);
+}
+
+Test(lease, epochs_stay_monotonic_across_a_restart_that_loses_data)
+{
+    struct fx f;
+    fx_start(&f, "restart", 1000);
+    struct lease *a = fx_open(&f), *b = fx_open(&f), *c = fx_open(&f);
+    struct lease_holder ha, hb, out;
+    char err[ERRLEN] = "";
+    /* a few takeovers: A holds with epoch 10 */
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &ha), 1);
+    redis_do(&f.r, "DEL %s", f.leader_key);
+    redis_do(&f.r, "SET %s 9", f.epoch_key);
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &ha), 1);
+    cr_assert_eq(ha.epoch, 10);
+    /* B, a standby, has seen epoch 10 */
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &out), 0);
+    uint64_t b_seen = out.epoch;
+    cr_assert_eq(b_seen, 10);
+
+    /* Redis loses everything */
+    redis_restart_same_port(&f.r);
+    cr_assert_str_eq(get_leader(&f), "(nil)");
+    cr_assert_str_eq(get_epoch(&f), "(nil)");
+    int rc = UNTIL_OK(lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, b_seen, &hb, err,
+                                    sizeof(err)));
+    cr_assert_eq(rc, 1, "B takes the free lease");
+    assert_holder(&hb, 11, B_ADDR, B_OWNER, "with an epoch above every one it saw");
+    cr_assert_str_eq(get_epoch(&f), "11");
+    rc = UNTIL_OK(lease_renew(a, &ha, TTL_LONG, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "A (epoch 10) lost it");
+    assert_holder(&out, 11, B_ADDR, B_OWNER, "A sees B");
+
+    /* Redis loses everything again: the holder's renew re-takes its key with
+     * its own epoch and raises the counter to it */
+    redis_restart_same_port(&f.r);
+    rc = UNTIL_OK(lease_renew(b, &hb, 300, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "B re-takes its lost key");
+    cr_assert_str_eq(get_leader(&f), value_of(&hb));
+    cr_assert_str_eq(get_epoch(&f), "11", "the counter is raised to B's epoch");
+    /* so that a newcomer who has seen nothing still gets a higher epoch */
+    wait_gone(&f);
+    rc = UNTIL_OK(lease_acquire(c, C_ADDR, C_OWNER, TTL_LONG, 0, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 1);
+    assert_holder(&out, 12, C_ADDR, C_OWNER, "a newcomer after the re-take");
+    rc = UNTIL_OK(lease_renew(b, &hb, TTL_LONG, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "B lost it to C");
+    cr_assert_eq(out.epoch, 12);
+    lease_close(a);
+    lease_close(b);
+    lease_close(c);
+    fx_stop(&f);
+}
+
+/* Many owners at once on a free lease, round after round: exactly one
+ * takes it (the script is atomic), with the next epoch, and every other
+ * sees that one. */
+#define RACERS 8
+#define ROUNDS 25
+
+struct racer {
+    struct fx *f;
+    struct lease *l;
+    int id;
+    pthread_barrier_t *go;
+    int rc[ROUNDS];
+    struct lease_holder h[ROUNDS];
+    char err[ERRLEN];
+};
+
+static void *race(void *arg)
+{
+    struct racer *r = arg;
+    char addr[32], owner[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", 7100 + r->id);
+    snprintf(owner, sizeof(owner), "racer-%d", r->id);
+    for (int k = 0; k < ROUNDS; k++) {
+        pthread_barrier_wait(&r->go[0]); /* the key was deleted */
+        r->rc[k] = lease_acquire(r->l, addr, owner, TTL_LONG, 0, &r->h[k], r->err,
+                                 sizeof(r->err));
+        pthread_barrier_wait(&r->go[1]); /* everyone is done */
+    }
+    return NULL;
+}
+
+Test(lease, concurrent_acquires_elect_exactly_one)
+{
+    struct fx f;
+    fx_start(&f, "race", 2000);
+    pthread_barrier_t go[2];
+    pthread_barrier_init(&go[0], NULL, RACERS + 1);
+    pthread_barrier_init(&go[1], NULL, RACERS + 1);
+    struct racer r[RACERS];
+    pthread_t t[RACERS];
+    for (int i = 0; i < RACERS; i++) {
+        r[i] = (struct racer){.f = &f, .l = fx_open(&f), .id = i, .go = go};
+        cr_assert_eq(pthread_create(&t[i], NULL, race, &r[i]), 0);
+    }
+    int wins[RACERS] = {0};
+    for (int k = 0; k < ROUNDS; k++) {
+        redis_do(&f.r, "DEL %s", f.leader_key);
+        pthread_barrier_wait(&go[0]);
+        pthread_barrier_wait(&go[1]);
+        int winner = -1;
+        for (int i = 0; i < RACERS; i++) {
+            cr_assert_geq(r[i].rc[k], 0, "round %d, racer %d: %d %s", k, i, r[i].rc[k],
+                          r[i].err);
+            if (r[i].rc[k] == 1) {
+                cr_assert_eq(winner, -1, "round %d: racers %d and %d both took the lease", k,
+                             winner, i);
+                winner = i;
+            }
+        }
+        cr_assert_neq(winner, -1, "round %d: nobody took the free lease", k);
+        wins[winner]++;
+        const struct lease_holder *w = &r[winner].h[k];
+        cr_assert_eq(w->epoch, (uint64_t)k + 1, "round %d: epoch %llu", k,
+                     (unsigned long long)w->epoch);
+        cr_assert_str_eq(get_leader(&f), value_of(w), "round %d: the key is the winner's", k);
+        for (int i = 0; i < RACERS; i++)
+            if (i != winner) {
+                cr_assert_eq(r[i].h[k].epoch, w->epoch, "round %d: racer %d saw epoch %llu", k,
+                             i, (unsigned long long)r[i].h[k].epoch);
+                cr_assert_str_eq(r[i].h[k].owner, w->owner, "round %d: racer %d", k, i);
+            }
+    }
+    for (int i = 0; i < RACERS; i++) {
+        pthread_join(t[i], NULL);
+        lease_close(r[i].l);
+    }
+    char line[256] = "";
+    for (int i = 0; i < RACERS; i++)
+        snprintf(line + strlen(line), sizeof(line) - strlen(line), " %d", wins[i]);
+    cr_log_info("%d rounds of %d racers: wins per racer:%s", ROUNDS, RACERS, line);
+    cr_assert_str_eq(get_epoch(&f), "25");
+    pthread_barrier_destroy(&go[0]);
+    pthread_barrier_destroy(&go[1]);
+    fx_stop(&f);
+}
+
+/* Keys that are not what the lease wrote (another program, an operator):
+ * an error naming the store, never a lease taken with an epoch that could
+ * repeat one handed out. */
+Test(lease, a_counter_or_key_of_the_wrong_kind_is_an_error)
+{
+    struct fx f;
+    fx_start(&f, "corrupt", 2000);
+    struct lease *a = fx_open(&f);
+    struct lease_holder h;
+    char err[ERRLEN] = "";
+    redis_do(&f.r, "SET %s %s", f.epoch_key, "not-a-number");
+    int rc = lease_acquire(a, A_ADDR, A_OWNER, TTL_LONG, 7, &h, err, sizeof(err));
+    cr_log_info("acquire with a counter that is not a number: %d %s (epoch %llu)", rc, err,
+                rc == 1 ? (unsigned long long)h.epoch : 0ull);
+    if (rc == 1)
+        cr_assert_gt(h.epoch, 7, "taken with epoch %llu", (unsigned long long)h.epoch);
+    else
+        cr_assert(rc < 0 && has(err, f.url), "%d '%s'", rc, err);
+    redis_do(&f.r, "DEL %s %s", f.epoch_key, f.leader_key);
+    redis_do(&f.r, "HSET %s a b", f.leader_key);  /* the leader key is a hash */
+    err[0] = 0;
+    rc = lease_acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err));
+    cr_log_info("acquire with a hash as the leader key: %d %s", rc, err);
+    cr_assert(rc < 0 && has(err, f.url), "acquire: %d '%s'", rc, err);
+    err[0] = 0;
+    rc = lease_leader(a, &h, err, sizeof(err));
+    cr_log_info("leader with a hash as the leader key: %d %s", rc, err);
+    cr_assert(rc < 0 && has(err, f.url), "leader: %d '%s'", rc, err);
+    /* and it works once the keys are right again */
+    redis_do(&f.r, "DEL %s", f.leader_key);
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &h), 1);
+    lease_close(a);
+    fx_stop(&f);
+}
+
+/* A command that timed out is not a command that did not run: the socket
+ * held it, and Redis runs it when it wakes.  B's acquire times out while
+ * Redis is stopped and A's lease runs out; on SIGCONT Redis runs it and B
+ * holds the lease without knowing.  B's next acquire must not answer
+ * "held by another" with B itself as the holder (a standby that believes
+ * that refuses every client for a whole lease while the store names it):
+ * it is B's (1, with the epoch the late command took), or free. */
+Test(lease, a_timed_out_acquire_that_ran_late_is_still_its_callers)
+{
+    struct fx f;
+    fx_start(&f, "late", 300);
+    struct lease *a = fx_open(&f), *b = fx_open(&f);
+    struct lease_holder ha, out;
+    char err[ERRLEN] = "";
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, 600, 0, &ha), 1);
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &out), 0);
+    redis_signal(&f.r, SIGSTOP);
+    int rc = lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, ha.epoch, &out, err, sizeof(err));
+    cr_log_info("B's acquire with Redis stopped: %d %s", rc, err);
+    cr_assert_lt(rc, 0);
+    usleep(800 * 1000); /* past A's 600 ms: expired by the time Redis looks */
+    redis_signal(&f.r, SIGCONT);
+    char v[256];
+    snprintf(v, sizeof(v), "%s", get_leader(&f));
+    cr_log_info("after SIGCONT the store holds '%s', counter %s", v, get_epoch(&f));
+    rc = UNTIL_OK(lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, ha.epoch, &out, err, sizeof(err)));
+    cr_log_info("B's next acquire: %d, holder '%s'", rc, value_of(&out));
+    cr_assert(rc == 1 || strcmp(out.owner, B_OWNER) != 0, "B's acquire answered 0 (held by "
+              "another) naming B itself: '%s'", value_of(&out));
+    if (rc == 1)
+        cr_assert_str_eq(get_leader(&f), value_of(&out), "B's lease is the key");
+    lease_close(a);
+    lease_close(b);
+    fx_stop(&f);
+}
+
+/* One failing call: rc < 0 within 10x the timeout, err naming the URL. */
+static void must_fail(struct fx *f, const char *what, int rc, const char *err, uint64_t t0)
+{
+    uint64_t took = redis_now_ms() - t0;
+    cr_log_info("%s: %d in %llu ms: %s", what, rc, (unsigned long long)took, err);
+    cr_assert_lt(rc, 0, "%s succeeded (%d) with the store down", what, rc);
+    cr_assert_lt(took, 10 * f->timeout_ms, "%s took %llu ms (timeout %llu ms)", what,
+                 (unsigned long long)took, (unsigned long long)f->timeout_ms);
+    cr_assert(has(err, f->url), "%s: the error does not name the store %s: '%s'", what, f->url,
+              err);
+}
+
+/* Every call on l (connected or not) once, each failing bounded. */
+static void all_calls_fail(struct fx *f, struct lease *l, const char *who,
+                           const struct lease_holder *mine, bool with_release)
+{
+    struct lease_holder out;
+    char err[ERRLEN], what[64];
+    uint64_t t0;
+    int rc;
+    err[0] = 0, t0 = redis_now_ms();
+    rc = lease_acquire(l, B_ADDR, B_OWNER, 1000, 0, &out, err, sizeof(err));
+    snprintf(what, sizeof(what), "%s: acquire", who);
+    must_fail(f, what, rc, err, t0);
+    err[0] = 0, t0 = redis_now_ms();
+    rc = lease_renew(l, mine, 1000, &out, err, sizeof(err));
+    snprintf(what, sizeof(what), "%s: renew", who);
+    must_fail(f, what, rc, err, t0);
+    err[0] = 0, t0 = redis_now_ms();
+    rc = lease_leader(l, &out, err, sizeof(err));
+    snprintf(what, sizeof(what), "%s: leader", who);
+    must_fail(f, what, rc, err, t0);
+    if (with_release) {
+        err[0] = 0, t0 = redis_now_ms();
+        rc = lease_release(l, mine, err, sizeof(err));
+        snprintf(what, sizeof(what), "%s: release", who);
+        must_fail(f, what, rc, err, t0);
+    }
+}
+
+Test(lease, redis_killed_every_call_fails_bounded_naming_the_url)
+{
+    struct fx f;
+    fx_start(&f, "killed", 500);
+    struct lease *a = fx_open(&f), *fresh = fx_open(&f);
+    struct lease_holder ha, out;
+    char err[ERRLEN] = "";
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &ha), 1);
+    redis_signal(&f.r, SIGKILL);
+    for (int round = 0; round < 2; round++) { /* the second round reconnects first */
+        all_calls_fail(&f, a, "connected", &ha, true);
+        all_calls_fail(&f, fresh, "never connected", &ha, true);
+    }
+    /* back, empty: the calls work again; the holder re-takes its key */
+    redis_start(&f.r);
+    int rc = UNTIL_OK(lease_renew(a, &ha, TTL_LONG, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "A re-takes its key in the empty store");
+    cr_assert_str_eq(get_leader(&f), value_of(&ha));
+    cr_assert_str_eq(get_epoch(&f), "1");
+    rc = UNTIL_OK(lease_leader(fresh, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 1);
+    assert_holder(&out, 1, A_ADDR, A_OWNER, "after the restart");
+    lease_close(a);
+    lease_close(fresh);
+
+    /* a port nothing listens on: refused at connect, named */
+    struct fx g = f;
+    g.r.port = redis_free_port();
+    redis_url(&g.r, "nobody", g.url, sizeof(g.url));
+    struct lease *n = fx_open(&g);
+    all_calls_fail(&g, n, "nothing listening", &ha, true);
+    lease_close(n);
+    fx_stop(&f);
+}
+
+Test(lease, redis_stopped_calls_are_bounded_then_work_after_sigcont)
+{
+    struct fx f;
+    fx_start(&f, "stopped", 300);
+    struct lease *a = fx_open(&f), *b = fx_open(&f), *fresh = fx_open(&f);
+    struct lease_holder ha, out;
+    char err[ERRLEN] = "";
+    cr_assert_eq(acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &ha), 1);
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &out), 0);
+    redis_signal(&f.r, SIGSTOP);
+    /* The kernel still accepts connections for a stopped Redis: connects
+     * succeed and each command must end by the timeout.  No release: a
+     * command that timed out may still run when Redis wakes (it was in the
+     * socket), and a late release would delete A's key. */
+    for (int round = 0; round < 2; round++) {
+        all_calls_fail(&f, a, "connected", &ha, false);
+        all_calls_fail(&f, b, "standby", &ha, false);
+        all_calls_fail(&f, fresh, "never connected", &ha, false);
+    }
+    redis_signal(&f.r, SIGCONT);
+    /* the calls work again, and each answer is its own (no reply of a
+     * command that timed out is taken for a later one's) */
+    int rc = UNTIL_OK(lease_leader(b, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 1);
+    assert_holder(&out, 1, A_ADDR, A_OWNER, "after SIGCONT");
+    rc = UNTIL_OK(lease_renew(a, &ha, TTL_LONG, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "A still holds it");
+    rc = UNTIL_OK(lease_acquire(fresh, C_ADDR, C_OWNER, TTL_LONG, 0, &out, err, sizeof(err)));
+    cr_assert_eq(rc, 0);
+    assert_holder(&out, 1, A_ADDR, A_OWNER, "C sees A");
+    cr_assert_eq(release(a, &ha), 0);
+    cr_assert_str_eq(get_leader(&f), "(nil)");
+    cr_assert_eq(leader(b, &out), 0);
+    cr_assert_eq(leader(fresh, &out), 0);
+    cr_assert_eq(acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &out), 1);
+    assert_holder(&out, 2, B_ADDR, B_OWNER, "B takes the released lease");
+    cr_assert_eq(renew(a, &ha, TTL_LONG, &out), 0);
+    assert_holder(&out, 2, B_ADDR, B_OWNER, "A sees B");
+    cr_assert_eq(leader(fresh, &out), 1);
+    assert_holder(&out, 2, B_ADDR, B_OWNER, "C sees B");
+    lease_close(a);
+    lease_close(b);
+    lease_close(fresh);
+    fx_stop(&f);
+}
