@@ -63,9 +63,9 @@ const struct umbp_option master_options[] = {
     {"lease_ttl_ms", UMBP_OPT_INT, OFF(lease_ttl_ms), "3000", 300, 600000, 0, NULL,
      "master: the leader lease's length: the leader renews it every third, a standby takes "
      "it within about this long after the leader dies"},
-    {"lease_timeout_ms", UMBP_OPT_INT, OFF(lease_timeout_ms), "500", 10, 60000, 0, NULL,
+    {"lease_timeout_ms", UMBP_OPT_INT, OFF(lease_timeout_ms), "0", 0, 60000, 0, NULL,
      "master: each call to the lease store (connect, then the command) is bounded by this "
-     "(at most lease_ttl_ms / 3)"},
+     "(at most lease_ttl_ms / 3); 0 = 500 ms or lease_ttl_ms / 3 if shorter"},
     {.name = NULL},
 };
 
@@ -90,6 +90,8 @@ int master_options_parse(const char *json, struct master_options *o, char *err, 
         struct lease_url u;
         if ((rc = lease_url_parse(o->lease_url, "lease_url", &u, err, errlen)) < 0)
             return rc;
+        if (o->lease_timeout_ms == 0)
+            o->lease_timeout_ms = o->lease_ttl_ms / 3 < 500 ? o->lease_ttl_ms / 3 : 500;
         if (o->lease_timeout_ms * 3 > o->lease_ttl_ms) {
             snprintf(err, errlen, "lease_timeout_ms (%lld) must be at most lease_ttl_ms / 3 "
                      "(%lld): a renewal must end well before the lease does",
