@@ -302,6 +302,48 @@ Test(dist, master_killed_then_restarted_on_the_same_port)
     cluster_stop(&c);
 }
 
+/* A new master numbers the nodes in the order they register again.  Here
+ * B registers first after the restart and takes number 1, which was A's:
+ * C, which had fetched from A as node 1, must fetch B's keys from B (it
+ * kept its endpoint by number and asked A, which misses, for good). */
+Test(dist, a_new_master_renumbers_nodes_and_readers_follow)
+{
+    need_distributed();
+    struct cluster c;
+    static const char *names[] = {"nodeA", "nodeB", "nodeC"};
+    char json[1024], what[64];
+    memset(&c, 0, sizeof(c));
+    master_start(&c.m);
+    for (int i = 0; i < 3; i++) {
+        node_start(&c.n[i], names[i], node_json(json, sizeof(json), c.m.addr, names[i], NULL));
+        c.nn = i + 1;
+        snprintf(what, sizeof(what), "node %d (%s pid", i + 1, names[i]);
+        cr_assert(log_has(c.m.log, what), "%s did not register as node %d", names[i], i + 1);
+    }
+    struct node *a = &c.n[0], *b = &c.n[1], *r = &c.n[2];
+    put(a, 60, 16, 64 * 1024);
+    put(b, 61, 16, 64 * 1024);
+    until_found(r, 60, 16, 16);
+    get_until_hit(r, 60, 16, 64 * 1024); /* C's endpoint to node 1 is A's */
+    until_found(r, 61, 16, 16);
+    get_until_hit(r, 61, 16, 64 * 1024);
+    master_signal(&c.m, SIGKILL);
+    node_kill(a, SIGSTOP);
+    node_kill(r, SIGSTOP);
+    master_start(&c.m); /* same port, same log: B alone can register */
+    cr_assert(log_has(c.m.log, "node 1 (nodeB pid"), "B did not register first");
+    node_kill(r, SIGCONT);
+    cr_assert(log_has(c.m.log, "node 2 (nodeC pid"), "C did not register second");
+    node_kill(a, SIGCONT);
+    cr_assert(log_has(c.m.log, "node 3 (nodeA pid"), "A did not register third");
+    put(b, 62, 16, 64 * 1024);
+    until_found(r, 62, 16, 16);
+    struct got g = get(r, 62, 16, 64 * 1024);
+    cr_assert_eq(g.hit, 16, "B's keys fetched from node 1, now B: %zu hit, %zu miss", g.hit,
+                 g.miss);
+    cluster_stop(&c);
+}
+
 Test(dist, master_stopped_remote_keys_miss_local_keys_hit)
 {
     need_distributed();
