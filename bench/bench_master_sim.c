@@ -39,14 +39,21 @@
  * step prints its LOCATE and heartbeat p50 as a ratio to the empty round
  * trip.
  *
- * Relearn, after the ramp: lookups and heartbeats stop, the master is
- * killed (SIGKILL) and started again on the same port; each node's client
- * reconnects by its own backoff, REGISTERs (with its last seq, so the new
- * master answers RESYNC) and sends its whole key set in one RESYNC of
- * 65,535-key frames, pipelined (mclient_resync, as bench_master's relearn
- * and the rdma tier do).  Timed from the kill: every node reconnected,
- * registered, resynced; then a sweep of LOCATEs of 65,535 keys checks that
- * every key of every node is answered (timed apart).
+ * Under each step's row, notes: nodes registered (and keys resynced) before
+ * the window, and whether the master's key table doubled inside the window
+ * (computed from the keys indexed as directory.c sizes it: the doubling
+ * rehashes into freshly allocated pages, a stall of the master's loop).
+ *
+ * Relearn, after the ramp: lookups and heartbeats stop; the nodes are topped
+ * up to --relearn-keys keys in all (each sends its larger key set in a RESYNC
+ * to the live master, not timed); the master is killed (SIGKILL) and started
+ * again on the same port; each node's client reconnects by its own backoff,
+ * REGISTERs (with its last seq, so the new master answers RESYNC) and sends
+ * its whole key set in one RESYNC of 65,535-key frames, pipelined
+ * (mclient_resync, as bench_master's relearn and the rdma tier do).  Timed
+ * from the kill: every node reconnected, registered, resynced; then a sweep
+ * of LOCATEs of 65,535 keys checks that every key of every node is answered
+ * (timed apart).
  *
  * Pinning: the master's child pins itself to --master-cpu and the driver to
  * --driver-cpu (defaults: the last CPU and CPU 0 when there are two or
@@ -55,10 +62,12 @@
  *   build/bench/bench_master_sim [options]
  *     --period-ms P        heartbeat period (1000)
  *     --step-s S           measured seconds per step (4)
- *     --steps K            steps at most (10)
- *     --nodes N            nodes at step 1 (32); --grow-nodes F (2); capped at 2048
- *     --events E           events per heartbeat at step 1 (64); --grow-events F (1.5)
- *     --lookups R          LOCATE/s at step 1 (500); --grow-lookups F (1.6)
+ *     --steps K            steps at most (8)
+ *     --nodes N            nodes at step 1 (64); --grow-nodes F (2); capped at 2048
+ *     --events E           events per heartbeat at step 1 (128: the rdma tier's
+ *                          bundle); --grow-events F (1.5)
+ *     --lookups R          LOCATE/s at step 1 (2000; below that this VM's idle
+ *                          wake-ups alone pass 1 ms at p99); --grow-lookups F (1.25)
  *     --lookup-clients L   lookup connections (8)
  *     --batch B            keys per LOCATE (1000)
  *     --hb-deadline-ms D   a heartbeat ack later than this misses (the period)
@@ -71,6 +80,8 @@
  *                          of nodes x M keys, so a step measures throughput alone
  *     --max-keys K         the master's max_keys (67108864)
  *     --master-cpu C, --driver-cpu C   pinning (see above; -1: none)
+ *     --relearn-keys K     before the kill, top the nodes up to K keys in all
+ *                          (4194304; 0: as the ramp left them)
  *     --no-relearn         skip the relearn
  */
 #include <errno.h>
@@ -103,7 +114,7 @@ struct opts {
     int period_ms, step_s, steps, nodes0, lookup_clients, batch, master_cpu, driver_cpu;
     double events0, lookups0, grow_nodes, grow_events, grow_lookups, min_achieved;
     int hb_deadline_ms, locate_p99_us;
-    long long max_keys, keys_per_node;
+    long long max_keys, keys_per_node, relearn_keys;
     bool relearn;
 };
 
@@ -780,9 +791,7 @@ static void measure_baseline(struct sim *s, struct baseline *b)
 
 static int relearn(struct sim *s)
 {
-    uint64_t k = keys_indexed(s);
-    printf("\nrelearn: %u nodes, %llu keys indexed (%.1f M); quiescing\n", s->nnodes,
-           (unsigned long long)k, (double)k / 1e6);
+    uint64_t k;
     s->rate = 0;
     lk_arm(s);
     s->relearn = true;
@@ -796,6 +805,29 @@ static int relearn(struct sim *s)
     }
     /* whatever the nodes made is acknowledged by now */
     k = keys_indexed(s);
+    if (s->o->relearn_keys > (long long)k && s->nnodes) {
+        /* topped up to --relearn-keys: each node holds more keys (as if stored
+         * unseen) and sends them all in a RESYNC to the live master */
+        uint64_t extra = ((uint64_t)s->o->relearn_keys - k + s->nnodes - 1) / s->nnodes;
+        uint64_t t = umbp_now_ns();
+        for (uint32_t i = 0; i < s->nnodes; i++) {
+            struct node *n = &s->nodes[i];
+            n->hi += extra;
+            n->seq += extra;
+            n->need_resync = true;
+            node_tick(n);
+        }
+        if (!run_until(s, umbp_now_ns() + ms_ns(120000), all_idle)) {
+            printf("relearn: the top-up resyncs did not end in 120 s\n");
+            return -1;
+        }
+        printf("\nrelearn: topped up from %llu keys by %llu per node (RESYNCs to the live "
+               "master, %.2f s)", (unsigned long long)k, (unsigned long long)extra,
+               (double)(umbp_now_ns() - t) / 1e9);
+        k = keys_indexed(s);
+    }
+    printf("\nrelearn: %u nodes, %llu keys indexed (%.2f M), lookups and heartbeats stopped\n",
+           s->nnodes, (unsigned long long)k, (double)k / 1e6);
     uint64_t rss = proc_rss_kib(s->master);
     for (uint32_t i = 0; i < s->nnodes; i++) {
         struct node *n = &s->nodes[i];
@@ -891,7 +923,7 @@ static void usage(void)
             "  [--grow-nodes F] [--events E] [--grow-events F] [--lookups R]\n"
             "  [--grow-lookups F] [--lookup-clients L] [--batch B] [--hb-deadline-ms D]\n"
             "  [--locate-p99-us U] [--min-achieved X] [--max-keys K] [--master-cpu C]\n"
-            "  [--driver-cpu C] [--keys-per-node M] [--no-relearn]\n"
+            "  [--driver-cpu C] [--keys-per-node M] [--relearn-keys K] [--no-relearn]\n"
             "  (the file's header says what each does)\n");
     exit(2);
 }
@@ -899,12 +931,13 @@ static void usage(void)
 static void parse(int argc, char **argv, struct opts *o)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    *o = (struct opts){.period_ms = 1000, .step_s = 4, .steps = 10, .nodes0 = 32,
-                       .lookup_clients = 8, .batch = 1000, .events0 = 64, .lookups0 = 500,
-                       .grow_nodes = 2, .grow_events = 1.5, .grow_lookups = 1.6,
+    *o = (struct opts){.period_ms = 1000, .step_s = 4, .steps = 8, .nodes0 = 64,
+                       .lookup_clients = 8, .batch = 1000, .events0 = 128, .lookups0 = 2000,
+                       .grow_nodes = 2, .grow_events = 1.5, .grow_lookups = 1.25,
                        .min_achieved = 0.95, .hb_deadline_ms = 0, .locate_p99_us = 1000,
                        .max_keys = 1ll << 26, .master_cpu = ncpu >= 2 ? (int)ncpu - 1 : -1,
-                       .driver_cpu = ncpu >= 2 ? 0 : -1, .relearn = true};
+                       .driver_cpu = ncpu >= 2 ? 0 : -1, .relearn = true,
+                       .relearn_keys = 1ll << 22};
     static const struct option lo[] = {
         {"period-ms", 1, 0, 'p'},      {"step-s", 1, 0, 's'},        {"steps", 1, 0, 'k'},
         {"nodes", 1, 0, 'n'},          {"grow-nodes", 1, 0, 'N'},    {"events", 1, 0, 'e'},
@@ -912,7 +945,7 @@ static void parse(int argc, char **argv, struct opts *o)
         {"lookup-clients", 1, 0, 'c'}, {"batch", 1, 0, 'b'},         {"hb-deadline-ms", 1, 0, 'd'},
         {"locate-p99-us", 1, 0, 'u'},  {"min-achieved", 1, 0, 'a'},  {"max-keys", 1, 0, 'K'},
         {"master-cpu", 1, 0, 'm'},     {"driver-cpu", 1, 0, 'D'},    {"no-relearn", 0, 0, 'R'},
-        {"keys-per-node", 1, 0, 'P'},  {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
+        {"keys-per-node", 1, 0, 'P'},  {"relearn-keys", 1, 0, 'Q'},  {"help", 0, 0, 'h'},           {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
@@ -935,6 +968,7 @@ static void parse(int argc, char **argv, struct opts *o)
         case 'D': o->driver_cpu = atoi(optarg); break;
         case 'R': o->relearn = false; break;
         case 'P': o->keys_per_node = atoll(optarg); break;
+        case 'Q': o->relearn_keys = atoll(optarg); break;
         default: usage();
         }
     }
@@ -942,7 +976,7 @@ static void parse(int argc, char **argv, struct opts *o)
         o->nodes0 < 1 || o->nodes0 > MAX_NODES || o->events0 < 0 || o->lookups0 < 0 ||
         o->lookup_clients < 1 || o->batch < 1 || o->batch >= (int)PROTO_MAX_RECORDS ||
         o->grow_nodes < 1 || o->grow_events < 1 || o->grow_lookups < 1 ||
-        o->keys_per_node < 0)
+        o->keys_per_node < 0 || o->relearn_keys < 0)
         usage();
     if (!o->hb_deadline_ms)
         o->hb_deadline_ms = o->period_ms;
