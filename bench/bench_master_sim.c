@@ -72,8 +72,9 @@
  *     --nodes N            nodes at step 1 (64); --grow-nodes F (2); capped at 2048
  *     --events E           events per heartbeat at step 1 (128: the rdma tier's
  *                          bundle); --grow-events F (1.5)
- *     --lookups R          LOCATE/s at step 1 (2000; below that this VM's idle
- *                          wake-ups alone pass 1 ms at p99); --grow-lookups F (1.25)
+ *     --lookups R          LOCATE/s at step 1 (2000: below that, on the dev VM, an
+ *                          idle master's wake-ups dominate the latencies);
+ *                          --grow-lookups F (1.25)
  *     --lookup-clients L   lookup connections (8)
  *     --batch B            keys per LOCATE (1000)
  *     --hb-deadline-ms D   a heartbeat ack later than this misses (the period)
