@@ -7,8 +7,19 @@
  * epoch: an empty reply), so the LOCATE cost above it is the directory's
  * and the 32 KiB of keys each way.
  *
+ * Against Redis (issue 16's bar), in the same run: a redis-server it starts
+ * itself (a free port, --save '' --appendonly no, a fresh --dir under /tmp,
+ * killed at the end) holding the same 1,000 keys as members of one set; one
+ * SMISMEMBER of the 1,000 keys per iteration (hiredis, binary-safe
+ * arguments), p50 and p99 next to LOCATE's, and Redis's PING round trip next
+ * to the empty one.  SMISMEMBER answers membership (a 0 or 1 per key), not
+ * each key's owners and size as LOCATE does: the same batch shape and the
+ * same hash lookups, less to say.  Skipped, saying why, without hiredis at
+ * build time or redis-server on PATH.
+ *
  *   build/bench/bench_master [iterations]
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -18,6 +29,9 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef UMBP_HAVE_HIREDIS
+#include <hiredis/hiredis.h>
+#endif
 
 #include "master_client.h"
 #include "tcp.h"
@@ -27,6 +41,25 @@ static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
+}
+
+/* utime + stime of pid in ns (clock ticks: 10 ms here), or 0 */
+static uint64_t proc_cpu_ns(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    unsigned long long ut = 0, st = 0;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                     &st) != 2)
+        return 0;
+    return (ut + st) * (1000000000ull / (uint64_t)sysconf(_SC_CLK_TCK));
 }
 
 static umbp_key_t key_of(uint32_t i)
@@ -63,6 +96,145 @@ static struct mclient *connect_as(const char *addr, uint8_t role, uint64_t timeo
         usleep(10000);
     return c;
 }
+
+#ifdef UMBP_HAVE_HIREDIS
+/* redis-server on PATH, or NULL */
+static const char *find_redis(char *buf, size_t len)
+{
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t n = strcspn(path, ":");
+        snprintf(buf, len, "%.*s/redis-server", (int)n, path);
+        if (n && access(buf, X_OK) == 0)
+            return buf;
+        path += n + (path[n] == ':');
+    }
+    return NULL;
+}
+
+static int redis_ok(redisReply *r, int type)
+{
+    int ok = r && r->type == type;
+    freeReplyObject(r);
+    return ok;
+}
+
+/* SMISMEMBER of the n keys against a redis-server of its own: *p50 and *p99
+ * (ns) of SMISMEMBER and of PING; 0, or -1 with why. */
+static int redis_smismember(const umbp_key_t *keys, size_t n, int iters, uint64_t *sm,
+                            uint64_t *ping, uint64_t *cpu_ns, char *why, size_t whylen)
+{
+    char bin[4096], dir[] = "/tmp/bench_master_redis.XXXXXX", portstr[16];
+    int fd, rc = -1;
+    uint16_t port;
+    if (!find_redis(bin, sizeof(bin))) {
+        snprintf(why, whylen, "redis-server is not on PATH");
+        return -1;
+    }
+    if (net_tcp_listen("127.0.0.1:0", "bench", 1, &fd, &port, NULL, 0) < 0 || !mkdtemp(dir)) {
+        snprintf(why, whylen, "no free port or no directory under /tmp");
+        return -1;
+    }
+    close(fd);
+    snprintf(portstr, sizeof(portstr), "%u", port);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0)
+            dup2(null, 1);
+        execl(bin, "redis-server", "--port", portstr, "--bind", "127.0.0.1", "--save", "",
+              "--appendonly", "no", "--dir", dir, "--daemonize", "no", "--loglevel", "warning",
+              (char *)NULL);
+        _exit(127);
+    }
+    redisContext *c = NULL;
+    for (int i = 0; i < 500; i++) {
+        if ((c = redisConnect("127.0.0.1", port)) && !c->err &&
+            redis_ok(redisCommand(c, "PING"), REDIS_REPLY_STATUS))
+            break;
+        if (c)
+            redisFree(c);
+        c = NULL;
+        usleep(10000);
+    }
+    const char **argv = calloc(n + 2, sizeof(*argv));
+    size_t *lens = calloc(n + 2, sizeof(*lens));
+    uint64_t *lat = calloc((size_t)iters, sizeof(*lat)), *pl = calloc((size_t)iters, 8);
+    if (!c || !argv || !lens || !lat || !pl) {
+        snprintf(why, whylen, "redis-server did not answer on port %u", port);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        argv[i + 2] = (const char *)keys[i].bytes;
+        lens[i + 2] = UMBP_KEY_SIZE;
+    }
+    argv[1] = "set";
+    lens[1] = 3;
+    argv[0] = "SADD";
+    lens[0] = 4;
+    redisReply *r = redisCommandArgv(c, (int)n + 2, argv, lens);
+    if (!r || r->type != REDIS_REPLY_INTEGER || (size_t)r->integer != n) {
+        snprintf(why, whylen, "SADD: %s", r && r->type == REDIS_REPLY_ERROR ? r->str : "failed");
+        freeReplyObject(r);
+        goto out;
+    }
+    freeReplyObject(r);
+    argv[0] = "SMISMEMBER";
+    lens[0] = 10;
+    uint64_t c0 = proc_cpu_ns(pid);
+    for (int i = 0; i < iters; i++) {
+        uint64_t s = umbp_now_ns();
+        if (!redis_ok(redisCommand(c, "PING"), REDIS_REPLY_STATUS))
+            goto fail;
+        pl[i] = umbp_now_ns() - s;
+        s = umbp_now_ns();
+        r = redisCommandArgv(c, (int)n + 2, argv, lens);
+        lat[i] = umbp_now_ns() - s;
+        int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == n;
+        for (size_t k = 0; ok && k < n; k++)
+            ok = r->element[k]->type == REDIS_REPLY_INTEGER && r->element[k]->integer == 1;
+        freeReplyObject(r);
+        if (!ok)
+            goto fail;
+    }
+    *cpu_ns = proc_cpu_ns(pid) - c0;
+    qsort(lat, (size_t)iters, 8, cmp_u64);
+    qsort(pl, (size_t)iters, 8, cmp_u64);
+    sm[0] = lat[iters / 2];
+    sm[1] = lat[iters * 99 / 100];
+    ping[0] = pl[iters / 2];
+    ping[1] = pl[iters * 99 / 100];
+    rc = 0;
+    goto out;
+fail:
+    snprintf(why, whylen, "SMISMEMBER or PING failed: %s", c->err ? c->errstr : "a wrong reply");
+out:
+    if (c)
+        redisFree(c);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    /* --save '' writes nothing; remove whatever it left anyway (no subdirectories) */
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char f[sizeof(dir) + 300];
+        snprintf(f, sizeof(f), "%s/%s", dir, e->d_name);
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            unlink(f);
+    }
+    if (d)
+        closedir(d);
+    if (rmdir(dir) < 0)
+        fprintf(stderr, "could not remove %s: %s\n", dir, strerror(errno));
+    free(argv);
+    free(lens);
+    free(lat);
+    free(pl);
+    return rc;
+}
+#endif
 
 int main(int argc, char **argv)
 {
@@ -109,6 +281,7 @@ int main(int argc, char **argv)
     for (uint32_t i = 0; i < NK; i++)
         keys[i] = key_of(1 + i * 7);
     uint64_t *lat = calloc((size_t)iters, sizeof(*lat)), *rtt = calloc((size_t)iters, 8);
+    uint64_t mcpu = proc_cpu_ns(master);
     for (int i = 0; i < iters; i++) {
         uint64_t s = umbp_now_ns();
         if (mclient_nodes(look) < 0)
@@ -119,6 +292,7 @@ int main(int argc, char **argv)
             return 1;
         lat[i] = umbp_now_ns() - s;
     }
+    mcpu = proc_cpu_ns(master) - mcpu;
     size_t hits = 0;
     for (uint32_t i = 0; i < NK; i++)
         hits += loc[i].nrep > 0;
@@ -131,8 +305,29 @@ int main(int argc, char **argv)
            "round trip p50 %.1f us, p99 %.1f us; ratio p50 %.2f\n", hits,
            lat[iters / 2] / 1e3, lat[iters * 99 / 100] / 1e3, iters, rtt[iters / 2] / 1e3,
            rtt[iters * 99 / 100] / 1e3, (double)lat[iters / 2] / (double)rtt[iters / 2]);
-    printf("lookups: %.0f locates/s = %.0f keys/s from one client (sequential)\n",
-           (double)iters * 1e9 / (double)sum, (double)iters * NK * 1e9 / (double)sum);
+    printf("lookups: %.0f locates/s = %.0f keys/s from one client (sequential); the master's "
+           "CPU per iteration (LOCATE + empty round trip) %.1f us\n",
+           (double)iters * 1e9 / (double)sum, (double)iters * NK * 1e9 / (double)sum,
+           (double)mcpu / iters / 1e3);
+#ifdef UMBP_HAVE_HIREDIS
+    {
+        uint64_t sm[2], ping[2], rcpu = 0;
+        char why[256];
+        if (redis_smismember(keys, NK, iters, sm, ping, &rcpu, why, sizeof(why)) == 0)
+            printf("redis SMISMEMBER of the same 1000 keys (membership only, no owners): p50 "
+                   "%.1f us, p99 %.1f us; LOCATE / SMISMEMBER p50 %.2f, p99 %.2f; redis PING "
+                   "p50 %.1f us, p99 %.1f us (empty round trip / PING p50 %.2f); redis-server's "
+                   "CPU per iteration (SMISMEMBER + PING) %.1f us, the master's / redis's %.2f\n",
+                   sm[0] / 1e3, sm[1] / 1e3, (double)lat[iters / 2] / (double)sm[0],
+                   (double)lat[iters * 99 / 100] / (double)sm[1], ping[0] / 1e3, ping[1] / 1e3,
+                   (double)rtt[iters / 2] / (double)ping[0], (double)rcpu / iters / 1e3,
+                   rcpu ? (double)mcpu / (double)rcpu : 0.0);
+        else
+            printf("redis SMISMEMBER: skipped (%s)\n", why);
+    }
+#else
+    printf("redis SMISMEMBER: skipped (built without hiredis: libhiredis-dev)\n");
+#endif
 
     /* relearn of 1M keys from one node */
     enum { NR = 1 << 20 };
