@@ -170,7 +170,12 @@ static void put_after_round(struct umbp_runtime *rt, struct umbp_op *op)
         return;
     }
     uint64_t now = umbp_now_ns();
-    if (!rt->stopping && now < op->deadline_ns && make_room_now(rt, op)) {
+    /* another round if this one's eviction freed space, or if anything
+     * freed space since this op last reserved (the evictor, a release):
+     * that wake-up came while the op copied, before it could wait, and
+     * waiting now would wait for a free that has already happened */
+    if (!rt->stopping && now < op->deadline_ns &&
+        (make_room_now(rt, op) || op->space_gen != rt->space_freed_gen)) {
         put_reserve_round(rt, op);
         return;
     }
@@ -288,6 +293,7 @@ static void put_reserve_round(struct umbp_runtime *rt, struct umbp_op *op)
             op->reqs[k].status = 0;
             op->req_ptrs[m++] = &op->reqs[k];
         }
+    op->space_gen = rt->space_freed_gen;
     tier_reserve(rt->tier, op->req_ptrs, m, put_reserved, op);
 }
 
@@ -320,6 +326,7 @@ static void store_on_retry(struct ev_loop *loop, ev_async *w, int revents)
 void tier_space_freed(void *ctx)
 {
     struct umbp_runtime *rt = ctx;
+    rt->space_freed_gen++;
     /* Called from inside the tier (evict, release, clear): retry on the next
      * loop iteration, never re-entering the tier from its own call. */
     if (rt->space_waiters_head)

@@ -97,6 +97,7 @@ struct umbp_op {
     uint64_t submit_ns, deadline_ns, space_deadline_ns;
     uint64_t leases_until_ns; /* get: every lease it was granted lasts until then */
     uint64_t arrival;         /* store actor's arrival number (flush) */
+    uint64_t space_gen;       /* put: rt->space_freed_gen when its last round reserved */
 
     size_t n;                 /* keys in the batch */
     size_t cap_keys, cap_ranges;
@@ -383,6 +384,7 @@ struct umbp_runtime {
     ev_idle evict_idle;
     uint64_t space_wanted;     /* bytes waiting puts need */
     uint64_t space_wanted_run; /* the largest single key among them */
+    uint64_t space_freed_gen;  /* loop thread: counts the tier's tier_space_freed calls */
     /* lease sweep (a timer, no mailbox) */
     ev_timer lease_timer;
     /* ops whose bytes the copy workers move, for their deadlines */

@@ -36,6 +36,7 @@ registration), to show what the warming saves.  Prints "SKIP: ..." and exits
 0 without CUDA.  Environment: UMBP_LIBRARY, UMBP_SERVER as for the tests.
 """
 import argparse
+import collections
 import json
 import os
 import select
@@ -183,7 +184,11 @@ def child(args):
         job.wait()
         dt = time.perf_counter() - t
         if job.num_ok != len(job):
-            log(f"FAIL: {len(job) - job.num_ok} of {len(job)} keys failed: {job.statuses[:4]}")
+            st = [int(x) for x in job.statuses]
+            bad = [i for i, x in enumerate(st) if x != 0]
+            kinds = collections.Counter(st[i] for i in bad)
+            log(f"FAIL: {len(bad)} of {len(job)} keys failed: statuses {dict(kinds)}, "
+                f"first at block {bad[0]}: {umbp.strerror(st[bad[0]]) if hasattr(umbp, 'strerror') else ''}")
             sys.exit(1)
         job.release()
         return dt

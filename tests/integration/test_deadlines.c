@@ -202,3 +202,43 @@ Test(deadlines, get_released_in_flight_is_recycled_safely)
     tu_obj_free(&other);
     tu_destroy(rt);
 }
+
+/* A full pool and puts of more keys than one eviction slice (256) and than
+ * the watermarks' gap: every key of every put lands.  The evictor freed
+ * room while a put's first keys were being copied, before the put could
+ * wait for room, so the put waited for a free that had already happened
+ * and its last keys failed -ENOSPC after put_wait_ms (113 of 625 2 MiB
+ * objects into a 4 GiB pool, every round once it was full). */
+Test(space, large_puts_into_a_full_pool_all_land)
+{
+    umbp_runtime_t *rt = tu_create("{\"capacity_bytes\": \"64MiB\", \"put_wait_ms\": 2000, "
+                                   "\"timeout_ms\": 60000, \"log_level\": \"error\"}");
+    enum { N = 625, SZ = 64 * 1024 };
+    uint8_t *src = malloc((size_t)N * SZ);
+    cr_assert(src);
+    static umbp_range_t rg[N];
+    static umbp_put_item_t it[N];
+    for (int round = 0; round < 8; round++) {
+        for (int i = 0; i < N; i++) {
+            it[i].key = tu_key_id(0x5ace, (uint64_t)round * N + (uint64_t)i);
+            tu_fill_from_key(&it[i].key, 0, src + (size_t)i * SZ, SZ);
+            rg[i] = (umbp_range_t){src + (size_t)i * SZ, SZ, 0};
+            it[i].ranges = &rg[i];
+            it[i].num_ranges = 1;
+            it[i].object_size = SZ;
+        }
+        umbp_op_t *op;
+        cr_assert_eq(umbp_put(rt, it, N, &op), 0);
+        cr_assert_eq(umbp_op_wait(op, TU_WAIT_MS), 0);
+        size_t failed = 0;
+        int first = 0;
+        for (size_t i = 0; i < N; i++)
+            if (umbp_op_key_status(op, i) != 0 && failed++ == 0)
+                first = umbp_op_key_status(op, i);
+        cr_assert_eq(failed, 0, "round %d: %zu of %d keys failed (%s)", round, failed, N,
+                     umbp_strerror(first));
+        umbp_op_release(op);
+    }
+    free(src);
+    umbp_runtime_destroy(rt);
+}
