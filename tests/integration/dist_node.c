@@ -50,6 +50,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dist_keys.h"
 #include "umbp/gpu.h"
 #include "umbp/umbp.h"
 
@@ -75,29 +76,11 @@ static FILE *ans; /* the answers: the original stdout (fd 1 is stderr: UCX logs 
 
 /* ---- keys and bytes ------------------------------------------------------------ */
 
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-/* space 1: put/get keys; space 2: kv keys. */
-static umbp_key_t key_of(uint64_t space, uint64_t seed, uint64_t i)
-{
-    umbp_key_t k;
-    uint64_t s = splitmix64(splitmix64(space ^ 0x756d6270ull) ^ seed) ^ (i * 0x100000001b3ull);
-    for (int w = 0; w < UMBP_KEY_SIZE / 8; w++) {
-        s = splitmix64(s);
-        memcpy(&k.bytes[w * 8], &s, 8);
-    }
-    return k;
-}
+/* keys: dist_key_of (dist_keys.h), shared with the tests */
 
 static void fill(uint8_t *p, size_t n, uint64_t space, uint64_t seed, uint64_t i)
 {
-    uint64_t x = splitmix64(splitmix64(seed * 31 + space) ^ (i * 0x9e3779b97f4a7c15ull)) | 1;
+    uint64_t x = dist_splitmix64(dist_splitmix64(seed * 31 + space) ^ (i * 0x9e3779b97f4a7c15ull)) | 1;
     size_t o = 0;
     for (; o + 8 <= n; o += 8) {
         x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
@@ -229,7 +212,7 @@ static void cmd_put(const char *args)
         for (size_t j = 0; j < n; j++) {
             fill(buf + j * size, size, 1, seed, base + j);
             rg[j] = (umbp_range_t){buf + j * size, size, 0};
-            it[j] = (umbp_put_item_t){key_of(1, seed, base + j), size, &rg[j], 1};
+            it[j] = (umbp_put_item_t){dist_key_of(1, seed, base + j), size, &rg[j], 1};
         }
         umbp_op_t *op;
         int rc = umbp_put(rt, it, n, &op);
@@ -291,7 +274,7 @@ static bool get_submit(const char *args)
     memset(pend.buf, POISON, count * size);
     for (uint64_t i = 0; i < count; i++) {
         pend.rg[i] = (umbp_range_t){pend.buf + i * size, size, 0};
-        pend.it[i] = (umbp_get_item_t){key_of(1, seed, i), &pend.rg[i], 1};
+        pend.it[i] = (umbp_get_item_t){dist_key_of(1, seed, i), &pend.rg[i], 1};
     }
     for (uint64_t base = 0; base < count; base += BATCH) {
         size_t n = count - base < BATCH ? (size_t)(count - base) : BATCH;
@@ -345,7 +328,7 @@ static void cmd_lookup(const char *args)
     umbp_key_t *k = malloc(count * sizeof(*k));
     uint8_t *present = calloc(count, 1);
     for (uint64_t i = 0; i < count; i++)
-        k[i] = key_of(1, seed, i);
+        k[i] = dist_key_of(1, seed, i);
     size_t prefix = 0, n = 0;
     int rc = umbp_lookup(rt, k, count, present, &prefix, 0);
     for (uint64_t i = 0; i < count; i++)
@@ -426,7 +409,7 @@ static void cmd_kvput(const char *args)
         for (int l = 0; l < KV_L; l++)
             for (int kvi = 0; kvi < 2; kvi++)
                 kv_expect(kv_chunk(l, kvi, i), seed, i, l, kvi);
-        b[i] = (umbp_kv_block_t){key_of(2, seed, i), i};
+        b[i] = (umbp_kv_block_t){dist_key_of(2, seed, i), i};
     }
     umbp_op_t *op;
     int rc = umbp_kv_store(rt, kv.h, b, n, NULL, &op);
@@ -450,7 +433,7 @@ static void cmd_kvget(const char *args)
     /* block i of the load is block n-1-i of the cache: not where it was stored */
     umbp_kv_block_t *b = calloc(n, sizeof(*b));
     for (uint64_t i = 0; i < n; i++)
-        b[i] = (umbp_kv_block_t){key_of(2, seed, i), n - 1 - i};
+        b[i] = (umbp_kv_block_t){dist_key_of(2, seed, i), n - 1 - i};
     umbp_op_t *op;
     int rc = umbp_kv_load(rt, kv.h, b, n, NULL, &op);
     if (rc) {

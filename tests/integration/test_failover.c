@@ -23,7 +23,9 @@
  */
 #define DIST_TEST_NAME "test_failover"
 #include "dist_fixture.h"
+#include "dist_keys.h"
 #include "redis_fixture.h"
+#include "umbp/lookup.h"
 
 #if !UMBP_HAVE_HIREDIS
 Test(failover, skipped)
@@ -415,6 +417,54 @@ Test(failover, kill9_of_the_leader_the_standby_takes_over)
     hit_within(&f, &f.n[2], 2, NULL);
     put_then_read(&f, &f.n[2], &f.n[0], 3);
     cr_assert_eq(get(&f.n[1], 1, NKEYS, SIZE).hit, NKEYS);
+    fo_stop(&f);
+}
+
+/* ---- the scheduler's lookup client ----------------------------------------------------- */
+
+/* umbp_lookup_client_query of node 0's keys until every one is present
+ * (bounded); the milliseconds it took. */
+static uint64_t lookup_until_found(struct fo *f, umbp_lookup_client_t *c, const umbp_key_t *keys,
+                                   size_t n)
+{
+    uint64_t t0 = now_ms();
+    for (;;) {
+        size_t prefix = 0;
+        uint8_t present[NKEYS];
+        int rc = umbp_lookup_client_query(c, keys, n, 1, NULL, present, &prefix);
+        if (prefix == n)
+            return now_ms() - t0;
+        fo_assert(now_ms() - t0 < FAILOVER_MS, "the lookup client never found node0's keys "
+                  "(last rc %d: %s, prefix %zu)", rc, umbp_strerror(rc), prefix);
+        pause_ms(20);
+    }
+}
+
+/* The scheduler's lookup client (its own master client, on the poll
+ * driver) given the redis:// URL finds the leader, and after a kill -9 of
+ * the leader finds the same keys through the new one. */
+Test(failover, the_schedulers_lookup_client_follows_the_leader)
+{
+    struct fo f;
+    fo_start(&f, "lookupc", 1);
+    int L, S;
+    uint64_t e0;
+    fo_roles(&f, &L, &S, &e0);
+    put(&f.n[0], 7, NKEYS, SIZE);
+    umbp_key_t keys[NKEYS];
+    for (size_t i = 0; i < NKEYS; i++)
+        keys[i] = dist_key_of(1, 7, i);
+    char json[512];
+    snprintf(json, sizeof(json), "{\"mode\": \"distributed\", \"master_address\": \"%s\", "
+             "\"lookup_timeout_ms\": 500}", f.url);
+    umbp_lookup_client_t *c = NULL;
+    cr_assert_eq(umbp_lookup_client_create(json, &c), 0, "%s", umbp_last_error());
+    uint64_t first = lookup_until_found(&f, c, keys, NKEYS);
+    master_signal(&f.m[L], SIGKILL);
+    uint64_t again = lookup_until_found(&f, c, keys, NKEYS);
+    cr_log_info("lookup client: node0's keys found %llu ms after start, and %llu ms after the "
+                "leader's kill -9", (unsigned long long)first, (unsigned long long)again);
+    umbp_lookup_client_destroy(c);
     fo_stop(&f);
 }
 
