@@ -38,6 +38,7 @@ struct mclient {
     uint32_t epoch;                    /* of the node list below; 0: none */
     struct proto_node_info *nodes;     /* PROTO_MAX_NODES_FRAME */
     size_t nnodes;
+    uint16_t *by_ref;                  /* NODE_SLOTS: ref -> index + 1 (0: empty) */
     char last_error[PROTO_ERRMSG_MAX + 128];
     /* A redis:// address: the leader as the lease store says (its thread),
      * the epoch of the master this connection was welcomed by (0: none or
@@ -64,6 +65,24 @@ struct mcall {
 
 static uint64_t ms_ns(uint64_t ms) { return ms * 1000000ull; }
 
+/* The node list's index by ref: open addressing, at most half full. */
+#define NODE_SLOTS (2 * PROTO_MAX_NODES_FRAME)
+_Static_assert((NODE_SLOTS & (NODE_SLOTS - 1)) == 0 && NODE_SLOTS <= 65535,
+               "NODE_SLOTS: a power of two that a uint16_t index + 1 fits");
+
+static size_t ref_slot(uint32_t ref) { return (size_t)((ref * 2654435761u) >> 20) % NODE_SLOTS; }
+
+static void index_nodes(struct mclient *c)
+{
+    memset(c->by_ref, 0, NODE_SLOTS * sizeof(*c->by_ref));
+    for (size_t i = 0; i < c->nnodes; i++) {
+        size_t h = ref_slot(c->nodes[i].ref);
+        while (c->by_ref[h])
+            h = (h + 1) % NODE_SLOTS;
+        c->by_ref[h] = (uint16_t)(i + 1);
+    }
+}
+
 /* ---- replies ----------------------------------------------------------------------- */
 
 static int take_nodes(struct mclient *c, const struct proto_frame *f, char *err, size_t errlen)
@@ -75,6 +94,7 @@ static int take_nodes(struct mclient *c, const struct proto_frame *f, char *err,
             return -EPROTO;
     c->nnodes = f->n;
     c->epoch = f->arg;
+    index_nodes(c);
     return 0;
 }
 
@@ -370,7 +390,10 @@ static void on_change_async(struct ev_loop *loop, ev_async *w, int revents)
 int mclient_create(const struct mclient_config *cfg, struct mclient **out)
 {
     struct mclient *c = calloc(1, sizeof(*c));
-    if (!c || !(c->nodes = calloc(PROTO_MAX_NODES_FRAME, sizeof(*c->nodes)))) {
+    if (!c || !(c->nodes = calloc(PROTO_MAX_NODES_FRAME, sizeof(*c->nodes))) ||
+        !(c->by_ref = calloc(NODE_SLOTS, sizeof(*c->by_ref)))) {
+        if (c)
+            free(c->nodes);
         free(c);
         return -ENOMEM;
     }
@@ -395,6 +418,7 @@ int mclient_create(const struct mclient_config *cfg, struct mclient **out)
         if (rc < 0) {
             umbp_log(UMBP_LOG_ERROR, "master_address: %s", err);
             net_session_destroy(&c->s);
+            free(c->by_ref);
             free(c->nodes);
             free(c);
             return rc;
@@ -441,6 +465,7 @@ void mclient_destroy(struct mclient *c)
     net_session_destroy(&c->s);
     if (!c->cfg.loop)
         net_poll_close(&c->d);
+    free(c->by_ref);
     free(c->nodes);
     free(c);
 }
@@ -719,9 +744,9 @@ int mclient_nodes(struct mclient *c)
 
 const struct proto_node_info *mclient_node(const struct mclient *c, uint32_t ref)
 {
-    for (size_t i = 0; i < c->nnodes; i++)
-        if (c->nodes[i].ref == ref)
-            return &c->nodes[i];
+    for (size_t h = ref_slot(ref); c->by_ref[h]; h = (h + 1) % NODE_SLOTS)
+        if (c->nodes[c->by_ref[h] - 1].ref == ref)
+            return &c->nodes[c->by_ref[h] - 1];
     return NULL;
 }
 

@@ -214,6 +214,8 @@ struct rfetch;
  * process, in wireup_ep.c, when a peer fails while its endpoint is still in
  * wireup with requests of the caller's pending on it; after one completed
  * exchange the same failure is an ordinary endpoint error.) */
+#define RDMA_PEER_CACHE 1024
+
 struct rpeer {
     struct rpeer *next;
     struct rdma_tier *rt;
@@ -261,6 +263,9 @@ struct rdma_tier {
     size_t pub_n, pub_at;
     /* reads */
     struct rpeer *peers;
+    /* peer_of's first look: direct-mapped by ref (a hit is checked against
+     * the ref and the node); the list stays the owner of every peer */
+    struct rpeer *peer_cache[RDMA_PEER_CACHE];
     uint64_t temp_ctr;
     uint64_t pruned_ns;            /* the last peers_prune */
     /* counters */
@@ -553,11 +558,14 @@ static bool same_node(const struct rpeer *p, const struct proto_node_info *ni)
 static struct rpeer *peer_of(struct rdma_tier *rt, uint32_t ref)
 {
     const struct proto_node_info *ni = mclient_node(rt->mc, ref);
+    struct rpeer **slot = &rt->peer_cache[ref % RDMA_PEER_CACHE];
+    if (*slot && (*slot)->ref == ref && ni && same_node(*slot, ni))
+        return *slot;
     for (struct rpeer *p = rt->peers; p; p = p->next) {
         if (p->ref != ref)
             continue;
         if (ni && same_node(p, ni))
-            return p;
+            return *slot = p;
         p->ref = 0;
         break;
     }
@@ -579,7 +587,7 @@ static struct rpeer *peer_of(struct rdma_tier *rt, uint32_t ref)
     p->rt = rt;
     p->next = rt->peers;
     rt->peers = p;
-    return p;
+    return *slot = p;
 }
 
 /* p failed (reset or timeout): skip it for peer_failure_backoff_ms, and tell
@@ -606,6 +614,9 @@ static void peers_prune(struct rdma_tier *rt)
         const struct proto_node_info *ni = p->ref ? mclient_node(rt->mc, p->ref) : NULL;
         if (!p->inflight && (!ni || !same_node(p, ni))) {
             *pp = p->next;
+            for (size_t i = 0; i < RDMA_PEER_CACHE; i++) /* at most once a second */
+                if (rt->peer_cache[i] == p)
+                    rt->peer_cache[i] = NULL;
             ucx_peer_destroy(p->p);
             free(p);
         } else {
@@ -1224,6 +1235,7 @@ static void rdma_stop(struct umbp_tier *t)
     ev_timer_stop(t->env.loop, &rt->kick);
     /* fetches in flight end now (their reservations given back), then the
      * lookups waiting for the master */
+    memset(rt->peer_cache, 0, sizeof(rt->peer_cache));
     while (rt->peers) {
         struct rpeer *p = rt->peers;
         rt->peers = p->next;
@@ -1242,6 +1254,7 @@ static void rdma_destroy(struct umbp_tier *t)
         return;
     struct rdma_tier *rt = to_rdma(t);
     rt->stopped = true;
+    memset(rt->peer_cache, 0, sizeof(rt->peer_cache));
     while (rt->peers) {
         struct rpeer *p = rt->peers;
         rt->peers = p->next;
