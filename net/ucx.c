@@ -91,6 +91,8 @@ struct ucx_node {
     bool serving;
     bool failed_peers; /* a peer UCX reported failed awaits its close (close_failed) */
     uint64_t spin_ns;  /* ucx_node_config.spin_us */
+    void (*on_peer_failed)(void *arg, struct ucx_peer *p);
+    void *arg;
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_address_t *addr;
@@ -203,6 +205,8 @@ static void close_failed(struct ucx_node *n)
             p->failed = false;
             if (p->ep)
                 peer_fail(p, NULL, -ECONNRESET);
+            if (n->on_peer_failed)
+                n->on_peer_failed(n->arg, p);
         }
 }
 
@@ -838,6 +842,8 @@ int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out)
     if (!n)
         return -ENOMEM;
     n->loop = cfg->loop;
+    n->on_peer_failed = cfg->on_peer_failed;
+    n->arg = cfg->arg;
     snprintf(n->name, sizeof(n->name), "%s", cfg->name ? cfg->name : "ucx");
     if (cfg->serve) {
         n->serve = *cfg->serve;

@@ -89,6 +89,14 @@ struct ucx_node_config {
      * the rdma tier sets it where poll_wait says this process may spin:
      * at least 8 usable CPUs). */
     uint32_t spin_us;
+    /* Optional: UCX reported the endpoint to p failed (the peer died, or its
+     * network did), with or without a batch in flight; called from the
+     * loop's idle watcher after the endpoint is closed, never from inside
+     * UCX.  A later fetch to p makes a new endpoint: an owner that wants no
+     * reconnection to a dead peer stops asking it (the rdma tier backs off
+     * and reports the peer to the master). */
+    void (*on_peer_failed)(void *arg, struct ucx_peer *p);
+    void *arg;
 };
 
 int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out);

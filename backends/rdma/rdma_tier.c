@@ -606,6 +606,21 @@ static void peer_failed(struct rdma_tier *rt, struct rpeer *p)
     }
 }
 
+/* UCX reported the endpoint to up failed, perhaps with nothing in flight
+ * (the ucx node's idle watcher): the peer fails as after a reset, so it is
+ * skipped and reported, and no read makes a new endpoint to a dead peer
+ * meanwhile (UCX 1.13.1 aborts the process when a peer dies while an
+ * endpoint to it is in wireup: docs/distributed.md). */
+static void on_peer_failed(void *arg, struct ucx_peer *up)
+{
+    struct rdma_tier *rt = arg;
+    for (struct rpeer *p = rt->peers; p; p = p->next)
+        if (p->p == up) {
+            peer_failed(rt, p);
+            return;
+        }
+}
+
 /* Endpoints to nodes the master no longer lists, with nothing in flight. */
 static void peers_prune(struct rdma_tier *rt)
 {
@@ -819,11 +834,20 @@ static void fetch_not_sent(struct rfetch *f)
         rread_finish(rr);
 }
 
+static void fail_fetch(struct rfetch *f, int status);
+
+/* An endpoint that cannot be made (the peer refuses: it died, and UCX
+ * closed the old endpoint) is the peer failing, as a reset is: the batch
+ * fails like one, so the peer is skipped and reported to the master. */
 static void send_fetch(struct rfetch *f)
 {
     struct rdma_tier *rt = f->rr->rt;
-    if (rt->stopped || ucx_fetch(f->peer->p, f->items, f->n,
-                                 (uint32_t)rt->base.env.core->timeout_ms, fetch_done, f) < 0)
+    int rc = rt->stopped ? UMBP_E_NOT_ATTEMPTED
+                         : ucx_fetch(f->peer->p, f->items, f->n,
+                                     (uint32_t)rt->base.env.core->timeout_ms, fetch_done, f);
+    if (rc == -ECONNREFUSED)
+        fail_fetch(f, -ECONNRESET);
+    else if (rc < 0)
         fetch_not_sent(f);
 }
 
@@ -1309,7 +1333,8 @@ static int rdma_create(const struct umbp_tier_env *env, const void *cfgp, struct
     struct ucx_node_config nc = {.loop = env->loop, .name = "umbp node", .serve = &rt->serve,
                                  .serve_timeout_ms = (uint32_t)serve_ms,
                                  /* poll_wait's rule (>= 8 usable CPUs, or "on") */
-                                 .spin_us = umbp_poll_wait_spins(env->core->poll_wait) ? 50 : 0};
+                                 .spin_us = umbp_poll_wait_spins(env->core->poll_wait) ? 50 : 0,
+                                 .on_peer_failed = on_peer_failed, .arg = rt};
     if ((rc = ucx_node_create(&nc, &rt->ucx)) < 0) {
         snprintf(err, errlen, "rdma tier: UCX: %s", umbp_last_error());
         goto fail;
