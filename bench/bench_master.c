@@ -33,6 +33,7 @@
 #include <hiredis/hiredis.h>
 #endif
 
+#include "bench_proc.h"
 #include "master_client.h"
 #include "tcp.h"
 #include "umbp/tier.h"
@@ -41,25 +42,6 @@ static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
-}
-
-/* utime + stime of pid in ns (clock ticks: 10 ms here), or 0 */
-static uint64_t proc_cpu_ns(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    unsigned long long ut = 0, st = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
-                     &st) != 2)
-        return 0;
-    return (ut + st) * (1000000000ull / (uint64_t)sysconf(_SC_CLK_TCK));
 }
 
 static umbp_key_t key_of(uint32_t i)

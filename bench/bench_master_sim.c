@@ -112,6 +112,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench_proc.h"
 #include "directory.h"
 #include "master_client.h"
 #include "tcp.h"
@@ -195,26 +196,6 @@ static void pin_to(int cpu)
     CPU_SET(cpu, &set);
     if (sched_setaffinity(0, sizeof(set), &set) < 0)
         fprintf(stderr, "sched_setaffinity(%d): %s\n", cpu, strerror(errno));
-}
-
-/* utime + stime of pid in ns, or 0 */
-static uint64_t proc_cpu_ns(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    unsigned long long ut = 0, st = 0;
-    /* after ")": state (3), then fields 4 .. 13, then utime (14), stime (15) */
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
-                     &st) != 2)
-        return 0;
-    return (ut + st) * (1000000000ull / (uint64_t)sysconf(_SC_CLK_TCK));
 }
 
 static uint64_t self_cpu_ns(void)
