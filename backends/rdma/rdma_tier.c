@@ -552,9 +552,15 @@ static bool same_node(const struct rpeer *p, const struct proto_node_info *ni)
     return p->pid == ni->pid && p->start_ns == ni->start_ns && !strcmp(p->host, ni->host);
 }
 
-/* The endpoint to node ref as the master numbers it now.  An endpoint made
- * for another node under the same ref (the master changed) is retired
- * (ref 0: never matched again, freed by peers_prune once idle). */
+/* The endpoint to node ref as the master numbers it now.  A new master (a
+ * restart, a failover) numbers the nodes afresh: an endpoint made for
+ * another node under this ref is retired (ref 0: matched by no number,
+ * freed by peers_prune once idle, unless its node shows up under another
+ * number), and the endpoint already made to this node under another number
+ * is renumbered and kept.  A second endpoint to the same peer, and the
+ * force-close of the first, left the peer's next fetch back to this node
+ * timing out or reset (UCX pairs the two sides' endpoints): its keys
+ * missed for peer_failure_backoff_ms, again and again. */
 static struct rpeer *peer_of(struct rdma_tier *rt, uint32_t ref)
 {
     const struct proto_node_info *ni = mclient_node(rt->mc, ref);
@@ -571,6 +577,12 @@ static struct rpeer *peer_of(struct rdma_tier *rt, uint32_t ref)
     }
     if (!ni || !ni->addr_len)
         return NULL;
+    for (struct rpeer *p = rt->peers; p; p = p->next) {
+        if (same_node(p, ni)) {
+            p->ref = ref;
+            return *slot = p;
+        }
+    }
     struct rpeer *p = calloc(1, sizeof(*p));
     if (!p)
         return NULL;
@@ -622,12 +634,24 @@ static void on_peer_failed(void *arg, struct ucx_peer *up)
 }
 
 /* Endpoints to nodes the master no longer lists, with nothing in flight. */
+/* p's node is in the master's list under a number p does not have (it was
+ * renumbered): keep p for peer_of to renumber. */
+static bool listed_elsewhere(struct rdma_tier *rt, const struct rpeer *p)
+{
+    const struct proto_node_info *list;
+    size_t n = mclient_node_list(rt->mc, &list);
+    for (size_t i = 0; i < n; i++)
+        if (list[i].ref != p->ref && same_node(p, &list[i]))
+            return true;
+    return false;
+}
+
 static void peers_prune(struct rdma_tier *rt)
 {
     for (struct rpeer **pp = &rt->peers; *pp;) {
         struct rpeer *p = *pp;
         const struct proto_node_info *ni = p->ref ? mclient_node(rt->mc, p->ref) : NULL;
-        if (!p->inflight && (!ni || !same_node(p, ni))) {
+        if (!p->inflight && (!ni || !same_node(p, ni)) && !listed_elsewhere(rt, p)) {
             *pp = p->next;
             for (size_t i = 0; i < RDMA_PEER_CACHE; i++) /* at most once a second */
                 if (rt->peer_cache[i] == p)
