@@ -69,27 +69,12 @@ for _ in $(seq 200); do
 done
 ((up)) || fail "umbp-master does not accept on $a1:7390"
 
-declare -A IN OUT
-ans=""
-start_node() { # host
-  local h=$1 line
-  mkfifo "$work/in$h" "$work/out$h"
-  local json="{\"mode\":\"distributed\",\"master_address\":\"$a1:7390\",\"secret_file\":\"$secret\",\"node_host\":\"host$h\",\"capacity_bytes\":\"256MiB\",\"gpu_backend\":\"host\"}"
-  say "starting a node on host $h: UCX_TLS=tcp UCX_NET_DEVICES=eth0 umbp-dist-node '$json'"
-  "$N" exec "$name" "$h" env UCX_TLS=tcp UCX_NET_DEVICES=eth0 UCX_MEM_EVENTS=no \
-    "$NODE" "$json" < "$work/in$h" > "$work/out$h" 2> "$work/node$h.log" &
-  pids+=($!)
-  exec {IN[$h]}> "$work/in$h"
-  exec {OUT[$h]}< "$work/out$h"
-  read -r -t 60 -u "${OUT[$h]}" line || fail "the node on host $h printed nothing"
-  [[ $line == ready ]] || fail "the node on host $h: $line"
-}
-cmd() { # host command...
-  local h=$1
-  shift
-  echo "$*" >&"${IN[$h]}"
-  read -r -t 90 -u "${OUT[$h]}" ans || fail "host $h: no answer to '$*'"
-}
+MASTER_ADDRESS="$a1:7390"
+NODE_JSON=""
+NODE_SAY=say
+ANSWER_S=90
+QUIET=1
+. "$repo/tests/netns/dist_nodes.sh"
 
 start_node 1
 start_node 2

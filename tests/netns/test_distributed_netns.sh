@@ -68,28 +68,10 @@ done
 ((up)) || fail "umbp-master does not accept on $a1:$port"
 
 # ---- nodes ---------------------------------------------------------------------
-declare -A IN OUT
-start_node() { # host extra-json
-  local h=$1 extra=${2:-} line
-  mkfifo "$work/in$h" "$work/out$h"
-  local json="{\"mode\":\"distributed\",\"master_address\":\"$a1:$port\",\"secret_file\":\"$secret\",\"node_host\":\"h$h\",\"capacity_bytes\":\"256MiB\",\"heartbeat_ms\":100,\"timeout_ms\":3000,\"lookup_timeout_ms\":500,\"gpu_backend\":\"host\"$extra}"
-  "$N" exec "$name" "$h" env UCX_TLS=tcp UCX_NET_DEVICES=eth0 UCX_MEM_EVENTS=no \
-    "$NODE" "$json" < "$work/in$h" > "$work/out$h" 2> "$work/node$h.log" &
-  pids+=($!)
-  exec {IN[$h]}> "$work/in$h"
-  exec {OUT[$h]}< "$work/out$h"
-  read -r -t $ANSWER_S -u "${OUT[$h]}" line || fail "node h$h printed nothing"
-  [[ $line == ready ]] || fail "node h$h: $line"
-  echo "node h$h ready"
-}
-ans=""
-cmd() { # host command...
-  local h=$1
-  shift
-  echo "$*" >&"${IN[$h]}" || fail "node h$h: cannot write '$*'"
-  read -r -t $ANSWER_S -u "${OUT[$h]}" ans || fail "node h$h: no answer to '$*' within $ANSWER_S s"
-  echo "h$h: $* -> $ans"
-}
+MASTER_ADDRESS="$a1:$port"
+NODE_JSON=',"heartbeat_ms":100,"timeout_ms":3000,"lookup_timeout_ms":500'
+QUIET=0
+. "$here/dist_nodes.sh"
 expect_put() { # host seed count size
   cmd "$1" put "$2" "$3" "$4"
   [[ $ans == "ok $3" ]] || fail "h$1: put $2: $ans"

@@ -162,29 +162,10 @@ echo "Redis names master A, epoch $eA"
 start_master B
 
 # ---- nodes ---------------------------------------------------------------------
-declare -A IN OUT
-start_node() { # host
-  local h=$1 line
-  mkfifo "$work/in$h" "$work/out$h"
-  local json="{\"mode\":\"distributed\",\"master_address\":\"$url\",\"secret_file\":\"$secret\",\"node_host\":\"h$h\",\"capacity_bytes\":\"256MiB\",\"heartbeat_ms\":100,\"timeout_ms\":3000,\"lookup_timeout_ms\":500,\"gpu_backend\":\"host\",\"cache_remote_fetches\":false}"
-  "$N" exec "$name" "$h" env UCX_TLS=tcp UCX_NET_DEVICES=eth0 UCX_MEM_EVENTS=no \
-    "$NODE" "$json" < "$work/in$h" > "$work/out$h" 2> "$work/node$h.log" &
-  pids+=($!)
-  exec {IN[$h]}> "$work/in$h"
-  exec {OUT[$h]}< "$work/out$h"
-  read -r -t $ANSWER_S -u "${OUT[$h]}" line || fail "node h$h printed nothing"
-  [[ $line == ready ]] || fail "node h$h: $line"
-  echo "node h$h ready"
-}
-ans=""
+MASTER_ADDRESS="$url"
+NODE_JSON=',"heartbeat_ms":100,"timeout_ms":3000,"lookup_timeout_ms":500,"cache_remote_fetches":false'
 QUIET=0
-cmd() { # host command...
-  local h=$1
-  shift
-  echo "$*" >&"${IN[$h]}" || fail "node h$h: cannot write '$*'"
-  read -r -t $ANSWER_S -u "${OUT[$h]}" ans || fail "node h$h: no answer to '$*' within $ANSWER_S s"
-  ((QUIET)) || echo "h$h: $* -> $ans"
-}
+. "$here/dist_nodes.sh"
 expect_put() { # host seed
   cmd "$1" put "$2" $COUNT $SIZE
   [[ $ans == "ok $COUNT" ]] || fail "h$1: put $2: $ans"
