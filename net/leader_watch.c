@@ -181,14 +181,6 @@ uint64_t leader_watch_max_epoch(struct leader_watch *w)
     return e;
 }
 
-void leader_watch_note_epoch(struct leader_watch *w, uint64_t epoch)
-{
-    pthread_mutex_lock(&w->mu);
-    if (epoch > w->max_epoch)
-        w->max_epoch = epoch;
-    pthread_mutex_unlock(&w->mu);
-}
-
 void leader_watch_poke(struct leader_watch *w)
 {
     pthread_mutex_lock(&w->mu);

@@ -5,14 +5,14 @@
  *
  * The thread reads the leader every poll_ms, and at once (at most every
  * 20 ms) when poked (a dial failed, a master refused us).  It keeps the
- * last holder read and the highest epoch seen, from the store or noted by
- * the client (a master's HELLO_OK): a master below that epoch is deposed
- * and must be refused.  on_change runs on the watch's thread, without its
+ * last holder read and the highest epoch the store has shown: a master
+ * below it is deposed and must be refused (a master's own claim never
+ * raises it).  on_change runs on the watch's thread, without its
  * lock, when the holder read differs from the last one (epoch or
  * address); it must not block (an ev_async_send).
  *
- * Threads: start and stop on the owner's thread; get, max_epoch,
- * note_epoch and poke from any thread (a mutex).
+ * Threads: start and stop on the owner's thread; get, max_epoch and poke
+ * from any thread (a mutex).
  */
 #ifndef UMBP_NET_LEADER_WATCH_H
 #define UMBP_NET_LEADER_WATCH_H
@@ -42,9 +42,8 @@ void leader_watch_stop(struct leader_watch *w);
 /* The last holder read: 1 and *out; 0 and why (nobody holds the lease, or
  * the store's error). */
 int leader_watch_get(struct leader_watch *w, struct lease_holder *out, char *why, size_t len);
-/* The highest epoch seen (0: none yet). */
+/* The highest epoch the store has shown (0: none yet). */
 uint64_t leader_watch_max_epoch(struct leader_watch *w);
-void leader_watch_note_epoch(struct leader_watch *w, uint64_t epoch);
 /* Read again now (rate-limited). */
 void leader_watch_poke(struct leader_watch *w);
 const char *leader_watch_url(const struct leader_watch *w);

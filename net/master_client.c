@@ -181,24 +181,31 @@ static int hello(struct net_session *s, char *err, size_t errlen)
 }
 
 /* A welcoming master's epoch (HELLO_OK.pool_id: 0 for one without a
- * lease) against the highest seen: a master below it was deposed (it woke
- * up after a takeover) and must not take traffic back. */
+ * lease).  Found through the lease store, a master must show exactly the
+ * highest epoch the store has shown: below it, it was deposed (it woke up
+ * after a takeover) and must not take traffic back; above it, the store
+ * has not said so yet (re-read, dial again), and a master's word alone
+ * never raises the bar, so one that claims a huge epoch cannot lock the
+ * client out of the real leader.  With a fixed address: never below the
+ * highest welcomed. */
 static int check_epoch(struct mclient *c, uint64_t epoch, char *err, size_t errlen)
 {
+    const char *at = c->cfg.loop ? c->ev.tcp_address : c->d.tcp_address;
     uint64_t seen = c->watch ? leader_watch_max_epoch(c->watch) : c->highest_epoch;
     if (c->watch && epoch == 0) {
         snprintf(err, errlen, "the master at %s holds no lease (epoch 0) but %s names it: "
-                 "give every umbp-master the same lease_url", c->address,
-                 leader_watch_url(c->watch));
+                 "give every umbp-master the same lease_url", at, leader_watch_url(c->watch));
     } else if (epoch < seen) {
         snprintf(err, errlen, "the master at %s has epoch %llu, below %llu already seen: "
-                 "a deposed leader, refused", c->address, (unsigned long long)epoch,
+                 "a deposed leader, refused", at, (unsigned long long)epoch,
                  (unsigned long long)seen);
+    } else if (c->watch && epoch > seen) {
+        snprintf(err, errlen, "the master at %s claims epoch %llu, above the %llu %s shows: "
+                 "reading the store again", at, (unsigned long long)epoch,
+                 (unsigned long long)seen, leader_watch_url(c->watch));
     } else {
         c->master_epoch = epoch;
-        if (c->watch)
-            leader_watch_note_epoch(c->watch, epoch);
-        else if (epoch > c->highest_epoch)
+        if (!c->watch && epoch > c->highest_epoch)
             c->highest_epoch = epoch;
         return 0;
     }
