@@ -9,7 +9,7 @@ packages=(
   libev-dev libck-dev libnuma-dev libjson-c-dev libxxhash-dev
   libmicrohttpd-dev libsodium-dev
   libibverbs-dev librdmacm-dev
-  iproute2 nftables
+  iproute2 nftables curl
   libucx-dev ucx-utils
   redis-server libhiredis-dev
   libcriterion-dev
