@@ -9,7 +9,13 @@
  * host<->device memcpy of the same bytes.  Each store round writes new keys
  * (a fresh prefix); restores read the last stored prefix back; the best of
  * `rounds` is reported, and the first restore is checked byte for byte.
+ * Each line is followed by where the runtime's time went, per GPU transfer
+ * (umbp_stats_t kv_*): before the copy engine had it (queueing, leases or
+ * reservations), inside its submit, on the GPU, and after (publish/release).
  * Prints "SKIP" and exits 0 without a GPU.
+ *
+ *   bench_kv [rounds [backend [LAYERSxKIB]]]   e.g. bench_kv 10 cuda 16x16
+ *   (the miniature engine's geometry); without it the three layouts above
  */
 #include <errno.h>
 #include <stdio.h>
@@ -56,6 +62,22 @@ static void wait_ok(umbp_op_t *op, const char *what)
     DIE_IF(ok != n, "%s: %zu of %zu keys failed (first: %s)", what, n - ok, n,
            umbp_strerror(umbp_op_key_status(op, 0)));
     umbp_op_release(op);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* adds the kv_* phases between two snapshots to acc */
+static void phases_add(uint64_t acc[5], const umbp_stats_t *a, const umbp_stats_t *b)
+{
+    acc[0] += b->kv_transfers - a->kv_transfers;
+    acc[1] += b->kv_prepare_ns - a->kv_prepare_ns;
+    acc[2] += b->kv_launch_ns - a->kv_launch_ns;
+    acc[3] += b->kv_gpu_ns - a->kv_gpu_ns;
+    acc[4] += b->kv_finish_ns - a->kv_finish_ns;
 }
 
 static void run_layout(const struct gpu_ops *o, const char *backend, int layers, size_t chunk,
@@ -105,12 +127,15 @@ static void run_layout(const struct gpu_ops *o, const char *backend, int layers,
     }
 
     umbp_kv_block_t blocks[NBLK];
-    double best[2] = {1e9, 1e9};
+    double best[2] = {1e9, 1e9}, *times = calloc(2 * (size_t)rounds, sizeof(double));
+    umbp_stats_t s0, s1;
+    uint64_t ph[2][5] = {{0}}; /* store, load: transfers, prepare, launch, gpu, finish */
     for (int r = 0; r < rounds; r++) {
         for (int i = 0; i < NBLK; i++)
             blocks[i] = (umbp_kv_block_t){key_of(r + 1000 * nops, i), (uint64_t)i};
         umbp_op_t *op[16];
         int per = (NBLK + nops - 1) / nops;
+        DIE_IF(umbp_get_stats(rt, &s0) < 0, "stats");
         double t0 = now();
         for (int j = 0; j < nops; j++) {
             int first = j * per, cnt = NBLK - first < per ? NBLK - first : per;
@@ -119,6 +144,11 @@ static void run_layout(const struct gpu_ops *o, const char *backend, int layers,
         for (int j = 0; j < nops; j++)
             wait_ok(op[j], "store");
         double t1 = now();
+        DIE_IF(umbp_get_stats(rt, &s1) < 0, "stats");
+        if (r > 0 || rounds == 1) /* the first round warms up */
+            phases_add(ph[0], &s0, &s1);
+        s0 = s1;
+        t1 = now();
         for (int j = 0; j < nops; j++) {
             int first = j * per, cnt = NBLK - first < per ? NBLK - first : per;
             DIE_IF(umbp_kv_load(rt, kv, blocks + first, (size_t)cnt, NULL, &op[j]) < 0, "load");
@@ -126,6 +156,11 @@ static void run_layout(const struct gpu_ops *o, const char *backend, int layers,
         for (int j = 0; j < nops; j++)
             wait_ok(op[j], "load");
         double t2 = now();
+        DIE_IF(umbp_get_stats(rt, &s1) < 0, "stats");
+        if (r > 0 || rounds == 1)
+            phases_add(ph[1], &s0, &s1);
+        times[r] = t1 - t0;
+        times[rounds + r] = t2 - t1;
         best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
         best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
         if (r == 0) { /* the restore wrote the same bytes back: check them */
@@ -142,6 +177,17 @@ static void run_layout(const struct gpu_ops *o, const char *backend, int layers,
            "(%.3fx)  umbp_kv_load %6.2f GB/s (%.3fx)\n",
            layers, chunk >> 10, nops, nops > 1 ? "s" : " ", total / base[0] / 1e9, total / base[1] / 1e9, total / best[0] / 1e9,
            base[0] / best[0], total / best[1] / 1e9, base[1] / best[1]);
+    qsort(times, (size_t)rounds, sizeof(double), cmp_double);
+    qsort(times + rounds, (size_t)rounds, sizeof(double), cmp_double);
+    printf("    median: store %.3fx, load %.3fx\n", base[0] / times[rounds / 2],
+           base[1] / times[rounds + rounds / 2]);
+    free(times);
+    for (int d = 0; d < 2; d++)
+        printf("    %s, mean per transfer of %.0f a round: prepare %.0f us, launch %.0f us, "
+               "gpu %.0f us, finish %.0f us\n", d ? "load " : "store",
+               (double)ph[d][0] / (rounds > 1 ? rounds - 1 : 1), ph[d][0] ? ph[d][1] / 1e3 / ph[d][0] : 0.0,
+               ph[d][0] ? ph[d][2] / 1e3 / ph[d][0] : 0.0, ph[d][0] ? ph[d][3] / 1e3 / ph[d][0] : 0.0,
+               ph[d][0] ? ph[d][4] / 1e3 / ph[d][0] : 0.0);
     gpu_host_free(o, pinned);
     gpu_dev_free(o, dcont);
     umbp_runtime_destroy(rt);
@@ -174,7 +220,17 @@ int main(int argc, char **argv)
     /* one op of 625 blocks, then the same blocks as 5 ops in flight at once,
      * which lets the store/load actors reserve and publish one op while the
      * GPU copies another */
+    int only_layers = 0, only_kib = 0;
+    if (argc > 3 && (sscanf(argv[3], "%dx%d", &only_layers, &only_kib) != 2 ||
+                     only_layers < 1 || only_layers > 64 || only_kib < 1 || only_kib > 256)) {
+        fprintf(stderr, "bench_kv: layout '%s' is not LAYERSxKIB (1-64 x 1-256)\n", argv[3]);
+        return 2;
+    }
     for (int nops = 1; nops <= 5; nops += 4) {
+        if (only_layers) {
+            run_layout(o, backend, only_layers, (size_t)only_kib << 10, rounds, nops);
+            continue;
+        }
         run_layout(o, backend, 32, 32 << 10, rounds, nops);
         run_layout(o, backend, 24, 16 << 10, rounds, nops);
         run_layout(o, backend, 32, 4 << 10, rounds, nops);

@@ -111,6 +111,11 @@ static void stats_fill(struct umbp_runtime *rt, struct umbp_op *op)
     s->ops_timed_out = LOAD(ops_timed_out);
     s->mailbox_full = LOAD(mailbox_full);
     s->events_dropped = LOAD(events_dropped);
+    s->kv_transfers = LOAD(kv_transfers);
+    s->kv_prepare_ns = LOAD(kv_prepare_ns);
+    s->kv_launch_ns = LOAD(kv_launch_ns);
+    s->kv_gpu_ns = LOAD(kv_gpu_ns);
+    s->kv_finish_ns = LOAD(kv_finish_ns);
     op->rc = 0;
     op_complete(op);
 }

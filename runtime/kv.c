@@ -36,6 +36,7 @@
 static void kv_transfer_finished(struct umbp_runtime *rt, struct umbp_op *op, int rc)
 {
     op->gpu_rc = rc;
+    op->kv_done_ns = umbp_now_ns();
     umbp_gpu_xfer_release(op->xfer);
     op->xfer = NULL;
     rt_post(rt, &op->hdr); /* cannot fail: see rt.h */
@@ -524,8 +525,13 @@ void gpu_dispatch(struct umbp_op *op, enum msg_type then)
     op->hdr.type = (uint16_t)then;
     if (rt->kv.inflight++ == 0 && rt->may_spin)
         ev_idle_start(rt->loop, &rt->kv.poll);
+    uint64_t t0 = umbp_now_ns();
     op->gpu_rc = op->kind == OP_PUT ? umbp_gpu_store(rt->kv.engine, &d, &op->xfer)
                                     : umbp_gpu_restore(rt->kv.engine, &d, &op->xfer);
+    if (!op->kv_launch_ns) {
+        op->kv_launch_ns = t0;
+        op->kv_launched_ns = umbp_now_ns();
+    }
     if (op->gpu_rc == -EAGAIN)
         op->gpu_rc = UMBP_E_NOT_ATTEMPTED; /* engine saturated: nothing moved */
     if (op->gpu_rc < 0) {

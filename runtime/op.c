@@ -47,6 +47,7 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     op->parent = NULL;
     op->xfer = NULL;
     op->gpu_rc = 0;
+    op->kv_launch_ns = op->kv_launched_ns = op->kv_done_ns = 0;
     op->cancelled = op->cut_by_release = op->cut_by_loss = false;
     atomic_store_explicit(&op->cancel, false, memory_order_relaxed);
     atomic_store_explicit(&op->write_expired, false, memory_order_relaxed);
@@ -136,6 +137,13 @@ void op_complete(struct umbp_op *op)
         for (size_t i = 0; i < op->n; i++)
             ok += op->status[i] == 0;
         op->num_ok = ok;
+        if (op->kv_done_ns) { /* a GPU transfer ran: where its time went */
+            CNT_ADD(rt, kv_transfers, 1);
+            CNT_ADD(rt, kv_prepare_ns, op->kv_launch_ns - op->submit_ns);
+            CNT_ADD(rt, kv_launch_ns, op->kv_launched_ns - op->kv_launch_ns);
+            CNT_ADD(rt, kv_gpu_ns, op->kv_done_ns - op->kv_launched_ns);
+            CNT_ADD(rt, kv_finish_ns, umbp_now_ns() - op->kv_done_ns);
+        }
     }
     /* seq_cst store pairs with the waiter's seq_cst increment of `waiters`
      * followed by its load of `done`: one of the two sides sees the other. */

@@ -141,6 +141,9 @@ struct umbp_op {
     void *kv_wait_event;
     umbp_gpu_xfer_t *xfer;
     int gpu_rc;               /* result of the last GPU transfer round */
+    /* where its time went (umbp_stats_t kv_*): the first GPU submission's
+     * start and end, and when the waiter saw the last one finish */
+    uint64_t kv_launch_ns, kv_launched_ns, kv_done_ns;
     /* A large KV store is split into child ops (gpu_store_slice_blocks keys
      * each) so the store actor reserves and publishes one slice while the GPU
      * copies another; the caller holds the parent, whose statuses the children fill
@@ -307,6 +310,7 @@ struct rt_counters {
     _Atomic uint64_t lookups, lookup_keys, lookup_hits;
     _Atomic uint64_t puts_waited_for_space, ops_timed_out, mailbox_full;
     _Atomic uint64_t events_dropped;
+    _Atomic uint64_t kv_transfers, kv_prepare_ns, kv_launch_ns, kv_gpu_ns, kv_finish_ns;
 };
 #define CNT_ADD(rt, f, v) atomic_fetch_add_explicit(&(rt)->cnt.f, (v), memory_order_relaxed)
 

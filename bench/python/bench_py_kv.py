@@ -177,12 +177,17 @@ def child(args):
                     f"{'still poisoned' if poisoned else 'other bytes'})")
                 sys.exit(1)
 
+    calls = {"submit": [], "wait": []}  # where the caller's time went
+
     def timed(fn):
         torch.cuda.synchronize()
         t = time.perf_counter()
         job = fn()
+        t1 = time.perf_counter()
         job.wait()
         dt = time.perf_counter() - t
+        calls["submit"].append(t1 - t)
+        calls["wait"].append(dt - (t1 - t))
         if job.num_ok != len(job):
             st = [int(x) for x in job.statuses]
             bad = [i for i, x in enumerate(st) if x != 0]
@@ -199,19 +204,33 @@ def child(args):
     out["first_restore"] = timed(lambda: rt.load_blocks(kv, keys, B))
     verify(A, B, "first restore")
 
+    # where the runtime's time went (umbp_stats_t kv_*), summed over the
+    # steady rounds: store, restore
+    phase_names = ("kv_transfers", "kv_prepare_ns", "kv_launch_ns", "kv_gpu_ns", "kv_finish_ns")
+    phases = {"store": [0] * 5, "restore": [0] * 5}
+
+    def phased(what, fn):
+        a = rt.stats()
+        dt = timed(fn)
+        b = rt.stats()
+        for i, f in enumerate(phase_names):
+            phases[what][i] += b[f] - a[f]
+        return dt
+
     st, rs, bh, bs, bb = [], [], [], [], []
     for r in range(args.rounds):
         for c in caches:  # new contents in A each round
             c[:, :nblk].view(torch.int16).random_(-32768, 32767)
         keys = fresh_keys()
-        st.append(timed(lambda: rt.store_blocks(kv, keys, A)))
+        st.append(phased("store", lambda: rt.store_blocks(kv, keys, A)))
         poison(B)
-        rs.append(timed(lambda: rt.load_blocks(kv, keys, B)))
+        rs.append(phased("restore", lambda: rt.load_blocks(kv, keys, B)))
         verify(A, B, f"restore {r}")
         bh.append(pin.h2d())
         bs.append(pin.d2h())
         bb.append(pin.both())
-    out.update(store=st, restore=rs, base_h2d=bh, base_d2h=bs, base_both=bb)
+    out.update(store=st, restore=rs, base_h2d=bh, base_d2h=bs, base_both=bb, phases=phases,
+               calls={k: statistics.median(v) for k, v in calls.items()})
 
     # both ways: restore the prefix stored last (keys, from A) into B while
     # storing a new prefix from C
@@ -430,6 +449,14 @@ def report(res):
               f"{statistics.median(e[0] for e in ends) * 1e3:.2f} / "
               f"{statistics.median(e[1] for e in ends) * 1e3:.2f} ms (alone: "
               f"{statistics.median(rs) * 1e3:.2f} / {statistics.median(st) * 1e3:.2f} ms)")
+    for what, p in (res.get("phases") or {}).items():
+        if p[0]:
+            print(f"{what}, mean per GPU transfer ({p[0] / len(st):.0f} a call): prepare "
+                  f"{p[1] / p[0] / 1e3:.0f} us, launch {p[2] / p[0] / 1e3:.0f} us, gpu "
+                  f"{p[3] / p[0] / 1e3:.0f} us, finish {p[4] / p[0] / 1e3:.0f} us")
+    if res.get("calls"):
+        print(f"caller, median: submit {res['calls']['submit'] * 1e6:.0f} us, wait "
+              f"{res['calls']['wait'] * 1e6:.0f} us")
     print("| case | umbp GB/s | pinned copy GB/s | ratio |")
     print("|---|---|---|---|")
     for name, u, b in rows:

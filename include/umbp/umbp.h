@@ -394,6 +394,15 @@ typedef struct umbp_stats {
     uint64_t ops_timed_out;
     uint64_t mailbox_full; /* submissions refused with -EAGAIN */
     uint64_t events_dropped;
+    /* GPU KV transfers (umbp_kv_store / umbp_kv_load; a sliced store counts
+     * each slice) and where their time went, summed in nanoseconds:
+     * prepare: from submission until the copy engine is handed the transfer
+     *   (queueing, reservations or leases); launch: inside the copy engine's
+     *   submit; gpu: from then until the runtime saw the transfer finish;
+     *   finish: from then until the op completed (publish, or the release
+     *   of the leases). */
+    uint64_t kv_transfers;
+    uint64_t kv_prepare_ns, kv_launch_ns, kv_gpu_ns, kv_finish_ns;
 } umbp_stats_t;
 
 /* Snapshot of the counters (bounded by lookup_timeout_ms). */
