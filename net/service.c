@@ -240,7 +240,7 @@ static void deadline_update(struct net_conn *c, bool frame_done)
     ev_timer *w = &c->deadline_w;
     if (!c->role)
         return;
-    if (!c->in_len || c->paused || c->held || p->frame_timeout_ms <= 0) {
+    if (!c->in_len || c->paused || c->held || c->waiting || p->frame_timeout_ms <= 0) {
         ev_timer_stop(p->loop, w);
         return;
     }
@@ -262,10 +262,10 @@ static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* ---- frames ---------------------------------------------------------------------------- */
 
-/* The socket is read unless the connection is paused or held. */
+/* The socket is read unless the connection is paused, held or waiting. */
 static void read_update(struct net_conn *c)
 {
-    if (c->paused || c->held)
+    if (c->paused || c->held || c->waiting)
         ev_io_stop(LOOP(c), &c->rio);
     else
         ev_io_start(LOOP(c), &c->rio);
@@ -356,6 +356,8 @@ int net_conn_process(struct net_conn *c)
     bool more = false;
     int rc = 0;
 
+    if (c->waiting) /* (output drained, more input): the open frame waits on */
+        return net_conn_flush(c);
     while (rc == 0 && !pause_if_backlogged(c)) {
         struct proto_frame f;
         char what[PROTO_ERRMSG_MAX] = "";
@@ -369,7 +371,12 @@ int net_conn_process(struct net_conn *c)
         }
         if (n > 0) {
             rc = dispatch(c, &f, &budget, what, sizeof(what));
-            c->frame_open = rc == NET_MORE;
+            c->frame_open = rc == NET_MORE || rc == NET_WAIT;
+            if (rc == NET_WAIT) {
+                rc = 0;
+                c->waiting = true;
+                break;
+            }
             if (rc == NET_MORE) {
                 rc = 0;
                 more = true;
@@ -394,6 +401,12 @@ int net_conn_process(struct net_conn *c)
     if (rc)
         return rc < 0 ? rc : -ECONNRESET; /* NET_CLOSE: why is set */
     return frc;
+}
+
+int net_conn_resume(struct net_conn *c)
+{
+    c->waiting = false;
+    return net_conn_process(c);
 }
 
 /* ---- input ------------------------------------------------------------------------------ */

@@ -16,6 +16,13 @@
  * and say NET_MORE, and a connection over its turn's budget
  * (slice_records) is handed to on_yield, where the owner queues it (held:
  * not read, no frame deadline) and later calls net_conn_process again.
+ * A handler whose reply depends on work that completes later (a round trip
+ * to another process) starts that work and says NET_WAIT: the frame stays
+ * open and the connection waits (not read, no frame deadline, later frames
+ * not handled, so replies still leave in request order) until the owner
+ * calls net_conn_resume, which runs the handler on the same frame again to
+ * write its reply.  The owner bounds that work; if the connection ends
+ * first (on_close while waiting), the owner must drop what refers to it.
  *
  * Connections: an owner's struct embeds struct net_conn as its first
  * member (conn_size says how large the whole is; container_of gets it
@@ -51,6 +58,7 @@
 #define NET_MAX_TYPES 64  /* frame types a role table may name */
 #define NET_CLOSE 1       /* close once the output is flushed (why set) */
 #define NET_MORE 2        /* records left: call again with the same frame */
+#define NET_WAIT 3        /* waiting for the owner's own work: net_conn_resume */
 
 struct net_service;
 struct net_conn;
@@ -80,6 +88,7 @@ struct net_conn {
     bool paused;                   /* not reading: output above out_pause */
     bool was_paused;               /* ever (logged once) */
     bool held;                     /* the owner queued it (on_yield): not read */
+    bool waiting;                  /* a handler said NET_WAIT: not read or handled */
     bool frame_open;               /* the head frame is part handled (NET_MORE) */
     uint8_t *in;                   /* unparsed input [0, in_len) */
     size_t in_len, in_cap;
@@ -186,6 +195,10 @@ struct net_conn *net_service_adopt(struct net_service *s, int fd, const struct u
 /* Handles the whole frames in c's input (see above), then flushes.  < 0:
  * the caller closes c. */
 int net_conn_process(struct net_conn *c);
+/* After a handler's NET_WAIT: the owner's work is done; runs the handler
+ * on the open frame again, then the frames behind it, as net_conn_process
+ * (< 0: the caller closes c). */
+int net_conn_resume(struct net_conn *c);
 /* Sends what it can now; arms or disarms the write watcher.  < 0: close c
  * (why set; over out_max logged). */
 int net_conn_flush(struct net_conn *c);
