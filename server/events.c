@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "node.h"
 #include "srv.h"
 #include "util.h"
 
@@ -35,9 +36,10 @@ void srv_events_unsubscribe(struct srv_session *ss)
     ss->srv->subscribers--;
 }
 
-void srv_events_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key)
+void srv_events_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key, uint64_t size)
 {
     struct umbp_server *s = ctx;
+    srv_node_event(s->node, type, key, size); /* the master learns it (a node) */
     if (!s->subscribers)
         return;
     if (s->nevents == s->events_cap) {

@@ -40,6 +40,7 @@
 
 #include "dram_options.h"
 #include "metrics.h"
+#include "node.h"
 #include "options.h"
 #include "server.h"
 #include "srv.h"
@@ -109,6 +110,7 @@ static void stop_cb(struct ev_loop *loop, ev_async *w, int revents)
     struct umbp_server *s = umbp_container_of(w, struct umbp_server, stop_w);
     (void)revents;
     srv_listen_close(s, false); /* new clients are refused from now on */
+    srv_node_stop(s->node);     /* its calls end, its watchers stop */
     ev_break(loop, EVBREAK_ALL);
 }
 
@@ -236,6 +238,25 @@ unsigned srv_namespace_id(struct umbp_server *s, const char *name)
     return s->nns++;
 }
 
+/* With master_address: the node (node.h), before clients can connect, so
+ * every object they store is announced, and so are those of an adopted
+ * pool (a restarted server's). */
+static void node_learn(void *ctx, const umbp_key_t *key, uint64_t size)
+{
+    struct umbp_server *s = ctx;
+    srv_node_event(s->node, UMBP_EVENT_STORED, key, size);
+}
+
+static int node_create(struct umbp_server *s, char *err, size_t errlen)
+{
+    if (!s->cfg->is_node)
+        return 0;
+    int rc = srv_node_create(s, s->cfg->node, &s->node, err, errlen);
+    if (rc == 0) /* an adopted pool's objects: the node's first heartbeats carry them */
+        dram_store_for_each_published(s->store, node_learn, s);
+    return rc;
+}
+
 /* ---- the API ------------------------------------------------------------------------- */
 
 static void apply_log_level(const struct srv_config *c)
@@ -271,7 +292,8 @@ int umbp_server_create(const char *json, struct umbp_server **out, char *err, si
     session_service_init(s);
     if ((rc = srv_listen_open(s, err, errlen)) < 0 ||
         (rc = srv_metrics_start(s, err, errlen)) < 0 || /* a taken port fails before the pool */
-        (rc = pool_create(s, err, errlen)) < 0 || (rc = srv_listen_bind(s, err, errlen)) < 0)
+        (rc = pool_create(s, err, errlen)) < 0 || (rc = node_create(s, err, errlen)) < 0 ||
+        (rc = srv_listen_bind(s, err, errlen)) < 0)
         goto fail;
     watchers_start(s);
     *out = s;
@@ -299,6 +321,8 @@ void umbp_server_destroy(struct umbp_server *s)
         return;
     srv_metrics_stop(s); /* first: its HTTP thread pokes the loop */
     net_service_close_all(&s->svc, "server shutting down");
+    srv_node_destroy(s->node); /* before the store it serves */
+    s->node = NULL;
     if (s->loop) {
         srv_listen_close(s, true);
         ev_async_stop(s->loop, &s->stop_w);

@@ -17,6 +17,7 @@
 
 #include "dram_options.h"
 #include "fdpass.h"
+#include "node.h"
 #include "options.h"
 #include "proto.h"
 #include "server_config.h"
@@ -263,14 +264,26 @@ int srv_config_parse(const char *json, struct srv_config **out, char *err, size_
         srv_config_free(c);
         return -ENOMEM;
     }
+    size_t node_size;
+    const struct umbp_option *node_opts = srv_node_options(&node_size);
+    if (node_opts && !(c->node = calloc(1, node_size))) {
+        snprintf(err, errlen, "out of memory parsing the config");
+        srv_config_free(c);
+        return -ENOMEM;
+    }
     struct umbp_opt_table t[] = {
         {umbp_core_options, &c->core, "core"},
         {dram_opts, c->dram, "dram"},
         {shm_options, &c->shm, "shm"},
         {srv_options, &c->opt, "server"},
+        {node_opts, c->node, "distributed"}, /* last: absent without UCX */
     };
     int rc;
-    if ((rc = umbp_options_apply(t, sizeof(t) / sizeof(t[0]), json, err, errlen)) < 0)
+    if ((rc = umbp_options_apply(t, sizeof(t) / sizeof(t[0]) - !node_opts, json, err,
+                                 errlen)) < 0)
+        goto fail;
+    c->is_node = c->node && srv_node_wanted(c->node);
+    if (c->is_node && (rc = srv_node_validate(c->node, &c->core, err, errlen)) < 0)
         goto fail;
     force_shared_memory(c->dram);
     if ((rc = umbp_core_validate(&c->core, &c->capacity, err, errlen)) < 0 ||
@@ -290,6 +303,7 @@ void srv_config_free(struct srv_config *c)
     if (!c)
         return;
     free(c->dram);
+    free(c->node);
     free(c);
 }
 

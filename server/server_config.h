@@ -1,9 +1,11 @@
 /*
  * server_config.h - umbp-server's configuration: the same JSON (and UMBP_*
- * environment) as its clients, parsed against four option tables at once:
+ * environment) as its clients, parsed against five option tables at once:
  * the core (capacity, lease_ttl_ms, log_level), the dram_* table (the pool),
  * the standalone table shared with the shm tier (socket_dir, dp_rank,
- * lookup_instance) and the server's own (srv_options[] in server_config.c).
+ * lookup_instance), the distributed table (master_address ...: with it the
+ * server is a node of a cluster, node.h) and the server's own (srv_options[]
+ * in server_config.c).
  * Options of the other tables that only clients use are accepted and
  * ignored, so one file can configure an engine and its server.
  *
@@ -52,6 +54,9 @@ struct srv_config {
     void *dram;                     /* the dram tier's config struct */
     struct shm_config shm;
     struct srv_options opt;
+    void *node;                     /* the distributed options (node.h), or NULL:
+                                       a server built without UCX */
+    bool is_node;                   /* master_address given */
     uint64_t capacity;              /* the core's resolved rank capacity */
     uid_t uids[SRV_MAX_IDS];        /* allowed besides the server's euid */
     size_t nuids;

@@ -189,6 +189,7 @@ struct umbp_server {
     bool any_lost;                   /* a subscriber has events_lost > 0 */
     struct srv_counters c;
     struct srv_metrics *metrics;     /* NULL: metrics_port 0 */
+    struct srv_node *node;           /* master_address: a node of a cluster (node.h) */
 };
 
 /* server.c: the namespace id of a name (new names get the next id; when
@@ -259,7 +260,7 @@ int srv_run_frame(struct net_conn *c, net_frame_fn h, const struct proto_frame *
 void srv_evict_check(struct umbp_server *s);
 
 /* events.c */
-void srv_events_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
+void srv_events_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key, uint64_t size);
 void srv_events_flush(struct umbp_server *s);
 void srv_events_subscribe(struct srv_session *ss);
 void srv_events_unsubscribe(struct srv_session *ss);

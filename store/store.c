@@ -50,10 +50,10 @@ struct dram_store {
     uint64_t adopt_grace_ns;
 };
 
-static void emit(struct dram_store *s, umbp_event_type_t type, const umbp_key_t *key)
+static void emit(struct dram_store *s, umbp_event_type_t type, const struct dram_obj *obj)
 {
     if (s->p.emit_event)
-        s->p.emit_event(s->p.ctx, type, key);
+        s->p.emit_event(s->p.ctx, type, &obj->key, obj->size);
 }
 
 static void space_freed(struct dram_store *s)
@@ -465,7 +465,7 @@ static uint64_t obj_remove(struct dram_store *s, struct dram_obj *obj)
     lru_unlink(s, obj);
     s->num_objects--;
     s->ns[obj->ns].objects--;
-    emit(s, UMBP_EVENT_REMOVED, &obj->key);
+    emit(s, UMBP_EVENT_REMOVED, obj);
     if (obj->readers) {
         obj->state = DRAM_OBJ_DOOMED;
         return 0;
@@ -627,7 +627,7 @@ int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t tok
     s->num_objects++;
     s->ns[obj->ns].objects++;
     lru_push(s, obj);
-    emit(s, UMBP_EVENT_STORED, &obj->key);
+    emit(s, UMBP_EVENT_STORED, obj);
     return 0;
 }
 
@@ -811,4 +811,12 @@ void dram_store_usage(const struct dram_store *s, struct umbp_tier_usage *out)
 uint64_t dram_store_largest_free(const struct dram_store *s)
 {
     return dram_alloc_largest_free(s->alloc);
+}
+
+void dram_store_for_each_published(const struct dram_store *s,
+                                   void (*fn)(void *ctx, const umbp_key_t *key, uint64_t size),
+                                   void *ctx)
+{
+    for (const struct dram_obj *o = dram_lru_head(s->index); o; o = o->lru_next)
+        fn(ctx, &o->key, o->size);
 }

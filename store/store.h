@@ -43,7 +43,8 @@ struct dram_store_params {
      * record has no hold time (a table of an older release). */
     uint64_t adopt_grace_ms;
     /* Called when a key becomes visible (STORED) or goes away (REMOVED). */
-    void (*emit_event)(void *ctx, umbp_event_type_t type, const umbp_key_t *key);
+    void (*emit_event)(void *ctx, umbp_event_type_t type, const umbp_key_t *key,
+                       uint64_t size);
     /* Called when space was freed (eviction, abort, a lease ending, clear). */
     void (*space_freed)(void *ctx);
     void *ctx;
@@ -140,6 +141,11 @@ void dram_store_ns_usage(const struct dram_store *s, unsigned ns, struct dram_st
 
 /* Removes every published object (held ones become DOOMED). */
 void dram_store_clear(struct dram_store *s);
+/* Calls fn for every published object (key, size), newest first; fn must
+ * not call the store. */
+void dram_store_for_each_published(const struct dram_store *s,
+                                   void (*fn)(void *ctx, const umbp_key_t *key, uint64_t size),
+                                   void *ctx);
 void dram_store_usage(const struct dram_store *s, struct umbp_tier_usage *out);
 uint64_t dram_store_largest_free(const struct dram_store *s);
 

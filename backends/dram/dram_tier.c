@@ -41,8 +41,10 @@ static struct dram_tier *to_dram_tier(struct umbp_tier *t)
     return umbp_container_of(t, struct dram_tier, base);
 }
 
-static void store_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key)
+static void store_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key,
+                       uint64_t size)
 {
+    (void)size;
     struct dram_tier *dt = ctx;
     if (dt->base.env.emit_event)
         dt->base.env.emit_event(dt->base.env.ctx, type, key);

@@ -104,8 +104,10 @@ static struct loopback_tier *to_loopback(struct umbp_tier *t)
     return umbp_container_of(t, struct loopback_tier, base);
 }
 
-static void store_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key)
+static void store_emit(void *ctx, umbp_event_type_t type, const umbp_key_t *key,
+                       uint64_t size)
 {
+    (void)size;
     struct loopback_tier *lt = ctx;
     if (lt->base.env.emit_event)
         lt->base.env.emit_event(lt->base.env.ctx, type, key);

@@ -59,6 +59,7 @@
 #include "options.h"
 #include "master_client.h"
 #include "proto.h"
+#include "rdma.h"
 #include "tcp.h"
 #include "ucx.h"
 #include "ucx_wire.h"
@@ -319,11 +320,10 @@ static uint64_t pub_size(struct rdma_tier *rt, const umbp_key_t *k)
     return 0;
 }
 
-static void child_event(void *ctx, umbp_event_type_t type, const umbp_key_t *k)
+static void slice_event(struct rdma_tier *rt, umbp_event_type_t type, const umbp_key_t *k,
+                        uint64_t size)
 {
-    struct rdma_tier *rt = ctx;
     if (type == UMBP_EVENT_STORED) {
-        uint64_t size = pub_size(rt, k);
         if (size && kmap_put(&rt->live, k, size) == 0) {
             rt->seq++;
             ev_push(rt, PROTO_NODE_STORED, k, size);
@@ -336,6 +336,18 @@ static void child_event(void *ctx, umbp_event_type_t type, const umbp_key_t *k)
     }
     if (rt->base.env.emit_event)
         rt->base.env.emit_event(rt->base.env.ctx, type, k);
+}
+
+static void child_event(void *ctx, umbp_event_type_t type, const umbp_key_t *k)
+{
+    struct rdma_tier *rt = ctx;
+    slice_event(rt, type, k, type == UMBP_EVENT_STORED ? pub_size(rt, k) : 0);
+}
+
+void umbp_rdma_slice_event(struct umbp_tier *t, umbp_event_type_t type, const umbp_key_t *k,
+                           uint64_t size)
+{
+    slice_event(to_rdma(t), type, k, size);
 }
 
 static void child_events_lost(void *ctx, uint64_t n)

@@ -119,7 +119,10 @@ static inline void tu_server_json(struct tu_server *s, char *out, size_t outlen,
 static inline bool tu_server_answers(const char *path)
 {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+    size_t len = strlen(path);
+    if (len >= sizeof(a.sun_path))
+        return false;
+    memcpy(a.sun_path, path, len + 1);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
     if (fd >= 0)

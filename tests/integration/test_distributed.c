@@ -482,3 +482,84 @@ Test(dist, a_node_with_the_wrong_secret_is_refused)
     unlink(good);
     unlink(bad);
 }
+
+/* ---- umbp-server as the host's node ------------------------------------------------------ */
+
+#include <glob.h>
+
+#include "server_fixture.h"
+
+/* A host whose engines attach to its umbp-server (standalone mode), the
+ * server configured with master_address: the server is the host's one
+ * node.  What an engine stores through it is announced to the master and
+ * served to other hosts' nodes from the server's pool, also after that
+ * engine is gone (the objects are the server's), and byte-exact. */
+Test(dist, a_hosts_server_is_its_node_and_serves_what_its_engines_stored)
+{
+    need_distributed();
+    cr_assert(tu_server_built(), "umbp-server was not built");
+    struct cluster c;
+    memset(&c, 0, sizeof(c));
+    master_start(&c.m);
+    /* the server's UCX, as the nodes' (dist_fixture.h) */
+    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    setenv("UCX_MEM_EVENTS", "no", 1);
+    struct tu_server srv = {0};
+    char json[1024], sjson[1024], shm[64];
+    snprintf(shm, sizeof(shm), "umbp-test-node-%d", (int)getpid());
+    snprintf(sjson, sizeof(sjson),
+             "{\"master_address\": \"%s\", \"node_host\": \"hostS\", \"heartbeat_ms\": 100, "
+             "\"capacity_bytes\": \"256MiB\", \"log_level\": \"info\", "
+             "\"dram_shm_name\": \"%s\"}", c.m.addr, shm);
+    tu_server_start(&srv, sjson);
+    char ejson[512];
+    snprintf(ejson, sizeof(ejson), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+             "\"gpu_backend\": \"host\", \"timeout_ms\": 5000}", srv.dir);
+    struct node *e = &c.n[0], *b = &c.n[1], *cc = &c.n[2];
+    node_start(e, "engineS", ejson); /* an engine on the server's host */
+    /* no replicas on the readers: every read below is served by the server */
+    const char *noc = "\"cache_remote_fetches\": false";
+    node_start(b, "nodeB", node_json(json, sizeof(json), c.m.addr, "nodeB", noc));
+    node_start(cc, "nodeC", node_json(json, sizeof(json), c.m.addr, "nodeC", noc));
+    c.nn = 3;
+    cr_assert(log_has(c.m.log, "(hostS pid"), "the server never registered; master log:\n%s",
+              slurp(c.m.log));
+    put(e, 80, 24, 256 * 1024);
+    put(e, 81, 100, 4096);
+    kvput(e, 82, 16);
+    until_found(b, 80, 24, 24);
+    until_found(b, 81, 100, 100);
+    struct got g = get(b, 80, 24, 256 * 1024);
+    cr_assert_eq(g.hit, 24, "B read %zu of 24 from the server (miss %zu, wrong %zu)", g.hit,
+                 g.miss, g.wrong);
+    cr_assert_eq(get(b, 81, 100, 4096).hit, 100);
+    cr_assert_eq(kvget(b, 82, 16).hit, 16);
+    /* the engine goes; its objects stay the server's, which C reads */
+    node_kill(e, SIGKILL);
+    until_found(cc, 80, 24, 24);
+    cr_assert_eq(get(cc, 80, 24, 256 * 1024).hit, 24);
+    cr_assert_eq(get(cc, 81, 100, 4096).hit, 100);
+    /* keys nobody stored miss, their buffers untouched (get counts any
+     * written byte of a clean miss as wrong) */
+    g = get(cc, 89, 8, 4096);
+    cr_assert_eq(g.miss, 8);
+    cr_assert_eq(g.wrong, 0);
+    /* the server killed and restarted on its named pool: a new node (new
+     * pid) that announces the objects it adopted, which C reads again */
+    tu_server_stop(&srv);
+    tu_server_start(&srv, sjson);
+    until_found(cc, 81, 100, 100);
+    g = get(cc, 81, 100, 4096);
+    cr_assert_eq(g.hit, 100, "after the restart C read %zu of 100 (miss %zu, wrong %zu)", g.hit,
+                 g.miss, g.wrong);
+    tu_server_cleanup(&srv);
+    cluster_stop(&c);
+    char pat[128]; /* the pool and its files (owner lock, journal, meta) */
+    snprintf(pat, sizeof(pat), "/dev/shm/%s*", shm);
+    glob_t gl;
+    if (glob(pat, 0, NULL, &gl) == 0)
+        for (size_t i = 0; i < gl.gl_pathc; i++)
+            unlink(gl.gl_pathv[i]);
+    globfree(&gl);
+}

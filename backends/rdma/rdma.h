@@ -1,0 +1,23 @@
+/*
+ * rdma.h - what a host of the rdma tier other than the runtime needs
+ * (umbp-server as a node, server/node.c): the tier's ops, and the events of
+ * a slice whose objects others publish.
+ */
+#ifndef UMBP_RDMA_H
+#define UMBP_RDMA_H
+
+#include <stdint.h>
+
+#include "umbp/tier.h"
+
+extern const struct umbp_tier_ops umbp_tier_rdma_ops;
+
+/* Loop thread.  A STORED or REMOVED event of the tier's slice, with the
+ * object's size: for a slice whose objects are published by others than
+ * this tier (the server's clients), whose env->emit_event the slice does
+ * not call.  The tier queues it for the master and passes it on to its
+ * own env's emit_event. */
+void umbp_rdma_slice_event(struct umbp_tier *t, umbp_event_type_t type, const umbp_key_t *k,
+                           uint64_t size);
+
+#endif /* UMBP_RDMA_H */
