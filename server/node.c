@@ -195,6 +195,99 @@ static int env_create_child(const struct umbp_tier_env *child_env, const char *n
     return 0;
 }
 
+/* ---- clients' keys the store lacks -------------------------------------------------------- */
+
+struct srv_node_call {
+    struct srv_node *n;
+    bool fetch;
+    bool starting;       /* inside srv_node_call: a completion now is inline */
+    bool inline_done;
+    bool cancelled;
+    size_t nkeys;
+    struct umbp_tier_req *reqs;
+    struct umbp_tier_req **ptrs;
+    uint8_t *present;
+    srv_node_done_fn done;
+    void *arg;
+};
+
+void srv_node_call_free(struct srv_node_call *c)
+{
+    if (!c)
+        return;
+    free(c->reqs);
+    free(c->ptrs);
+    free(c->present);
+    free(c);
+}
+
+static void call_released(void *arg, int rc)
+{
+    (void)arg, (void)rc; /* the slice's releases and a private copy's abort: inline */
+}
+
+static void call_answered(void *arg, int rc)
+{
+    struct srv_node_call *c = arg;
+    if (c->fetch && rc == 0) {
+        /* the fetched objects are the store's now (replicas): the handler
+         * leases them itself; private copies go back (those keys miss) */
+        size_t m = 0;
+        for (size_t i = 0; i < c->nkeys; i++)
+            if (c->reqs[i].status == 0)
+                c->ptrs[m++] = &c->reqs[i];
+        if (m)
+            c->n->rdma->ops->release(c->n->rdma, c->ptrs, m, call_released, NULL);
+    }
+    if (c->starting) {
+        c->inline_done = true;
+        return;
+    }
+    if (c->cancelled) {
+        srv_node_call_free(c);
+        return;
+    }
+    c->done(c->arg);
+}
+
+int srv_node_call(struct srv_node *n, bool fetch, const umbp_key_t *keys, size_t nkeys,
+                  uint64_t ttl_ms, srv_node_done_fn done, void *arg, struct srv_node_call **out)
+{
+    struct srv_node_call *c = calloc(1, sizeof(*c));
+    if (!c || !(c->reqs = calloc(nkeys, sizeof(*c->reqs))) ||
+        !(c->ptrs = calloc(nkeys, sizeof(*c->ptrs))) ||
+        !(c->present = calloc(nkeys, sizeof(*c->present)))) {
+        srv_node_call_free(c);
+        return -ENOMEM;
+    }
+    *c = (struct srv_node_call){.n = n, .fetch = fetch, .starting = true, .nkeys = nkeys,
+                                .reqs = c->reqs, .ptrs = c->ptrs, .present = c->present,
+                                .done = done, .arg = arg};
+    for (size_t i = 0; i < nkeys; i++) {
+        c->reqs[i].key = keys[i];
+        c->ptrs[i] = &c->reqs[i];
+    }
+    struct umbp_tier *t = n->rdma;
+    if (fetch)
+        t->ops->acquire(t, c->ptrs, nkeys, ttl_ms, call_answered, c);
+    else
+        t->ops->lookup(t, c->ptrs, nkeys, c->present, false, call_answered, c);
+    c->starting = false;
+    *out = c;
+    return c->inline_done ? 1 : 0;
+}
+
+bool srv_node_call_present(const struct srv_node_call *c, size_t i)
+{
+    return !c->fetch && i < c->nkeys && c->present[i];
+}
+
+void srv_node_call_cancel(struct srv_node_call *c)
+{
+    if (c)
+        c->cancelled = true;
+}
+
 /* ---- the node ----------------------------------------------------------------------------- */
 
 const struct umbp_option *srv_node_options(size_t *config_size)
@@ -307,5 +400,22 @@ void srv_node_event(struct srv_node *n, umbp_event_type_t type, const umbp_key_t
 
 void srv_node_stop(struct srv_node *n) { (void)n; }
 void srv_node_destroy(struct srv_node *n) { (void)n; }
+
+int srv_node_call(struct srv_node *n, bool fetch, const umbp_key_t *keys, size_t nkeys,
+                  uint64_t ttl_ms, srv_node_done_fn done, void *arg, struct srv_node_call **out)
+{
+    (void)n, (void)fetch, (void)keys, (void)nkeys, (void)ttl_ms, (void)done, (void)arg;
+    *out = NULL;
+    return -ENOTSUP;
+}
+
+bool srv_node_call_present(const struct srv_node_call *c, size_t i)
+{
+    (void)c, (void)i;
+    return false;
+}
+
+void srv_node_call_free(struct srv_node_call *c) { (void)c; }
+void srv_node_call_cancel(struct srv_node_call *c) { (void)c; }
 
 #endif

@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "umbp/tier.h"
 
@@ -31,6 +32,33 @@ int srv_node_create(struct umbp_server *s, const void *cfg, struct srv_node **ou
 /* The store's STORED / REMOVED events (the node tells the master). */
 void srv_node_event(struct srv_node *n, umbp_event_type_t type, const umbp_key_t *key,
                     uint64_t size);
+/*
+ * Keys a client asked for that the store lacks, taken to the cluster: a
+ * LOOKUP learns which of them a live owner holds (the master's LOCATE); an
+ * ACQUIRE also fetches them into the pool as replicas (published: the
+ * handler then leases them from the store as any other object).  A fetched
+ * object the pool cannot keep as a replica (above its high watermark, or
+ * larger than remote_cache_max_bytes) is dropped: that key misses.  Every
+ * call is bounded by lookup_timeout_ms and timeout_ms.
+ *
+ * srv_node_call returns 1 when it completed inline (the results are in the
+ * call, done is not called), 0 when done(arg) will run later, or a
+ * negative code (no memory: the keys miss).  A call whose client went away
+ * is cancelled: done is never called, and the call is freed when the
+ * cluster answers.
+ */
+struct srv_node_call;
+typedef void (*srv_node_done_fn)(void *arg);
+int srv_node_call(struct srv_node *n, bool fetch, const umbp_key_t *keys, size_t nkeys,
+                  uint64_t ttl_ms, srv_node_done_fn done, void *arg,
+                  struct srv_node_call **out);
+/* A lookup's answer for key i of the call (false for a fetch). */
+bool srv_node_call_present(const struct srv_node_call *c, size_t i);
+/* Frees a completed call. */
+void srv_node_call_free(struct srv_node_call *c);
+/* The client went away: done is not called; freed once the cluster answers. */
+void srv_node_call_cancel(struct srv_node_call *c);
+
 /* Loop thread, as the server stops: outstanding calls end, watchers stop. */
 void srv_node_stop(struct srv_node *n);
 void srv_node_destroy(struct srv_node *n);

@@ -21,6 +21,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fdpass.h"
@@ -76,6 +77,59 @@ static int batch_end(struct srv_session *ss, const struct proto_frame *f, int rc
     return reply_done(ss, rc ? rc : erc);
 }
 
+/* ---- a node's server: keys the store lacks ------------------------------------- */
+
+static void node_answered(void *arg)
+{
+    struct srv_session *ss = arg;
+    if (net_conn_resume(&ss->conn) < 0)
+        net_conn_close(&ss->conn);
+}
+
+/* The end of a slice that asked the cluster (or did not). */
+void srv_node_slice_done(struct srv_session *ss)
+{
+    srv_node_call_free(ss->node_call);
+    free(ss->node_idx);
+    ss->node_call = NULL;
+    ss->node_idx = NULL;
+    ss->node_asked = false;
+}
+
+/* Where the server is a node (node.h), a LOOKUP's or ACQUIRE's keys of
+ * this slice that the store lacks go to the cluster first (fetch: into the
+ * pool as replicas); the slice waits (SRV_WAIT) and runs again once the
+ * cluster answered, or at once when it answered inline.  0: go on (the
+ * answer, if any, is in ss->node_call; no memory: those keys miss). */
+static int node_first(struct srv_session *ss, const struct proto_frame *f, bool fetch,
+                      uint64_t ttl_ms)
+{
+    struct umbp_server *s = ss->srv;
+    struct srv_batch *b = &ss->batch;
+    if (!s->node || ss->node_asked || b->to == b->from)
+        return 0;
+    ss->node_asked = true;
+    uint32_t n = b->to - b->from, m = 0;
+    umbp_key_t *keys = malloc(n * sizeof(*keys));
+    if (!keys || !(ss->node_idx = malloc(n * sizeof(*ss->node_idx)))) {
+        free(keys);
+        return 0;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        proto_get_key(f, b->from + i, &keys[m]);
+        bool miss = !srv_store_lookup(&s->st, &keys[m], false);
+        ss->node_idx[i] = miss ? m : UINT32_MAX;
+        m += miss;
+    }
+    int rc = m ? srv_node_call(s->node, fetch, keys, m, ttl_ms, node_answered, ss,
+                               &ss->node_call) : 1;
+    free(keys);
+    if (rc != 0)
+        return 0; /* nothing to ask, answered inline, or no memory */
+    b->rewind = true;
+    return SRV_WAIT;
+}
+
 /* ---- lookup, reserve, publish, abort ------------------------------------------- */
 
 static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
@@ -84,17 +138,22 @@ static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
     struct umbp_server *s = ss->srv;
     const struct srv_batch *b = &ss->batch;
     bool touch = f->arg & PROTO_LOOKUP_TOUCH;
+    if (node_first(ss, f, false, 0) == SRV_WAIT)
+        return SRV_WAIT;
     int rc = batch_begin(ss, f, PROTO_LOOKUP_R);
 
     for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
         umbp_key_t key;
         proto_get_key(f, i, &key);
         bool hit = srv_store_lookup(&s->st, &key, touch);
+        if (!hit && ss->node_call && ss->node_idx[i - b->from] != UINT32_MAX)
+            hit = srv_node_call_present(ss->node_call, ss->node_idx[i - b->from]);
         s->c.lookup_hits += hit;
         rc = proto_put_u8(b->out, hit);
     }
     s->c.lookups += b->to == f->n;
     s->c.lookup_keys += b->to - b->from;
+    srv_node_slice_done(ss);
     return batch_end(ss, f, rc);
 }
 
@@ -189,6 +248,8 @@ static int handle_acquire(struct net_conn *c, const struct proto_frame *f)
     struct srv_session *ss = to_session(c);
     struct umbp_server *s = ss->srv;
     uint64_t ttl_ms = f->arg < s->lease_ttl_ms ? f->arg : s->lease_ttl_ms;
+    if (node_first(ss, f, true, ttl_ms) == SRV_WAIT)
+        return SRV_WAIT;
     uint64_t now = umbp_now_ns(), ttl_ns = ttl_ms * 1000000ull;
     const struct srv_batch *b = &ss->batch;
     int rc = batch_begin(ss, f, PROTO_ACQUIRE_R);
@@ -212,6 +273,7 @@ static int handle_acquire(struct net_conn *c, const struct proto_frame *f)
         rc = proto_put_region_item(b->out, &out);
     }
     s->c.acquires += b->to - b->from;
+    srv_node_slice_done(ss);
     return batch_end(ss, f, rc);
 }
 
@@ -422,6 +484,12 @@ static const struct net_role roles[PROTO_ROLE_ADMIN + 1] = {
 static void batch_next(struct srv_session *ss, const struct proto_frame *f, uint32_t *budget)
 {
     struct srv_batch *b = &ss->batch;
+    if (b->rewind) { /* the slice that waited for the cluster, again */
+        b->rewind = false;
+        b->out = &ss->reply;
+        *budget -= b->to > b->from ? b->to - b->from : 1;
+        return;
+    }
     if (!b->open) {
         *b = (struct srv_batch){.may_evict = true};
     }
@@ -450,7 +518,7 @@ int srv_run_frame(struct net_conn *c, net_frame_fn h, const struct proto_frame *
     uint64_t t0 = umbp_now_ns();
     int rc = h(c, f);
     b->busy_ns += umbp_now_ns() - t0;
-    b->open = rc == SRV_MORE;
+    b->open = rc == SRV_MORE || rc == SRV_WAIT;
     if (!b->open) /* the whole frame's handling time, not the wait between slices */
         srv_metrics_observe(ss->srv, f->type, b->busy_ns);
     return rc;

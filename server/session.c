@@ -170,6 +170,10 @@ static void session_end(struct net_conn *c)
     uint64_t leases = ss->leases.n, reservations = ss->reservations.n;
 
     struct orphan_ctx o = {&s->st, umbp_now_ns()};
+    /* a slice waiting for the cluster: its answer is dropped when it comes */
+    srv_node_call_cancel(ss->node_call);
+    ss->node_call = NULL;
+    srv_node_slice_done(ss);
     track_drain(&ss->leases, release_one, (void *)&s->st);
     track_drain(&ss->reservations, orphan_one, &o);
     umbp_log(UMBP_LOG_INFO, SESSION_FMT ": %s; released %llu leases; %llu unfinished "

@@ -57,6 +57,7 @@
 #include <sys/types.h>
 
 #include "listen.h"
+#include "node.h"
 #include "proto.h"
 #include "service.h"
 #include "server_config.h"
@@ -101,6 +102,7 @@ struct srv_batch {
     uint32_t from, to;
     bool open;                     /* a slice is done and more are due */
     bool may_evict;                /* RESERVE: an inline eviction may still free room */
+    bool rewind;                   /* the slice waited (SRV_WAIT): run it again */
     uint64_t busy_ns;              /* handling time of its slices so far */
 };
 
@@ -121,6 +123,12 @@ struct srv_session {
     struct proto_buf reply;        /* a sliced frame's reply being built */
     struct proto_buf held;         /* EVENTS frames waiting for that reply */
     struct srv_session *run_next;  /* on the run queue while conn.held */
+    /* a node's server (node.h): this slice's keys the store lacked, asked
+     * of the cluster; node_idx maps a slice record to its key in the call
+     * (UINT32_MAX: not asked) */
+    bool node_asked;
+    struct srv_node_call *node_call;
+    uint32_t *node_idx;
 };
 
 static inline struct srv_session *to_session(struct net_conn *c)
@@ -250,10 +258,13 @@ void srv_listen_accept_error(struct net_service *svc, int err, double retry_s);
  * frame is malformed. */
 #define SRV_CLOSE NET_CLOSE
 #define SRV_MORE NET_MORE
+#define SRV_WAIT NET_WAIT /* the slice waits for the cluster (node.h) */
 int srv_handle_hello(struct net_conn *c, const struct proto_frame *f, char *what,
                      size_t whatlen);
 int srv_run_frame(struct net_conn *c, net_frame_fn h, const struct proto_frame *f,
                   uint32_t *budget);
+/* requests.c: frees what a slice asked the cluster (node.h). */
+void srv_node_slice_done(struct srv_session *ss);
 
 /* server.c: starts background eviction if usage is above the high
  * watermark. */

@@ -563,3 +563,66 @@ Test(dist, a_hosts_server_is_its_node_and_serves_what_its_engines_stored)
             unlink(gl.gl_pathv[i]);
     globfree(&gl);
 }
+
+/* The engines of a host whose server is the node read other hosts'
+ * objects through it: a lookup asks the master (through the server), a
+ * load fetches into the server's pool (a replica there) and is read from
+ * it, byte-exact into poisoned buffers; the replicas serve after the owner
+ * is killed; an owner stopped (SIGSTOP) with a load in flight costs a
+ * bounded miss, no wrong byte, and reads resume once it runs again. */
+Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
+{
+    need_distributed();
+    cr_assert(tu_server_built(), "umbp-server was not built");
+    struct cluster c;
+    memset(&c, 0, sizeof(c));
+    master_start(&c.m);
+    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    setenv("UCX_MEM_EVENTS", "no", 1);
+    struct tu_server srv = {0};
+    char json[1024];
+    /* the server's fetches end by its timeout_ms, within the engine's */
+    snprintf(json, sizeof(json),
+             "{\"master_address\": \"%s\", \"node_host\": \"hostS\", \"heartbeat_ms\": 100, "
+             "\"capacity_bytes\": \"256MiB\", \"timeout_ms\": 1500, \"log_level\": \"info\"}",
+             c.m.addr);
+    tu_server_start(&srv, json);
+    char ejson[512];
+    snprintf(ejson, sizeof(ejson), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+             "\"gpu_backend\": \"host\", \"timeout_ms\": 5000}", srv.dir);
+    struct node *e = &c.n[0], *b = &c.n[1], *d = &c.n[2];
+    node_start(e, "engineS", ejson);
+    node_start(b, "nodeB", node_json(json, sizeof(json), c.m.addr, "nodeB", NULL));
+    node_start(d, "nodeD", node_json(json, sizeof(json), c.m.addr, "nodeD", NULL));
+    c.nn = 3;
+    put(b, 90, 24, 256 * 1024);
+    kvput(b, 91, 16);
+    until_found(e, 90, 24, 24); /* the engine's lookup, answered by the master */
+    size_t prefix;
+    cr_assert_eq(lookup(e, 90, 30, &prefix), 24);
+    cr_assert_eq(prefix, 24);
+    struct got g = get(e, 90, 24, 256 * 1024);
+    cr_assert_eq(g.hit, 24, "the engine read %zu of 24 through its server (miss %zu, wrong %zu)",
+                 g.hit, g.miss, g.wrong);
+    cr_assert_eq(kvget(e, 91, 16).hit, 16);
+    /* keys nobody stored miss, untouched */
+    g = get(e, 99, 8, 4096);
+    cr_assert(g.miss == 8 && g.wrong == 0, "miss %zu wrong %zu", g.miss, g.wrong);
+    /* the server kept replicas: B's death does not cost the engine them */
+    node_kill(b, SIGKILL);
+    g = get(e, 90, 24, 256 * 1024);
+    cr_assert_eq(g.hit, 24, "after B died the engine read %zu of 24", g.hit);
+    /* D stopped with the engine's load in flight: a bounded miss, no wrong
+     * byte; once D runs again its objects are read */
+    put(d, 92, 16, 64 * 1024);
+    until_found(e, 92, 16, 16);
+    node_kill(d, SIGSTOP);
+    g = get(e, 92, 16, 64 * 1024);
+    cr_assert_eq(g.wrong, 0);
+    cr_assert_eq(g.hit, 0, "read %zu of 16 from a stopped owner", g.hit);
+    node_kill(d, SIGCONT);
+    get_until_hit(e, 92, 16, 64 * 1024);
+    tu_server_cleanup(&srv);
+    cluster_stop(&c);
+}
