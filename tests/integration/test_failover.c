@@ -61,9 +61,9 @@ static struct fo *cur; /* for the log dumps of a failing check */
 static void fo_dump(struct fo *f)
 {
     dump_master_log();
-    cr_log_error("redis-server's log (%s):\n%s", f->r.log, redis_slurp(f->r.log));
+    cr_log_error("redis-server's log (%s):\n%s", f->r.log, tu_slurp(f->r.log));
     for (int i = 0; i < f->nn; i++)
-        cr_log_error("%s's log (%s):\n%s", f->n[i].name, f->n[i].log, slurp(f->n[i].log));
+        cr_log_error("%s's log (%s):\n%s", f->n[i].name, f->n[i].log, tu_slurp(f->n[i].log));
 }
 
 /* cr_assert, printing every process's log first */
@@ -835,7 +835,7 @@ Test(failover, an_empty_store_and_a_master_that_never_saw_the_epoch_one_leader)
 static int log_count(const char *path, const char *what)
 {
     int n = 0;
-    for (const char *p = slurp(path); (p = strstr(p, what)); p += strlen(what))
+    for (const char *p = tu_slurp(path); (p = strstr(p, what)); p += strlen(what))
         n++;
     return n;
 }
@@ -907,7 +907,7 @@ Test(failover, a_master_above_the_stores_epoch_is_refused_until_the_store_shows_
     fo_assert(get(&f.n[1], 2, NKEYS, SIZE).hit == 0, "node1 read node0's keys");
     fo_assert(leader_in_redis(&f, &e) == 0 && e == 41, "the store changed meanwhile: epoch "
               "%llu", (unsigned long long)e); /* the mismatch lasted while we looked */
-    fo_assert(!strstr(slurp(f.n[0].log), "claims epoch"), "node0 (welcomed at 42) refused");
+    fo_assert(!strstr(tu_slurp(f.n[0].log), "claims epoch"), "node0 (welcomed at 42) refused");
     cr_log_info("node1: %d HELLOs to the master, each refused", hellos);
 
     /* the leader's next renewal takes its key back at 42: node1 joins */

@@ -28,24 +28,14 @@
 #include "umbp/tier.h"
 
 #include "master_fixture.h"
-
-static char *slurp(const char *path)
-{
-    static char buf[1 << 18];
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    buf[n] = 0;
-    if (f)
-        fclose(f);
-    return buf;
-}
+#include "test_util.h"
 
 /* The log has `what` (the master writes it before it acts on the next
  * frame; a bounded wait covers stderr being written after a reply). */
 static bool log_has(const struct master *m, const char *what)
 {
     for (int i = 0; i < 500; i++) {
-        if (strstr(slurp(m->log), what))
+        if (strstr(tu_slurp(m->log), what))
             return true;
         usleep(10000);
     }
@@ -237,7 +227,7 @@ Test(master, a_node_reported_failing_is_skipped_until_its_next_heartbeat)
     const struct proto_node_info *ni = mclient_node(look, a.ref);
     cr_assert_not_null(ni);
     cr_assert_eq(ni->state, PROTO_NODE_SUSPECT);
-    cr_assert(log_has(&m, "failed to fetch from it"), "%s", slurp(m.log));
+    cr_assert(log_has(&m, "failed to fetch from it"), "%s", tu_slurp(m.log));
 
     cr_assert_eq(node_beat(&a, &ack), 0);
     cr_assert_eq(owned_by(look, 0, 10, a.ref, &rc), 10, "alive again after its heartbeat");

@@ -51,25 +51,9 @@ struct srv {
     unsigned port;
 };
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return strdup("");
-    static const size_t cap = 1 << 20;
-    char *buf = malloc(cap + 1);
-    size_t n = fread(buf, 1, cap, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
 static bool log_has(const struct srv *s, const char *needle)
 {
-    char *text = slurp(s->log);
-    bool found = strstr(text, needle) != NULL;
-    free(text);
-    return found;
+    return strstr(tu_slurp(s->log), needle) != NULL;
 }
 
 /* A port nobody listens on now (the kernel's pick for port 0); another
@@ -156,10 +140,9 @@ static void srv_start_on(struct srv *s, const char *address)
         s->pid = spawn(json, s->log);
         if (wait_ready(s, &status))
             return;
-        char *text = slurp(s->log);
+        const char *text = tu_slurp(s->log);
         cr_assert(strstr(text, "Address already in use"),
                   "umbp-server exited (status 0x%x) before serving:\n%s", status, text);
-        free(text);
         unlink(s->log);
     }
     cr_assert_fail("no free metrics port in %d tries", PORT_TRIES);
@@ -173,10 +156,8 @@ static void srv_stop(struct srv *s)
     int status;
     cr_assert_eq(kill(s->pid, SIGTERM), 0);
     cr_assert_eq(waitpid(s->pid, &status, 0), s->pid);
-    char *text = slurp(s->log);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "umbp-server did not exit cleanly (status 0x%x):\n%s", status, text);
-    free(text);
+              "umbp-server did not exit cleanly (status 0x%x):\n%s", status, tu_slurp(s->log));
 }
 
 static void rm_dir(const struct srv *s)
