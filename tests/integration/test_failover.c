@@ -26,6 +26,7 @@
 #include "dist_fixture.h"
 #include "dist_keys.h"
 #include "redis_fixture.h"
+#include "scrape.h"
 #include "umbp/lookup.h"
 
 #if !UMBP_HAVE_HIREDIS
@@ -77,65 +78,14 @@ static void fo_dump(struct fo *f)
 
 /* ---- metrics ----------------------------------------------------------------------------- */
 
-/* GET /metrics of 127.0.0.1:port, bounded (1 s per step); NULL if it did
- * not answer (a stopped or dead master).  free() it. */
-static char *scrape(uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return NULL;
-    struct timeval tv = {.tv_sec = 1};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
-        send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)sizeof(req) - 1) {
-        close(fd);
-        return NULL;
-    }
-    size_t cap = 1 << 16, got = 0;
-    char *buf = malloc(cap + 1);
-    for (;;) {
-        if (got == cap)
-            buf = realloc(buf, (cap *= 2) + 1);
-        ssize_t r = recv(fd, buf + got, cap - got, 0);
-        if (r < 0) {
-            free(buf);
-            close(fd);
-            return NULL;
-        }
-        if (r == 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = 0;
-    if (strncmp(buf, "HTTP/1.", 7) != 0 || !strstr(buf, " 200 ")) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
-/* The value of `series` (with its labels) in a scrape; -1: absent. */
-static double sample(const char *body, const char *series)
-{
-    size_t n = strlen(series);
-    for (const char *p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (strncmp(p, series, n) == 0 && p[n] == ' ')
-            return strtod(p + n + 1, NULL);
-    return -1;
-}
-
-/* One series of master i: its value, -1 absent, -2 no answer. */
+/* One series of master i: its value, -1 absent, -2 no answer (a stopped
+ * or dead master: each step of the scrape is bounded by 1 s). */
 static double metric(struct fo *f, int i, const char *series)
 {
-    char *body = scrape(f->metrics[i]);
+    char *body = tu_scrape("127.0.0.1", f->metrics[i], 1000, NULL, 0);
     if (!body)
         return -2;
-    double v = sample(body, series);
+    double v = tu_sample(body, series);
     free(body);
     return v;
 }
