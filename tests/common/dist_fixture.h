@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "test_util.h"
 #include "umbp/umbp.h"
 
 #ifndef UMBP_DIST_NODE_BIN
@@ -56,17 +57,6 @@ static inline uint64_t now_ms(void)
     return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
 }
 
-static inline char *slurp(const char *path)
-{
-    static char buf[1 << 20];
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    buf[n] = 0;
-    if (f)
-        fclose(f);
-    return buf;
-}
-
 /* The logs of the masters started (distinct paths): failures print them. */
 #define DIST_MASTER_LOGS 4
 static char dist_master_logs[DIST_MASTER_LOGS][160];
@@ -87,7 +77,7 @@ static inline void dump_master_log(void)
 {
     for (int i = 0; i < DIST_MASTER_LOGS && dist_master_logs[i][0]; i++)
         cr_log_error("umbp-master's log (%s):\n%s", dist_master_logs[i],
-                     slurp(dist_master_logs[i]));
+                     tu_slurp(dist_master_logs[i]));
 }
 
 /* ---- the master ----------------------------------------------------------------- */
@@ -149,7 +139,7 @@ static inline void master_start(struct master *m)
     for (int i = 0; i < 1000 && !accepts(m->port); i++) {
         int st;
         cr_assert_eq(waitpid(m->pid, &st, WNOHANG), 0, "umbp-master exited; log:\n%s",
-                     slurp(m->log));
+                     tu_slurp(m->log));
         pause_ms(10);
     }
     cr_assert(accepts(m->port), "umbp-master does not accept on %s", m->addr);
@@ -177,7 +167,7 @@ static inline void master_stop(struct master *m)
 static inline bool log_has(const char *path, const char *what)
 {
     for (int i = 0; i < LEARN_TRIES; i++) {
-        if (strstr(slurp(path), what))
+        if (strstr(tu_slurp(path), what))
             return true;
         pause_ms(50);
     }
@@ -263,8 +253,8 @@ static inline bool node_spawn(struct node *n, const char *name, const char *json
 static inline void node_start(struct node *n, const char *name, const char *json)
 {
     cr_assert(node_spawn(n, name, json), "node %s printed nothing; log:\n%s", name,
-              slurp(n->log));
-    cr_assert_str_eq(n->line, "ready", "node %s: %s; log:\n%s", name, n->line, slurp(n->log));
+              tu_slurp(n->log));
+    cr_assert_str_eq(n->line, "ready", "node %s: %s; log:\n%s", name, n->line, tu_slurp(n->log));
 }
 
 /* Sends one command and returns its answer line (asserting one came). */
@@ -279,7 +269,7 @@ static inline const char *node_cmd(struct node *n, const char *fmt, ...)
     cr_assert_eq(write(n->in, cmd, (size_t)len), len, "node %s: cannot write", n->name);
     cr_assert(node_read(n, ANSWER_MS), "node %s: %s '%.*s'; log:\n%s", n->name,
               n->eof ? "exited (or crashed) answering" : "no answer within the bound to",
-              len - 1, cmd, slurp(n->log));
+              len - 1, cmd, tu_slurp(n->log));
     return n->line;
 }
 
@@ -368,7 +358,7 @@ static inline void get_until_hit(struct node *n, uint64_t seed, uint64_t count, 
     }
     dump_master_log();
     cr_assert_fail("node %s: seed %llu never hit all %llu keys; log:\n%s", n->name,
-                   (unsigned long long)seed, (unsigned long long)count, slurp(n->log));
+                   (unsigned long long)seed, (unsigned long long)count, tu_slurp(n->log));
 }
 
 static inline void put(struct node *n, uint64_t seed, uint64_t count, uint64_t size)
@@ -414,7 +404,7 @@ static inline void until_found(struct node *n, uint64_t seed, uint64_t count, si
     dump_master_log();
     cr_assert_fail("node %s: lookup of seed %llu finds %zu of %llu keys, want %zu; log:\n%s",
                    n->name, (unsigned long long)seed, got, (unsigned long long)count, want,
-                   slurp(n->log));
+                   tu_slurp(n->log));
 }
 
 /* ---- configs ----------------------------------------------------------------------- */

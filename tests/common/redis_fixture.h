@@ -32,6 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "test_util.h"
+
 #if UMBP_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
 #endif
@@ -100,17 +102,6 @@ static inline uint16_t redis_free_port(void)
     return ntohs(a.sin_port);
 }
 
-static inline char *redis_slurp(const char *path)
-{
-    static char buf[1 << 16];
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    buf[n] = 0;
-    if (f)
-        fclose(f);
-    return buf;
-}
-
 /* One raw PING over a fresh socket, bounded by ms: true if "+PONG" came. */
 static inline bool redis_pings(uint16_t port, int ms)
 {
@@ -174,9 +165,9 @@ static inline void redis_start(struct redis *r)
     while (!redis_pings(r->port, 500)) {
         int st;
         cr_assert_eq(waitpid(r->pid, &st, WNOHANG), 0, "redis-server exited; its log (%s):\n%s",
-                     r->log, redis_slurp(r->log));
+                     r->log, tu_slurp(r->log));
         cr_assert_lt(redis_now_ms(), end, "redis-server does not answer PING on port %u within "
-                     "%d ms; its log:\n%s", r->port, REDIS_READY_MS, redis_slurp(r->log));
+                     "%d ms; its log:\n%s", r->port, REDIS_READY_MS, tu_slurp(r->log));
         usleep(10000);
     }
     rmdir(r->dir); /* empty: Redis keeps it as its working directory */

@@ -228,6 +228,23 @@ static inline void tu_sleep_ms(unsigned ms)
         ;
 }
 
+/* ---- files --------------------------------------------------------------------- */
+
+/* A file's text (a process's log, mostly), to search or to print in a
+ * failure: its first MiB, in a static buffer the next call overwrites
+ * (copy what must outlive it); "" while the file cannot be read (a log not
+ * written yet). */
+static inline char *tu_slurp(const char *path)
+{
+    static char buf[1 << 20];
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    buf[n] = 0;
+    if (f)
+        fclose(f);
+    return buf;
+}
+
 /* ---- a destination that stalls the copy that writes it ------------------------- */
 
 /*

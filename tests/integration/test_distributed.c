@@ -173,7 +173,7 @@ Test(dist, a_replica_serves_after_its_origin_is_killed)
     node_kill(a, SIGKILL);
     /* the master stops listing A (suspect), then only B's replicas remain */
     cr_assert(log_has(c.m.log, "suspect"), "the master never marked nodeA suspect; log:\n%s",
-              slurp(c.m.log));
+              tu_slurp(c.m.log));
     until_found(cc, 10, 24, 24);
     struct got g = get(cc, 10, 24, 128 * 1024);
     cr_assert_eq(g.hit, 24, "C reads A's objects from B's replicas");
@@ -457,8 +457,8 @@ Test(dist, a_node_with_the_wrong_secret_is_refused)
     node_start(b, "nodeB", node_json(json, sizeof(json), c.m.addr, "nodeB", eg));
     c.nn = 2;
     cr_assert(node_spawn(w, "nodeW", node_json(json, sizeof(json), c.m.addr, "nodeW", eb)),
-              "log:\n%s", slurp(w->log));
-    cr_assert(log_has(c.m.log, "wrong shared secret"), "master log:\n%s", slurp(c.m.log));
+              "log:\n%s", tu_slurp(w->log));
+    cr_assert(log_has(c.m.log, "wrong shared secret"), "master log:\n%s", tu_slurp(c.m.log));
     if (strncmp(w->line, "error ", 6) == 0) {
         /* refused at creation: the error says why */
         cr_assert(strcasestr(w->line, "secret") || strcasestr(w->line, "refused"), "%s",

@@ -7,7 +7,8 @@
  * (they find the leader in Redis and follow it; tests/common/
  * dist_fixture.h).  Faults are real: kill -9 and SIGSTOP of the leader,
  * Redis killed and restarted empty, both masters restarted, a node joining
- * in the middle of a failover.
+ * in the middle of a failover, a store that shows the leader at a lower
+ * epoch than the leader claims.
  *
  * Who leads is read from Redis (GET umbp:<cluster>:leader, "<epoch>
  * <address> <owner>") and from each master's /metrics (umbp_master_leader,
@@ -25,6 +26,7 @@
 #include "dist_fixture.h"
 #include "dist_keys.h"
 #include "redis_fixture.h"
+#include "scrape.h"
 #include "umbp/lookup.h"
 
 #if !UMBP_HAVE_HIREDIS
@@ -60,9 +62,9 @@ static struct fo *cur; /* for the log dumps of a failing check */
 static void fo_dump(struct fo *f)
 {
     dump_master_log();
-    cr_log_error("redis-server's log (%s):\n%s", f->r.log, redis_slurp(f->r.log));
+    cr_log_error("redis-server's log (%s):\n%s", f->r.log, tu_slurp(f->r.log));
     for (int i = 0; i < f->nn; i++)
-        cr_log_error("%s's log (%s):\n%s", f->n[i].name, f->n[i].log, slurp(f->n[i].log));
+        cr_log_error("%s's log (%s):\n%s", f->n[i].name, f->n[i].log, tu_slurp(f->n[i].log));
 }
 
 /* cr_assert, printing every process's log first */
@@ -76,65 +78,14 @@ static void fo_dump(struct fo *f)
 
 /* ---- metrics ----------------------------------------------------------------------------- */
 
-/* GET /metrics of 127.0.0.1:port, bounded (1 s per step); NULL if it did
- * not answer (a stopped or dead master).  free() it. */
-static char *scrape(uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return NULL;
-    struct timeval tv = {.tv_sec = 1};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
-        send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)sizeof(req) - 1) {
-        close(fd);
-        return NULL;
-    }
-    size_t cap = 1 << 16, got = 0;
-    char *buf = malloc(cap + 1);
-    for (;;) {
-        if (got == cap)
-            buf = realloc(buf, (cap *= 2) + 1);
-        ssize_t r = recv(fd, buf + got, cap - got, 0);
-        if (r < 0) {
-            free(buf);
-            close(fd);
-            return NULL;
-        }
-        if (r == 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = 0;
-    if (strncmp(buf, "HTTP/1.", 7) != 0 || !strstr(buf, " 200 ")) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
-/* The value of `series` (with its labels) in a scrape; -1: absent. */
-static double sample(const char *body, const char *series)
-{
-    size_t n = strlen(series);
-    for (const char *p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (strncmp(p, series, n) == 0 && p[n] == ' ')
-            return strtod(p + n + 1, NULL);
-    return -1;
-}
-
-/* One series of master i: its value, -1 absent, -2 no answer. */
+/* One series of master i: its value, -1 absent, -2 no answer (a stopped
+ * or dead master: each step of the scrape is bounded by 1 s). */
 static double metric(struct fo *f, int i, const char *series)
 {
-    char *body = scrape(f->metrics[i]);
+    char *body = tu_scrape("127.0.0.1", f->metrics[i], 1000, NULL, 0);
     if (!body)
         return -2;
-    double v = sample(body, series);
+    double v = tu_sample(body, series);
     free(body);
     return v;
 }
@@ -825,6 +776,98 @@ Test(failover, an_empty_store_and_a_master_that_never_saw_the_epoch_one_leader)
     put(&f.n[2], 2, NKEYS, SIZE);
     hit_within(&f, &f.n[0], 2, NULL); /* the old node reads the new node's keys */
     hit_within(&f, &f.n[2], 1, NULL); /* and the other way */
+    fo_stop(&f);
+}
+
+/* ---- a master claiming an epoch the store does not show ------------------------------- */
+
+/* How many times `what` occurs in the file at path. */
+static int log_count(const char *path, const char *what)
+{
+    int n = 0;
+    for (const char *p = tu_slurp(path); (p = strstr(p, what)); p += strlen(what))
+        n++;
+    return n;
+}
+
+/* The store names the leader's own address at an epoch below the one the
+ * leader serves under, as a store rewritten behind the masters would: a
+ * node that reads it must refuse that master's HELLO_OK, dial after dial,
+ * and never take the master's word for the higher epoch (a faulty master
+ * claiming a huge one would lock it out of the real leader).  The leader
+ * cannot put its value back meanwhile: Redis denies it EVAL (an ACL), so
+ * its renewals fail and, a store error deposing nobody, it leads on; that
+ * keeps the mismatch for as long as the test looks, where a renewal would
+ * end it within ttl / 3.  Given EVAL back, its next renewal takes its key
+ * back at its own epoch, and the node joins and reads byte-exact. */
+Test(failover, a_master_above_the_stores_epoch_is_refused_until_the_store_shows_it)
+{
+    struct fo f;
+    fo_redis(&f, "above");
+    redis_do(&f.r, "SET umbp:%s:epoch 41", f.cluster);
+    fo_master_start(&f, 0); /* alone: no standby takes over meanwhile */
+    uint64_t e;
+    wait_leader(&f, 0, 0, &e, NULL);
+    fo_assert(e == 42, "the first epoch is %llu, expected 42", (unsigned long long)e);
+    wait_metric(&f, 0, "umbp_master_epoch", 42, 10000); /* what its HELLO_OK carries */
+    fo_node_start(&f, 0); /* reads epoch 42: welcomed */
+    wait_metric(&f, 0, "umbp_master_nodes{state=\"alive\"}", 1, FAILOVER_MS);
+    put(&f.n[0], 2, NKEYS, SIZE);
+
+    /* the renewals fail first, so nothing puts back the value written next */
+    redis_do(&f.r, "ACL SETUSER default -eval");
+    uint64_t t0 = now_ms();
+    double errs;
+    while ((errs = metric(&f, 0, "umbp_master_lease_errors_total")) < 1) {
+        fo_assert(now_ms() - t0 < FAILOVER_MS, "the leader's renewals never failed without "
+                  "EVAL (umbp_master_lease_errors_total %g)", errs);
+        pause_ms(20);
+    }
+    char low[256];
+    const char *v = redis_str(&f.r, "GET %s", f.leader_key);
+    fo_assert(strncmp(v, "42 ", 3) == 0, "the leader key is '%s', expected epoch 42", v);
+    snprintf(low, sizeof(low), "41%.240s", v + 2); /* the same address and owner, epoch 41 */
+    redis_do(&f.r, "SET %s %s", f.leader_key, low);
+    cr_log_info("the store says '%s'; the leader serves under epoch 42", low);
+
+    /* node1 reads 41 and dials the address: refused, and again at every dial */
+    fo_node_start(&f, 1);
+    char refusal[160], hello[64];
+    snprintf(refusal, sizeof(refusal), "the master at %s claims epoch 42, above the 41 ",
+             f.m[0].addr);
+    fo_assert(log_has(f.n[1].log, refusal), "node1 never logged '%s...'", refusal);
+    snprintf(hello, sizeof(hello), "engine 'node1:%d'", (int)f.n[1].pid);
+    int hellos;
+    t0 = now_ms();
+    while ((hellos = log_count(f.m[0].log, hello)) < 3) {
+        double regs = metric(&f, 0, "umbp_master_registers_total");
+        fo_assert(regs == 1, "after %d HELLOs node1 registered with the master that claims an "
+                  "epoch the store does not show (umbp_master_registers_total %g)", hellos, regs);
+        fo_assert(now_ms() - t0 < FAILOVER_MS, "node1 said HELLO %d times: it stopped dialling "
+                  "the master after the refusal", hellos);
+        pause_ms(50);
+    }
+    put(&f.n[1], 1, NKEYS, SIZE); /* stored on node1 alone: the index cannot hear of it */
+    fo_assert(metric(&f, 0, "umbp_master_registers_total") == 1, "node1 registered with the "
+              "master that claims an epoch the store does not show");
+    fo_assert(metric(&f, 0, "umbp_master_nodes{state=\"alive\"}") == 1, "node1 is alive at "
+              "the master");
+    fo_assert(lookup(&f.n[0], 1, NKEYS, NULL) == 0, "node0 found node1's keys");
+    fo_assert(lookup(&f.n[1], 2, NKEYS, NULL) == 0, "node1 found node0's keys");
+    fo_assert(get(&f.n[1], 2, NKEYS, SIZE).hit == 0, "node1 read node0's keys");
+    fo_assert(leader_in_redis(&f, &e) == 0 && e == 41, "the store changed meanwhile: epoch "
+              "%llu", (unsigned long long)e); /* the mismatch lasted while we looked */
+    fo_assert(!strstr(tu_slurp(f.n[0].log), "claims epoch"), "node0 (welcomed at 42) refused");
+    cr_log_info("node1: %d HELLOs to the master, each refused", hellos);
+
+    /* the leader's next renewal takes its key back at 42: node1 joins */
+    redis_do(&f.r, "ACL SETUSER default +eval");
+    wait_leader(&f, 0, 41, &e, NULL);
+    fo_assert(e == 42, "the leader took its key back at epoch %llu", (unsigned long long)e);
+    until_found(&f.n[0], 1, NKEYS, NKEYS);
+    hit_within(&f, &f.n[0], 1, NULL);
+    hit_within(&f, &f.n[1], 2, NULL);
+    wait_metric(&f, 0, "umbp_master_nodes{state=\"alive\"}", 2, FAILOVER_MS);
     fo_stop(&f);
 }
 

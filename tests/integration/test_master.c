@@ -28,24 +28,15 @@
 #include "umbp/tier.h"
 
 #include "master_fixture.h"
-
-static char *slurp(const char *path)
-{
-    static char buf[1 << 18];
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    buf[n] = 0;
-    if (f)
-        fclose(f);
-    return buf;
-}
+#include "scrape.h"
+#include "test_util.h"
 
 /* The log has `what` (the master writes it before it acts on the next
  * frame; a bounded wait covers stderr being written after a reply). */
 static bool log_has(const struct master *m, const char *what)
 {
     for (int i = 0; i < 500; i++) {
-        if (strstr(slurp(m->log), what))
+        if (strstr(tu_slurp(m->log), what))
             return true;
         usleep(10000);
     }
@@ -237,7 +228,7 @@ Test(master, a_node_reported_failing_is_skipped_until_its_next_heartbeat)
     const struct proto_node_info *ni = mclient_node(look, a.ref);
     cr_assert_not_null(ni);
     cr_assert_eq(ni->state, PROTO_NODE_SUSPECT);
-    cr_assert(log_has(&m, "failed to fetch from it"), "%s", slurp(m.log));
+    cr_assert(log_has(&m, "failed to fetch from it"), "%s", tu_slurp(m.log));
 
     cr_assert_eq(node_beat(&a, &ack), 0);
     cr_assert_eq(owned_by(look, 0, 10, a.ref, &rc), 10, "alive again after its heartbeat");
@@ -717,27 +708,6 @@ Test(master, options_are_refused_naming_them)
     unlink(path);
 }
 
-/* GET /metrics over a plain socket: the body, or "" */
-static const char *scrape(uint16_t port)
-{
-    static char buf[1 << 16];
-    char a[64];
-    int fd;
-    snprintf(a, sizeof(a), "127.0.0.1:%u", port);
-    struct master tmp = {0};
-    snprintf(tmp.addr, sizeof(tmp.addr), "%s", a);
-    fd = raw_connect(&tmp);
-    const char *req = "GET /metrics HTTP/1.0\r\n\r\n";
-    send(fd, req, strlen(req), MSG_NOSIGNAL);
-    size_t n = 0;
-    ssize_t r;
-    while (n < sizeof(buf) - 1 && (r = recv(fd, buf + n, sizeof(buf) - 1 - n, 0)) > 0)
-        n += (size_t)r;
-    buf[n] = 0;
-    close(fd);
-    return buf;
-}
-
 Test(master, metrics_count_nodes_keys_and_refusals)
 {
     struct master m = {0};
@@ -752,15 +722,18 @@ Test(master, metrics_count_nodes_keys_and_refusals)
     cr_assert_eq(node_register(&n, &a), 0);
     cr_assert_eq(node_store(&n, 0, 42, 0, &a), 0);
     bool seen = false;
+    char *body = NULL, err[768] = "";
     for (int i = 0; i < 500 && !seen; i++) {
-        const char *body = scrape(mport);
-        seen = strstr(body, "umbp_master_nodes{state=\"alive\"} 1\n") &&
-               strstr(body, "umbp_master_keys 42\n") &&
-               strstr(body, "umbp_master_events_total 42\n");
+        free(body);
+        body = tu_scrape("127.0.0.1", mport, 5000, err, sizeof(err));
+        seen = body && tu_sample(body, "umbp_master_nodes{state=\"alive\"}") == 1 &&
+               tu_sample(body, "umbp_master_keys") == 42 &&
+               tu_sample(body, "umbp_master_events_total") == 42;
         if (!seen)
             usleep(10000);
     }
-    cr_assert(seen, "metrics never showed the node and its keys: %s", scrape(mport));
+    cr_assert(seen, "metrics never showed the node and its keys: %s", body ? body : err);
+    free(body);
     node_free(&n);
     master_kill(&m, SIGTERM);
 }

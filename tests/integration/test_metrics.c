@@ -18,7 +18,6 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -26,15 +25,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "proto.h"
+#include "scrape.h"
 #include "sync_client.h"
 #include "test_util.h"
 
@@ -51,25 +49,9 @@ struct srv {
     unsigned port;
 };
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return strdup("");
-    static const size_t cap = 1 << 20;
-    char *buf = malloc(cap + 1);
-    size_t n = fread(buf, 1, cap, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
 static bool log_has(const struct srv *s, const char *needle)
 {
-    char *text = slurp(s->log);
-    bool found = strstr(text, needle) != NULL;
-    free(text);
-    return found;
+    return strstr(tu_slurp(s->log), needle) != NULL;
 }
 
 /* A port nobody listens on now (the kernel's pick for port 0); another
@@ -156,10 +138,9 @@ static void srv_start_on(struct srv *s, const char *address)
         s->pid = spawn(json, s->log);
         if (wait_ready(s, &status))
             return;
-        char *text = slurp(s->log);
+        const char *text = tu_slurp(s->log);
         cr_assert(strstr(text, "Address already in use"),
                   "umbp-server exited (status 0x%x) before serving:\n%s", status, text);
-        free(text);
         unlink(s->log);
     }
     cr_assert_fail("no free metrics port in %d tries", PORT_TRIES);
@@ -173,10 +154,8 @@ static void srv_stop(struct srv *s)
     int status;
     cr_assert_eq(kill(s->pid, SIGTERM), 0);
     cr_assert_eq(waitpid(s->pid, &status, 0), s->pid);
-    char *text = slurp(s->log);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "umbp-server did not exit cleanly (status 0x%x):\n%s", status, text);
-    free(text);
+              "umbp-server did not exit cleanly (status 0x%x):\n%s", status, tu_slurp(s->log));
 }
 
 static void rm_dir(const struct srv *s)
@@ -186,92 +165,23 @@ static void rm_dir(const struct srv *s)
     cr_assert_eq(system(cmd), 0);
 }
 
-/* ---- a scraper ------------------------------------------------------------------------- */
+/* ---- a scraper (tests/common/scrape.h) ------------------------------------------------- */
 
-struct http_reply {
-    int status;
-    char content_type[128];
-    char *body; /* NUL-terminated; free() it */
-};
-
-/* Sends `request` to address:port and reads the whole answer (HTTP/1.0:
- * the server closes the connection after it). */
-static struct http_reply http(const char *address, unsigned port, const char *request)
+/* Sends `request` to address:port and reads the whole answer, or fails. */
+static struct tu_http_reply http(const char *address, unsigned port, const char *request)
 {
-    struct sockaddr_storage ss = {0};
-    socklen_t len;
-    int family = strchr(address, ':') ? AF_INET6 : AF_INET;
-    if (family == AF_INET6) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-        a->sin6_family = AF_INET6;
-        a->sin6_port = htons((uint16_t)port);
-        cr_assert_eq(inet_pton(AF_INET6, address, &a->sin6_addr), 1);
-        len = sizeof(*a);
-    } else {
-        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-        a->sin_family = AF_INET;
-        a->sin_port = htons((uint16_t)port);
-        cr_assert_eq(inet_pton(AF_INET, address, &a->sin_addr), 1);
-        len = sizeof(*a);
-    }
-    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    cr_assert(fd >= 0);
-    struct timeval tv = {.tv_sec = TU_WAIT_MS / 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    cr_assert_eq(connect(fd, (struct sockaddr *)&ss, len), 0, "connect to %s port %u: %s",
-                 address, port, strerror(errno));
-    size_t n = strlen(request);
-    cr_assert_eq(send(fd, request, n, MSG_NOSIGNAL), (ssize_t)n);
-
-    size_t cap = 1 << 16, got = 0;
-    char *buf = malloc(cap + 1);
-    for (;;) {
-        if (got == cap)
-            buf = realloc(buf, (cap *= 2) + 1);
-        ssize_t r = recv(fd, buf + got, cap - got, 0);
-        cr_assert(r >= 0, "reading the answer: %s", strerror(errno));
-        if (r == 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = '\0';
-
-    struct http_reply h = {0};
-    cr_assert_eq(sscanf(buf, "HTTP/1.%*d %d", &h.status), 1, "not an HTTP answer: %.200s",
-                 buf);
-    char *end = strstr(buf, "\r\n\r\n");
-    cr_assert_not_null(end, "no end of the headers: %.500s", buf);
-    *end = '\0';
-    for (char *line = strstr(buf, "\r\n"); line; line = strstr(line + 2, "\r\n"))
-        if (strncasecmp(line + 2, "Content-Type:", 13) == 0) {
-            const char *v = line + 2 + 13;
-            v += strspn(v, " ");
-            snprintf(h.content_type, sizeof(h.content_type), "%.*s",
-                     (int)strcspn(v, "\r"), v);
-        }
-    h.body = strdup(end + 4);
-    free(buf);
+    struct tu_http_reply h;
+    char err[768];
+    int rc = tu_http(address, port, request, TU_WAIT_MS, &h, err, sizeof(err));
+    cr_assert_eq(rc, 0, "%s", err);
     return h;
 }
 
-static struct http_reply scrape(const struct srv *s, const char *address)
+static struct tu_http_reply scrape(const struct srv *s, const char *address)
 {
-    struct http_reply h = http(address, s->port, "GET /metrics HTTP/1.0\r\n\r\n");
+    struct tu_http_reply h = http(address, s->port, "GET /metrics HTTP/1.0\r\n\r\n");
     cr_assert_eq(h.status, 200, "GET /metrics: %d\n%s", h.status, h.body);
     return h;
-}
-
-/* The value of the sample `series` (a name, with its labels if any), or -1
- * when the body has none. */
-static double sample(const char *body, const char *series)
-{
-    size_t n = strlen(series);
-    for (const char *p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (strncmp(p, series, n) == 0 && p[n] == ' ')
-            return strtod(p + n + 1, NULL);
-    return -1;
 }
 
 /* Scrapes until `series` shows at least `min`; returns the last value. */
@@ -279,8 +189,8 @@ static double scrape_until(const struct srv *s, const char *series, double min)
 {
     uint64_t end = tu_now_ms() + TU_WAIT_MS;
     for (;;) {
-        struct http_reply h = scrape(s, "127.0.0.1");
-        double v = sample(h.body, series);
+        struct tu_http_reply h = scrape(s, "127.0.0.1");
+        double v = tu_sample(h.body, series);
         if (v >= min || tu_now_ms() >= end) {
             cr_assert(v >= min, "%s is %g, expected at least %g; the scrape:\n%s", series, v,
                       min, h.body);
@@ -369,15 +279,15 @@ Test(metrics, scrape_follows_a_store)
 {
     struct srv s;
     srv_start(&s);
-    struct http_reply h = scrape(&s, "127.0.0.1");
+    struct tu_http_reply h = scrape(&s, "127.0.0.1");
     cr_assert(strncmp(h.content_type, "text/plain; version=0.0.4", 25) == 0,
               "Content-Type: %s", h.content_type);
-    cr_assert_eq(sample(h.body, "umbp_capacity_bytes"), 16.0 * 1024 * 1024);
-    cr_assert_eq(sample(h.body, "umbp_objects"), 0);
+    cr_assert_eq(tu_sample(h.body, "umbp_capacity_bytes"), 16.0 * 1024 * 1024);
+    cr_assert_eq(tu_sample(h.body, "umbp_objects"), 0);
     cr_assert(strstr(h.body, "# TYPE umbp_objects gauge\n"), "no TYPE line:\n%s", h.body);
     cr_assert(strstr(h.body, "# HELP umbp_reserves_total "), "no HELP line:\n%s", h.body);
     cr_assert(strstr(h.body, "# TYPE umbp_request_duration_seconds histogram\n"));
-    double reserves_before = sample(h.body, RESERVE_COUNT);
+    double reserves_before = tu_sample(h.body, RESERVE_COUNT);
     cr_assert_eq(reserves_before, 0);
     free(h.body);
 
@@ -390,17 +300,18 @@ Test(metrics, scrape_follows_a_store)
 
     scrape_until(&s, "umbp_objects", 1);
     h = scrape(&s, "127.0.0.1");
-    cr_assert_eq(sample(h.body, "umbp_objects"), 1, "%s", h.body);
-    cr_assert_eq(sample(h.body, "umbp_pending"), 0);
-    cr_assert(sample(h.body, "umbp_used_bytes") >= 4096);
-    cr_assert_eq(sample(h.body, "umbp_reserves_total"), 1);
-    cr_assert_eq(sample(h.body, "umbp_publishes_total"), 1);
-    cr_assert(sample(h.body, "umbp_sessions") >= 1);
-    cr_assert(sample(h.body, RESERVE_COUNT) >= reserves_before + 1, "%s", h.body);
-    cr_assert_eq(sample(h.body, RESERVE_INF), sample(h.body, RESERVE_COUNT));
-    cr_assert(sample(h.body, "umbp_request_duration_seconds_count{type=\"PUBLISH\"}") >= 1);
+    cr_assert_eq(tu_sample(h.body, "umbp_objects"), 1, "%s", h.body);
+    cr_assert_eq(tu_sample(h.body, "umbp_pending"), 0);
+    cr_assert(tu_sample(h.body, "umbp_used_bytes") >= 4096);
+    cr_assert_eq(tu_sample(h.body, "umbp_reserves_total"), 1);
+    cr_assert_eq(tu_sample(h.body, "umbp_publishes_total"), 1);
+    cr_assert(tu_sample(h.body, "umbp_sessions") >= 1);
+    cr_assert(tu_sample(h.body, RESERVE_COUNT) >= reserves_before + 1, "%s", h.body);
+    cr_assert_eq(tu_sample(h.body, RESERVE_INF), tu_sample(h.body, RESERVE_COUNT));
+    cr_assert(tu_sample(h.body, "umbp_request_duration_seconds_count{type=\"PUBLISH\"}") >= 1);
     /* the session's namespace "ns-test" is the server's namespace 1 */
-    cr_assert_eq(sample(h.body, "umbp_namespace_objects{namespace_id=\"1\",namespace=\"ns-test\"}"),
+    cr_assert_eq(tu_sample(h.body,
+                           "umbp_namespace_objects{namespace_id=\"1\",namespace=\"ns-test\"}"),
                  1, "%s", h.body);
 
     /* the engine id a client chose, escaped as the text format requires */
@@ -408,7 +319,7 @@ Test(metrics, scrape_follows_a_store)
     snprintf(series, sizeof(series), "umbp_session_reservations{session=\"%llu\",pid=\"%d\","
              "role=\"worker\",engine_id=\"eng-\\\"a\\\"\\\\1\",namespace=\"ns-test\"}",
              (unsigned long long)c.welcome.session_id, (int)getpid());
-    cr_assert_eq(sample(h.body, series), 0, "no series %s in:\n%s", series, h.body);
+    cr_assert_eq(tu_sample(h.body, series), 0, "no series %s in:\n%s", series, h.body);
     free(h.body);
 
     sync_client_close(&c);
@@ -420,7 +331,7 @@ Test(metrics, only_get_metrics_is_served)
 {
     struct srv s;
     srv_start(&s);
-    struct http_reply h = http("127.0.0.1", s.port, "GET /other HTTP/1.0\r\n\r\n");
+    struct tu_http_reply h = http("127.0.0.1", s.port, "GET /other HTTP/1.0\r\n\r\n");
     cr_assert_eq(h.status, 404, "GET /other: %d", h.status);
     free(h.body);
     h = http("127.0.0.1", s.port, "GET / HTTP/1.0\r\n\r\n");
@@ -457,7 +368,7 @@ Test(metrics, a_taken_port_stops_a_second_server)
     snprintf(sock, sizeof(sock), "%s/umbp-dp0-second.sock", a.dir);
     cr_assert(lstat(sock, &st) < 0, "the refused server left its socket %s", sock);
     /* the first one is untouched */
-    struct http_reply h = scrape(&a, "127.0.0.1");
+    struct tu_http_reply h = scrape(&a, "127.0.0.1");
     free(h.body);
     srv_stop(&a);
     rm_dir(&a);
@@ -474,8 +385,8 @@ Test(metrics, ipv6_address)
         cr_skip_test("no IPv6 loopback (::1) on this host");
     struct srv s;
     srv_start_on(&s, "::1");
-    struct http_reply h = scrape(&s, "::1");
-    cr_assert(sample(h.body, "umbp_capacity_bytes") > 0, "%s", h.body);
+    struct tu_http_reply h = scrape(&s, "::1");
+    cr_assert(tu_sample(h.body, "umbp_capacity_bytes") > 0, "%s", h.body);
     free(h.body);
     char where[64];
     snprintf(where, sizeof(where), "http://[::1]:%u/metrics", s.port);

@@ -57,25 +57,9 @@ struct srv {
     char log[128];
 };
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return strdup("");
-    static const size_t cap = 1 << 20;
-    char *buf = malloc(cap + 1);
-    size_t n = fread(buf, 1, cap, f);
-    buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
-
 static bool log_has(const struct srv *s, const char *needle)
 {
-    char *text = slurp(s->log);
-    bool found = strstr(text, needle) != NULL;
-    free(text);
-    return found;
+    return strstr(tu_slurp(s->log), needle) != NULL;
 }
 
 static pid_t spawn(const char *json, const char *log)
@@ -113,9 +97,8 @@ static void wait_ready(const struct srv *s)
     for (;;) {
         int status;
         if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-            char *text = slurp(s->log);
             cr_assert_fail("umbp-server exited (status 0x%x) before serving:\n%s", status,
-                           text);
+                           tu_slurp(s->log));
         }
         struct sync_client c;
         char err[512];
@@ -148,10 +131,8 @@ static void srv_stop(struct srv *s)
     int status;
     cr_assert_eq(kill(s->pid, SIGTERM), 0);
     cr_assert_eq(waitpid(s->pid, &status, 0), s->pid);
-    char *text = slurp(s->log);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "umbp-server did not exit cleanly (status 0x%x):\n%s", status, text);
-    free(text);
+              "umbp-server did not exit cleanly (status 0x%x):\n%s", status, tu_slurp(s->log));
     struct stat st;
     cr_assert(lstat(s->path, &st) < 0, "the socket %s outlived its server", s->path);
 }
@@ -1754,8 +1735,8 @@ Test(server, a_partial_frame_ends_its_session_after_frame_timeout_ms)
  * (docs/operations.md, its standalone section). */
 Test(server, docs_list_every_server_option)
 {
-    char *ops = slurp(UMBP_SOURCE_DIR "/docs/operations.md");
-    cr_assert_not_null(ops, "docs/operations.md is missing");
+    const char *ops = tu_slurp(UMBP_SOURCE_DIR "/docs/operations.md");
+    cr_assert(ops[0], "docs/operations.md is missing or empty");
     for (const struct umbp_option *o = srv_options; o->name; o++) {
         char row[96], def[96];
         snprintf(row, sizeof(row), "| `%s` | ", o->name);
@@ -1768,7 +1749,6 @@ Test(server, docs_list_every_server_option)
         cr_expect(d && (!eol || d < eol), "the docs' row of %s should show default %s",
                   o->name, def);
     }
-    free(ops);
 }
 
 /* ---- a session's token table (server/track.c) ------------------------------------ */

@@ -16,6 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "test_util.h"
+
 struct tool {
     const char *bin, *name;
     const char *help_option; /* an option --help must list */
@@ -41,19 +43,6 @@ static void teardown(void)
 }
 
 TestSuite(tool_main, .init = setup, .fini = teardown);
-
-/* A file's whole text (static buffer); "" while it does not exist yet. */
-static const char *slurp(const char *path)
-{
-    static char buf[65536];
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return "";
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return buf;
-}
 
 /* Starts bin with args (NULL-terminated), stdout and stderr into files of dir. */
 static pid_t start(const char *bin, const char *const *args)
@@ -108,14 +97,14 @@ static const char *err_text(void)
 {
     char p[256];
     snprintf(p, sizeof(p), "%s/err", dir);
-    return slurp(p);
+    return tu_slurp(p);
 }
 
 static const char *out_text(void)
 {
     char p[256];
     snprintf(p, sizeof(p), "%s/out", dir);
-    return slurp(p);
+    return tu_slurp(p);
 }
 
 static bool starts_with(const char *s, const char *prefix)
