@@ -524,7 +524,7 @@ Test(dist, a_hosts_server_is_its_node_and_serves_what_its_engines_stored)
     node_start(cc, "nodeC", node_json(json, sizeof(json), c.m.addr, "nodeC", noc));
     c.nn = 3;
     cr_assert(log_has(c.m.log, "(hostS pid"), "the server never registered; master log:\n%s",
-              slurp(c.m.log));
+              tu_slurp(c.m.log));
     put(e, 80, 24, 256 * 1024);
     put(e, 81, 100, 4096);
     kvput(e, 82, 16);
