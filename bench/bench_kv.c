@@ -128,6 +128,7 @@ static void run_layout(const struct gpu_ops *o, const char *backend, int layers,
 
     umbp_kv_block_t blocks[NBLK];
     double best[2] = {1e9, 1e9}, *times = calloc(2 * (size_t)rounds, sizeof(double));
+    double *sub_t = calloc(2 * (size_t)rounds, sizeof(double)); /* the submit calls */
     umbp_stats_t s0, s1;
     uint64_t ph[2][5] = {{0}}; /* store, load: transfers, prepare, launch, gpu, finish */
     for (int r = 0; r < rounds; r++) {
@@ -141,6 +142,7 @@ static void run_layout(const struct gpu_ops *o, const char *backend, int layers,
             int first = j * per, cnt = NBLK - first < per ? NBLK - first : per;
             DIE_IF(umbp_kv_store(rt, kv, blocks + first, (size_t)cnt, NULL, &op[j]) < 0, "store");
         }
+        sub_t[r] = now() - t0;
         for (int j = 0; j < nops; j++)
             wait_ok(op[j], "store");
         double t1 = now();
@@ -153,6 +155,7 @@ static void run_layout(const struct gpu_ops *o, const char *backend, int layers,
             int first = j * per, cnt = NBLK - first < per ? NBLK - first : per;
             DIE_IF(umbp_kv_load(rt, kv, blocks + first, (size_t)cnt, NULL, &op[j]) < 0, "load");
         }
+        sub_t[rounds + r] = now() - t1;
         for (int j = 0; j < nops; j++)
             wait_ok(op[j], "load");
         double t2 = now();
@@ -179,9 +182,13 @@ static void run_layout(const struct gpu_ops *o, const char *backend, int layers,
            base[0] / best[0], total / best[1] / 1e9, base[1] / best[1]);
     qsort(times, (size_t)rounds, sizeof(double), cmp_double);
     qsort(times + rounds, (size_t)rounds, sizeof(double), cmp_double);
-    printf("    median: store %.3fx, load %.3fx\n", base[0] / times[rounds / 2],
-           base[1] / times[rounds + rounds / 2]);
+    qsort(sub_t, (size_t)rounds, sizeof(double), cmp_double);
+    qsort(sub_t + rounds, (size_t)rounds, sizeof(double), cmp_double);
+    printf("    median: store %.3fx, load %.3fx; submit calls %.0f / %.0f us\n",
+           base[0] / times[rounds / 2], base[1] / times[rounds + rounds / 2],
+           sub_t[rounds / 2] * 1e6, sub_t[rounds + rounds / 2] * 1e6);
     free(times);
+    free(sub_t);
     for (int d = 0; d < 2; d++)
         printf("    %s, mean per transfer of %.0f a round: prepare %.0f us, launch %.0f us, "
                "gpu %.0f us, finish %.0f us\n", d ? "load " : "store",
