@@ -318,6 +318,48 @@ static void render_namespaces(struct mbuf *b, const struct umbp_server *s)
     }
 }
 
+/* A node's server (node.h): the hosted rdma tier's counters. */
+static void render_node(struct mbuf *b, const struct umbp_server *s)
+{
+    struct srv_node_stats n;
+    if (!srv_node_stats(s->node, &n))
+        return;
+    const struct scalar all[] = {
+        {"umbp_node_registered", "gauge", "1 while the master has this server registered as "
+         "a node.", n.registered},
+        {"umbp_node_ref", "gauge", "This node's number at the master (0: not registered).",
+         n.node_ref},
+        {"umbp_node_keys", "gauge", "Keys the master is told this node holds.", n.live_keys},
+        {"umbp_node_remote_hits_total", "counter", "Keys fetched from other nodes for this "
+         "host's engines.", n.remote_hits},
+        {"umbp_node_remote_misses_total", "counter", "Keys no live node held (or none could "
+         "be asked).", n.remote_misses},
+        {"umbp_node_remote_failed_total", "counter", "Keys whose fetch failed (the owner "
+         "reset or timed out).", n.remote_failed},
+        {"umbp_node_remote_bytes_total", "counter", "Bytes fetched from other nodes.",
+         n.remote_bytes},
+        {"umbp_node_replicas_total", "counter", "Fetched objects kept in the pool as "
+         "replicas.", n.replicas},
+        {"umbp_node_locates_total", "counter", "LOCATE calls to the master.", n.locates},
+        {"umbp_node_heartbeats_total", "counter", "Heartbeats the master acknowledged.",
+         n.heartbeats},
+        {"umbp_node_resyncs_total", "counter", "Full key-set resyncs sent to the master.",
+         n.resyncs},
+        {"umbp_node_registers_total", "counter", "Registrations with a master.", n.registers},
+        {"umbp_node_reports_total", "counter", "Failing nodes reported to the master.",
+         n.reports},
+    };
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        put_head(b, all[i].name, all[i].type, all[i].help);
+        put(b, "%s %llu\n", all[i].name, (unsigned long long)all[i].value);
+    }
+    put_head(b, "umbp_node_info", "gauge", "The UCX transports the node uses (UCX_TLS as "
+             "UCX read it).");
+    put(b, "umbp_node_info{transports=\"");
+    put_label_value(b, n.transports);
+    put(b, "\"} 1\n");
+}
+
 static void render_histograms(struct mbuf *b, const struct srv_metrics *m)
 {
     const char *name = "umbp_request_duration_seconds";
@@ -355,6 +397,7 @@ static void render_cb(struct ev_loop *loop, ev_async *w, int revents)
     render_scalars(&m->back, m->srv);
     render_sessions(&m->back, m->srv);
     render_namespaces(&m->back, m->srv);
+    render_node(&m->back, m->srv);
     render_histograms(&m->back, m);
     bool ok = !m->back.failed;
 

@@ -348,6 +348,23 @@ void srv_node_event(struct srv_node *n, umbp_event_type_t type, const umbp_key_t
         umbp_rdma_slice_event(n->rdma, type, key, size);
 }
 
+bool srv_node_stats(struct srv_node *n, struct srv_node_stats *out)
+{
+    if (!n)
+        return false;
+    struct umbp_rdma_stats r;
+    umbp_rdma_stats(n->rdma, &r);
+    *out = (struct srv_node_stats){
+        .remote_hits = r.remote_hits, .remote_misses = r.remote_misses,
+        .remote_failed = r.remote_failed, .remote_bytes = r.remote_bytes,
+        .replicas = r.replicas, .locates = r.locates, .heartbeats = r.heartbeats,
+        .resyncs = r.resyncs, .registers = r.registers, .reports = r.reports,
+        .live_keys = r.live_keys, .node_ref = r.node_ref, .registered = r.registered,
+    };
+    snprintf(out->transports, sizeof(out->transports), "%s", r.transports);
+    return true;
+}
+
 void srv_node_stop(struct srv_node *n)
 {
     if (n && n->rdma->ops->stop)
@@ -396,6 +413,12 @@ void srv_node_event(struct srv_node *n, umbp_event_type_t type, const umbp_key_t
                     uint64_t size)
 {
     (void)n, (void)type, (void)key, (void)size;
+}
+
+bool srv_node_stats(struct srv_node *n, struct srv_node_stats *out)
+{
+    (void)n, (void)out;
+    return false;
 }
 
 void srv_node_stop(struct srv_node *n) { (void)n; }

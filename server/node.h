@@ -59,6 +59,16 @@ void srv_node_call_free(struct srv_node_call *c);
 /* The client went away: done is not called; freed once the cluster answers. */
 void srv_node_call_cancel(struct srv_node_call *c);
 
+/* The node's counters for /metrics (metrics.c); false without a node. */
+struct srv_node_stats {
+    uint64_t remote_hits, remote_misses, remote_failed, remote_bytes, replicas, locates;
+    uint64_t heartbeats, resyncs, registers, reports, live_keys;
+    uint32_t node_ref;
+    bool registered;
+    char transports[64];
+};
+bool srv_node_stats(struct srv_node *n, struct srv_node_stats *out);
+
 /* Loop thread, as the server stops: outstanding calls end, watchers stop. */
 void srv_node_stop(struct srv_node *n);
 void srv_node_destroy(struct srv_node *n);

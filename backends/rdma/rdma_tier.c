@@ -344,6 +344,19 @@ static void child_event(void *ctx, umbp_event_type_t type, const umbp_key_t *k)
     slice_event(rt, type, k, type == UMBP_EVENT_STORED ? pub_size(rt, k) : 0);
 }
 
+void umbp_rdma_stats(struct umbp_tier *t, struct umbp_rdma_stats *out)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    *out = (struct umbp_rdma_stats){
+        .remote_hits = rt->remote_hits, .remote_misses = rt->remote_misses,
+        .remote_failed = rt->remote_failed, .remote_bytes = rt->remote_bytes,
+        .replicas = rt->replicas, .locates = rt->locates, .heartbeats = rt->heartbeats,
+        .resyncs = rt->resyncs, .registers = rt->registers, .reports = rt->reports,
+        .live_keys = rt->live.live, .node_ref = rt->self_ref, .registered = rt->registered,
+        .transports = rt->ucx ? ucx_node_transports(rt->ucx) : "",
+    };
+}
+
 void umbp_rdma_slice_event(struct umbp_tier *t, umbp_event_type_t type, const umbp_key_t *k,
                            uint64_t size)
 {
