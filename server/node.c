@@ -62,16 +62,23 @@ static void slice_lookup(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
 }
 
 /* The rdma tier reserves for what it fetches from peers (replicas, or a
- * reader's private copy): in the default namespace, written by this
- * process within timeout_ms. */
+ * reader's private copy), in the default namespace, evicting inline as a
+ * client's reserve does.  The writer is this process: the tier aborts the
+ * reservation itself once UCX has ended the fetch (timeout_ms after it
+ * started, a force-close later at worst), so the store's own deadline is
+ * only for a server that dies meanwhile, and is far past that: a region
+ * must never be handed to another writer while a fetch may land in it. */
 static void slice_reserve(struct umbp_tier *t, struct umbp_tier_req *const *reqs, size_t n,
                           umbp_tier_done_fn done, void *arg)
 {
     struct umbp_server *s = node_of(t)->s;
-    uint64_t until = umbp_now_ns() + (uint64_t)s->cfg->core.timeout_ms * 1000000ull;
+    uint64_t until = umbp_now_ns() + 4 * (uint64_t)s->cfg->core.timeout_ms * 1000000ull +
+                     1000000000ull;
+    bool may_evict = true;
     for (size_t i = 0; i < n; i++) {
         struct srv_region r;
-        reqs[i]->status = srv_store_reserve(&s->st, &reqs[i]->key, reqs[i]->size, 0, until, &r);
+        reqs[i]->status = srv_reserve_evicting(s, 0, &reqs[i]->key, reqs[i]->size, until, &r,
+                                               &may_evict);
         if (reqs[i]->status == 0)
             region_set(s, &r, &reqs[i]->region);
     }
@@ -375,6 +382,7 @@ void srv_node_destroy(struct srv_node *n)
 {
     if (!n)
         return;
+    srv_node_stop(n); /* (a server that never ran: stop is idempotent) */
     n->rdma->ops->destroy(n->rdma);
     free(n);
 }

@@ -160,9 +160,8 @@ static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
 /* The store's reserve, evicting for this key once when the pool is full.
  * An eviction that freed nothing (everything leased or pending) clears
  * *may_evict, so the rest of the batch does not scan the LRU list again. */
-static int reserve_one(struct umbp_server *s, unsigned ns, const umbp_key_t *key,
-                       uint64_t size, uint64_t until, struct srv_region *r,
-                       bool *may_evict)
+int srv_reserve_evicting(struct umbp_server *s, unsigned ns, const umbp_key_t *key,
+                         uint64_t size, uint64_t until, struct srv_region *r, bool *may_evict)
 {
     /* a namespace over its quota evicts its own objects inside the store
      * (-EDQUOT when they are held); -ENOSPC is the whole pool's */
@@ -192,7 +191,8 @@ static int handle_reserve(struct net_conn *c, const struct proto_frame *f)
         struct srv_region r;
         struct proto_region_item out = {0};
         proto_get_reserve_item(f, i, &it);
-        out.status = reserve_one(s, ss->ns, &it.key, it.size, until, &r, &b->may_evict);
+        out.status = srv_reserve_evicting(s, ss->ns, &it.key, it.size, until, &r,
+                                          &b->may_evict);
         if (out.status == 0 && track_add(&ss->reservations, r.token, &it.key) < 0) {
             srv_store_abort(&s->st, &it.key, r.token);
             out.status = -ENOMEM;

@@ -263,6 +263,10 @@ int srv_handle_hello(struct net_conn *c, const struct proto_frame *f, char *what
                      size_t whatlen);
 int srv_run_frame(struct net_conn *c, net_frame_fn h, const struct proto_frame *f,
                   uint32_t *budget);
+/* requests.c: the store's reserve, evicting for this key once when the pool
+ * is full (a client's RESERVE, and a node's fetch: node.c). */
+int srv_reserve_evicting(struct umbp_server *s, unsigned ns, const umbp_key_t *key,
+                         uint64_t size, uint64_t until, struct srv_region *r, bool *may_evict);
 /* requests.c: frees what a slice asked the cluster (node.h). */
 void srv_node_slice_done(struct srv_session *ss);
 

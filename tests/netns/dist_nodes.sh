@@ -14,18 +14,25 @@ ans=""
 QUIET=${QUIET:-0}
 
 start_node() { # host [extra json members]
-  local h=$1 extra=${2:-} line
-  mkfifo "$work/in$h" "$work/out$h"
-  local json="{\"mode\":\"distributed\",\"master_address\":\"$MASTER_ADDRESS\",\"secret_file\":\"$secret\",\"node_host\":\"h$h\",\"capacity_bytes\":\"256MiB\",\"gpu_backend\":\"host\"${NODE_JSON:-}$extra}"
+  local h=$1 extra=${2:-}
+  start_driver "$h" "$h" "{\"mode\":\"distributed\",\"master_address\":\"$MASTER_ADDRESS\",\"secret_file\":\"$secret\",\"node_host\":\"h$h\",\"capacity_bytes\":\"256MiB\",\"gpu_backend\":\"host\"${NODE_JSON:-}$extra}"
+}
+
+# An umbp-dist-node named `id` (the key of IN, OUT and cmd) in host h's
+# namespace with the whole config `json` (start_node's, or an engine of a
+# host's umbp-server: mode standalone).
+start_driver() { # id host json
+  local id=$1 h=$2 json=$3 line
+  mkfifo "$work/in$id" "$work/out$id"
   [[ -n ${NODE_SAY:-} ]] && "$NODE_SAY" "starting a node on host $h: UCX_TLS=tcp UCX_NET_DEVICES=eth0 umbp-dist-node '$json'"
   "$N" exec "$name" "$h" env UCX_TLS=tcp UCX_NET_DEVICES=eth0 UCX_MEM_EVENTS=no \
-    "$NODE" "$json" < "$work/in$h" > "$work/out$h" 2> "$work/node$h.log" &
+    "$NODE" "$json" < "$work/in$id" > "$work/out$id" 2> "$work/node$id.log" &
   pids+=($!)
-  exec {IN[$h]}> "$work/in$h"
-  exec {OUT[$h]}< "$work/out$h"
-  read -r -t "$ANSWER_S" -u "${OUT[$h]}" line || fail "node h$h printed nothing"
-  [[ $line == ready ]] || fail "node h$h: $line"
-  ((QUIET)) || echo "node h$h ready"
+  exec {IN[$id]}> "$work/in$id"
+  exec {OUT[$id]}< "$work/out$id"
+  read -r -t "$ANSWER_S" -u "${OUT[$id]}" line || fail "node $id (h$h) printed nothing"
+  [[ $line == ready ]] || fail "node $id (h$h): $line"
+  ((QUIET)) || echo "node $id (h$h) ready"
 }
 
 cmd() { # host command... -> ans

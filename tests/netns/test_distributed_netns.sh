@@ -5,19 +5,23 @@
 #   1. a put on h1 is read byte-exact on h2 and h3 (get and the KV path);
 #   2. the owner's link cut (h3) with gets in flight: every get ends within
 #      its bound with 0 wrong bytes; after healing, new objects flow again;
-#   3. the same with nftables dropping every packet of the owner's host.
+#   3. the same with nftables dropping every packet of the owner's host;
+#   4. h2's umbp-server as h2's node (given umbp-server): an engine of h2
+#      (standalone mode) reads h1's objects through it, and h3 reads what
+#      that engine stored, from the server's pool, after the engine is gone.
 # Every answer is read with a bound (read -t); every wait for an outcome is a
 # bounded loop; nothing asserts a duration.  Exit 77 (ctest: skipped) with
 # the reason where namespaces cannot be made or distributed mode is not
 # built.  The namespaces and processes are removed on exit.
 #
-#   test_distributed_netns.sh <umbp-dist-node> <umbp-master>
+#   test_distributed_netns.sh <umbp-dist-node> <umbp-master> [<umbp-server>]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 N="$repo/scripts/netns.sh"
 NODE=${1:?usage: test_distributed_netns.sh <umbp-dist-node> <umbp-master>}
 MASTER=${2:?usage: test_distributed_netns.sh <umbp-dist-node> <umbp-master>}
+SERVER=${3:-}
 name="d$$"
 name=${name:0:8}
 work=$(mktemp -d "/tmp/test_distributed_netns.XXXXXX")
@@ -139,6 +143,36 @@ if command -v nft > /dev/null; then
   fault drop undrop 20
 else
   echo "test_distributed_netns: no nft (nftables; scripts/setup.sh installs it): drops not checked"
+fi
+
+# 4. h2's umbp-server as the host's node, an engine of h2 attached to it
+if [[ -n $SERVER && -x $SERVER ]]; then
+  sdir="$work/srv2"
+  mkdir -p "$sdir"
+  "$N" exec "$name" 2 env UCX_TLS=tcp UCX_NET_DEVICES=eth0 UCX_MEM_EVENTS=no "$SERVER" --json \
+    "{\"socket_dir\":\"$sdir\",\"capacity_bytes\":\"256MiB\",\"master_address\":\"$MASTER_ADDRESS\",\"secret_file\":\"$secret\",\"node_host\":\"h2srv\",\"heartbeat_ms\":100,\"timeout_ms\":3000,\"lookup_timeout_ms\":500}" \
+    > "$work/server2.log" 2>&1 &
+  pids+=($!)
+  up=0
+  for _ in $(seq 200); do
+    [[ -S $sdir/umbp-dp0.sock ]] && { up=1; break; }
+    sleep 0.05
+  done
+  ((up)) || fail "h2's umbp-server does not serve"
+  start_driver e2 2 "{\"mode\":\"standalone\",\"socket_dir\":\"$sdir\",\"gpu_backend\":\"host\",\"timeout_ms\":8000}"
+  until_found e2 1 32 # through its server: the master's answer
+  get get e2 1 32 262144
+  [[ $HIT == 32 ]] || fail "h2's engine read $HIT of 32 of h1's objects through its server"
+  get kvget e2 2 16
+  [[ $HIT == 16 ]] || fail "h2's engine: kv: $HIT of 16"
+  expect_put e2 40 24 131072
+  cmd e2 quit # the engine goes; its objects are the server's
+  until_found 3 40 24
+  get get 3 40 24 131072
+  [[ $HIT == 24 ]] || fail "h3 read $HIT of 24 from h2's server"
+  echo "h2's server as the node: its engine read h1's objects, h3 read the engine's"
+else
+  echo "test_distributed_netns: no umbp-server given: the server as a node not checked"
 fi
 
 for h in 1 2 3; do cmd "$h" quit; done
