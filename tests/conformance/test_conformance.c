@@ -72,6 +72,8 @@ struct conf_fixture {
 static void server_peer_start(const struct tier_param *tp, const char *json, char *out,
                               size_t outlen);
 static void server_peer_stop(void);
+static void node_master_start(const struct tier_param *tp, char *member, size_t len);
+static void node_master_stop(void);
 static void master_peer_start(const struct tier_param *tp, const char *json, char *out,
                               size_t outlen);
 static void master_peer_stop(void);
@@ -79,10 +81,18 @@ static void master_peer_stop(void);
 /* loopback: once more with half its regions mapped, so every batch mixes
  * keys the copy workers move with keys the tier moves (per-key movers) */
 static const char *const loopback_variants[] = {", \"loopback_map_one_in\": 2", NULL};
+/* shm: once more with the server as a distributed node (a master of its
+ * own; the server's lookups and loads of keys it lacks ask the cluster and
+ * wait, which must not change what the client sees).  The marker, an rdma
+ * option, is taken out of the client's config by server_peer_start, which
+ * gives the server the master's address instead. */
+#define NODE_MARKER "\"heartbeat_ms\": 51"
+static const char *const shm_variants[] = {", " NODE_MARKER, NULL};
 
 static const struct conf_fixture conf_fixtures[] = {
     /* standalone's client tier: a real umbp-server per test */
-    {.tier = "shm", .peer_start = server_peer_start, .peer_stop = server_peer_stop},
+    {.tier = "shm", .peer_start = server_peer_start, .peer_stop = server_peer_stop,
+     .variants = shm_variants},
     {.tier = "loopback", .variants = loopback_variants},
     /* distributed mode's tier: a real umbp-master per test (the node's
      * slice answers; its keys also reach the master) */
@@ -174,11 +184,26 @@ static void server_peer_start(const struct tier_param *tp, const char *json, cha
     if (!tu_server_built())
         cr_skip_test("tier %s needs umbp-server, which this build does not have", tp->name);
     tu_server_cleanup(&conf_server);
+    const char *mark = strstr(json, ", " NODE_MARKER);
+    if (mark) { /* the server as a distributed node */
+        char cjson[4096], sjson[4096], member[160];
+        snprintf(cjson, sizeof(cjson), "%.*s%s", (int)(mark - json), json,
+                 mark + strlen(", " NODE_MARKER));
+        node_master_start(tp, member, sizeof(member));
+        tu_json_add(sjson, sizeof(sjson), cjson, member);
+        tu_server_start(&conf_server, sjson);
+        tu_server_json(&conf_server, out, outlen, cjson);
+        return;
+    }
     tu_server_start(&conf_server, json);
     tu_server_json(&conf_server, out, outlen, json);
 }
 
-static void server_peer_stop(void) { tu_server_cleanup(&conf_server); }
+static void server_peer_stop(void)
+{
+    tu_server_cleanup(&conf_server);
+    node_master_stop();
+}
 
 /* ---- the master of the rdma tier ----------------------------------------------------- */
 
@@ -210,6 +235,22 @@ static void master_peer_stop(void)
         master_kill(&conf_master, SIGKILL);
     conf_master = (struct master){0};
 }
+
+/* shm's node variant: a master for the server; its master_address member. */
+static void node_master_start(const struct tier_param *tp, char *member, size_t len)
+{
+    if (umbp_tier_find("rdma") == NULL)
+        cr_skip_test("tier %s as a node: the rdma tier is not built", tp->name);
+    setenv("UCX_TLS", "tcp", 0);
+    setenv("UCX_NET_DEVICES", "lo", 0);
+    setenv("UCX_MEM_EVENTS", "no", 0);
+    master_peer_stop();
+    master_start(&conf_master, "");
+    snprintf(member, len, "\"master_address\": \"%s\", \"node_host\": \"conf-server\"",
+             conf_master.addr);
+}
+
+static void node_master_stop(void) { master_peer_stop(); }
 #else
 static void master_peer_start(const struct tier_param *tp, const char *json, char *out,
                               size_t outlen)
@@ -219,6 +260,15 @@ static void master_peer_start(const struct tier_param *tp, const char *json, cha
 }
 
 static void master_peer_stop(void) {}
+
+static void node_master_start(const struct tier_param *tp, char *member, size_t len)
+{
+    (void)member, (void)len;
+    cr_skip_test("tier %s as a node needs umbp-master, which this build does not have",
+                 tp->name);
+}
+
+static void node_master_stop(void) {}
 #endif
 
 /* The fixture whose peers run now (one set per test process). */
