@@ -8,13 +8,17 @@
  * compared with the owner's (regenerated from the seed) in buffers
  * poisoned before each get.  Exit 1 on a wrong byte or a failed get.
  *
+ * With --server the reader is an engine of a host whose umbp-server is the
+ * node (standalone mode; the server fetches into its pool and keeps the
+ * replicas): the same two columns, through the server.
+ *
  * It is also the ThreadSanitizer pass's node (scripts/test.sh): two
  * runtimes in distributed mode, their loop, copy and UCX paths, the
- * master's client on the loop.
+ * master's client on the loop; with --server, a server hosting the node.
  *
- *   bench_dist [rounds (3)] [objects (64)] [size (524288)]
- * Environment: UMBP_MASTER (default: the one this build made), UCX_TLS and
- * UCX_NET_DEVICES (default tcp over lo).
+ *   bench_dist [--server] [rounds (3)] [objects (64)] [size (524288)]
+ * Environment: UMBP_MASTER, UMBP_SERVER (default: the ones this build
+ * made), UCX_TLS and UCX_NET_DEVICES (default tcp over lo).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -23,6 +27,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +40,9 @@
 
 #ifndef UMBP_MASTER_BIN
 #define UMBP_MASTER_BIN "umbp-master"
+#endif
+#ifndef UMBP_SERVER_BIN
+#define UMBP_SERVER_BIN "umbp-server"
 #endif
 
 static double now_s(void)
@@ -97,6 +105,28 @@ static pid_t start_master(const char *addr)
     return pid;
 }
 
+/* --server: the reader's host's umbp-server, a node of the cluster, with
+ * its socket in dir; waits (bounded) until the socket is there. */
+static pid_t start_server(const char *master, const char *dir, size_t cap)
+{
+    const char *bin = getenv("UMBP_SERVER") ? getenv("UMBP_SERVER") : UMBP_SERVER_BIN;
+    char json[512], sock[256];
+    snprintf(json, sizeof(json),
+             "{\"socket_dir\": \"%s\", \"capacity_bytes\": %zu, \"master_address\": \"%s\", "
+             "\"heartbeat_ms\": 50, \"node_host\": \"reader-server\", \"log_level\": \"warn\", "
+             "\"timeout_ms\": 60000, \"lookup_timeout_ms\": 10000}", dir, cap, master);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        execl(bin, "umbp-server", "--json", json, (char *)NULL);
+        _exit(127);
+    }
+    snprintf(sock, sizeof(sock), "%s/umbp-dp0.sock", dir);
+    for (int i = 0; i < 1000 && access(sock, F_OK) != 0; i++)
+        usleep(10000);
+    return pid;
+}
+
 static umbp_runtime_t *node(const char *master, const char *name, size_t cap)
 {
     char cfg[512];
@@ -128,11 +158,15 @@ static int wait_op(umbp_op_t *op, size_t n, const char *what)
 
 int main(int argc, char **argv)
 {
+    bool via_server = argc > 1 && strcmp(argv[1], "--server") == 0;
+    if (via_server)
+        argc--, argv++;
     int rounds = argc > 1 ? atoi(argv[1]) : 3;
     uint32_t nobj = argc > 2 ? (uint32_t)atoi(argv[2]) : 64;
     size_t size = argc > 3 ? (size_t)atoll(argv[3]) : 524288;
     if (rounds < 1 || nobj < 1 || nobj > 65536 || size < 8 || size % 8) {
-        fprintf(stderr, "usage: bench_dist [rounds >= 1] [objects 1..65536] [size, a multiple of 8]\n");
+        fprintf(stderr, "usage: bench_dist [--server] [rounds >= 1] [objects 1..65536] "
+                "[size, a multiple of 8]\n");
         return 2;
     }
     if (umbp_mode_flags("distributed") < 0) {
@@ -186,15 +220,34 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_dist: the owner failed\n");
         return 1;
     }
-    umbp_runtime_t *rt = node(master, "reader", cap);
+    umbp_runtime_t *rt;
+    pid_t spid = 0;
+    char sdir[64] = "";
+    if (via_server) {
+        snprintf(sdir, sizeof(sdir), "/tmp/bench_dist.XXXXXX");
+        if (!mkdtemp(sdir))
+            return 2;
+        spid = start_server(master, sdir, cap);
+        char cfg[256];
+        snprintf(cfg, sizeof(cfg), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+                 "\"log_level\": \"warn\", \"timeout_ms\": 120000, \"lookup_timeout_ms\": 20000}",
+                 sdir);
+        if (umbp_runtime_create(cfg, &rt)) {
+            fprintf(stderr, "bench_dist: the server's engine: %s\n", umbp_last_error());
+            return 2;
+        }
+    } else {
+        rt = node(master, "reader", cap);
+    }
     uint8_t *dst = malloc(total), *ref = malloc(size);
     umbp_key_t *keys = calloc(nobj, sizeof(*keys));
     umbp_get_item_t *items = calloc(nobj, sizeof(*items));
     umbp_range_t *rgs = calloc(nobj, sizeof(*rgs));
     uint8_t *present = malloc(nobj);
     int bad = 0;
-    printf("bench_dist: %u objects of %zu bytes per round, %d rounds, UCX_TLS=%s; every byte "
-           "verified\n", nobj, size, rounds, getenv("UCX_TLS"));
+    printf("bench_dist: %u objects of %zu bytes per round, %d rounds, UCX_TLS=%s, the reader %s; "
+           "every byte verified\n", nobj, size, rounds, getenv("UCX_TLS"),
+           via_server ? "an engine of its host's umbp-server (the node)" : "a node itself");
     printf("round  remote GB/s  local GB/s  remote/local\n");
     for (int r = 0; r < rounds && !bad; r++) {
         for (uint32_t i = 0; i < nobj; i++) {
@@ -235,6 +288,19 @@ int main(int argc, char **argv)
             printf("%5d  %11.2f  %10.2f  %11.3f\n", r, gbs[0], gbs[1], gbs[0] / gbs[1]);
     }
     umbp_runtime_destroy(rt);
+    if (spid > 0) {
+        kill(spid, SIGTERM);
+        int sst;
+        waitpid(spid, &sst, 0);
+        char path[128];
+        snprintf(path, sizeof(path), "%s/umbp-dp0.sock.lock", sdir);
+        unlink(path);
+        rmdir(sdir);
+        if (!WIFEXITED(sst) || WEXITSTATUS(sst)) {
+            fprintf(stderr, "bench_dist: umbp-server exited with status 0x%x\n", sst);
+            bad = 1;
+        }
+    }
     close(done[1]);
     int st;
     waitpid(owner, &st, 0);

@@ -91,6 +91,9 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   # a node: two runtimes in distributed mode (owner and reader) with a real
   # umbp-master: puts, heartbeats, LOCATE, UCX fetches into the slice
   build-tsan/bench/bench_dist 1 16 65536 2>/dev/null | tail -1
+  # the same read through the reader's host's umbp-server as the node (the
+  # server hosts the rdma tier; a TSan report there ends it: the bench fails)
+  build-tsan/bench/bench_dist --server 1 16 65536 2>/dev/null | tail -1
   # two umbp-masters on a Redis lease (their lease threads) and synthetic
   # nodes following the leader (their watch threads), through kill -9 and
   # SIGTERM failovers; the masters' own reports go to their logs

@@ -92,7 +92,7 @@ TestSuite(dist, .init = no_sigpipe, .timeout = 600);
 
 struct cluster {
     struct master m;
-    struct node n[3];
+    struct node n[4];
     int nn;
 };
 
@@ -584,7 +584,9 @@ Test(dist, a_hosts_server_is_its_node_and_serves_what_its_engines_stored)
  * load fetches into the server's pool (a replica there) and is read from
  * it, byte-exact into poisoned buffers; the replicas serve after the owner
  * is killed; an owner stopped (SIGSTOP) with a load in flight costs a
- * bounded miss, no wrong byte, and reads resume once it runs again. */
+ * bounded miss, no wrong byte, and reads resume once it runs again; an
+ * engine killed (kill -9) while its server waits for the cluster on its
+ * behalf leaves the server serving the others. */
 Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
 {
     need_distributed();
@@ -648,6 +650,22 @@ Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
     cr_assert_eq(g.hit, 0, "read %zu of 16 from a stopped owner", g.hit);
     node_kill(d, SIGCONT);
     get_until_hit(e, 92, 16, 64 * 1024);
+    /* the engine killed while its load waits in the server (its owner D
+     * stopped): the server drops that call when the cluster answers */
+    put(d, 93, 16, 64 * 1024);
+    until_found(e, 93, 16, 16);
+    node_kill(d, SIGSTOP);
+    cr_assert_str_eq(node_cmd(e, "aget 93 16 65536"), "ok submitted");
+    pause_ms(200); /* the server is fetching for it */
+    node_kill(e, SIGKILL);
+    pause_ms(1700); /* past the server's fetch bound (timeout_ms 1500) */
+    node_kill(d, SIGCONT);
+    cr_assert(tu_server_answers(srv.sock), "the server died with its engine's call");
+    struct node *e2 = &c.n[3];
+    node_start(e2, "engineS2", ejson);
+    c.nn = 4;
+    get_until_hit(e2, 93, 16, 64 * 1024);
+    cr_assert_eq(get(e2, 90, 24, 256 * 1024).hit, 24);
     tu_server_cleanup(&srv);
     cluster_stop(&c);
 }
