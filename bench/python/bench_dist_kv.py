@@ -23,8 +23,13 @@ exits 1.  Prints "SKIP: ..." and exits 0 without CUDA or without the rdma
 tier.  Environment: UMBP_LIBRARY, UMBP_MASTER (default build/master/
 umbp-master); UCX_TLS / UCX_NET_DEVICES (default tcp over lo).
 
+With --via-server the reader is an engine of a host whose umbp-server is
+the node (standalone mode): the server fetches the owner's blocks into its
+shared pool (kept as replicas) and the reader restores them from there.
+
 Usage: python3 bench/python/bench_dist_kv.py [--layout mini|4k|32k]
-       [--rounds N] [--blocks 625]
+       [--rounds N] [--blocks 625] [--via-server]
+Environment also: UMBP_SERVER (default build/server/umbp-server).
 """
 import argparse
 import hashlib
@@ -84,6 +89,10 @@ class Node:
         opts = {"mode": "distributed", "master_address": args.master, "capacity_bytes": args.capacity,
                 "gpu_backend": "cuda" if self.cuda else "host", "heartbeat_ms": 50, "log_level": "warn",
                 "timeout_ms": 60000, "lookup_timeout_ms": 5000, "node_host": args.role}
+        if args.role == "reader" and args.socket_dir:  # an engine of its host's server
+            opts = {"mode": "standalone", "socket_dir": args.socket_dir,
+                    "gpu_backend": opts["gpu_backend"], "log_level": "warn", "timeout_ms": 60000,
+                    "lookup_timeout_ms": 5000}
         for kv_ in args.opt or []:
             k_, _, v_ = kv_.partition("=")
             try:
@@ -253,6 +262,9 @@ def main():
                     help="cpu: CPU tensors and the host copy backend (a check of the path; the "
                          "\"pinned h2d\" baseline is then a memcpy)")
     ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--via-server", action="store_true",
+                    help="the reader is an engine of a umbp-server that is its host's node")
+    ap.add_argument("--socket-dir", help=argparse.SUPPRESS)
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     ap.add_argument("--tcp-port", type=int, help=argparse.SUPPRESS)
@@ -298,6 +310,19 @@ def main():
             "--device", args.device, "--master", f"127.0.0.1:{mport}", "--tcp-port", str(lsock.getsockname()[1])]
     for o in args.opt or []:
         base += ["--opt", o]
+    server = None
+    if args.via_server:
+        import tempfile
+        sdir = tempfile.mkdtemp(prefix="umbp-bench-dist-")
+        server_bin = os.environ.get("UMBP_SERVER") or os.path.join(REPO, "build", "server", "umbp-server")
+        scfg = {"socket_dir": sdir, "capacity_bytes": args.capacity, "master_address": f"127.0.0.1:{mport}",
+                "heartbeat_ms": 50, "node_host": "reader-server", "log_level": "warn", "timeout_ms": 60000,
+                "lookup_timeout_ms": 5000}
+        server = subprocess.Popen([server_bin, "--json", json.dumps(scfg)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        wait_line(server, "serving", 60, "umbp-server")
+        threading.Thread(target=lambda: [None for _ in server.stdout], daemon=True).start()
+        base += ["--socket-dir", sdir]
     own = start(base + ["--role", "owner"], env, "owner")
     try:
         wait_line(own, "stored", args.timeout, "the owner")
@@ -307,6 +332,9 @@ def main():
     finally:
         own.stdin.close()
         own.wait(60)
+        if server is not None:
+            server.terminate()
+            server.wait(30)
         master.terminate()
         master.wait(15)
         lsock.close()
@@ -316,7 +344,8 @@ def main():
     n = res["bytes"]
     rem, loc, tcp, h2d = res["remote"], res["local"], res["tcp"], res["h2d"]
     tls = env.get("UCX_TLS")
-    print(f"## distributed, UCX_TLS={tls} over {env.get('UCX_NET_DEVICES')}: {res['blocks']} blocks of "
+    how = ", the reader an engine of its host's umbp-server (the node)" if args.via_server else ""
+    print(f"## distributed{how}, UCX_TLS={tls} over {env.get('UCX_NET_DEVICES')}: {res['blocks']} blocks of "
           f"{res['object_bytes']} bytes ({n / 1e6:.0f} MB), layout {res['layout']}, {args.rounds} rounds; "
           f"{'GPU' if args.device == 'cuda' else 'CPU tensors (host backend)'}; every byte verified")
     print("| case | umbp GB/s | baseline | baseline GB/s | ratio |")
