@@ -201,6 +201,14 @@ struct scalar {
     uint64_t value;
 };
 
+static void put_scalars(struct mbuf *b, const struct scalar *all, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        put_head(b, all[i].name, all[i].type, all[i].help);
+        put(b, "%s %llu\n", all[i].name, (unsigned long long)all[i].value);
+    }
+}
+
 static void render_scalars(struct mbuf *b, const struct umbp_server *s)
 {
     struct umbp_tier_usage u;
@@ -240,10 +248,7 @@ static void render_scalars(struct mbuf *b, const struct umbp_server *s)
         {"umbp_reservations_expired_total", "counter", "Reservations reclaimed at their "
          "writer's deadline, never published nor aborted.", expired},
     };
-    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
-        put_head(b, all[i].name, all[i].type, all[i].help);
-        put(b, "%s %llu\n", all[i].name, (unsigned long long)all[i].value);
-    }
+    put_scalars(b, all, sizeof(all) / sizeof(all[0]));
 }
 
 static const char *const role_names[] = {
@@ -349,10 +354,7 @@ static void render_node(struct mbuf *b, const struct umbp_server *s)
         {"umbp_node_reports_total", "counter", "Failing nodes reported to the master.",
          n.reports},
     };
-    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
-        put_head(b, all[i].name, all[i].type, all[i].help);
-        put(b, "%s %llu\n", all[i].name, (unsigned long long)all[i].value);
-    }
+    put_scalars(b, all, sizeof(all) / sizeof(all[0]));
     put_head(b, "umbp_node_info", "gauge", "The UCX transports the node uses (UCX_TLS as "
              "UCX read it).");
     put(b, "umbp_node_info{transports=\"");

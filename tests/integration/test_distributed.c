@@ -504,6 +504,20 @@ static void kvget_until_hit(struct node *n, uint64_t seed, uint64_t count)
 #include "scrape.h"
 #include "server_fixture.h"
 
+/* A master for a cluster whose nodes include a umbp-server, and the
+ * server's UCX as the nodes' (dist_fixture.h) in this process's
+ * environment, which the server inherits. */
+static void server_node_cluster(struct cluster *c)
+{
+    need_distributed();
+    cr_assert(tu_server_built(), "umbp-server was not built");
+    memset(c, 0, sizeof(*c));
+    master_start(&c->m);
+    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    setenv("UCX_MEM_EVENTS", "no", 1);
+}
+
 /* A host whose engines attach to its umbp-server (standalone mode), the
  * server configured with master_address: the server is the host's one
  * node.  What an engine stores through it is announced to the master and
@@ -511,15 +525,8 @@ static void kvget_until_hit(struct node *n, uint64_t seed, uint64_t count)
  * engine is gone (the objects are the server's), and byte-exact. */
 Test(dist, a_hosts_server_is_its_node_and_serves_what_its_engines_stored)
 {
-    need_distributed();
-    cr_assert(tu_server_built(), "umbp-server was not built");
     struct cluster c;
-    memset(&c, 0, sizeof(c));
-    master_start(&c.m);
-    /* the server's UCX, as the nodes' (dist_fixture.h) */
-    setenv("UCX_TLS", "tcp", 1);
-    setenv("UCX_NET_DEVICES", "lo", 1);
-    setenv("UCX_MEM_EVENTS", "no", 1);
+    server_node_cluster(&c);
     struct tu_server srv = {0};
     char json[1024], sjson[1024], shm[64];
     snprintf(shm, sizeof(shm), "umbp-test-node-%d", (int)getpid());
@@ -589,14 +596,8 @@ Test(dist, a_hosts_server_is_its_node_and_serves_what_its_engines_stored)
  * behalf leaves the server serving the others. */
 Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
 {
-    need_distributed();
-    cr_assert(tu_server_built(), "umbp-server was not built");
     struct cluster c;
-    memset(&c, 0, sizeof(c));
-    master_start(&c.m);
-    setenv("UCX_TLS", "tcp", 1);
-    setenv("UCX_NET_DEVICES", "lo", 1);
-    setenv("UCX_MEM_EVENTS", "no", 1);
+    server_node_cluster(&c);
     struct tu_server srv = {0};
     char json[1024];
     /* the server's fetches end by its timeout_ms, within the engine's */

@@ -237,7 +237,9 @@ Test(net_service, a_waiting_frame_holds_the_frames_behind_it_and_replies_keep_th
     teardown_service();
 }
 
-Test(net_service, a_client_gone_while_its_frame_waits_reaches_on_close)
+/* A service whose one connection greeted and sent a LOOKUP that waits on
+ * the owner's work; the client's end. */
+static int one_lookup_waiting(void)
 {
     int fd = setup_service(0);
     struct proto_buf b = {0};
@@ -247,6 +249,12 @@ Test(net_service, a_client_gone_while_its_frame_waits_reaches_on_close)
     uint16_t types[4];
     uint64_t seqs[4];
     cr_assert_eq(collect(fd, 1, types, seqs), 1);
+    return fd;
+}
+
+Test(net_service, a_client_gone_while_its_frame_waits_reaches_on_close)
+{
+    int fd = one_lookup_waiting();
     cr_assert_eq(O.lookups_started, 1);
     close(fd);
     /* the work finishes into a closed socket: the reply's write fails and
@@ -264,14 +272,7 @@ Test(net_service, a_client_gone_while_its_frame_waits_reaches_on_close)
 
 Test(net_service, closing_every_connection_while_one_waits_drops_the_work)
 {
-    int fd = setup_service(0);
-    struct proto_buf b = {0};
-    cr_assert_eq(proto_put_empty(&b, PROTO_PING, 1, 0), 0);
-    put_lookup(&b, 2);
-    send_all(fd, &b);
-    uint16_t types[4];
-    uint64_t seqs[4];
-    cr_assert_eq(collect(fd, 1, types, seqs), 1);
+    int fd = one_lookup_waiting();
     cr_assert_not_null(O.waiting);
     net_service_close_all(&O.svc, "stopping");
     cr_assert_eq(O.closes, 1);
