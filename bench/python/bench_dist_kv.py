@@ -264,6 +264,8 @@ def main():
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--via-server", action="store_true",
                     help="the reader is an engine of a umbp-server that is its host's node")
+    ap.add_argument("--server-opt", action="append", metavar="NAME=VALUE",
+                    help="--via-server: an option of the server (repeatable)")
     ap.add_argument("--socket-dir", help=argparse.SUPPRESS)
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
@@ -318,6 +320,12 @@ def main():
         scfg = {"socket_dir": sdir, "capacity_bytes": args.capacity, "master_address": f"127.0.0.1:{mport}",
                 "heartbeat_ms": 50, "node_host": "reader-server", "log_level": "warn", "timeout_ms": 60000,
                 "lookup_timeout_ms": 5000}
+        for kv_ in args.server_opt or []:
+            k_, _, v_ = kv_.partition("=")
+            try:
+                scfg[k_] = json.loads(v_)
+            except ValueError:
+                scfg[k_] = v_
         server = subprocess.Popen([server_bin, "--json", json.dumps(scfg)], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
         wait_line(server, "serving", 60, "umbp-server")
