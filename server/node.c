@@ -34,6 +34,9 @@ struct srv_node {
     struct umbp_server *s;
     struct umbp_tier slice; /* the server's store as the rdma tier's slice */
     struct umbp_tier *rdma;
+    /* stopping: the tier takes no call from now on (its stop completes the
+     * calls in flight, whose sessions may then ask again: they miss) */
+    bool stopped;
 };
 
 static struct srv_node *node_of(struct umbp_tier *t)
@@ -260,6 +263,9 @@ static void call_answered(void *arg, int rc)
 int srv_node_call(struct srv_node *n, bool fetch, const umbp_key_t *keys, size_t nkeys,
                   uint64_t ttl_ms, srv_node_done_fn done, void *arg, struct srv_node_call **out)
 {
+    *out = NULL;
+    if (n->stopped)
+        return -ESHUTDOWN;
     struct srv_node_call *c = calloc(1, sizeof(*c));
     if (!c || !(c->reqs = calloc(nkeys, sizeof(*c->reqs))) ||
         !(c->ptrs = calloc(nkeys, sizeof(*c->ptrs))) ||
@@ -374,6 +380,8 @@ bool srv_node_stats(struct srv_node *n, struct srv_node_stats *out)
 
 void srv_node_stop(struct srv_node *n)
 {
+    if (n)
+        n->stopped = true;
     if (n && n->rdma->ops->stop)
         n->rdma->ops->stop(n->rdma);
 }

@@ -33,7 +33,8 @@ int srv_node_create(struct umbp_server *s, const void *cfg, struct srv_node **ou
 void srv_node_event(struct srv_node *n, umbp_event_type_t type, const umbp_key_t *key,
                     uint64_t size);
 /*
- * Keys a client asked for that the store lacks, taken to the cluster: a
+ * Keys a client asked for that the store lacks, taken to the cluster (not
+ * once the node is stopping: -ESHUTDOWN, they miss): a
  * LOOKUP learns which of them a live owner holds (the master's LOCATE); an
  * ACQUIRE also fetches them into the pool as replicas (published: the
  * handler then leases them from the store as any other object).  A fetched
