@@ -594,7 +594,8 @@ Test(dist, a_hosts_server_is_its_node_and_serves_what_its_engines_stored)
  * is killed; an owner stopped (SIGSTOP) with a load in flight costs a
  * bounded miss, no wrong byte, and reads resume once it runs again; an
  * engine killed (kill -9) while its server waits for the cluster on its
- * behalf leaves the server serving the others. */
+ * behalf leaves the server serving the others; a server stopped (SIGTERM)
+ * while it waits ends at once, its engine's keys missing. */
 Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
 {
     struct cluster c;
@@ -668,6 +669,27 @@ Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
     c.nn = 4;
     get_until_hit(e2, 93, 16, 64 * 1024);
     cr_assert_eq(get(e2, 90, 24, 256 * 1024).hit, 24);
+    /* the server stopped (SIGTERM) while an engine's load waits on a
+     * stopped owner: it ends at once, the engine's keys miss, no wrong byte */
+    put(d, 94, 16, 64 * 1024);
+    until_found(e2, 94, 16, 16);
+    node_kill(d, SIGSTOP);
+    cr_assert_str_eq(node_cmd(e2, "aget 94 16 65536"), "ok submitted");
+    pause_ms(200); /* the server is fetching for it */
+    tu_server_signal(&srv, SIGTERM);
+    int st = 0;
+    bool gone = false;
+    for (int i = 0; i < 400 && !gone; i++) {
+        gone = waitpid(srv.pid, &st, WNOHANG) == srv.pid;
+        if (!gone)
+            pause_ms(25);
+    }
+    cr_assert(gone, "the server did not end within 10 s of SIGTERM");
+    srv.pid = 0;
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the server's exit status 0x%x", st);
+    g = node_get(e2, "await", 94, 16, 0);
+    cr_assert_eq(g.hit, 0);
+    node_kill(d, SIGCONT);
     tu_server_cleanup(&srv);
     cluster_stop(&c);
 }
