@@ -56,6 +56,16 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+def apply_opts(cfg, items):
+    """NAME=VALUE strings into cfg (numbers and booleans as such)."""
+    for kv_ in items or []:
+        k_, _, v_ = kv_.partition("=")
+        try:
+            cfg[k_] = json.loads(v_)
+        except ValueError:
+            cfg[k_] = v_
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -93,12 +103,7 @@ class Node:
             opts = {"mode": "standalone", "socket_dir": args.socket_dir,
                     "gpu_backend": opts["gpu_backend"], "log_level": "warn", "timeout_ms": 60000,
                     "lookup_timeout_ms": 5000}
-        for kv_ in args.opt or []:
-            k_, _, v_ = kv_.partition("=")
-            try:
-                opts[k_] = json.loads(v_)
-            except ValueError:
-                opts[k_] = v_
+        apply_opts(opts, args.opt)
         self.rt = umbp.Runtime(opts)
         self.kv = self.rt.register_kv_caches(self.caches, layout="flash_attn")
         self.ns = umbp.Namespace.derive("bench/dist_kv", "", BLOCK, "NHD", "bfloat16")
@@ -320,12 +325,7 @@ def main():
         scfg = {"socket_dir": sdir, "capacity_bytes": args.capacity, "master_address": f"127.0.0.1:{mport}",
                 "heartbeat_ms": 50, "node_host": "reader-server", "log_level": "warn", "timeout_ms": 60000,
                 "lookup_timeout_ms": 5000}
-        for kv_ in args.server_opt or []:
-            k_, _, v_ = kv_.partition("=")
-            try:
-                scfg[k_] = json.loads(v_)
-            except ValueError:
-                scfg[k_] = v_
+        apply_opts(scfg, args.server_opt)
         server = subprocess.Popen([server_bin, "--json", json.dumps(scfg)], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
         wait_line(server, "serving", 60, "umbp-server")
