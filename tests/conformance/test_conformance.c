@@ -74,6 +74,7 @@ static void server_peer_start(const struct tier_param *tp, const char *json, cha
 static void server_peer_stop(void);
 static void node_master_start(const struct tier_param *tp, char *member, size_t len);
 static void node_master_stop(void);
+static void node_master_wait_registered(void);
 static void master_peer_start(const struct tier_param *tp, const char *json, char *out,
                               size_t outlen);
 static void master_peer_stop(void);
@@ -192,6 +193,7 @@ static void server_peer_start(const struct tier_param *tp, const char *json, cha
         node_master_start(tp, member, sizeof(member));
         tu_json_add(sjson, sizeof(sjson), cjson, member);
         tu_server_start(&conf_server, sjson);
+        node_master_wait_registered();
         tu_server_json(&conf_server, out, outlen, cjson);
         return;
     }
@@ -251,6 +253,19 @@ static void node_master_start(const struct tier_param *tp, char *member, size_t 
 }
 
 static void node_master_stop(void) { master_peer_stop(); }
+
+/* The variant is what it says: the server registered with its master as a
+ * node (bounded; its log line names node_host). */
+static void node_master_wait_registered(void)
+{
+    for (int i = 0; i < 500; i++) {
+        if (strstr(tu_slurp(conf_master.log), "(conf-server pid"))
+            return;
+        tu_sleep_ms(10);
+    }
+    cr_assert_fail("umbp-server never registered as a node; master log:\n%s",
+                   tu_slurp(conf_master.log));
+}
 #else
 static void master_peer_start(const struct tier_param *tp, const char *json, char *out,
                               size_t outlen)
@@ -269,6 +284,7 @@ static void node_master_start(const struct tier_param *tp, char *member, size_t 
 }
 
 static void node_master_stop(void) {}
+static void node_master_wait_registered(void) {}
 #endif
 
 /* The fixture whose peers run now (one set per test process). */
