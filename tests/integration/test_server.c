@@ -1054,6 +1054,9 @@ Test(server, bad_options_are_refused_by_name)
         {"\"max_sessions\": 0", "max_sessions"},
         {"\"lookup_instance\": \"a/b\"", "lookup_instance"},
         {"\"no_such_option\": 1", "no_such_option"},
+        /* a node's options (node.c): refused as the rdma tier refuses them */
+        {"\"master_address\": \"nonsense\"", "master_address"},
+        {"\"master_address\": \"127.0.0.1:1\", \"heartbeat_ms\": 1", "heartbeat_ms"},
     };
     struct srv s;
     make_dir(&s);
