@@ -17,7 +17,19 @@
  * rounds of the per-round ratios (this machine's speed swings between
  * rounds).  Every line names the UCX transport in use.
  *
- *   bench_ucx_fetch [rounds (5)]
+ * The owner's CPU time (every thread's schedstat under /proc/<pid>/task,
+ * in ns) is read around each method's gets: "owner CPU" is the serving CPU
+ * per GB sent, for the raw TCP server and for UCX, in the same run.
+ *
+ *   bench_ucx_fetch [rounds (5)] [--owner-netns NAME --owner-addr IPV4]
+ *                   [--cpus OWNER,REQUESTER]
+ * With --owner-netns the owner moves into network namespace NAME (a file
+ * under /run/netns, made by `ip netns add`) before it opens any socket, and
+ * the requester (started in another namespace with `ip netns exec`) reaches
+ * its raw TCP server at IPV4: two hosts over a veth link
+ * (bench/ucx_netns.sh sets that up).  --cpus pins the owner's and the
+ * requester's threads to one CPU each (after the fork, before UCX starts):
+ * two hosts do not share a core.
  * Environment: UCX_TLS (default tcp here) and UCX_NET_DEVICES (default lo)
  * choose the transport; nothing in umbp branches on it.
  */
@@ -33,8 +45,11 @@ int main(void)
 #else
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <ev.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -131,13 +146,32 @@ static void *tcp_serve(void *arg)
     return NULL;
 }
 
-static void owner_main(int out)
+static void owner_main(int out, const char *netns, int cpu)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        if (sched_setaffinity(0, sizeof(set), &set))
+            fprintf(stderr, "owner: cannot pin to CPU %d: %s\n", cpu, strerror(errno));
+    }
+    if (netns) {
+        char path[320];
+        snprintf(path, sizeof(path), "/run/netns/%s", netns);
+        int nfd = open(path, O_RDONLY | O_CLOEXEC);
+        if (nfd < 0 || setns(nfd, CLONE_NEWNET)) {
+            fprintf(stderr, "owner: cannot enter network namespace %s: %s\n", path,
+                    strerror(errno));
+            _exit(6);
+        }
+        close(nfd);
+    }
     g_pool = mmap(NULL, POOL, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     fill_pool(g_pool);
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    struct sockaddr_in sa = { .sin_family = AF_INET,
+                              .sin_addr.s_addr = htonl(netns ? INADDR_ANY : INADDR_LOOPBACK) };
     socklen_t sl = sizeof(sa);
     if (bind(lfd, (void *)&sa, sizeof(sa)) || listen(lfd, 4) || getsockname(lfd, (void *)&sa, &sl))
         _exit(2);
@@ -209,13 +243,62 @@ static void verify(const uint8_t *got, int i, const char *how)
     }
 }
 
+/* every thread's run time of process pid, in ns (schedstat's first field) */
+static uint64_t proc_cpu_ns(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    uint64_t sum = 0;
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char f[384];
+        snprintf(f, sizeof(f), "%s/%s/schedstat", path, e->d_name);
+        FILE *fp = fopen(f, "r");
+        unsigned long long ns;
+        if (fp && fscanf(fp, "%llu", &ns) == 1)
+            sum += ns;
+        if (fp)
+            fclose(fp);
+    }
+    closedir(d);
+    return sum;
+}
+
 enum { M_TCP, M_AM, M_GET, NM };
 static const char *mnames[NM] = { "raw TCP get", "UCX AM fetch", "ucp_get_nbx busy" };
 
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int rounds = argc > 1 ? atoi(argv[1]) : 5;
+    int rounds = 5;
+    const char *owner_netns = NULL, *owner_addr = NULL;
+    int owner_cpu = -1, cpu = -1;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--owner-netns") && a + 1 < argc)
+            owner_netns = argv[++a];
+        else if (!strcmp(argv[a], "--owner-addr") && a + 1 < argc)
+            owner_addr = argv[++a];
+        else if (!strcmp(argv[a], "--cpus") && a + 1 < argc &&
+                 sscanf(argv[a + 1], "%d,%d", &owner_cpu, &cpu) == 2 && owner_cpu >= 0 &&
+                 cpu >= 0)
+            a++;
+        else if (argv[a][0] >= '0' && argv[a][0] <= '9')
+            rounds = atoi(argv[a]);
+        else {
+            fprintf(stderr, "usage: bench_ucx_fetch [rounds] [--owner-netns NAME --owner-addr "
+                            "IPV4] [--cpus OWNER,REQUESTER]\n");
+            return 2;
+        }
+    }
+    if (!owner_netns != !owner_addr) {
+        fprintf(stderr, "bench_ucx_fetch: --owner-netns and --owner-addr go together\n");
+        return 2;
+    }
     if (rounds < 1)
         rounds = 1;
     setenv("UCX_TLS", getenv("UCX_TLS") ? getenv("UCX_TLS") : "tcp", 1);
@@ -226,7 +309,7 @@ int main(int argc, char **argv)
     pid_t pid = fork();
     if (pid == 0) {
         close(pp[0]);
-        owner_main(pp[1]);
+        owner_main(pp[1], owner_netns, owner_cpu);
     }
     close(pp[1]);
     uint32_t a32, r32;
@@ -239,6 +322,13 @@ int main(int argc, char **argv)
         !full_rw(pp[0], &port, 2, false)) {
         fprintf(stderr, "owner did not start\n");
         return 1;
+    }
+    if (cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        if (sched_setaffinity(0, sizeof(set), &set))
+            fprintf(stderr, "requester: cannot pin to CPU %d: %s\n", cpu, strerror(errno));
     }
     /* the expected bytes, computed as the owner did */
     g_pool = malloc(POOL);
@@ -265,6 +355,10 @@ int main(int argc, char **argv)
     int tfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = port,
                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    if (owner_addr && inet_pton(AF_INET, owner_addr, &sa.sin_addr) != 1) {
+        fprintf(stderr, "bench_ucx_fetch: --owner-addr '%s' is not an IPv4 address\n", owner_addr);
+        return 2;
+    }
     int one = 1;
     setsockopt(tfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (connect(tfd, (void *)&sa, sizeof(sa))) {
@@ -290,17 +384,20 @@ int main(int argc, char **argv)
     }
     const char *tr = ucx_peer_transport(peer);
     printf("bench_ucx_fetch: UCX %s, UCX_TLS=%s, transport in use: %s; %d rounds; one get in "
-           "flight; spin %u us; every byte verified\n", ucp_get_version_string(),
-           ucx_node_transports(n), tr, rounds, spin_us());
+           "flight; spin %u us; owner %s; every byte verified\n", ucp_get_version_string(),
+           ucx_node_transports(n), tr, rounds, spin_us(),
+           owner_netns ? owner_netns : "on loopback in this namespace");
 
     static double gbps[NSIZES][NM][64], p50[NSIZES][NM][64];
     static double lat[2000];
+    static uint64_t own_ns[NSIZES][NM], own_bytes[NSIZES][NM];
     if (rounds > 64)
         rounds = 64;
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < NSIZES; i++)
             for (int m = 0; m < NM; m++) {
                 double busy = 0;
+                uint64_t c0 = proc_cpu_ns(pid);
                 for (int k = 0; k < iters[i]; k++) {
                     memset(dst, 0, 64);
                     double t0 = bench_now();
@@ -349,13 +446,15 @@ int main(int argc, char **argv)
                     lat[k] = dt;
                     verify(dst, i, mnames[m]);
                 }
+                own_ns[i][m] += proc_cpu_ns(pid) - c0;
+                own_bytes[i][m] += sizes[i] * (uint64_t)iters[i];
                 qsort(lat, (size_t)iters[i], sizeof(double), cmp_double);
                 gbps[i][m][r] = (double)sizes[i] * iters[i] / busy / 1e9;
                 p50[i][m][r] = lat[iters[i] / 2] * 1e6;
             }
 
-    printf("%-8s %-16s %9s %10s %14s   (transport %s)\n", "size", "method", "GB/s", "p50 us",
-           "x raw TCP", tr);
+    printf("%-8s %-16s %9s %10s %14s %20s   (transport %s)\n", "size", "method", "GB/s",
+           "p50 us", "x raw TCP", "owner CPU s/GB", tr);
     for (int i = 0; i < NSIZES; i++)
         for (int m = 0; m < NM; m++) {
             double g[64], l[64], ratio[64], lr[64];
@@ -369,9 +468,12 @@ int main(int argc, char **argv)
             qsort(l, (size_t)rounds, sizeof(double), cmp_double);
             qsort(ratio, (size_t)rounds, sizeof(double), cmp_double);
             qsort(lr, (size_t)rounds, sizeof(double), cmp_double);
-            printf("%-8s %-16s %9.3f %10.1f %8.2fx GB/s  p50 %.2fx   [%s]\n", names[i],
-                   mnames[m], g[rounds / 2], l[rounds / 2], ratio[rounds / 2], lr[rounds / 2],
-                   tr);
+            double own = (double)own_ns[i][m] / (double)own_bytes[i][m];  /* ns/B = s/GB */
+            double cpu_tcp = (double)own_ns[i][M_TCP] / (double)own_bytes[i][M_TCP];
+            printf("%-8s %-16s %9.3f %10.1f %8.2fx GB/s  p50 %.2fx   owner CPU %.3f s/GB "
+                   "(%.2fx raw TCP's)   [%s]\n",
+                   names[i], mnames[m], g[rounds / 2], l[rounds / 2], ratio[rounds / 2],
+                   lr[rounds / 2], own, own / cpu_tcp, tr);
         }
     struct ucx_node_stats st;
     ucx_node_stats(n, &st);
