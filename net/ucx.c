@@ -851,11 +851,12 @@ static bool tls_names_tcp(const char *tls)
  * environment does not set it (UCX_<NAME> wins).  UCX applies a transport's
  * setting to that transport; the data path has no branch on which transport
  * runs.  A setting is given only where its transport may come up (UCX warns
- * about settings no transport used).  The tcp transport's segments: 64 KiB
- * out, 256 KiB in, instead of 8 KiB / 64 KiB: on an H200 host a 256 KiB
- * fetch over tcp went from 0.59x of a raw TCP get to 0.71x, 2 MiB from
- * 0.75-0.78x to 0.90-0.91x, 4 KiB unchanged (docs/benchmarks.md); 256 KiB /
- * 1 MiB did worse at 2 MiB. */
+ * about settings no transport used).  The tcp transport's send segments:
+ * 64 KiB instead of 8 KiB.  Receive segments stay UCX's 64 KiB: 256 KiB ones
+ * gained a little between two namespaces on an H200 host (2 MiB 0.89-1.00x
+ * of a raw TCP get against 0.83-0.84x) but, between two namespaces on a
+ * 2-vCPU VM, halved 256 KiB and 2 MiB fetches in most runs (0.28-0.58x
+ * against 1.00-1.37x); docs/benchmarks.md. */
 static void ucx_defaults(ucp_config_t *ucfg, const char *tls)
 {
     /* {the environment's name, the transport's field (ucp_config_modify
@@ -863,7 +864,6 @@ static void ucx_defaults(ucp_config_t *ucfg, const char *tls)
      * have these), value} */
     static const char *const defaults[][3] = {
         {"UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "64k"},
-        {"UCX_TCP_RX_SEG_SIZE", "RX_SEG_SIZE", "256k"},
     };
     if (!tls_names_tcp(tls))
         return;
