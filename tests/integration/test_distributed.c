@@ -693,3 +693,82 @@ Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
     tu_server_cleanup(&srv);
     cluster_stop(&c);
 }
+
+/* The master of a host whose server is the node, stopped (SIGSTOP): the
+ * engine's lookups of other hosts' keys miss within lookup_timeout_ms
+ * while what the server holds (its engines' objects, its replicas) still
+ * hits; killed (kill -9) and restarted on its port: it relearns the
+ * server's objects, those stored while it was gone too, with no operator
+ * action.  The server itself stopped (SIGSTOP) with an engine's load and
+ * a peer's fetch in flight: both end by their timeout_ms with misses and no
+ * wrong byte, and both read again once it runs. */
+Test(dist, a_hosts_server_node_outlives_its_master_and_a_stopped_server_costs_misses)
+{
+    struct cluster c;
+    server_node_cluster(&c);
+    struct tu_server srv = {0};
+    char json[1024];
+    snprintf(json, sizeof(json),
+             "{\"master_address\": \"%s\", \"node_host\": \"hostS\", \"heartbeat_ms\": 100, "
+             "\"capacity_bytes\": \"256MiB\", \"timeout_ms\": 1500, \"lookup_timeout_ms\": 500, "
+             "\"log_level\": \"info\"}", c.m.addr);
+    tu_server_start(&srv, json);
+    char ejson[512];
+    snprintf(ejson, sizeof(ejson), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+             "\"gpu_backend\": \"host\", \"timeout_ms\": 3000}", srv.dir);
+    struct node *e = &c.n[0], *b = &c.n[1];
+    node_start(e, "engineS", ejson);
+    node_start(b, "nodeB", node_json(json, sizeof(json), c.m.addr, "nodeB",
+                                     "\"cache_remote_fetches\": false"));
+    c.nn = 2;
+    put(e, 110, 16, 64 * 1024); /* the server's own */
+    put(b, 111, 16, 64 * 1024); /* B's, read through the server: replicas there */
+    put(b, 112, 16, 64 * 1024); /* B's, not read before the master stops */
+    until_found(e, 111, 16, 16);
+    get_until_hit(e, 111, 16, 64 * 1024);
+    until_found(e, 112, 16, 16);
+    until_found(b, 110, 16, 16);
+
+    master_signal(&c.m, SIGSTOP);
+    cr_assert_eq(lookup(e, 112, 16, NULL), 0, "B's keys found with the master stopped");
+    cr_assert_eq(lookup(e, 112, 16, NULL), 0, "a second lookup while the master is stalled");
+    cr_assert_eq(get(e, 112, 16, 64 * 1024).hit, 0);
+    /* the server's own objects and its replicas: the engine's session calls
+     * the server stalled while its first lookup waits there on the stopped
+     * master (the server's lookup_timeout_ms, above the engine's), and new
+     * calls are not attempted; once that lookup is answered they hit, with
+     * the master still stopped */
+    get_until_hit(e, 110, 16, 64 * 1024);
+    get_until_hit(e, 111, 16, 64 * 1024);
+    cr_assert_eq(get(b, 110, 16, 64 * 1024).hit, 0, "B located keys with the master stopped");
+    master_signal(&c.m, SIGCONT);
+    get_until_hit(e, 112, 16, 64 * 1024);
+    get_until_hit(b, 110, 16, 64 * 1024);
+
+    put(b, 113, 16, 64 * 1024);
+    until_found(e, 113, 16, 16);
+    master_signal(&c.m, SIGKILL);
+    cr_assert_eq(get(e, 113, 16, 64 * 1024).hit, 0, "B's keys found with the master dead");
+    cr_assert_eq(get(e, 110, 16, 64 * 1024).hit, 16, "the server's own objects miss");
+    put(e, 114, 16, 64 * 1024); /* stored while the master is gone */
+    master_start(&c.m);         /* same port, same log */
+    until_found(b, 110, 16, 16); /* relearnt from the server's resync */
+    get_until_hit(b, 110, 16, 64 * 1024);
+    until_found(b, 114, 16, 16);
+    get_until_hit(b, 114, 16, 64 * 1024);
+    until_found(e, 113, 16, 16);
+    get_until_hit(e, 113, 16, 64 * 1024);
+
+    tu_server_signal(&srv, SIGSTOP);
+    cr_assert_str_eq(node_cmd(b, "aget 110 16 65536"), "ok submitted");
+    struct got g = get(e, 114, 16, 64 * 1024); /* ends by the engine's timeout_ms */
+    cr_assert_eq(g.hit, 0, "the engine read %zu of 16 from a stopped server", g.hit);
+    g = node_get(b, "await", 110, 16, 0); /* ends by B's timeout_ms */
+    cr_assert_eq(g.hit, 0, "B read %zu of 16 from a stopped server", g.hit);
+    tu_server_signal(&srv, SIGCONT);
+    get_until_hit(e, 114, 16, 64 * 1024);
+    get_until_hit(b, 110, 16, 64 * 1024);
+    cr_assert(tu_server_answers(srv.sock), "the server no longer answers");
+    tu_server_cleanup(&srv);
+    cluster_stop(&c);
+}
