@@ -43,6 +43,7 @@ enum arg_rule {
     ARG_WRITE,  /* a write deadline in ms, <= PROTO_WRITE_DEADLINE_MAX_MS */
     ARG_ANY,    /* a status or a count: any value */
     ARG_RESYNC, /* PROTO_RESYNC_* bits */
+    ARG_WAIT,   /* a bound in ms, 1 .. PROTO_WAIT_MAX_MS */
 };
 
 /* Per type: record kind, arg rule, unsolicited (seq 0).  A type added to
@@ -85,6 +86,7 @@ enum arg_rule {
 #define SPEC_NODES REC_NONE, ARG_ANY, false
 #define SPEC_NODES_R REC_NODE_INFO, ARG_ANY, false
 #define SPEC_SUSPECT REC_STATUS, ARG_ZERO, false /* a u32 node ref per record */
+#define SPEC_WAITING REC_NONE, ARG_WAIT, false
 
 #define DIR_C false
 #define DIR_S true
@@ -169,6 +171,12 @@ static int check_arg(const struct type_info *t, uint32_t arg, char *err, size_t 
         return -EPROTO;
     case ARG_ANY:
         return 0;
+    case ARG_WAIT:
+        if (arg >= 1 && arg <= PROTO_WAIT_MAX_MS)
+            return 0;
+        net_seterr(err, errlen, "%s.arg: a wait of %u ms is not in 1 .. %u", t->name, arg,
+               PROTO_WAIT_MAX_MS);
+        return -EPROTO;
     case ARG_RESYNC:
         if (!(arg & ~(PROTO_RESYNC_FIRST | PROTO_RESYNC_LAST)))
             return 0;

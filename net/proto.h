@@ -58,8 +58,9 @@
 
 #define PROTO_MAGIC 0x554d4250u /* "UMBP" as a big-endian u32 ("PBMU" in a dump) */
 /* 2: HELLO.arg carries a worker's write deadline; 3: the TCP handshake
- * (AUTH_*) and umbp-master's frames (REGISTER .. NODES_R, role node) */
-#define PROTO_VERSION 3
+ * (AUTH_*) and umbp-master's frames (REGISTER .. NODES_R, role node);
+ * 4: WAITING (a server that is a node holds a request for the cluster) */
+#define PROTO_VERSION 4
 #define PROTO_HDR_SIZE 16
 #define PROTO_BODY_HDR_SIZE 8
 #define PROTO_MAX_RECORDS 65536u       /* per frame; larger batches are split */
@@ -110,7 +111,10 @@
     X(NODES, 36, 0, 0, C)                    /* arg = the epoch the client knows */ \
     X(NODES_R, 37, PROTO_NODE_INFO_SIZE, PROTO_MAX_NODES_FRAME, S) /* arg = epoch */ \
     /* a node's report: refs of nodes it failed to fetch from (no reply) */       \
-    X(SUSPECT, 38, 4, PROTO_MAX_NODES_FRAME, C)
+    X(SUSPECT, 38, 4, PROTO_MAX_NODES_FRAME, C)                                   \
+    /* the request of this seq waits for the cluster: its reply comes within    \
+     * arg ms (a server that is its host's node; not a reply) */                 \
+    X(WAITING, 39, 0, 0, S)
 
 enum proto_type {
 #define X(name, val, rec, max, dir) PROTO_##name = val,
@@ -133,6 +137,8 @@ enum proto_role {
  * already started may still take), so the server never hands the region
  * out again before then unless the worker published or aborted it. */
 #define PROTO_WRITE_DEADLINE_MAX_MS (3600000u + 600000u)
+/* WAITING.arg: 1 .. this (lookup_timeout_ms + timeout_ms at most) */
+#define PROTO_WAIT_MAX_MS (60000u + 3600000u)
 #define PROTO_LOOKUP_TOUCH 1u     /* LOOKUP arg: refresh LRU of present keys */
 
 /* HELLO record. */

@@ -332,8 +332,12 @@ int net_session_health(const struct net_session *s, uint64_t now)
     if (!s->cfg.stall_ms) /* single flight: nothing new while a reply is overdue */
         return s->orphans ? UMBP_E_NOT_ATTEMPTED : 0;
     /* the oldest unanswered frame (orphans too) says whether the peer keeps up */
-    if (s->head && now - s->head->sent_ns > ms_ns(s->cfg.stall_ms))
-        return UMBP_E_NOT_ATTEMPTED;
+    if (s->head) {
+        const struct net_call *c = s->head;
+        uint64_t from = c->wait_until_ns > c->sent_ns ? c->wait_until_ns : c->sent_ns;
+        if (now > from && now - from > ms_ns(s->cfg.stall_ms))
+            return UMBP_E_NOT_ATTEMPTED;
+    }
     return 0;
 }
 
@@ -475,9 +479,28 @@ static int reply(struct net_session *s, const struct proto_frame *f, char *err, 
     return 0;
 }
 
-static int connected_frame(struct net_session *s, const struct proto_frame *f, char *why,
-                           size_t whylen)
+/* WAITING: the server holds the request whose reply is due next for the
+ * cluster and answers it within arg ms. */
+static int waiting(struct net_session *s, uint64_t now, const struct proto_frame *f, char *err,
+                   size_t errlen)
 {
+    struct net_call *c = s->head;
+    if (!c || f->seq != c->first_seq + c->answered) {
+        snprintf(err, errlen, "WAITING has seq %llu, %s", (unsigned long long)f->seq,
+                 c ? "not the reply due next" : "and nothing is outstanding");
+        return -EPROTO;
+    }
+    uint64_t until = now + ms_ns(f->arg);
+    if (until > c->wait_until_ns)
+        c->wait_until_ns = until;
+    return 0;
+}
+
+static int connected_frame(struct net_session *s, uint64_t now, const struct proto_frame *f,
+                           char *why, size_t whylen)
+{
+    if (f->type == PROTO_WAITING)
+        return waiting(s, now, f, why, whylen);
     int rc = s->ops->on_frame(s, f, why, whylen);
     if (rc != 0)
         return rc < 0 ? rc : 0;
@@ -498,7 +521,7 @@ int net_session_process(struct net_session *s, uint64_t now)
         snprintf(why, sizeof(why), "malformed frame from %s: %s", s->cfg.peer, err);
         int rc = r < 0 ? -EPROTO
                  : s->state == NET_HELLO ? hello_frame(s, now, &f, why, sizeof(why))
-                                         : connected_frame(s, &f, why, sizeof(why));
+                                         : connected_frame(s, now, &f, why, sizeof(why));
         if (rc < 0) {
             net_session_lost(s, now, why);
             return -1;

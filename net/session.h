@@ -45,7 +45,10 @@
  * it: with stall_ms 0, while an orphan is outstanding (single flight); with
  * stall_ms, while the oldest unanswered call (orphans too) is older than
  * that, whatever the calls' own deadlines (the shm tier: lookup_timeout_ms,
- * while a put's deadline is timeout_ms).
+ * while a put's deadline is timeout_ms).  A server that holds a request for
+ * the cluster says so (WAITING: the reply due next comes within arg ms);
+ * that call then counts as keeping up until stall_ms past that bound.  A
+ * WAITING about any other reply breaks the connection.
  *
  * Threads: none of its own; one thread at a time (the shm tier: the
  * runtime's loop thread; create and destroy: the creating thread).
@@ -89,6 +92,7 @@ struct net_call {
     uint64_t first_seq;              /* of frames consecutive request frames */
     uint32_t frames, answered;
     uint64_t sent_ns, deadline_ns;   /* deadline 0: none */
+    uint64_t wait_until_ns;          /* the server's WAITING: answered by then (0: none) */
     bool orphan;                     /* done(UMBP_E_TIMEOUT) ran, replies still due */
 };
 

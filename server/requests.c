@@ -96,6 +96,23 @@ void srv_node_slice_done(struct srv_session *ss)
     ss->node_asked = false;
 }
 
+/* WAITING ahead of the reply: the client's session counts this request as
+ * answered in time until the cluster's bound for it (a LOCATE, maybe a
+ * node-list refresh; a fetch adds an endpoint's warm-up and the batch), not
+ * as a stalled server (net/session.h).  Without room for it the client may
+ * call the server stalled meanwhile: nothing worse. */
+static void tell_waiting(struct srv_session *ss, const struct proto_frame *f, bool fetch)
+{
+    const struct umbp_core_config *core = &ss->srv->cfg->core;
+    uint64_t ms = 2 * (uint64_t)core->lookup_timeout_ms;
+    if (fetch)
+        ms += 2 * (uint64_t)core->timeout_ms;
+    if (ms > PROTO_WAIT_MAX_MS)
+        ms = PROTO_WAIT_MAX_MS;
+    if (proto_begin(&ss->conn.out, PROTO_WAITING, f->seq, 0, (uint32_t)ms) == 0)
+        proto_end(&ss->conn.out);
+}
+
 /* Where the server is a node (node.h), a LOOKUP's or ACQUIRE's keys of
  * this slice that the store lacks go to the cluster first (fetch: into the
  * pool as replicas); the slice waits (SRV_WAIT) and runs again once the
@@ -127,6 +144,7 @@ static int node_first(struct srv_session *ss, const struct proto_frame *f, bool 
     if (rc != 0)
         return 0; /* nothing to ask, answered inline, or no memory */
     b->rewind = true;
+    tell_waiting(ss, f, fetch);
     return SRV_WAIT;
 }
 

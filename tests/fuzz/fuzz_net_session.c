@@ -3,14 +3,15 @@
  * driven by a script that the input spells, with the server's bytes taken
  * from the input too: calls pushed with deadlines, raw bytes fed as the
  * server's stream (any bytes: frames, halves of frames, garbage), well-formed
- * replies to the oldest call, time passing, the connection lost and made
+ * replies and WAITING frames for the oldest call, time passing, the connection lost and made
  * again, the session stopped.  Properties, each an abort() when broken:
  *   - a call's on_done runs at most once while the session lives, and
  *     exactly once by the end of a stop; never after its on_free;
  *   - on_free runs exactly once per call (at the latest at destroy), and a
  *     call is never used after it;
  *   - on_reply only for a live call, on_late_reply only for an orphan;
- *   - a reply goes to the call whose seq range holds it (the FIFO head).
+ *   - a reply goes to the call whose seq range holds it (the FIFO head);
+ *   - health is 0 or UMBP_E_NOT_ATTEMPTED after every step.
  * The owner's hooks are a minimal client's: HELLO is a PING, HELLO_OK is
  * accepted, EVENTS are consumed, ERROR drops the connection.
  *
@@ -209,7 +210,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t ncalls = 0;
     int op;
     while ((op = take(&in)) >= 0 && s.state != NET_STOPPED) {
-        switch (op % 7) {
+        switch (op % 8) {
         case 0: { /* push a call of 1-3 request frames, a deadline or none */
             int a = take(&in), d = take(&in);
             if (a < 0 || d < 0 || ncalls == MAX_CALLS)
@@ -257,7 +258,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 6: /* what the driver would write goes out */
             net_session_wrote(&s, s.out.len);
             break;
+        case 7: { /* WAITING about the oldest call's next reply, 1-256 ms */
+            int ms = take(&in);
+            if (ms < 0 || !s.head || s.state != NET_CONNECTED)
+                break;
+            struct proto_buf b = {0};
+            if (proto_put_empty(&b, PROTO_WAITING, s.head->first_seq + s.head->answered,
+                                1 + (uint32_t)ms) == 0)
+                feed(&s, now, b.data, b.len);
+            proto_buf_free(&b);
+            break;
         }
+        }
+        int h = net_session_health(&s, now);
+        FZ_CHECK(h == 0 || h == UMBP_E_NOT_ATTEMPTED);
     }
     net_session_stop(&s);
     for (size_t i = 0; i < ncalls; i++)

@@ -25,7 +25,8 @@ GiB = 1 << 30
 T = dict(HELLO=1, HELLO_OK=2, HELLO_ERR=3, LOOKUP=4, LOOKUP_R=5, RESERVE=6,
          RESERVE_R=7, PUBLISH=8, PUBLISH_R=9, ABORT=10, ACQUIRE=11, ACQUIRE_R=12,
          RELEASE=13, RELEASE_R=14, CLEAR=15, CLEAR_R=16, STATS=17, STATS_R=18,
-         PING=19, PONG=20, EVENTS=21, ERROR=22, SESSIONS=23, SESSIONS_R=24)
+         PING=19, PONG=20, EVENTS=21, ERROR=22, SESSIONS=23, SESSIONS_R=24,
+         WAITING=39)
 
 EPROTO = 71
 ENOENT = 2
@@ -127,13 +128,15 @@ def client_seeds():
         "clear_r": frame("CLEAR_R", 9, [], arg=0),
         "stats_r": frame("STATS_R", 10, [stats()]),
         "pong": frame("PONG", 11, []),
+        "waiting": frame("WAITING", 7, [], arg=1000),
         "events": frame("EVENTS", 0, [event(1, 1), event(2, 2)], arg=5),
         "error": frame("ERROR", 0, [error(-EPROTO, "RESERVE.n: 70000 records exceed 65536")]),
         "sessions_r": frame("SESSIONS_R", 12, [session(1, 0, "vllm-0", "tenant-a"),
                                                session(2, 2, "umbp", "")]),
     }
     s["stream"] = b"".join(s[k] for k in ("hello_ok", "lookup_r", "reserve_r", "events",
-                                          "publish_r", "acquire_r", "release_r", "pong"))
+                                          "publish_r", "waiting", "acquire_r", "release_r",
+                                          "pong"))
     return s
 
 

@@ -437,6 +437,74 @@ Test(net_session, health)
     net_session_destroy(&s);
 }
 
+static int feed_waiting(struct net_session *s, uint64_t now, uint64_t seq, uint32_t ms)
+{
+    struct proto_buf b = {0};
+    cr_assert_eq(proto_put_empty(&b, PROTO_WAITING, seq, ms), 0);
+    int rc = feed(s, now, &b, 0, b.len, -1);
+    proto_buf_free(&b);
+    return rc;
+}
+
+/* A server that holds a request for the cluster says so (WAITING, its
+ * bound in ms): the call counts as keeping up until stall_ms past that
+ * bound, not stall_ms past its sending; WAITING is not a reply. */
+Test(net_session, waiting_extends_health_to_the_servers_bound)
+{
+    struct net_session s;
+    struct owner o;
+    setup(&s, &o, 50);
+    struct tcall a = {0}, b = {0};
+    push(&s, &a, 2, T0, 5000);
+    push(&s, &b, 1, T0, 5000);
+    cr_assert_eq(feed_pong(&s, T0 + 1 * MS, a.nc.first_seq), 0);
+    /* the second frame of a waits: 300 ms from T0 + 10 ms */
+    cr_assert_eq(feed_waiting(&s, T0 + 10 * MS, a.nc.first_seq + 1, 300), 0);
+    cr_assert_eq(a.dones, 0, "WAITING answered the call");
+    cr_assert_eq(net_session_health(&s, T0 + 200 * MS), 0, "stalled while the server waits");
+    cr_assert_eq(net_session_health(&s, T0 + 360 * MS), 0);
+    cr_assert_eq(net_session_health(&s, T0 + 361 * MS), UMBP_E_NOT_ATTEMPTED,
+                 "stall_ms past the server's bound, still unanswered");
+    cr_assert_eq(feed_pong(&s, T0 + 370 * MS, a.nc.first_seq + 1), 0);
+    cr_assert_eq(a.dones, 1);
+    cr_assert_eq(a.status, 0);
+    /* b, the head now, was sent at T0 and never waited */
+    cr_assert_eq(net_session_health(&s, T0 + 370 * MS), UMBP_E_NOT_ATTEMPTED);
+    cr_assert_eq(feed_pong(&s, T0 + 371 * MS, b.nc.first_seq), 0);
+    cr_assert_eq(net_session_health(&s, T0 + 371 * MS), 0);
+    net_session_destroy(&s);
+}
+
+Test(net_session, a_waiting_about_another_reply_drops_the_connection)
+{
+    struct net_session s;
+    struct owner o;
+    setup(&s, &o, 50);
+    struct tcall a = {0}, b = {0};
+    push(&s, &a, 1, T0, 1000);
+    push(&s, &b, 1, T0, 1000);
+    cr_assert_eq(feed_waiting(&s, T0, b.nc.first_seq, 100), -1, "b's reply is not due next");
+    cr_assert(strstr(o.last_why, "WAITING has seq"), "%s", o.last_why);
+    cr_assert_eq(a.status, -ECONNRESET);
+    cr_assert_eq(b.status, -ECONNRESET);
+    reconnect(&s, (net_session_tick(&s, T0 + 10 * MS), T0 + 10 * MS));
+    cr_assert_eq(feed_waiting(&s, T0 + 11 * MS, 99, 100), -1);
+    cr_assert(strstr(o.last_why, "nothing is outstanding"), "%s", o.last_why);
+    /* a bound of 0 ms is malformed */
+    reconnect(&s, (net_session_tick(&s, T0 + 40 * MS), T0 + 40 * MS));
+    a = (struct tcall){0};
+    push(&s, &a, 1, T0 + 41 * MS, 1000);
+    struct proto_buf pb = {0};
+    cr_assert_eq(proto_put_empty(&pb, PROTO_WAITING, a.nc.first_seq, 0), -EINVAL,
+                 "the codec builds a WAITING of 0 ms");
+    cr_assert_eq(proto_put_empty(&pb, PROTO_PONG, a.nc.first_seq, 0), 0);
+    pb.data[4] = PROTO_WAITING; /* frame.type: a WAITING whose arg is 0 */
+    cr_assert_eq(feed(&s, T0 + 42 * MS, &pb, 0, pb.len, -1), -1);
+    cr_assert(strstr(o.last_why, "WAITING.arg"), "%s", o.last_why);
+    proto_buf_free(&pb);
+    net_session_destroy(&s);
+}
+
 Test(net_session, a_broken_stream_drops_the_connection_naming_why)
 {
     struct net_session s;

@@ -672,6 +672,18 @@ static void check_suspect(const struct proto_frame *f)
     }
 }
 
+static void build_waiting(struct proto_buf *b)
+{
+    cr_assert_eq(proto_put_empty(b, PROTO_WAITING, 21, 1500), 0);
+}
+
+static void check_waiting(const struct proto_frame *f)
+{
+    cr_assert_eq(f->n, 0);
+    cr_assert_eq(f->arg, 1500);
+    cr_assert_eq(f->seq, 21);
+}
+
 struct sample {
     uint16_t type;
     bool from_server;
@@ -718,6 +730,7 @@ static const struct sample samples[] = {
     {PROTO_NODES, false, build_nodes, check_nodes},
     {PROTO_NODES_R, true, build_nodes_r, check_nodes_r},
     {PROTO_SUSPECT, false, build_suspect, check_suspect},
+    {PROTO_WAITING, true, build_waiting, check_waiting},
 };
 #define NSAMPLES (sizeof(samples) / sizeof(samples[0]))
 
@@ -895,7 +908,7 @@ Test(proto_malformed, len_over_max_body)
 
 Test(proto_malformed, unknown_type)
 {
-    static const uint16_t bad[] = {0, 39, 99, 0xffff};
+    static const uint16_t bad[] = {0, 40, 99, 0xffff};
     uint8_t p[24];
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -985,6 +998,14 @@ Test(proto_malformed, arg_outside_its_rule)
     assert_err_names("ACQUIRE.arg");
     raw_frame(p, 8 + 32, PROTO_ACQUIRE, 0, 1, 1, UINT32_MAX);
     cr_assert_eq(parse_err(p, sizeof(p), false), (long)sizeof(p), "any ttl > 0: %s", err);
+    raw_frame(p, 8, PROTO_WAITING, 0, 3, 0, 0);
+    cr_assert_eq(parse_err(p, 24, true), -EPROTO);
+    cr_assert_str_eq(err, "WAITING.arg: a wait of 0 ms is not in 1 .. 3660000");
+    raw_frame(p, 8, PROTO_WAITING, 0, 3, 0, PROTO_WAIT_MAX_MS + 1);
+    cr_assert_eq(parse_err(p, 24, true), -EPROTO);
+    assert_err_names("WAITING.arg");
+    raw_frame(p, 8, PROTO_WAITING, 0, 3, 0, PROTO_WAIT_MAX_MS);
+    cr_assert_eq(parse_err(p, 24, true), 24, "%s", err);
 }
 
 Test(proto_malformed, unsolicited_frames_carry_seq_0)
