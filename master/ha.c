@@ -69,7 +69,7 @@ static void store_error(struct master_ha *h, const char *err)
     snprintf(h->view.why, sizeof(h->view.why), "%s", err);
     pthread_mutex_unlock(&h->mu);
     if (!h->warned)
-        umbp_log(UMBP_LOG_WARN, "umbp-master: lease store unreachable: %s; %s", err,
+        umbp_log(UMBP_LOG_WARN, "umbp-master: the lease store failed: %s; %s", err,
                  h->mine.epoch ? "leading on (only a higher epoch deposes this master)"
                                : "standing by (a master without the lease never serves)");
     h->warned = true;

@@ -9,10 +9,14 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "leader_lease_int.h"
 
@@ -28,6 +32,96 @@ static int cluster_ok(const char *c, size_t n)
         if (!isalnum((unsigned char)c[i]) && c[i] != '.' && c[i] != '_' && c[i] != '-')
             return 0;
     return 1;
+}
+
+/* "password_file=PATH&user=NAME": each at most once, nothing else. */
+static int parse_query(const char *q, const char *what, const char *s, struct lease_url *out,
+                       char *err, size_t errlen)
+{
+    while (*q) {
+        const char *amp = strchr(q, '&'), *end = amp ? amp : q + strlen(q);
+        const char *eq = memchr(q, '=', (size_t)(end - q));
+        size_t klen = eq ? (size_t)(eq - q) : (size_t)(end - q);
+        const char *v = eq ? eq + 1 : end;
+        size_t vlen = (size_t)(end - v);
+        char *dst = NULL;
+        size_t cap = 0;
+        if (klen == 13 && !memcmp(q, "password_file", 13)) {
+            dst = out->password_file;
+            cap = sizeof(out->password_file);
+        } else if (klen == 4 && !memcmp(q, "user", 4)) {
+            dst = out->user;
+            cap = sizeof(out->user);
+        } else {
+            snprintf(err, errlen, "%s \"%s\": unknown parameter \"%.*s\" (known: password_file, "
+                     "user)", what, s, (int)klen, q);
+            return -EINVAL;
+        }
+        if (dst[0]) {
+            snprintf(err, errlen, "%s \"%s\": parameter \"%.*s\" given twice", what, s,
+                     (int)klen, q);
+            return -EINVAL;
+        }
+        bool printable = true;
+        for (size_t i = 0; i < vlen; i++)
+            printable = printable && isgraph((unsigned char)v[i]);
+        if (!eq || vlen == 0 || vlen >= cap || !printable) {
+            snprintf(err, errlen, "%s \"%s\": parameter \"%.*s\" needs a value of 1 .. %zu "
+                     "printable bytes", what, s, (int)klen, q, cap - 1);
+            return -EINVAL;
+        }
+        memcpy(dst, v, vlen);
+        dst[vlen] = 0;
+        q = amp ? amp + 1 : end;
+    }
+    if (out->user[0] && !out->password_file[0]) {
+        snprintf(err, errlen, "%s \"%s\": user needs a password_file", what, s);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int lease_password_read(const struct lease_url *u, char *buf, size_t cap, char *err,
+                        size_t errlen)
+{
+    const char *path = u->password_file;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "password_file %s: %s", path, strerror(e));
+        return -e;
+    }
+    struct stat st;
+    const char *bad = fstat(fd, &st) < 0     ? "cannot stat it"
+                      : !S_ISREG(st.st_mode) ? "not a regular file"
+                      : (st.st_mode & 077)   ? "group or others may use it (chmod 600)"
+                                             : NULL;
+    if (bad) {
+        snprintf(err, errlen, "password_file %s: %s", path, bad);
+        close(fd);
+        return -EACCES;
+    }
+    char tmp[LEASE_PASSWORD_MAX + 2];
+    ssize_t n = read(fd, tmp, sizeof(tmp));
+    close(fd);
+    size_t len = 0;
+    while (n > 0 && len < (size_t)n && tmp[len] != '\n' && tmp[len] != '\r')
+        len++;
+    int rc = 0;
+    if (n < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "password_file %s: read: %s", path, strerror(-rc));
+    } else if (len == 0 || len > LEASE_PASSWORD_MAX || len >= cap) {
+        rc = -EINVAL;
+        snprintf(err, errlen, "password_file %s: the password (its first line) must be 1 .. %d "
+                 "bytes", path, LEASE_PASSWORD_MAX);
+    } else {
+        memcpy(buf, tmp, len);
+        buf[len] = 0;
+        rc = (int)len;
+    }
+    explicit_bzero(tmp, sizeof(tmp));
+    return rc;
 }
 
 int lease_url_parse(const char *s, const char *what, struct lease_url *out, char *err,
@@ -52,12 +146,15 @@ int lease_url_parse(const char *s, const char *what, struct lease_url *out, char
                  slash ? "host" : "cluster name after the address");
         return -EINVAL;
     }
-    const char *cluster = slash + 1;
-    if (!cluster_ok(cluster, strlen(cluster))) {
-        snprintf(err, errlen, "%s \"%s\": the cluster name \"%s\" must be 1 .. %d letters, "
-                 "digits, '.', '_' or '-'", what, s, cluster, LEASE_CLUSTER_MAX - 1);
+    const char *cluster = slash + 1, *query = strchr(cluster, '?');
+    size_t clen = query ? (size_t)(query - cluster) : strlen(cluster);
+    if (!cluster_ok(cluster, clen)) {
+        snprintf(err, errlen, "%s \"%s\": the cluster name \"%.*s\" must be 1 .. %d letters, "
+                 "digits, '.', '_' or '-'", what, s, (int)clen, cluster, LEASE_CLUSTER_MAX - 1);
         return -EINVAL;
     }
+    if (query && parse_query(query + 1, what, s, out, err, errlen) < 0)
+        return -EINVAL;
     char addr[NET_TCP_HOST_MAX + 16];
     size_t n = (size_t)(slash - hp);
     if (n >= sizeof(addr) - 6) {
@@ -78,7 +175,8 @@ int lease_url_parse(const char *s, const char *what, struct lease_url *out, char
                  "port in 1 .. 65535", what, s, addr);
         return -EINVAL;
     }
-    memcpy(out->cluster, cluster, strlen(cluster) + 1);
+    memcpy(out->cluster, cluster, clen);
+    out->cluster[clen] = 0;
     return 0;
 }
 
@@ -172,6 +270,15 @@ int lease_open(const char *url, uint64_t timeout_ms, struct lease **out, char *e
     int rc = lease_url_parse(url, "the lease store", &u, err, errlen);
     if (rc < 0)
         return rc;
+    if (u.password_file[0]) { /* a missing or open file shows at startup */
+        char pw[LEASE_PASSWORD_MAX + 1], e2[LEASE_PATH_MAX + 96];
+        rc = lease_password_read(&u, pw, sizeof(pw), e2, sizeof(e2));
+        explicit_bzero(pw, sizeof(pw));
+        if (rc < 0) {
+            snprintf(err, errlen, "%s: %s", url, e2);
+            return rc;
+        }
+    }
 #ifdef UMBP_HAVE_HIREDIS
     struct lease *l;
     if ((rc = lease_redis_open(&u, &l)) < 0) {

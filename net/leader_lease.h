@@ -10,6 +10,11 @@
  *
  * A store is named by a URL.  Redis (and Valkey: the same protocol):
  *   redis://host:port/<cluster>    ([v6addr]:port; port 6379 if omitted)
+ *   ...?password_file=PATH[&user=NAME]
+ * With password_file, each connection authenticates (AUTH [user] password)
+ * with the password the file holds (its first line; 1 .. 512 bytes; a file
+ * that group or others may read is refused, as the secret_file is): the
+ * URL, which is logged, never carries the password itself.
  * Keys, all under one cluster name (letters, digits, '.', '_', '-'):
  *   umbp:<cluster>:leader  "<epoch> <address> <owner>", with an expiry (the
  *                          lease); absent: nobody leads
@@ -43,7 +48,7 @@
 
 #define LEASE_CLUSTER_MAX 64
 #define LEASE_OWNER_MAX 96
-#define LEASE_URL_MAX 384
+#define LEASE_URL_MAX 640
 
 /* Who holds (or held) the lease. */
 struct lease_holder {
@@ -52,13 +57,24 @@ struct lease_holder {
     char owner[LEASE_OWNER_MAX];          /* unique per master process */
 };
 
+#define LEASE_USER_MAX 64
+#define LEASE_PATH_MAX 256
+#define LEASE_PASSWORD_MAX 512
+
 /* A parsed store URL. */
 struct lease_url {
     char scheme[16];                      /* "redis" */
     char host[NET_TCP_HOST_MAX];
     uint16_t port;
     char cluster[LEASE_CLUSTER_MAX];
+    char user[LEASE_USER_MAX];            /* "": the default user */
+    char password_file[LEASE_PATH_MAX];   /* "": no AUTH */
 };
+/* The password of u's password_file into buf (NUL-terminated): its length,
+ * or a negative code with err naming the file and what is wrong (missing,
+ * readable by group or others, empty, too long). */
+int lease_password_read(const struct lease_url *u, char *buf, size_t cap, char *err,
+                        size_t errlen);
 
 /* Whether s names a store ("redis://..."), rather than a host:port. */
 int lease_is_url(const char *s);

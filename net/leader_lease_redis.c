@@ -82,6 +82,54 @@ static void drop(struct lease_redis *r)
     r->c = NULL;
 }
 
+/* AUTH [user] password, from the URL's password_file read now (a rotated
+ * file is picked up at the next connection); nothing without one. */
+static int authenticate(struct lease_redis *r, char *err, size_t errlen)
+{
+    const struct lease_url *u = &r->base.u;
+    if (!u->password_file[0])
+        return 0;
+    char pw[LEASE_PASSWORD_MAX + 1];
+    int rc = lease_password_read(u, pw, sizeof(pw), err, errlen);
+    if (rc < 0) {
+        drop(r);
+        return rc;
+    }
+    const char *argv[3] = {"AUTH", u->user[0] ? u->user : pw, pw};
+    redisReply *rep = redisCommandArgv(r->c, u->user[0] ? 3 : 2, argv, NULL);
+    explicit_bzero(pw, sizeof(pw));
+    if (!rep) {
+        bool timed_out = r->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+        snprintf(err, errlen, "AUTH: %s", timed_out ? "no reply within the timeout" : r->c->errstr);
+        drop(r);
+        return timed_out ? -ETIMEDOUT : -ECONNRESET;
+    }
+    if (rep->type == REDIS_REPLY_ERROR) {
+        snprintf(err, errlen, "AUTH%s%s with the password in %s: the store refused it: %.*s",
+                 u->user[0] ? " as " : "", u->user, u->password_file, (int)rep->len, rep->str);
+        rc = -EACCES;
+    } else {
+        rc = 0;
+    }
+    freeReplyObject(rep);
+    if (rc < 0)
+        drop(r);
+    return rc;
+}
+
+/* A store error: NOAUTH (it wants a password the URL does not give) is
+ * -EACCES, said plainly; any other -EIO. */
+static int store_error(const char *cmd, const redisReply *rep, char *err, size_t errlen)
+{
+    if (rep->len >= 6 && !strncmp(rep->str, "NOAUTH", 6)) {
+        snprintf(err, errlen, "%s: the store requires a password (%.*s): name a file holding it "
+                 "with ?password_file=PATH", cmd, (int)rep->len, rep->str);
+        return -EACCES;
+    }
+    snprintf(err, errlen, "%s: the store answered: %.*s", cmd, (int)rep->len, rep->str);
+    return -EIO;
+}
+
 static int connect_store(struct lease_redis *r, char *err, size_t errlen)
 {
     if (r->c)
@@ -103,7 +151,7 @@ static int connect_store(struct lease_redis *r, char *err, size_t errlen)
         drop(r);
         return -EIO;
     }
-    return 0;
+    return authenticate(r, err, errlen);
 }
 
 /* Runs argv; a reply of the wanted type, or NULL with err and *rc set (the
@@ -123,9 +171,8 @@ static redisReply *command(struct lease_redis *r, int argc, const char **argv, i
         return NULL;
     }
     if (rep->type == REDIS_REPLY_ERROR) {
-        snprintf(err, errlen, "%s: the store answered: %.*s", argv[0], (int)rep->len, rep->str);
+        *rc = store_error(argv[0], rep, err, errlen);
         freeReplyObject(rep);
-        *rc = -EIO;
         return NULL;
     }
     if (rep->type != want) {
@@ -238,8 +285,7 @@ static int r_leader(struct lease *l, struct lease_holder *out, char *err, size_t
     } else if (rep->type == REDIS_REPLY_STRING) {
         rc = lease_value_parse(rep->str, rep->len, out, err, errlen) < 0 ? -EPROTO : 1;
     } else if (rep->type == REDIS_REPLY_ERROR) {
-        snprintf(err, errlen, "GET: the store answered: %.*s", (int)rep->len, rep->str);
-        rc = -EIO;
+        rc = store_error("GET", rep, err, errlen);
     } else {
         snprintf(err, errlen, "GET: a reply of type %d where a string was expected", rep->type);
         rc = -EPROTO;

@@ -27,7 +27,7 @@ struct leader_watch {
     bool stop, poked;
     bool have;                        /* holder is a read */
     struct lease_holder holder;
-    char why[640];
+    char why[LEASE_URL_MAX + 400];
     uint64_t max_epoch;
 };
 

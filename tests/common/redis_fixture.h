@@ -48,6 +48,7 @@ struct redis {
     char dir[128];      /* its private --dir (removed once it runs: it stays empty) */
     char log[160];      /* its stdout and stderr (kept after stop) */
     const char *extra[16]; /* more arguments, NULL-terminated (kept across restarts) */
+    const char *password;  /* set with "--requirepass" in extra: redis_cmd sends AUTH */
     char reply[1024];   /* redis_str's last answer */
 };
 
@@ -102,7 +103,8 @@ static inline uint16_t redis_free_port(void)
     return ntohs(a.sin_port);
 }
 
-/* One raw PING over a fresh socket, bounded by ms: true if "+PONG" came. */
+/* One raw PING over a fresh socket, bounded by ms: true if "+PONG" came
+ * (or "-NOAUTH": a Redis started with requirepass answers, asking for it). */
 static inline bool redis_pings(uint16_t port, int ms)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -117,7 +119,7 @@ static inline bool redis_pings(uint16_t port, int ms)
     size_t got = 0;
     bool ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
               send(fd, "PING\r\n", 6, MSG_NOSIGNAL) == 6;
-    while (ok && got < 7) {
+    while (ok && got < 7) { /* "+PONG\r\n", or the start of "-NOAUTH ..." */
         ssize_t r = recv(fd, buf + got, sizeof(buf) - 1 - got, 0);
         if (r <= 0)
             break;
@@ -125,7 +127,7 @@ static inline bool redis_pings(uint16_t port, int ms)
     }
     close(fd);
     buf[got] = 0;
-    return ok && strncmp(buf, "+PONG", 5) == 0;
+    return ok && (strncmp(buf, "+PONG", 5) == 0 || strncmp(buf, "-NOAUTH", 7) == 0);
 }
 
 /* Starts redis-server on r->port (0: a free one), with r->extra. */
@@ -231,6 +233,11 @@ static inline redisReply *redis_try_cmd(struct redis *r, const char *fmt, ...)
         return NULL;
     }
     redisSetTimeout(c, tv);
+    if (r->password) {
+        redisReply *a = redisCommand(c, "AUTH %s", r->password);
+        if (a)
+            freeReplyObject(a);
+    }
     va_list ap;
     va_start(ap, fmt);
     redisReply *rep = redisvCommand(c, fmt, ap);

@@ -37,6 +37,8 @@ Test(failover, skipped)
 }
 #else
 
+#include <sys/stat.h>
+
 #include "master_client.h"
 #include "proto.h"
 
@@ -369,6 +371,68 @@ Test(failover, kill9_of_the_leader_the_standby_takes_over)
     put_then_read(&f, &f.n[2], &f.n[0], 3);
     cr_assert_eq(get(&f.n[1], 1, NKEYS, SIZE).hit, NKEYS);
     fo_stop(&f);
+}
+
+/* A Redis that wants a password: masters and nodes name a file holding it
+ * in the URL (?password_file=); the cluster elects, serves and fails over
+ * as without one.  A master whose file holds a wrong password never leads
+ * and says why. */
+Test(failover, a_store_with_a_password_through_a_password_file)
+{
+    struct fo f;
+    need_distributed();
+    redis_need();
+    memset(&f, 0, sizeof(f));
+    cur = &f;
+    memset(dist_master_logs, 0, sizeof(dist_master_logs));
+    snprintf(f.cluster, sizeof(f.cluster), "pw");
+    snprintf(f.leader_key, sizeof(f.leader_key), "umbp:pw:leader");
+    f.r.extra[0] = "--requirepass";
+    f.r.extra[1] = "fo-pw-5521";
+    f.r.password = "fo-pw-5521";
+    redis_start(&f.r);
+    char pw[64], bad[64];
+    snprintf(pw, sizeof(pw), "/tmp/umbp-test-fo-pw.%d", (int)getpid());
+    snprintf(bad, sizeof(bad), "/tmp/umbp-test-fo-bad.%d", (int)getpid());
+    FILE *fp = fopen(pw, "w");
+    cr_assert_not_null(fp);
+    fputs("fo-pw-5521\n", fp);
+    fclose(fp);
+    chmod(pw, 0600);
+    fp = fopen(bad, "w");
+    cr_assert_not_null(fp);
+    fputs("not-it-3307\n", fp);
+    fclose(fp);
+    chmod(bad, 0600);
+
+    /* a master with the wrong password: never leads, says so */
+    snprintf(f.url, sizeof(f.url), "redis://127.0.0.1:%u/pw?password_file=%s", f.r.port, bad);
+    fo_master_start(&f, 1);
+    bool said = false;
+    for (int i = 0; i < 200 && !said; i++) {
+        said = log_has(f.m[1].log, "refused");
+        if (!said)
+            pause_ms(25);
+    }
+    fo_assert(said, "the master with the wrong password never said the store refused it");
+    uint64_t e;
+    fo_assert(leader_in_redis(&f, &e) == -1, "somebody leads with a wrong password");
+    master_stop(&f.m[1]);
+
+    snprintf(f.url, sizeof(f.url), "redis://127.0.0.1:%u/pw?password_file=%s", f.r.port, pw);
+    fo_cluster(&f, 2);
+    int L, S;
+    uint64_t e0, e1;
+    fo_roles(&f, &L, &S, &e0);
+    put_then_read(&f, &f.n[0], &f.n[1], 11);
+    master_signal(&f.m[L], SIGKILL);
+    wait_leader(&f, S, e0, &e1, NULL);
+    wait_metric(&f, S, "umbp_master_leader", 1, 10000);
+    put_then_read(&f, &f.n[1], &f.n[0], 12);
+    hit_within(&f, &f.n[1], 11, NULL);
+    fo_stop(&f);
+    unlink(pw);
+    unlink(bad);
 }
 
 /* ---- the scheduler's lookup client ----------------------------------------------------- */

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "leader_lease.h"
@@ -68,6 +69,42 @@ Test(lease_url, good_urls_parse)
         cr_assert_str_eq(u.host, good[i].host, "%s", good[i].url);
         cr_assert_eq(u.port, good[i].port, "%s: port %u", good[i].url, u.port);
         cr_assert_str_eq(u.cluster, good[i].cluster, "%s", good[i].url);
+    }
+}
+
+/* ?password_file=PATH[&user=NAME]: the URL names a file, never the password. */
+Test(lease_url, query_parameters_parse_and_bad_ones_are_named)
+{
+    struct lease_url u;
+    char err[ERRLEN] = "";
+    cr_assert_eq(lease_url_parse("redis://10.0.0.5:6380/prod?password_file=/etc/umbp/redis.pw",
+                                 "lease_url", &u, err, sizeof(err)), 0, "%s", err);
+    cr_assert_str_eq(u.cluster, "prod");
+    cr_assert_str_eq(u.password_file, "/etc/umbp/redis.pw");
+    cr_assert_str_eq(u.user, "");
+    cr_assert_eq(u.port, 6380);
+    cr_assert_eq(lease_url_parse("redis://h/c?user=umbp&password_file=p", "lease_url", &u, err,
+                                 sizeof(err)), 0, "%s", err);
+    cr_assert_str_eq(u.user, "umbp");
+    cr_assert_str_eq(u.password_file, "p");
+    cr_assert_str_eq(u.cluster, "c");
+    static const struct {
+        const char *url, *part;
+    } bad[] = {
+        {"redis://h/c?password=hunter2", "unknown parameter \"password\""},
+        {"redis://h/c?password_file=", "password_file"},
+        {"redis://h/c?password_file", "password_file"},
+        {"redis://h/c?password_file=a&password_file=b", "twice"},
+        {"redis://h/c?user=umbp", "user needs a password_file"},
+        {"redis://h/c?password_file=a b", "printable"},
+        {"redis://h/?password_file=a", "cluster"},
+        {"redis://h/c?&", "unknown parameter"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc = lease_url_parse(bad[i].url, "lease_url", &u, err, sizeof(err));
+        cr_expect_eq(rc, -EINVAL, "'%s': %d (%s)", bad[i].url, rc, err);
+        cr_expect(has(err, bad[i].part), "'%s': the error does not name '%s': '%s'", bad[i].url,
+                  bad[i].part, err);
     }
 }
 
@@ -971,4 +1008,99 @@ Test(lease, redis_stopped_calls_are_bounded_then_work_after_sigcont)
     lease_close(b);
     lease_close(fresh);
     fx_stop(&f);
+}
+
+/* A Redis that wants a password (requirepass, and an ACL user): the URL
+ * names a file holding it (?password_file=, &user=), never the password;
+ * without one, or with a wrong one, every call fails with -EACCES saying
+ * so, and no message carries a password; a file others may read, or none
+ * there, is refused at open. */
+static void write_pw(const char *path, const char *pw, mode_t mode)
+{
+    FILE *fp = fopen(path, "w");
+    cr_assert_not_null(fp, "%s: %s", path, strerror(errno));
+    fprintf(fp, "%s\n", pw);
+    fclose(fp);
+    cr_assert_eq(chmod(path, mode), 0);
+}
+
+Test(lease, a_store_with_a_password_is_reached_through_a_password_file)
+{
+    redis_need();
+    struct redis r;
+    memset(&r, 0, sizeof(r));
+    r.extra[0] = "--requirepass";
+    r.extra[1] = "umbp-pw-4417";
+    const char *acl[] = {"--user", "alice", "on", ">alice-pw-9051", "~*", "&*", "+@all"};
+    for (int i = 0; i < 7; i++)
+        r.extra[2 + i] = acl[i];
+    redis_start(&r);
+    char dir[] = "/tmp/umbp-test-pw.XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char good[96], alice[96], wrong[96], open_[96], url[512], err[ERRLEN];
+    snprintf(good, sizeof(good), "%s/good", dir);
+    snprintf(alice, sizeof(alice), "%s/alice", dir);
+    snprintf(wrong, sizeof(wrong), "%s/wrong", dir);
+    snprintf(open_, sizeof(open_), "%s/open", dir);
+    write_pw(good, "umbp-pw-4417", 0600);
+    write_pw(alice, "alice-pw-9051", 0400);
+    write_pw(wrong, "zq-nope-7731", 0600);
+    write_pw(open_, "umbp-pw-4417", 0644);
+    struct lease *l = NULL;
+    struct lease_holder h;
+
+    /* no password: refused by the store, said plainly */
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%u/pw", r.port);
+    cr_assert_eq(lease_open(url, 2000, &l, err, sizeof(err)), 0, "%s", err);
+    int rc = lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err));
+    cr_assert_eq(rc, -EACCES, "%d %s", rc, err);
+    cr_assert(has(err, "requires a password") && has(err, "password_file") && has(err, url),
+              "%s", err);
+    lease_close(l);
+
+    /* the right password from its file: the lease works */
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%u/pw?password_file=%s", r.port, good);
+    cr_assert_eq(lease_open(url, 2000, &l, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err)), 1, "%s",
+                 err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "acquired with the password");
+    cr_assert_eq(lease_renew(l, &h, TTL_LONG, &h, err, sizeof(err)), 1, "%s", err);
+    lease_close(l);
+
+    /* an ACL user and its password: reads the holder */
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%u/pw?user=alice&password_file=%s", r.port,
+             alice);
+    cr_assert_eq(lease_open(url, 2000, &l, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(lease_leader(l, &h, err, sizeof(err)), 1, "%s", err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "read as alice");
+    lease_close(l);
+
+    /* a wrong password, as the default user and as alice: -EACCES naming
+     * the file, never the password */
+    const char *users[] = {"", "user=alice&"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(url, sizeof(url), "redis://127.0.0.1:%u/pw?%spassword_file=%s", r.port,
+                 users[i], wrong);
+        cr_assert_eq(lease_open(url, 2000, &l, err, sizeof(err)), 0, "%s", err);
+        rc = lease_leader(l, &h, err, sizeof(err));
+        cr_assert_eq(rc, -EACCES, "%d %s", rc, err);
+        cr_assert(has(err, "AUTH") && has(err, "refused") && has(err, wrong), "%s", err);
+        cr_assert_null(strstr(err, "zq-nope-7731"), "the password is in the message: %s", err);
+        rc = lease_acquire(l, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err));
+        cr_assert_eq(rc, -EACCES, "every call: %d %s", rc, err);
+        lease_close(l);
+    }
+
+    /* files refused at open: others may read it; none there */
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%u/pw?password_file=%s", r.port, open_);
+    rc = lease_open(url, 2000, &l, err, sizeof(err));
+    cr_assert_eq(rc, -EACCES, "%d %s", rc, err);
+    cr_assert(has(err, "chmod 600") && has(err, open_), "%s", err);
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%u/pw?password_file=%s/none", r.port, dir);
+    rc = lease_open(url, 2000, &l, err, sizeof(err));
+    cr_assert_eq(rc, -ENOENT, "%d %s", rc, err);
+    cr_assert(has(err, "/none"), "%s", err);
+
+    unlink(good), unlink(alice), unlink(wrong), unlink(open_), rmdir(dir);
+    redis_stop(&r);
 }
