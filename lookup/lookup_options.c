@@ -49,8 +49,9 @@ const struct umbp_option lookup_client_options[] = {
      "standalone, distributed: this scheduler's name in the server's session list or the "
      "master's log (default: the pid)"},
     {"master_address", UMBP_OPT_STRING, OFF(master_address), "", 0, 0, 256, NULL,
-     "distributed: umbp-master's host:port, or redis://host:port/<cluster>[?password_file=PATH"
-     "[&user=NAME]] where the masters elect a leader: the client follows it (required)"},
+     "distributed: umbp-master's host:port, or redis://host:port/<cluster> (or "
+     "redis+sentinel://h:p,h:p/<service>/<cluster>)[?password_file=PATH[&user=NAME]] where "
+     "the masters elect a leader: the client follows it (required)"},
     {"secret_file", UMBP_OPT_STRING, OFF(secret_file), "", 0, 0, 512, NULL,
      "distributed: the cluster's shared secret (as the nodes'); empty = none (a master on "
      "loopback only)"},

@@ -54,10 +54,10 @@ const struct umbp_option master_options[] = {
     {"log_level", UMBP_OPT_STRING, OFF(log_level), "info", 0, 0, 16, levels,
      "master: error, warn, info or debug"},
     {"lease_url", UMBP_OPT_STRING, OFF(lease_url), "", 0, 0, 384, NULL,
-     "master: redis://host:port/<cluster>[?password_file=PATH[&user=NAME]]: several masters "
-     "elect one leader through a lease in this Redis (or Valkey); the others stand by; nodes "
-     "and lookup clients given the same URL as master_address follow the leader; empty = one "
-     "master, no lease"},
+     "master: redis://host:port/<cluster> (or redis+sentinel://h:p,h:p/<service>/<cluster>)"
+     "[?password_file=PATH[&user=NAME]]: several masters elect one leader through a lease in "
+     "this Redis (or Valkey); the others stand by; nodes and lookup clients given the same URL "
+     "as master_address follow the leader; empty = one master, no lease"},
     {"advertise", UMBP_OPT_STRING, OFF(advertise), "", 0, 0, 64, NULL,
      "master: host:port the lease publishes for nodes and clients to dial; empty = the listen "
      "address (which must then not be a wildcard)"},

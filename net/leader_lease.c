@@ -124,6 +124,32 @@ int lease_password_read(const struct lease_url *u, char *buf, size_t cap, char *
     return rc;
 }
 
+/* One "host[:port]" of an URL (port `dflt` if omitted) into host/port. */
+static int parse_addr(const char *a, size_t n, uint16_t dflt, const char *what, const char *s,
+                      char *host, size_t hostlen, uint16_t *port, char *err, size_t errlen)
+{
+    char addr[NET_TCP_HOST_MAX + 16];
+    if (n == 0 || n >= sizeof(addr) - 6) {
+        snprintf(err, errlen, "%s \"%s\": %s", what, s,
+                 n ? "an address is too long" : "no host");
+        return -EINVAL;
+    }
+    memcpy(addr, a, n);
+    addr[n] = 0;
+    const char *close_br = addr[0] == '[' ? strchr(addr, ']') : NULL;
+    const char *colon = close_br ? strchr(close_br, ':') : strrchr(addr, ':');
+    if (!colon)
+        snprintf(addr + n, sizeof(addr) - n, ":%u", dflt);
+    char e2[256];
+    if (net_tcp_split(addr, what, host, hostlen, port, e2, sizeof(e2)) < 0 || *port == 0 ||
+        !host[0]) {
+        snprintf(err, errlen, "%s \"%s\": the store's address \"%s\" is not host:port with a "
+                 "port in 1 .. 65535", what, s, addr);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 int lease_url_parse(const char *s, const char *what, struct lease_url *out, char *err,
                     size_t errlen)
 {
@@ -135,18 +161,35 @@ int lease_url_parse(const char *s, const char *what, struct lease_url *out, char
         return -EINVAL;
     }
     memcpy(out->scheme, s, (size_t)(sep - s));
-    if (strcmp(out->scheme, "redis") != 0) {
+    bool sentinel = !strcmp(out->scheme, "redis+sentinel");
+    if (strcmp(out->scheme, "redis") != 0 && !sentinel) {
         snprintf(err, errlen, "%s \"%s\": unknown store \"%s\" (known: redis, which also "
-                 "serves Valkey)", what, s, out->scheme);
+                 "serves Valkey, and redis+sentinel)", what, s, out->scheme);
         return -EINVAL;
     }
+    const char *form = sentinel ? "redis+sentinel://host:port,host:port/<service>/<cluster>"
+                                : "redis://host:port/<cluster>";
     const char *hp = sep + 3, *slash = strchr(hp, '/');
     if (!slash || slash == hp) {
-        snprintf(err, errlen, "%s \"%s\": no %s; write redis://host:port/<cluster>", what, s,
-                 slash ? "host" : "cluster name after the address");
+        snprintf(err, errlen, "%s \"%s\": no %s; write %s", what, s,
+                 slash ? "host" : "cluster name after the address", form);
         return -EINVAL;
     }
-    const char *cluster = slash + 1, *query = strchr(cluster, '?');
+    const char *cluster = slash + 1;
+    if (sentinel) { /* <service>/ first */
+        const char *svc = cluster, *s2 = strchr(svc, '/');
+        size_t n = s2 ? (size_t)(s2 - svc) : 0;
+        if (!s2 || !cluster_ok(svc, n)) {
+            snprintf(err, errlen, "%s \"%s\": the service (the primary's name in the "
+                     "sentinels) must be 1 .. %d letters, digits, '.', '_' or '-', then "
+                     "/<cluster>; write %s", what, s, LEASE_CLUSTER_MAX - 1, form);
+            return -EINVAL;
+        }
+        memcpy(out->service, svc, n);
+        out->service[n] = 0;
+        cluster = s2 + 1;
+    }
+    const char *query = strchr(cluster, '?');
     size_t clen = query ? (size_t)(query - cluster) : strlen(cluster);
     if (!cluster_ok(cluster, clen)) {
         snprintf(err, errlen, "%s \"%s\": the cluster name \"%.*s\" must be 1 .. %d letters, "
@@ -155,25 +198,32 @@ int lease_url_parse(const char *s, const char *what, struct lease_url *out, char
     }
     if (query && parse_query(query + 1, what, s, out, err, errlen) < 0)
         return -EINVAL;
-    char addr[NET_TCP_HOST_MAX + 16];
-    size_t n = (size_t)(slash - hp);
-    if (n >= sizeof(addr) - 6) {
-        snprintf(err, errlen, "%s \"%s\": the address is too long", what, s);
-        return -EINVAL;
-    }
-    memcpy(addr, hp, n);
-    addr[n] = 0;
-    /* no port: Redis's own */
-    const char *close_br = addr[0] == '[' ? strchr(addr, ']') : NULL;
-    const char *colon = close_br ? strchr(close_br, ':') : strrchr(addr, ':');
-    if (!colon)
-        strcat(addr, ":6379");
-    char e2[256];
-    if (net_tcp_split(addr, what, out->host, sizeof(out->host), &out->port, e2,
-                      sizeof(e2)) < 0 || out->port == 0 || !out->host[0]) {
-        snprintf(err, errlen, "%s \"%s\": the store's address \"%s\" is not host:port with a "
-                 "port in 1 .. 65535", what, s, addr);
-        return -EINVAL;
+    if (!sentinel) {
+        if (parse_addr(hp, (size_t)(slash - hp), 6379, what, s, out->host, sizeof(out->host),
+                       &out->port, err, errlen) < 0)
+            return -EINVAL;
+    } else {
+        for (const char *a = hp; a < slash;) {
+            const char *comma = memchr(a, ',', (size_t)(slash - a));
+            const char *end = comma ? comma : slash;
+            if (out->nsentinels == LEASE_SENTINELS_MAX) {
+                snprintf(err, errlen, "%s \"%s\": more than %d sentinels", what, s,
+                         LEASE_SENTINELS_MAX);
+                return -EINVAL;
+            }
+            unsigned i = out->nsentinels++;
+            if (parse_addr(a, (size_t)(end - a), 26379, what, s, out->sentinel_host[i],
+                           sizeof(out->sentinel_host[i]), &out->sentinel_port[i], err,
+                           errlen) < 0)
+                return -EINVAL;
+            a = comma ? comma + 1 : slash;
+            if (comma && a == slash) {
+                snprintf(err, errlen, "%s \"%s\": no host after the last ','", what, s);
+                return -EINVAL;
+            }
+        }
+        memcpy(out->host, out->sentinel_host[0], sizeof(out->host));
+        out->port = out->sentinel_port[0];
     }
     memcpy(out->cluster, cluster, clen);
     out->cluster[clen] = 0;

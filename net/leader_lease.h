@@ -10,7 +10,13 @@
  *
  * A store is named by a URL.  Redis (and Valkey: the same protocol):
  *   redis://host:port/<cluster>    ([v6addr]:port; port 6379 if omitted)
- *   ...?password_file=PATH[&user=NAME]
+ *   redis+sentinel://h1:p1,h2:p2,.../<service>/<cluster>   (port 26379 if
+ *                                  omitted; 1 .. 8 sentinels): each connection
+ *                                  asks the sentinels in turn for <service>'s
+ *                                  primary, connects there and checks that it
+ *                                  is a primary (ROLE)
+ *   ...?password_file=PATH[&user=NAME]   (the data nodes' password; sentinels
+ *                                  are asked without one)
  * With password_file, each connection authenticates (AUTH [user] password)
  * with the password the file holds (its first line; 1 .. 512 bytes; a file
  * that group or others may read is refused, as the secret_file is): the
@@ -60,12 +66,19 @@ struct lease_holder {
 #define LEASE_USER_MAX 64
 #define LEASE_PATH_MAX 256
 #define LEASE_PASSWORD_MAX 512
+#define LEASE_SENTINELS_MAX 8
 
 /* A parsed store URL. */
 struct lease_url {
-    char scheme[16];                      /* "redis" */
-    char host[NET_TCP_HOST_MAX];
+    char scheme[16];                      /* "redis" or "redis+sentinel" */
+    char host[NET_TCP_HOST_MAX];          /* redis: the store; sentinel: the first sentinel */
     uint16_t port;
+    /* redis+sentinel: the sentinels in the URL's order, and the name of the
+     * primary they watch (host/port above are sentinel 0) */
+    unsigned nsentinels;
+    char sentinel_host[LEASE_SENTINELS_MAX][NET_TCP_HOST_MAX];
+    uint16_t sentinel_port[LEASE_SENTINELS_MAX];
+    char service[LEASE_CLUSTER_MAX];
     char cluster[LEASE_CLUSTER_MAX];
     char user[LEASE_USER_MAX];            /* "": the default user */
     char password_file[LEASE_PATH_MAX];   /* "": no AUTH */

@@ -13,6 +13,13 @@
  * connection; the next call dials again.  A stopped Redis costs each call
  * at most the timeout, twice (connect, then the command).
  *
+ * redis+sentinel: a connection begins by asking the sentinels in turn
+ * (from the one that answered last) for the service's primary, then checks
+ * with ROLE that it is one; an error reply also frees the connection (a
+ * primary demoted under us answers READONLY), so the next call asks again.
+ * A dial then costs up to the timeout per sentinel tried, plus the
+ * primary's.
+ *
  * Threads: one caller at a time per lease (leader_lease.h).
  */
 #include <errno.h>
@@ -28,6 +35,7 @@
 struct lease_redis {
     struct lease base; /* first: container_of */
     redisContext *c;
+    unsigned sentinel; /* redis+sentinel: the one asked first */
     char k_leader[LEASE_CLUSTER_MAX + 16], k_epoch[LEASE_CLUSTER_MAX + 16];
 };
 
@@ -130,28 +138,142 @@ static int store_error(const char *cmd, const redisReply *rep, char *err, size_t
     return -EIO;
 }
 
+/* A connection to host:port with the lease's timeout on the connect and on
+ * every command; NULL with err set. */
+static redisContext *dial(const struct lease_redis *r, const char *host, uint16_t port,
+                          int *rc, char *err, size_t errlen)
+{
+    struct timeval tv = {.tv_sec = (time_t)(r->base.timeout_ms / 1000),
+                         .tv_usec = (suseconds_t)(r->base.timeout_ms % 1000) * 1000};
+    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    if (!c) {
+        snprintf(err, errlen, "connect: out of memory");
+        *rc = -ENOMEM;
+        return NULL;
+    }
+    if (c->err) {
+        snprintf(err, errlen, "connect %s:%u: %s", host, port, c->errstr);
+        redisFree(c);
+        *rc = -ECONNREFUSED;
+        return NULL;
+    }
+    if (redisSetTimeout(c, tv) != REDIS_OK) {
+        snprintf(err, errlen, "cannot set the command timeout: %s", c->errstr);
+        redisFree(c);
+        *rc = -EIO;
+        return NULL;
+    }
+    return c;
+}
+
+/* Sentinel i's answer for the service's primary: 0 with host/port, or < 0
+ * with err naming the sentinel. */
+static int ask_sentinel(struct lease_redis *r, unsigned i, char *host, size_t hostlen,
+                        uint16_t *port, char *err, size_t errlen)
+{
+    const struct lease_url *u = &r->base.u;
+    int rc = 0;
+    char e2[256];
+    redisContext *c = dial(r, u->sentinel_host[i], u->sentinel_port[i], &rc, e2, sizeof(e2));
+    if (!c) {
+        snprintf(err, errlen, "sentinel %u: %s", i + 1, e2);
+        return rc;
+    }
+    const char *argv[3] = {"SENTINEL", "get-master-addr-by-name", u->service};
+    redisReply *rep = redisCommandArgv(c, 3, argv, NULL);
+    rc = -EPROTO;
+    if (!rep) {
+        snprintf(err, errlen, "sentinel %u (%s:%u): %s", i + 1, u->sentinel_host[i],
+                 u->sentinel_port[i], c->errstr);
+        rc = -ECONNRESET;
+    } else if (rep->type == REDIS_REPLY_NIL) {
+        snprintf(err, errlen, "sentinel %u (%s:%u) watches no primary named \"%s\"", i + 1,
+                 u->sentinel_host[i], u->sentinel_port[i], u->service);
+        rc = -ENOENT;
+    } else if (rep->type == REDIS_REPLY_ERROR) {
+        snprintf(err, errlen, "sentinel %u (%s:%u) answered: %.*s", i + 1, u->sentinel_host[i],
+                 u->sentinel_port[i], (int)rep->len, rep->str);
+        rc = -EIO;
+    } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+               rep->element[0]->type != REDIS_REPLY_STRING ||
+               rep->element[1]->type != REDIS_REPLY_STRING ||
+               rep->element[0]->len == 0 || rep->element[0]->len >= hostlen) {
+        snprintf(err, errlen, "sentinel %u (%s:%u): a reply that is not [host, port]", i + 1,
+                 u->sentinel_host[i], u->sentinel_port[i]);
+    } else {
+        char *end;
+        unsigned long p = strtoul(rep->element[1]->str, &end, 10);
+        if (*end || p == 0 || p > 65535) {
+            snprintf(err, errlen, "sentinel %u (%s:%u): port \"%.*s\" is not 1 .. 65535", i + 1,
+                     u->sentinel_host[i], u->sentinel_port[i], (int)rep->element[1]->len,
+                     rep->element[1]->str);
+        } else {
+            memcpy(host, rep->element[0]->str, rep->element[0]->len);
+            host[rep->element[0]->len] = 0;
+            *port = (uint16_t)p;
+            rc = 0;
+        }
+    }
+    if (rep)
+        freeReplyObject(rep);
+    redisFree(c);
+    return rc;
+}
+
+/* The connection is to a primary (ROLE's first element): 0, else -EAGAIN
+ * (a sentinel's stale answer: a replica, or a demoted primary). */
+static int check_primary(struct lease_redis *r, const char *host, uint16_t port, char *err,
+                         size_t errlen)
+{
+    const char *argv[1] = {"ROLE"};
+    redisReply *rep = redisCommandArgv(r->c, 1, argv, NULL);
+    int rc = 0;
+    if (!rep) {
+        snprintf(err, errlen, "ROLE at %s:%u: %s", host, port, r->c->errstr);
+        rc = -ECONNRESET;
+    } else if (rep->type == REDIS_REPLY_ERROR) {
+        rc = store_error("ROLE", rep, err, errlen);
+    } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
+               rep->element[0]->type != REDIS_REPLY_STRING ||
+               strcmp(rep->element[0]->str, "master") != 0) {
+        snprintf(err, errlen, "%s:%u, named by the sentinels, is not a primary (yet)", host, port);
+        rc = -EAGAIN;
+    }
+    if (rep)
+        freeReplyObject(rep);
+    return rc;
+}
+
 static int connect_store(struct lease_redis *r, char *err, size_t errlen)
 {
     if (r->c)
         return 0;
-    struct timeval tv = {.tv_sec = (time_t)(r->base.timeout_ms / 1000),
-                         .tv_usec = (suseconds_t)(r->base.timeout_ms % 1000) * 1000};
-    r->c = redisConnectWithTimeout(r->base.u.host, r->base.u.port, tv);
-    if (!r->c) {
-        snprintf(err, errlen, "connect: out of memory");
-        return -ENOMEM;
+    const struct lease_url *u = &r->base.u;
+    int rc = 0;
+    if (!u->nsentinels) {
+        if (!(r->c = dial(r, u->host, u->port, &rc, err, errlen)))
+            return rc;
+        return authenticate(r, err, errlen);
     }
-    if (r->c->err) {
-        snprintf(err, errlen, "connect: %s", r->c->errstr);
-        drop(r);
-        return -ECONNREFUSED;
+    /* the sentinels in turn, from the one that answered last */
+    for (unsigned k = 0; k < u->nsentinels; k++) {
+        unsigned i = (r->sentinel + k) % u->nsentinels;
+        char host[NET_TCP_HOST_MAX];
+        uint16_t port = 0;
+        if ((rc = ask_sentinel(r, i, host, sizeof(host), &port, err, errlen)) < 0)
+            continue;
+        r->sentinel = i;
+        if (!(r->c = dial(r, host, port, &rc, err, errlen)))
+            return rc;
+        if ((rc = authenticate(r, err, errlen)) < 0)
+            return rc;
+        if ((rc = check_primary(r, host, port, err, errlen)) < 0) {
+            drop(r);
+            continue;
+        }
+        return 0;
     }
-    if (redisSetTimeout(r->c, tv) != REDIS_OK) {
-        snprintf(err, errlen, "cannot set the command timeout: %s", r->c->errstr);
-        drop(r);
-        return -EIO;
-    }
-    return authenticate(r, err, errlen);
+    return rc < 0 ? rc : -ECONNREFUSED; /* err: the last sentinel's */
 }
 
 /* Runs argv; a reply of the wanted type, or NULL with err and *rc set (the
@@ -173,6 +295,8 @@ static redisReply *command(struct lease_redis *r, int argc, const char **argv, i
     if (rep->type == REDIS_REPLY_ERROR) {
         *rc = store_error(argv[0], rep, err, errlen);
         freeReplyObject(rep);
+        if (r->base.u.nsentinels)
+            drop(r); /* READONLY, a demoted primary: ask the sentinels again */
         return NULL;
     }
     if (rep->type != want) {
@@ -286,6 +410,8 @@ static int r_leader(struct lease *l, struct lease_holder *out, char *err, size_t
         rc = lease_value_parse(rep->str, rep->len, out, err, errlen) < 0 ? -EPROTO : 1;
     } else if (rep->type == REDIS_REPLY_ERROR) {
         rc = store_error("GET", rep, err, errlen);
+        if (r->base.u.nsentinels)
+            drop(r);
     } else {
         snprintf(err, errlen, "GET: a reply of type %d where a string was expected", rep->type);
         rc = -EPROTO;

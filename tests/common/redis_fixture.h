@@ -47,8 +47,11 @@ struct redis {
     bool stopped;       /* SIGSTOPped */
     char dir[128];      /* its private --dir (removed once it runs: it stays empty) */
     char log[160];      /* its stdout and stderr (kept after stop) */
-    const char *extra[16]; /* more arguments, NULL-terminated (kept across restarts) */
+    const char *extra[24]; /* more arguments, NULL-terminated (kept across restarts) */
     const char *password;  /* set with "--requirepass" in extra: redis_cmd sends AUTH */
+    bool sentinel;         /* run as a Sentinel (its directives in extra: "--sentinel",
+                              "monitor", ...), with a config file of its own */
+    char conf[160];        /* the sentinel's config file (it rewrites it) */
     char reply[1024];   /* redis_str's last answer */
 };
 
@@ -145,11 +148,23 @@ static inline void redis_start(struct redis *r)
         snprintf(r->log, sizeof(r->log), "/tmp/umbp-test-redis.%d.%u.log", getpid(), r->port);
     char port[8];
     snprintf(port, sizeof(port), "%u", r->port);
-    const char *argv[40] = {"redis-server", "--port", port, "--bind", "127.0.0.1",
+    const char *argv[48] = {"redis-server", "--port", port, "--bind", "127.0.0.1",
                             "--save", "", "--appendonly", "no", "--dir", r->dir,
                             "--daemonize", "no", "--logfile", ""};
     int argc = 15;
-    for (int i = 0; r->extra[i] && argc < 39; i++)
+    if (r->sentinel) { /* redis-server <conf> --sentinel: no persistence options */
+        if (!r->conf[0])
+            snprintf(r->conf, sizeof(r->conf), "/tmp/umbp-test-sentinel.%d.%u.conf", getpid(),
+                     r->port);
+        FILE *cf = fopen(r->conf, "w");
+        cr_assert_not_null(cf, "%s: %s", r->conf, strerror(errno));
+        fclose(cf);
+        const char *sv[] = {"redis-server", r->conf, "--sentinel", "--port", port, "--bind",
+                            "127.0.0.1", "--dir", r->dir, "--daemonize", "no", "--logfile", ""};
+        argc = 13;
+        memcpy(argv, sv, sizeof(sv));
+    }
+    for (int i = 0; i < 24 && r->extra[i] && argc < 47; i++)
         argv[argc++] = r->extra[i];
     argv[argc] = NULL;
     r->pid = fork();
@@ -207,6 +222,8 @@ static inline void redis_stop(struct redis *r)
 {
     if (r->pid)
         redis_signal(r, SIGKILL);
+    if (r->conf[0])
+        unlink(r->conf);
 }
 
 /* "redis://127.0.0.1:<port>/<cluster>" */

@@ -435,6 +435,110 @@ Test(failover, a_store_with_a_password_through_a_password_file)
     unlink(bad);
 }
 
+/* Redis behind Sentinel (redis+sentinel://): the primary is killed and the
+ * sentinel promotes its replica; the leader renews there and leads on, a
+ * kill -9 of the leader then hands the lease to the standby through the
+ * new primary, and nodes read each other's keys throughout (0 wrong). */
+Test(failover, through_sentinels_redis_and_then_the_leader_fail_over)
+{
+    struct fo f;
+    need_distributed();
+    redis_need();
+    memset(&f, 0, sizeof(f));
+    cur = &f;
+    memset(dist_master_logs, 0, sizeof(dist_master_logs));
+    snprintf(f.cluster, sizeof(f.cluster), "sen");
+    snprintf(f.leader_key, sizeof(f.leader_key), "umbp:sen:leader");
+    struct redis rep, sen;
+    memset(&rep, 0, sizeof(rep));
+    memset(&sen, 0, sizeof(sen));
+    f.r.extra[0] = "--repl-diskless-sync-delay";
+    f.r.extra[1] = "0";
+    redis_start(&f.r);
+    char pport[8];
+    snprintf(pport, sizeof(pport), "%u", f.r.port);
+    const char *rv[] = {"--replicaof", "127.0.0.1", pport, "--repl-diskless-load",
+                        "on-empty-db", "--repl-diskless-sync-delay", "0"};
+    for (int i = 0; i < 7; i++)
+        rep.extra[i] = rv[i];
+    redis_start(&rep);
+    uint64_t t0 = now_ms();
+    for (;;) {
+        redisReply *x = redis_try_cmd(&rep, "INFO replication");
+        bool up = x && x->type == REDIS_REPLY_STRING && strstr(x->str, "master_link_status:up");
+        if (x)
+            freeReplyObject(x);
+        if (up)
+            break;
+        fo_assert(now_ms() - t0 < 20000, "the replica never synced");
+        pause_ms(20);
+    }
+    const char *sv[] = {"--sentinel", "monitor", "svc", "127.0.0.1", pport, "1",
+                        "--sentinel", "down-after-milliseconds", "svc", "300",
+                        "--sentinel", "failover-timeout", "svc", "3000"};
+    sen.sentinel = true;
+    for (size_t i = 0; i < sizeof(sv) / sizeof(sv[0]); i++)
+        sen.extra[i] = sv[i];
+    redis_start(&sen);
+    snprintf(f.url, sizeof(f.url), "redis+sentinel://127.0.0.1:%u/svc/sen", sen.port);
+    fo_cluster(&f, 2);
+    int L, S;
+    uint64_t e0, e1;
+    fo_roles(&f, &L, &S, &e0);
+    put_then_read(&f, &f.n[0], &f.n[1], 21);
+
+    /* Redis's primary dies: the replica becomes the store; the leader's
+     * renewals go there and it leads on (the fixture reads the new one) */
+    /* the replica has the lease (replication is asynchronous) */
+    char want[1024];
+    snprintf(want, sizeof(want), "%s", redis_str(&f.r, "GET %s", f.leader_key));
+    t0 = now_ms();
+    while (strcmp(redis_str(&rep, "GET %s", f.leader_key), want) != 0) {
+        fo_assert(now_ms() - t0 < 10000, "the replica never got the lease '%s'", want);
+        pause_ms(10);
+    }
+    redis_signal(&f.r, SIGKILL);
+    struct redis old = f.r;
+    f.r = rep;
+    t0 = now_ms();
+    for (;;) {
+        redisReply *x = redis_try_cmd(&f.r, "INFO replication");
+        bool promoted = x && x->type == REDIS_REPLY_STRING && strstr(x->str, "role:master");
+        if (x)
+            freeReplyObject(x);
+        if (promoted)
+            break;
+        fo_assert(now_ms() - t0 < FAILOVER_MS, "the sentinel never promoted the replica");
+        pause_ms(20);
+    }
+    cr_log_info("Redis's primary killed: the replica promoted after %llu ms",
+                (unsigned long long)(now_ms() - t0));
+    /* the lease may have expired while Redis failed over (here the lease is
+     * 1 s and the failover about as long): then a master takes it in the
+     * new primary, either one; one leader, named by Redis and by its
+     * metrics, and nodes read through it */
+    int l = wait_leader(&f, -1, e0 - 1, &e1, NULL);
+    wait_metric(&f, l, "umbp_master_leader", 1, 10000);
+    wait_metric(&f, 1 - l, "umbp_master_leader", 0, 10000);
+    one_leader(&f, "after Redis's failover");
+    cr_log_info("after Redis's failover master %d leads, epoch %llu (was master %d, epoch %llu)",
+                l, (unsigned long long)e1, L, (unsigned long long)e0);
+    put_then_read(&f, &f.n[1], &f.n[0], 22);
+    L = l;
+    S = 1 - l;
+    e0 = e1;
+
+    /* then the leader dies: the standby takes the lease in the new primary */
+    master_signal(&f.m[L], SIGKILL);
+    wait_leader(&f, S, e0, &e1, NULL);
+    wait_metric(&f, S, "umbp_master_leader", 1, 10000);
+    put_then_read(&f, &f.n[0], &f.n[1], 23);
+    hit_within(&f, &f.n[1], 21, NULL);
+    fo_stop(&f); /* stops f.r: the promoted replica */
+    redis_stop(&sen);
+    redis_stop(&old);
+}
+
 /* ---- the scheduler's lookup client ----------------------------------------------------- */
 
 /* umbp_lookup_client_query of node 0's keys until every one is present

@@ -108,6 +108,46 @@ Test(lease_url, query_parameters_parse_and_bad_ones_are_named)
     }
 }
 
+/* redis+sentinel://h1[:p1],h2[:p2],.../<service>/<cluster>[?...] */
+Test(lease_url, sentinel_urls)
+{
+    struct lease_url u;
+    char err[ERRLEN] = "";
+    cr_assert_eq(lease_url_parse("redis+sentinel://10.0.0.1,10.0.0.2:26380,[fd00::3]/mymaster/"
+                                 "prod?password_file=/p", "lease_url", &u, err, sizeof(err)), 0,
+                 "%s", err);
+    cr_assert_eq(u.nsentinels, 3);
+    cr_assert_str_eq(u.sentinel_host[0], "10.0.0.1");
+    cr_assert_eq(u.sentinel_port[0], 26379, "the sentinels' default port");
+    cr_assert_str_eq(u.sentinel_host[1], "10.0.0.2");
+    cr_assert_eq(u.sentinel_port[1], 26380);
+    cr_assert_str_eq(u.sentinel_host[2], "fd00::3");
+    cr_assert_str_eq(u.service, "mymaster");
+    cr_assert_str_eq(u.cluster, "prod");
+    cr_assert_str_eq(u.password_file, "/p");
+    cr_assert_eq(lease_url_parse("redis://10.0.0.1/prod", "lease_url", &u, err, sizeof(err)), 0);
+    cr_assert_eq(u.nsentinels, 0, "a plain URL has no sentinels");
+    static const struct {
+        const char *url, *part;
+    } bad[] = {
+        {"redis+sentinel://h/prod", "service"},
+        {"redis+sentinel://h//prod", "service"},
+        {"redis+sentinel://h/m x/prod", "service"},
+        {"redis+sentinel://h/m/", "cluster"},
+        {"redis+sentinel://h,/m/c", "no host after the last ','"},
+        {"redis+sentinel://h,,k/m/c", "no host"},
+        {"redis+sentinel://h:0/m/c", "port"},
+        {"redis+sentinel://a,b,c,d,e,f,g,h,i/m/c", "more than 8 sentinels"},
+        {"redis+sentinel:///m/c", "host"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc = lease_url_parse(bad[i].url, "lease_url", &u, err, sizeof(err));
+        cr_expect_eq(rc, -EINVAL, "'%s': %d (%s)", bad[i].url, rc, err);
+        cr_expect(has(err, bad[i].part), "'%s': the error does not name '%s': '%s'", bad[i].url,
+                  bad[i].part, err);
+    }
+}
+
 /* Each bad URL is -EINVAL, and err names the option and the bad part. */
 Test(lease_url, bad_urls_are_refused_naming_the_bad_part)
 {
@@ -1115,4 +1155,105 @@ Test(lease, a_store_with_a_password_is_reached_through_a_password_file)
 
     unlink(good), unlink(alice), unlink(wrong), unlink(open_), rmdir(dir);
     redis_stop(&r);
+}
+
+/* redis+sentinel://: the lease asks the sentinels for the primary (a dead
+ * sentinel listed first is skipped), and follows a failover: the primary
+ * killed, the sentinel promotes the replica, and the holder's renewals go
+ * to it; a service the sentinels do not watch is named. */
+static bool replica_synced(struct redis *rep)
+{
+    redisReply *x = redis_try_cmd(rep, "INFO replication");
+    bool up = x && x->type == REDIS_REPLY_STRING && strstr(x->str, "master_link_status:up");
+    if (x)
+        freeReplyObject(x);
+    return up;
+}
+
+Test(lease, through_sentinels_it_follows_a_failover)
+{
+    redis_need();
+    struct redis p, rep, sen;
+    memset(&p, 0, sizeof(p));
+    memset(&rep, 0, sizeof(rep));
+    memset(&sen, 0, sizeof(sen));
+    p.extra[0] = "--repl-diskless-sync-delay"; /* sync at once */
+    p.extra[1] = "0";
+    redis_start(&p);
+    char pport[8];
+    snprintf(pport, sizeof(pport), "%u", p.port);
+    /* the fixture's Redis has no directory to write a sync's file into */
+    const char *rv[] = {"--replicaof", "127.0.0.1", pport, "--repl-diskless-load",
+                        "on-empty-db", "--repl-diskless-sync-delay", "0"};
+    for (int i = 0; i < 7; i++)
+        rep.extra[i] = rv[i];
+    redis_start(&rep);
+    uint64_t t0 = redis_now_ms();
+    while (!replica_synced(&rep)) {
+        cr_assert_lt(redis_now_ms() - t0, 20000, "the replica never synced");
+        usleep(20000);
+    }
+    /* one sentinel, quorum 1: it fails over alone */
+    const char *sv[] = {"--sentinel", "monitor", "svc", "127.0.0.1", pport, "1",
+                        "--sentinel", "down-after-milliseconds", "svc", "300",
+                        "--sentinel", "failover-timeout", "svc", "3000"};
+    sen.sentinel = true;
+    for (size_t i = 0; i < sizeof(sv) / sizeof(sv[0]); i++)
+        sen.extra[i] = sv[i];
+    redis_start(&sen);
+
+    uint16_t dead = redis_free_port(); /* a sentinel that is not there, listed first */
+    char url[256], err[ERRLEN];
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%u,127.0.0.1:%u/svc/sc", dead,
+             sen.port);
+    struct lease *l = NULL;
+    cr_assert_eq(lease_open(url, 1000, &l, err, sizeof(err)), 0, "%s", err);
+    struct lease_holder h, mine;
+    cr_assert_eq(lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &mine, err, sizeof(err)), 1,
+                 "%s", err);
+    assert_holder(&mine, 1, A_ADDR, A_OWNER, "through the sentinel");
+    cr_assert_str_eq(redis_str(&p, "GET umbp:sc:leader"), "1 " A_ADDR " " A_OWNER,
+                     "the lease is not in the primary");
+    t0 = redis_now_ms();
+    while (strcmp(redis_str(&rep, "GET umbp:sc:leader"), "1 " A_ADDR " " A_OWNER) != 0) {
+        cr_assert_lt(redis_now_ms() - t0, 10000, "the replica never got the lease");
+        usleep(10000);
+    }
+
+    /* the primary dies: renewals fail until the sentinel promotes the
+     * replica, then go there */
+    redis_signal(&p, SIGKILL);
+    t0 = redis_now_ms();
+    int rc, fails = 0;
+    char last[ERRLEN] = "";
+    while ((rc = lease_renew(l, &mine, TTL_LONG, &h, err, sizeof(err))) != 1) {
+        cr_assert_lt(redis_now_ms() - t0, 30000, "no renewal through the sentinel within "
+                     "30 s of the primary's death: %d %s", rc, err);
+        cr_assert_lt(rc, 0, "a renewal lost the lease: %d", rc);
+        snprintf(last, sizeof(last), "%s", err);
+        fails++;
+        usleep(50000);
+    }
+    cr_log_info("the primary killed: %d renewals failed (last: %s), the first through the "
+                "promoted replica after %llu ms", fails, last,
+                (unsigned long long)(redis_now_ms() - t0));
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "renewed on the new primary");
+    cr_assert_eq(lease_acquire(l, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err)), 0, "%s",
+                 err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "the new primary names the holder");
+    cr_assert_eq(lease_release(l, &mine, err, sizeof(err)), 0, "%s", err);
+    cr_assert_str_eq(redis_str(&rep, "GET umbp:sc:leader"), "(nil)",
+                     "the release did not reach the promoted replica");
+    lease_close(l);
+
+    /* a service the sentinels do not watch */
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%u/nosvc/sc", sen.port);
+    cr_assert_eq(lease_open(url, 1000, &l, err, sizeof(err)), 0, "%s", err);
+    rc = lease_leader(l, &h, err, sizeof(err));
+    cr_assert_eq(rc, -ENOENT, "%d %s", rc, err);
+    cr_assert(has(err, "watches no primary named \"nosvc\"") && has(err, url), "%s", err);
+    lease_close(l);
+    redis_stop(&sen);
+    redis_stop(&rep);
+    redis_stop(&p);
 }
