@@ -305,6 +305,38 @@ int lease_value_parse(const char *v, size_t len, struct lease_holder *out, char 
     return 0;
 }
 
+int lease_primary_parse(const char *host, size_t hostlen, const char *port, size_t portlen,
+                        char *hostout, size_t hostcap, uint16_t *portout, char *err,
+                        size_t errlen)
+{
+    if (hostlen == 0 || hostlen >= hostcap) {
+        snprintf(err, errlen, "sentinel reply: the primary's host is %s",
+                 hostlen ? "too long" : "empty");
+        return -EPROTO;
+    }
+    for (size_t i = 0; i < hostlen; i++) {
+        if (!isgraph((unsigned char)host[i])) {
+            snprintf(err, errlen, "sentinel reply: the primary's host has a byte that is not "
+                     "printable");
+            return -EPROTO;
+        }
+    }
+    uint32_t p = 0;
+    bool digits = portlen >= 1 && portlen <= 5;
+    for (size_t i = 0; digits && i < portlen; i++) {
+        digits = port[i] >= '0' && port[i] <= '9';
+        p = p * 10 + (uint32_t)(port[i] - '0');
+    }
+    if (!digits || p == 0 || p > 65535) {
+        snprintf(err, errlen, "sentinel reply: the primary's port is not 1 .. 65535");
+        return -EPROTO;
+    }
+    memcpy(hostout, host, hostlen);
+    hostout[hostlen] = 0;
+    *portout = (uint16_t)p;
+    return 0;
+}
+
 int lease_value_format(const struct lease_holder *h, char *buf, size_t len)
 {
     int n = snprintf(buf, len, "%" PRIu64 " %s %s", h->epoch, h->address, h->owner);

@@ -101,6 +101,13 @@ int lease_url_parse(const char *s, const char *what, struct lease_url *out, char
  * parse as host:port (tcp.h), the owner be printable without spaces. */
 int lease_value_parse(const char *v, size_t len, struct lease_holder *out, char *err,
                       size_t errlen);
+/* A sentinel's answer for a primary, [host, port] as two byte strings
+ * (bytes from another process: fuzzed by fuzz_lease_value): 0 with host
+ * (NUL-terminated, printable, no spaces, < hostcap bytes) and port
+ * (1 .. 65535, decimal digits only), or -EPROTO with err naming the field. */
+int lease_primary_parse(const char *host, size_t hostlen, const char *port, size_t portlen,
+                        char *hostout, size_t hostcap, uint16_t *portout, char *err,
+                        size_t errlen);
 /* The value of h, NUL-terminated: 0, or -ENAMETOOLONG. */
 int lease_value_format(const struct lease_holder *h, char *buf, size_t len);
 

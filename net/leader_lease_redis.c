@@ -196,23 +196,17 @@ static int ask_sentinel(struct lease_redis *r, unsigned i, char *host, size_t ho
         rc = -EIO;
     } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
                rep->element[0]->type != REDIS_REPLY_STRING ||
-               rep->element[1]->type != REDIS_REPLY_STRING ||
-               rep->element[0]->len == 0 || rep->element[0]->len >= hostlen) {
+               rep->element[1]->type != REDIS_REPLY_STRING) {
         snprintf(err, errlen, "sentinel %u (%s:%u): a reply that is not [host, port]", i + 1,
                  u->sentinel_host[i], u->sentinel_port[i]);
     } else {
-        char *end;
-        unsigned long p = strtoul(rep->element[1]->str, &end, 10);
-        if (*end || p == 0 || p > 65535) {
-            snprintf(err, errlen, "sentinel %u (%s:%u): port \"%.*s\" is not 1 .. 65535", i + 1,
-                     u->sentinel_host[i], u->sentinel_port[i], (int)rep->element[1]->len,
-                     rep->element[1]->str);
-        } else {
-            memcpy(host, rep->element[0]->str, rep->element[0]->len);
-            host[rep->element[0]->len] = 0;
-            *port = (uint16_t)p;
-            rc = 0;
-        }
+        char why[128];
+        rc = lease_primary_parse(rep->element[0]->str, rep->element[0]->len,
+                                 rep->element[1]->str, rep->element[1]->len, host, hostlen, port,
+                                 why, sizeof(why));
+        if (rc < 0)
+            snprintf(err, errlen, "sentinel %u (%s:%u): %s", i + 1, u->sentinel_host[i],
+                     u->sentinel_port[i], why);
     }
     if (rep)
         freeReplyObject(rep);

@@ -13,16 +13,44 @@
  *     within its field;
  *   - it formats back (lease_value_format) into a value that parses to the
  *     same holder.
+ * The same bytes, split at their first NUL into host and port, are a
+ * sentinel's answer for the primary (lease_primary_parse): 0 or -EPROTO
+ * naming "sentinel reply: ", and an accepted one has a printable host
+ * without spaces and a port in 1 .. 65535 whose digits are the input's.
  */
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "fuzz_check.h"
 #include "leader_lease.h"
 
+static void primary(const uint8_t *data, size_t size)
+{
+    const uint8_t *nul = memchr(data, 0, size);
+    size_t hl = nul ? (size_t)(nul - data) : size;
+    const char *port = nul ? (const char *)nul + 1 : "";
+    size_t pl = nul ? size - hl - 1 : 0;
+    char host[64], err[256] = "";
+    uint16_t p = 0;
+    int rc = lease_primary_parse((const char *)data, hl, port, pl, host, sizeof(host), &p, err,
+                                 sizeof(err));
+    if (rc) {
+        FZ_CHECK(rc == -EPROTO);
+        FZ_CHECK(!strncmp(err, "sentinel reply: ", 16));
+        return;
+    }
+    FZ_CHECK(strlen(host) == hl && hl < sizeof(host) && !strchr(host, ' '));
+    FZ_CHECK(p >= 1);
+    char back[8];
+    snprintf(back, sizeof(back), "%u", (unsigned)p);
+    FZ_CHECK(pl >= strlen(back)); /* leading zeros allowed, nothing else */
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    primary(data, size);
     char err[256] = "";
     struct lease_holder h, again;
     int rc = lease_value_parse((const char *)data, size, &h, err, sizeof(err));
