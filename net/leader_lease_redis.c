@@ -90,6 +90,16 @@ static void drop(struct lease_redis *r)
     r->c = NULL;
 }
 
+/* cmd got no reply: a timeout or a broken connection, which is dropped (the
+ * next call dials again). */
+static int lost(struct lease_redis *r, const char *cmd, char *err, size_t errlen)
+{
+    bool timed_out = r->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+    snprintf(err, errlen, "%s: %s", cmd, timed_out ? "no reply within the timeout" : r->c->errstr);
+    drop(r);
+    return timed_out ? -ETIMEDOUT : -ECONNRESET;
+}
+
 /* AUTH [user] password, from the URL's password_file read now (a rotated
  * file is picked up at the next connection); nothing without one. */
 static int authenticate(struct lease_redis *r, char *err, size_t errlen)
@@ -106,12 +116,8 @@ static int authenticate(struct lease_redis *r, char *err, size_t errlen)
     const char *argv[3] = {"AUTH", u->user[0] ? u->user : pw, pw};
     redisReply *rep = redisCommandArgv(r->c, u->user[0] ? 3 : 2, argv, NULL);
     explicit_bzero(pw, sizeof(pw));
-    if (!rep) {
-        bool timed_out = r->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
-        snprintf(err, errlen, "AUTH: %s", timed_out ? "no reply within the timeout" : r->c->errstr);
-        drop(r);
-        return timed_out ? -ETIMEDOUT : -ECONNRESET;
-    }
+    if (!rep)
+        return lost(r, "AUTH", err, errlen);
     if (rep->type == REDIS_REPLY_ERROR) {
         snprintf(err, errlen, "AUTH%s%s with the password in %s: the store refused it: %.*s",
                  u->user[0] ? " as " : "", u->user, u->password_file, (int)rep->len, rep->str);
@@ -279,11 +285,7 @@ static redisReply *command(struct lease_redis *r, int argc, const char **argv, i
         return NULL;
     redisReply *rep = redisCommandArgv(r->c, argc, argv, NULL);
     if (!rep) {
-        bool timed_out = r->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
-        snprintf(err, errlen, "%s: %s", argv[0],
-                 timed_out ? "no reply within the timeout" : r->c->errstr);
-        *rc = timed_out ? -ETIMEDOUT : -ECONNRESET;
-        drop(r);
+        *rc = lost(r, argv[0], err, errlen);
         return NULL;
     }
     if (rep->type == REDIS_REPLY_ERROR) {
@@ -392,12 +394,8 @@ static int r_leader(struct lease *l, struct lease_holder *out, char *err, size_t
     if ((rc = connect_store(r, err, errlen)) < 0)
         return rc;
     redisReply *rep = redisCommandArgv(r->c, 2, argv, NULL);
-    if (!rep) {
-        bool timed_out = r->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
-        snprintf(err, errlen, "GET: %s", timed_out ? "no reply within the timeout" : r->c->errstr);
-        drop(r);
-        return timed_out ? -ETIMEDOUT : -ECONNRESET;
-    }
+    if (!rep)
+        return lost(r, "GET", err, errlen);
     if (rep->type == REDIS_REPLY_NIL) {
         rc = 0;
     } else if (rep->type == REDIS_REPLY_STRING) {

@@ -52,6 +52,7 @@ struct redis {
     bool sentinel;         /* run as a Sentinel (its directives in extra: "--sentinel",
                               "monitor", ...), with a config file of its own */
     char conf[160];        /* the sentinel's config file (it rewrites it) */
+    char primary_port[8];  /* a replica's or sentinel's primary (redis_start_with_sentinel) */
     char reply[1024];   /* redis_str's last answer */
 };
 
@@ -188,6 +189,56 @@ static inline void redis_start(struct redis *r)
         usleep(10000);
     }
     rmdir(r->dir); /* empty: Redis keeps it as its working directory */
+}
+
+#if UMBP_HAVE_HIREDIS
+static inline redisReply *redis_try_cmd(struct redis *r, const char *fmt, ...);
+#endif
+
+/* A primary p, its replica rep, synced (bounded), and one sentinel sen
+ * watching p as `service` with quorum 1, so that it fails over alone (p
+ * down after 300 ms).  Syncs are diskless: the fixture's Redis has no
+ * directory for a sync's file.  The structs are zeroed here. */
+static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
+                                             struct redis *sen, const char *service)
+{
+#if UMBP_HAVE_HIREDIS
+    memset(p, 0, sizeof(*p));
+    memset(rep, 0, sizeof(*rep));
+    memset(sen, 0, sizeof(*sen));
+    p->extra[0] = "--repl-diskless-sync-delay"; /* sync at once */
+    p->extra[1] = "0";
+    redis_start(p);
+    snprintf(rep->primary_port, sizeof(rep->primary_port), "%u", p->port);
+    const char *rv[] = {"--replicaof", "127.0.0.1", rep->primary_port, "--repl-diskless-load",
+                        "on-empty-db", "--repl-diskless-sync-delay", "0"};
+    for (size_t i = 0; i < sizeof(rv) / sizeof(rv[0]); i++)
+        rep->extra[i] = rv[i];
+    redis_start(rep);
+    uint64_t end = redis_now_ms() + 20000;
+    for (;;) {
+        redisReply *x = redis_try_cmd(rep, "INFO replication");
+        bool up = x && x->type == REDIS_REPLY_STRING && strstr(x->str, "master_link_status:up");
+        if (x)
+            freeReplyObject(x);
+        if (up)
+            break;
+        cr_assert_lt(redis_now_ms(), end, "the replica on port %u never synced with %u",
+                     rep->port, p->port);
+        usleep(20000);
+    }
+    memcpy(sen->primary_port, rep->primary_port, sizeof(sen->primary_port));
+    const char *sv[] = {"--sentinel", "monitor", service, "127.0.0.1", sen->primary_port, "1",
+                        "--sentinel", "down-after-milliseconds", service, "300",
+                        "--sentinel", "failover-timeout", service, "3000"};
+    sen->sentinel = true;
+    for (size_t i = 0; i < sizeof(sv) / sizeof(sv[0]); i++)
+        sen->extra[i] = sv[i];
+    redis_start(sen);
+#else
+    (void)p, (void)rep, (void)sen, (void)service;
+    cr_skip_test("no hiredis");
+#endif
 }
 
 /* SIGSTOP, SIGCONT, SIGKILL (reaped: r->pid becomes 0) or SIGTERM (same). */

@@ -181,7 +181,8 @@ static void fo_node_start(struct fo *f, int i)
 
 /* Redis, master 0 (which takes the lease: it is alone), then master 1 (a
  * standby), then `nodes` nodes following the URL. */
-static void fo_redis(struct fo *f, const char *cluster)
+/* The fixture, zeroed, for `cluster`; Redis not started yet. */
+static void fo_init(struct fo *f, const char *cluster)
 {
     need_distributed();
     redis_need();
@@ -190,6 +191,11 @@ static void fo_redis(struct fo *f, const char *cluster)
     memset(dist_master_logs, 0, sizeof(dist_master_logs));
     snprintf(f->cluster, sizeof(f->cluster), "%s", cluster);
     snprintf(f->leader_key, sizeof(f->leader_key), "umbp:%s:leader", cluster);
+}
+
+static void fo_redis(struct fo *f, const char *cluster)
+{
+    fo_init(f, cluster);
     redis_start(&f->r);
     redis_url(&f->r, cluster, f->url, sizeof(f->url));
 }
@@ -380,13 +386,7 @@ Test(failover, kill9_of_the_leader_the_standby_takes_over)
 Test(failover, a_store_with_a_password_through_a_password_file)
 {
     struct fo f;
-    need_distributed();
-    redis_need();
-    memset(&f, 0, sizeof(f));
-    cur = &f;
-    memset(dist_master_logs, 0, sizeof(dist_master_logs));
-    snprintf(f.cluster, sizeof(f.cluster), "pw");
-    snprintf(f.leader_key, sizeof(f.leader_key), "umbp:pw:leader");
+    fo_init(&f, "pw");
     f.r.extra[0] = "--requirepass";
     f.r.extra[1] = "fo-pw-5521";
     f.r.password = "fo-pw-5521";
@@ -442,44 +442,9 @@ Test(failover, a_store_with_a_password_through_a_password_file)
 Test(failover, through_sentinels_redis_and_then_the_leader_fail_over)
 {
     struct fo f;
-    need_distributed();
-    redis_need();
-    memset(&f, 0, sizeof(f));
-    cur = &f;
-    memset(dist_master_logs, 0, sizeof(dist_master_logs));
-    snprintf(f.cluster, sizeof(f.cluster), "sen");
-    snprintf(f.leader_key, sizeof(f.leader_key), "umbp:sen:leader");
+    fo_init(&f, "sen");
     struct redis rep, sen;
-    memset(&rep, 0, sizeof(rep));
-    memset(&sen, 0, sizeof(sen));
-    f.r.extra[0] = "--repl-diskless-sync-delay";
-    f.r.extra[1] = "0";
-    redis_start(&f.r);
-    char pport[8];
-    snprintf(pport, sizeof(pport), "%u", f.r.port);
-    const char *rv[] = {"--replicaof", "127.0.0.1", pport, "--repl-diskless-load",
-                        "on-empty-db", "--repl-diskless-sync-delay", "0"};
-    for (int i = 0; i < 7; i++)
-        rep.extra[i] = rv[i];
-    redis_start(&rep);
-    uint64_t t0 = now_ms();
-    for (;;) {
-        redisReply *x = redis_try_cmd(&rep, "INFO replication");
-        bool up = x && x->type == REDIS_REPLY_STRING && strstr(x->str, "master_link_status:up");
-        if (x)
-            freeReplyObject(x);
-        if (up)
-            break;
-        fo_assert(now_ms() - t0 < 20000, "the replica never synced");
-        pause_ms(20);
-    }
-    const char *sv[] = {"--sentinel", "monitor", "svc", "127.0.0.1", pport, "1",
-                        "--sentinel", "down-after-milliseconds", "svc", "300",
-                        "--sentinel", "failover-timeout", "svc", "3000"};
-    sen.sentinel = true;
-    for (size_t i = 0; i < sizeof(sv) / sizeof(sv[0]); i++)
-        sen.extra[i] = sv[i];
-    redis_start(&sen);
+    redis_start_with_sentinel(&f.r, &rep, &sen, "svc");
     snprintf(f.url, sizeof(f.url), "redis+sentinel://127.0.0.1:%u/svc/sen", sen.port);
     fo_cluster(&f, 2);
     int L, S;
@@ -487,12 +452,12 @@ Test(failover, through_sentinels_redis_and_then_the_leader_fail_over)
     fo_roles(&f, &L, &S, &e0);
     put_then_read(&f, &f.n[0], &f.n[1], 21);
 
-    /* Redis's primary dies: the replica becomes the store; the leader's
-     * renewals go there and it leads on (the fixture reads the new one) */
-    /* the replica has the lease (replication is asynchronous) */
+    /* Redis's primary dies once the replica has the lease (replication is
+     * asynchronous); the sentinel promotes the replica, and the fixture
+     * reads the new primary from then on */
     char want[1024];
     snprintf(want, sizeof(want), "%s", redis_str(&f.r, "GET %s", f.leader_key));
-    t0 = now_ms();
+    uint64_t t0 = now_ms();
     while (strcmp(redis_str(&rep, "GET %s", f.leader_key), want) != 0) {
         fo_assert(now_ms() - t0 < 10000, "the replica never got the lease '%s'", want);
         pause_ms(10);

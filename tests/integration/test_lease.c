@@ -1161,46 +1161,11 @@ Test(lease, a_store_with_a_password_is_reached_through_a_password_file)
  * sentinel listed first is skipped), and follows a failover: the primary
  * killed, the sentinel promotes the replica, and the holder's renewals go
  * to it; a service the sentinels do not watch is named. */
-static bool replica_synced(struct redis *rep)
-{
-    redisReply *x = redis_try_cmd(rep, "INFO replication");
-    bool up = x && x->type == REDIS_REPLY_STRING && strstr(x->str, "master_link_status:up");
-    if (x)
-        freeReplyObject(x);
-    return up;
-}
-
 Test(lease, through_sentinels_it_follows_a_failover)
 {
     redis_need();
     struct redis p, rep, sen;
-    memset(&p, 0, sizeof(p));
-    memset(&rep, 0, sizeof(rep));
-    memset(&sen, 0, sizeof(sen));
-    p.extra[0] = "--repl-diskless-sync-delay"; /* sync at once */
-    p.extra[1] = "0";
-    redis_start(&p);
-    char pport[8];
-    snprintf(pport, sizeof(pport), "%u", p.port);
-    /* the fixture's Redis has no directory to write a sync's file into */
-    const char *rv[] = {"--replicaof", "127.0.0.1", pport, "--repl-diskless-load",
-                        "on-empty-db", "--repl-diskless-sync-delay", "0"};
-    for (int i = 0; i < 7; i++)
-        rep.extra[i] = rv[i];
-    redis_start(&rep);
-    uint64_t t0 = redis_now_ms();
-    while (!replica_synced(&rep)) {
-        cr_assert_lt(redis_now_ms() - t0, 20000, "the replica never synced");
-        usleep(20000);
-    }
-    /* one sentinel, quorum 1: it fails over alone */
-    const char *sv[] = {"--sentinel", "monitor", "svc", "127.0.0.1", pport, "1",
-                        "--sentinel", "down-after-milliseconds", "svc", "300",
-                        "--sentinel", "failover-timeout", "svc", "3000"};
-    sen.sentinel = true;
-    for (size_t i = 0; i < sizeof(sv) / sizeof(sv[0]); i++)
-        sen.extra[i] = sv[i];
-    redis_start(&sen);
+    redis_start_with_sentinel(&p, &rep, &sen, "svc");
 
     uint16_t dead = redis_free_port(); /* a sentinel that is not there, listed first */
     char url[256], err[ERRLEN];
@@ -1214,7 +1179,7 @@ Test(lease, through_sentinels_it_follows_a_failover)
     assert_holder(&mine, 1, A_ADDR, A_OWNER, "through the sentinel");
     cr_assert_str_eq(redis_str(&p, "GET umbp:sc:leader"), "1 " A_ADDR " " A_OWNER,
                      "the lease is not in the primary");
-    t0 = redis_now_ms();
+    uint64_t t0 = redis_now_ms();
     while (strcmp(redis_str(&rep, "GET umbp:sc:leader"), "1 " A_ADDR " " A_OWNER) != 0) {
         cr_assert_lt(redis_now_ms() - t0, 10000, "the replica never got the lease");
         usleep(10000);
