@@ -146,16 +146,22 @@ static void *tcp_serve(void *arg)
     return NULL;
 }
 
+/* This thread (and the threads it starts) on CPU cpu; nothing for -1. */
+static void pin(const char *who, int cpu)
+{
+    if (cpu < 0)
+        return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof(set), &set))
+        fprintf(stderr, "%s: cannot pin to CPU %d: %s\n", who, cpu, strerror(errno));
+}
+
 static void owner_main(int out, const char *netns, int cpu)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-        if (sched_setaffinity(0, sizeof(set), &set))
-            fprintf(stderr, "owner: cannot pin to CPU %d: %s\n", cpu, strerror(errno));
-    }
+    pin("owner", cpu);
     if (netns) {
         char path[320];
         snprintf(path, sizeof(path), "/run/netns/%s", netns);
@@ -323,13 +329,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "owner did not start\n");
         return 1;
     }
-    if (cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-        if (sched_setaffinity(0, sizeof(set), &set))
-            fprintf(stderr, "requester: cannot pin to CPU %d: %s\n", cpu, strerror(errno));
-    }
+    pin("requester", cpu);
     /* the expected bytes, computed as the owner did */
     g_pool = malloc(POOL);
     fill_pool(g_pool);
