@@ -49,12 +49,15 @@ static int parse_query(const char *q, const char *what, const char *s, struct le
         if (klen == 13 && !memcmp(q, "password_file", 13)) {
             dst = out->password_file;
             cap = sizeof(out->password_file);
+        } else if (klen == 22 && !memcmp(q, "sentinel_password_file", 22)) {
+            dst = out->sentinel_password_file;
+            cap = sizeof(out->sentinel_password_file);
         } else if (klen == 4 && !memcmp(q, "user", 4)) {
             dst = out->user;
             cap = sizeof(out->user);
         } else {
             snprintf(err, errlen, "%s \"%s\": unknown parameter \"%.*s\" (known: password_file, "
-                     "user)", what, s, (int)klen, q);
+                     "user, sentinel_password_file)", what, s, (int)klen, q);
             return -EINVAL;
         }
         if (dst[0]) {
@@ -81,10 +84,28 @@ static int parse_query(const char *q, const char *what, const char *s, struct le
     return 0;
 }
 
-int lease_password_read(const struct lease_url *u, char *buf, size_t cap, char *err,
-                        size_t errlen)
+/* Each password file the URL names can be read (at open: a missing one, or
+ * one others may read, shows at startup). */
+static int check_password_files(const struct lease_url *u, const char *url, char *err,
+                                size_t errlen)
 {
-    const char *path = u->password_file;
+    const char *files[2] = {u->password_file, u->sentinel_password_file};
+    for (int i = 0; i < 2; i++) {
+        if (!files[i][0])
+            continue;
+        char pw[LEASE_PASSWORD_MAX + 1], e2[LEASE_PATH_MAX + 96];
+        int rc = lease_password_read(files[i], pw, sizeof(pw), e2, sizeof(e2));
+        explicit_bzero(pw, sizeof(pw));
+        if (rc < 0) {
+            snprintf(err, errlen, "%s: %s", url, e2);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int lease_password_read(const char *path, char *buf, size_t cap, char *err, size_t errlen)
+{
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         int e = errno;
@@ -352,15 +373,8 @@ int lease_open(const char *url, uint64_t timeout_ms, struct lease **out, char *e
     int rc = lease_url_parse(url, "the lease store", &u, err, errlen);
     if (rc < 0)
         return rc;
-    if (u.password_file[0]) { /* a missing or open file shows at startup */
-        char pw[LEASE_PASSWORD_MAX + 1], e2[LEASE_PATH_MAX + 96];
-        rc = lease_password_read(&u, pw, sizeof(pw), e2, sizeof(e2));
-        explicit_bzero(pw, sizeof(pw));
-        if (rc < 0) {
-            snprintf(err, errlen, "%s: %s", url, e2);
-            return rc;
-        }
-    }
+    if ((rc = check_password_files(&u, url, err, errlen)) < 0)
+        return rc;
 #ifdef UMBP_HAVE_HIREDIS
     struct lease *l;
     if ((rc = lease_redis_open(&u, &l)) < 0) {

@@ -15,8 +15,8 @@
  *                                  asks the sentinels in turn for <service>'s
  *                                  primary, connects there and checks that it
  *                                  is a primary (ROLE)
- *   ...?password_file=PATH[&user=NAME]   (the data nodes' password; sentinels
- *                                  are asked without one)
+ *   ...?password_file=PATH[&user=NAME]   (the data nodes' password)
+ *   ...&sentinel_password_file=PATH      (the sentinels' own, if they have one)
  * With password_file, each connection authenticates (AUTH [user] password)
  * with the password the file holds (its first line; 1 .. 512 bytes; a file
  * that group or others may read is refused, as the secret_file is): the
@@ -82,12 +82,12 @@ struct lease_url {
     char cluster[LEASE_CLUSTER_MAX];
     char user[LEASE_USER_MAX];            /* "": the default user */
     char password_file[LEASE_PATH_MAX];   /* "": no AUTH */
+    char sentinel_password_file[LEASE_PATH_MAX]; /* the sentinels' ("": none) */
 };
-/* The password of u's password_file into buf (NUL-terminated): its length,
+/* The password in the file at path into buf (NUL-terminated): its length,
  * or a negative code with err naming the file and what is wrong (missing,
  * readable by group or others, empty, too long). */
-int lease_password_read(const struct lease_url *u, char *buf, size_t cap, char *err,
-                        size_t errlen);
+int lease_password_read(const char *path, char *buf, size_t cap, char *err, size_t errlen);
 
 /* Whether s names a store ("redis://..."), rather than a host:port. */
 int lease_is_url(const char *s);

@@ -108,7 +108,7 @@ static int authenticate(struct lease_redis *r, char *err, size_t errlen)
     if (!u->password_file[0])
         return 0;
     char pw[LEASE_PASSWORD_MAX + 1];
-    int rc = lease_password_read(u, pw, sizeof(pw), err, errlen);
+    int rc = lease_password_read(u->password_file, pw, sizeof(pw), err, errlen);
     if (rc < 0) {
         drop(r);
         return rc;
@@ -172,6 +172,33 @@ static redisContext *dial(const struct lease_redis *r, const char *host, uint16_
     return c;
 }
 
+/* AUTH with the sentinels' password (sentinel_password_file). */
+static int sentinel_auth(redisContext *c, const struct lease_url *u, unsigned i, char *err,
+                         size_t errlen)
+{
+    char pw[LEASE_PASSWORD_MAX + 1];
+    int rc = lease_password_read(u->sentinel_password_file, pw, sizeof(pw), err, errlen);
+    if (rc < 0)
+        return rc;
+    const char *argv[2] = {"AUTH", pw};
+    redisReply *rep = redisCommandArgv(c, 2, argv, NULL);
+    explicit_bzero(pw, sizeof(pw));
+    rc = 0;
+    if (!rep) {
+        snprintf(err, errlen, "sentinel %u (%s:%u): AUTH: %s", i + 1, u->sentinel_host[i],
+                 u->sentinel_port[i], c->errstr);
+        rc = -ECONNRESET;
+    } else if (rep->type == REDIS_REPLY_ERROR) {
+        snprintf(err, errlen, "sentinel %u (%s:%u): AUTH with the password in %s: refused: "
+                 "%.*s", i + 1, u->sentinel_host[i], u->sentinel_port[i],
+                 u->sentinel_password_file, (int)rep->len, rep->str);
+        rc = -EACCES;
+    }
+    if (rep)
+        freeReplyObject(rep);
+    return rc;
+}
+
 /* Sentinel i's answer for the service's primary: 0 with host/port, or < 0
  * with err naming the sentinel. */
 static int ask_sentinel(struct lease_redis *r, unsigned i, char *host, size_t hostlen,
@@ -183,6 +210,10 @@ static int ask_sentinel(struct lease_redis *r, unsigned i, char *host, size_t ho
     redisContext *c = dial(r, u->sentinel_host[i], u->sentinel_port[i], &rc, e2, sizeof(e2));
     if (!c) {
         snprintf(err, errlen, "sentinel %u: %s", i + 1, e2);
+        return rc;
+    }
+    if (u->sentinel_password_file[0] && (rc = sentinel_auth(c, u, i, err, errlen)) < 0) {
+        redisFree(c);
         return rc;
     }
     const char *argv[3] = {"SENTINEL", "get-master-addr-by-name", u->service};
@@ -256,15 +287,16 @@ static int connect_store(struct lease_redis *r, char *err, size_t errlen)
         return authenticate(r, err, errlen);
     }
     /* the sentinels in turn, from the one that answered last */
+    unsigned first = r->sentinel;
     for (unsigned k = 0; k < u->nsentinels; k++) {
-        unsigned i = (r->sentinel + k) % u->nsentinels;
+        unsigned i = (first + k) % u->nsentinels;
         char host[NET_TCP_HOST_MAX];
         uint16_t port = 0;
         if ((rc = ask_sentinel(r, i, host, sizeof(host), &port, err, errlen)) < 0)
             continue;
         r->sentinel = i;
         if (!(r->c = dial(r, host, port, &rc, err, errlen)))
-            return rc;
+            continue; /* a stale answer (a dead primary): the next sentinel may know better */
         if ((rc = authenticate(r, err, errlen)) < 0)
             return rc;
         if ((rc = check_primary(r, host, port, err, errlen)) < 0) {

@@ -197,10 +197,12 @@ static inline redisReply *redis_try_cmd(struct redis *r, const char *fmt, ...);
 
 /* A primary p, its replica rep, synced (bounded), and one sentinel sen
  * watching p as `service` with quorum 1, so that it fails over alone (p
- * down after 300 ms).  Syncs are diskless: the fixture's Redis has no
- * directory for a sync's file.  The structs are zeroed here. */
+ * down after 300 ms), asking its clients for sentinel_password unless that
+ * is NULL.  Syncs are diskless: the fixture's Redis has no directory for a
+ * sync's file.  The structs are zeroed here. */
 static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
-                                             struct redis *sen, const char *service)
+                                             struct redis *sen, const char *service,
+                                             const char *sentinel_password)
 {
 #if UMBP_HAVE_HIREDIS
     memset(p, 0, sizeof(*p));
@@ -232,11 +234,17 @@ static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
                         "--sentinel", "down-after-milliseconds", service, "300",
                         "--sentinel", "failover-timeout", service, "3000"};
     sen->sentinel = true;
-    for (size_t i = 0; i < sizeof(sv) / sizeof(sv[0]); i++)
-        sen->extra[i] = sv[i];
+    size_t n = 0;
+    for (; n < sizeof(sv) / sizeof(sv[0]); n++)
+        sen->extra[n] = sv[n];
+    if (sentinel_password) {
+        sen->extra[n++] = "--requirepass";
+        sen->extra[n++] = sentinel_password;
+        sen->password = sentinel_password;
+    }
     redis_start(sen);
 #else
-    (void)p, (void)rep, (void)sen, (void)service;
+    (void)p, (void)rep, (void)sen, (void)service, (void)sentinel_password;
     cr_skip_test("no hiredis");
 #endif
 }

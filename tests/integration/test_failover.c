@@ -444,7 +444,7 @@ Test(failover, through_sentinels_redis_and_then_the_leader_fail_over)
     struct fo f;
     fo_init(&f, "sen");
     struct redis rep, sen;
-    redis_start_with_sentinel(&f.r, &rep, &sen, "svc");
+    redis_start_with_sentinel(&f.r, &rep, &sen, "svc", NULL);
     snprintf(f.url, sizeof(f.url), "redis+sentinel://127.0.0.1:%u/svc/sen", sen.port);
     fo_cluster(&f, 2);
     int L, S;

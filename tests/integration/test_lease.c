@@ -83,6 +83,10 @@ Test(lease_url, query_parameters_parse_and_bad_ones_are_named)
     cr_assert_str_eq(u.password_file, "/etc/umbp/redis.pw");
     cr_assert_str_eq(u.user, "");
     cr_assert_eq(u.port, 6380);
+    cr_assert_eq(lease_url_parse("redis+sentinel://s/m/c?sentinel_password_file=/sp", "lease_url",
+                                 &u, err, sizeof(err)), 0, "%s", err);
+    cr_assert_str_eq(u.sentinel_password_file, "/sp");
+    cr_assert_str_eq(u.password_file, "");
     cr_assert_eq(lease_url_parse("redis://h/c?user=umbp&password_file=p", "lease_url", &u, err,
                                  sizeof(err)), 0, "%s", err);
     cr_assert_str_eq(u.user, "umbp");
@@ -1165,7 +1169,7 @@ Test(lease, through_sentinels_it_follows_a_failover)
 {
     redis_need();
     struct redis p, rep, sen;
-    redis_start_with_sentinel(&p, &rep, &sen, "svc");
+    redis_start_with_sentinel(&p, &rep, &sen, "svc", NULL);
 
     uint16_t dead = redis_free_port(); /* a sentinel that is not there, listed first */
     char url[256], err[ERRLEN];
@@ -1218,6 +1222,53 @@ Test(lease, through_sentinels_it_follows_a_failover)
     cr_assert_eq(rc, -ENOENT, "%d %s", rc, err);
     cr_assert(has(err, "watches no primary named \"nosvc\"") && has(err, url), "%s", err);
     lease_close(l);
+    redis_stop(&sen);
+    redis_stop(&rep);
+    redis_stop(&p);
+}
+
+/* Sentinels with a password of their own (requirepass in the sentinel):
+ * without sentinel_password_file every call is refused, naming the
+ * sentinel; with it the lease works; a wrong one is -EACCES naming the
+ * file, never the password. */
+Test(lease, sentinels_with_a_password_of_their_own)
+{
+    redis_need();
+    struct redis p, rep, sen;
+    redis_start_with_sentinel(&p, &rep, &sen, "svc", "sen-pw-6604");
+    char good[64], bad[64], url[512], err[ERRLEN];
+    snprintf(good, sizeof(good), "/tmp/umbp-test-senpw.%d", (int)getpid());
+    snprintf(bad, sizeof(bad), "/tmp/umbp-test-senbad.%d", (int)getpid());
+    write_pw(good, "sen-pw-6604", 0600);
+    write_pw(bad, "not-it-8125", 0600);
+    struct lease *l = NULL;
+    struct lease_holder h;
+
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%u/svc/sp", sen.port);
+    cr_assert_eq(lease_open(url, 1000, &l, err, sizeof(err)), 0, "%s", err);
+    int rc = lease_leader(l, &h, err, sizeof(err));
+    cr_assert(rc < 0, "a sentinel with a password answered without one: %d", rc);
+    cr_assert(has(err, "sentinel 1") && has(err, "NOAUTH"), "%s", err);
+    lease_close(l);
+
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%u/svc/sp?sentinel_password_file=%s",
+             sen.port, bad);
+    cr_assert_eq(lease_open(url, 1000, &l, err, sizeof(err)), 0, "%s", err);
+    rc = lease_leader(l, &h, err, sizeof(err));
+    cr_assert_eq(rc, -EACCES, "%d %s", rc, err);
+    cr_assert(has(err, "sentinel 1") && has(err, bad), "%s", err);
+    cr_assert_null(strstr(err, "not-it-8125"), "the password is in the message: %s", err);
+    lease_close(l);
+
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%u/svc/sp?sentinel_password_file=%s",
+             sen.port, good);
+    cr_assert_eq(lease_open(url, 1000, &l, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err)), 1, "%s",
+                 err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "through a sentinel with a password");
+    lease_close(l);
+    unlink(good);
+    unlink(bad);
     redis_stop(&sen);
     redis_stop(&rep);
     redis_stop(&p);
