@@ -1075,6 +1075,7 @@ Test(lease, a_store_with_a_password_is_reached_through_a_password_file)
     memset(&r, 0, sizeof(r));
     r.extra[0] = "--requirepass";
     r.extra[1] = "umbp-pw-4417";
+    r.password = "umbp-pw-4417"; /* the fixture's own commands */
     /* alice may do what docs/distributed.md says the lease needs, no more */
     const char *acl[] = {"--user", "alice", "on", ">alice-pw-9051", "~umbp:*", "+get", "+set",
                          "+pexpire", "+del", "+eval"};
@@ -1111,6 +1112,22 @@ Test(lease, a_store_with_a_password_is_reached_through_a_password_file)
                  err);
     assert_holder(&h, 1, A_ADDR, A_OWNER, "acquired with the password");
     cr_assert_eq(lease_renew(l, &h, TTL_LONG, &h, err, sizeof(err)), 1, "%s", err);
+    /* the password rotated (Redis, then the file): once its connection
+     * goes, the lease dials again with the file's new password */
+    freeReplyObject(redis_cmd(&r, "CONFIG SET requirepass %s", "umbp-pw-rot-2"));
+    r.password = "umbp-pw-rot-2";
+    write_pw(good, "umbp-pw-rot-2", 0600);
+    freeReplyObject(redis_cmd(&r, "CLIENT KILL TYPE normal")); /* not the fixture's own */
+    int tries = 0;
+    struct lease_holder held = h;
+    while ((rc = lease_renew(l, &held, TTL_LONG, &h, err, sizeof(err))) != 1) {
+        cr_assert_lt(rc, 0, "renew lost the lease: %d", rc);
+        cr_assert_lt(++tries, 3, "no renewal with the rotated password: %d %s", rc, err);
+    }
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "renewed with the rotated password");
+    freeReplyObject(redis_cmd(&r, "CONFIG SET requirepass %s", "umbp-pw-4417"));
+    r.password = "umbp-pw-4417";
+    write_pw(good, "umbp-pw-4417", 0600);
     lease_close(l);
 
     /* an ACL user and its password: reads the holder */
