@@ -701,7 +701,8 @@ Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
  * server's objects, those stored while it was gone too, with no operator
  * action.  The server itself stopped (SIGSTOP) with an engine's load and
  * a peer's fetch in flight: both end by their timeout_ms with misses and no
- * wrong byte, and both read again once it runs. */
+ * wrong byte, and both read again once it runs; stopped after it sent
+ * WAITING, the engine's calls still end by the engine's timeout_ms. */
 Test(dist, a_hosts_server_node_outlives_its_master_and_a_stopped_server_costs_misses)
 {
     struct cluster c;
@@ -766,6 +767,39 @@ Test(dist, a_hosts_server_node_outlives_its_master_and_a_stopped_server_costs_mi
     tu_server_signal(&srv, SIGCONT);
     get_until_hit(e, 114, 16, 64 * 1024);
     get_until_hit(b, 110, 16, 64 * 1024);
+
+    /* The server stopped after it told the engine that its load waits
+     * (WAITING: the server asks a stopped master, the bound 2 x 500 ms +
+     * 2 x 1500 ms): the engine counts that call from the bound, yet the call
+     * still ends by the engine's own timeout_ms (3 s) and so does its next
+     * one (the server's own objects, which it cannot serve while stopped):
+     * misses, no wrong byte, nothing hangs; after SIGCONT both read. */
+    put(b, 115, 16, 64 * 1024);
+    until_found(e, 115, 16, 16);
+    master_signal(&c.m, SIGSTOP);
+    cr_assert_str_eq(node_cmd(e, "aget 115 16 65536"), "ok submitted");
+    pause_ms(200); /* the server has asked the master and sent WAITING */
+    tu_server_signal(&srv, SIGSTOP);
+    uint64_t t0 = now_ms();
+    g = node_get(e, "await", 115, 16, 0);
+    uint64_t waited = now_ms() - t0;
+    cr_assert(g.hit == 0 && g.timeout == 16, "the waiting load did not end by the engine's "
+              "deadline: %zu hit, %zu timed out", g.hit, g.timeout);
+    t0 = now_ms();
+    g = get(e, 110, 16, 64 * 1024);
+    uint64_t next = now_ms() - t0;
+    cr_assert(g.hit == 0 && g.timeout == 16, "the next load did not end by the engine's "
+              "deadline: %zu hit, %zu timed out", g.hit, g.timeout);
+    cr_log_info("the server stopped after WAITING: the waiting load ended after %llu ms, the "
+                "next load after %llu ms (the engine's timeout_ms: 3000)",
+                (unsigned long long)waited, (unsigned long long)next);
+    /* generous: a hang, not a slow machine, fails this */
+    cr_assert_lt(waited, 10000, "the waiting load took %llu ms", (unsigned long long)waited);
+    cr_assert_lt(next, 10000, "the next load took %llu ms", (unsigned long long)next);
+    tu_server_signal(&srv, SIGCONT);
+    master_signal(&c.m, SIGCONT);
+    get_until_hit(e, 110, 16, 64 * 1024);
+    get_until_hit(e, 115, 16, 64 * 1024);
     cr_assert(tu_server_answers(srv.sock), "the server no longer answers");
     tu_server_cleanup(&srv);
     cluster_stop(&c);
