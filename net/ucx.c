@@ -47,6 +47,7 @@ struct ucx_peer {
     ucp_ep_h ep;
     bool closing; /* force close in flight */
     bool failed;  /* UCX reported it failed: closed from the idle watcher */
+    ucp_ep_h failed_ep; /* the endpoint that failed (a newer one is left open) */
     bool transport_known;
     char transport[UCX_TRANSPORT_MAX];
 };
@@ -203,8 +204,9 @@ static void close_failed(struct ucx_node *n)
     for (struct ucx_peer *p = n->peers; p; p = p->next)
         if (p->failed) {
             p->failed = false;
-            if (p->ep)
+            if (!p->ep || p->ep == p->failed_ep)
                 peer_fail(p, NULL, -ECONNRESET);
+            p->failed_ep = NULL;
             if (n->on_peer_failed)
                 n->on_peer_failed(n->arg, p);
         }
@@ -325,6 +327,17 @@ static void peer_fail(struct ucx_peer *p, struct ucx_batch *mine, int mine_statu
         peer_closed(p);
 }
 
+/* From inside a UCX callback: p's endpoint is closed (and its batches
+ * failed) by the idle watcher, after the callback (close_failed). */
+static void peer_fail_later(struct ucx_peer *p)
+{
+    p->node->st.peer_errors++;
+    p->failed = true;
+    p->failed_ep = p->ep;
+    p->node->failed_peers = true;
+    ev_idle_start(p->node->loop, &p->node->idle);
+}
+
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     struct ucx_peer *p = arg;
@@ -332,10 +345,7 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
         return; /* an endpoint already being closed */
     umbp_log(UMBP_LOG_WARN, "%s: peer endpoint failed (%s); its fetches fail", p->node->name,
              st_name(status));
-    p->node->st.peer_errors++;
-    p->failed = true; /* closed by the idle watcher, after this callback */
-    p->node->failed_peers = true;
-    ev_idle_start(p->node->loop, &p->node->idle);
+    peer_fail_later(p);
 }
 
 static int peer_connect(struct ucx_peer *p)
@@ -488,15 +498,21 @@ static void on_timeout(struct ev_loop *loop, ev_timer *w, int revents)
     }
 }
 
+/* A FETCH whose send failed ends with its peer, closed after this
+ * callback: UCX calls it while it purges a failing endpoint's pending
+ * sends, and a force close from in there (a peer that died during wireup)
+ * made UCX 1.13.1 destroy the endpoint under the purge and abort the
+ * process (wireup_ep.c:494). */
 static void on_fetch_sent(void *req, ucs_status_t status, void *arg)
 {
     struct ucx_batch *b = arg;
     ucp_request_free(req);
     b->send_pending = false;
     if (status != UCS_OK && !b->ended) {
-        b->node->st.peer_errors++;
         if (b->peer)
-            peer_fail(b->peer, NULL, -ECONNRESET);
+            peer_fail_later(b->peer);
+        else
+            b->node->st.peer_errors++;
     }
     batch_try_finish(b);
 }

@@ -211,11 +211,13 @@ static bool kmap_del(struct kmap *m, const umbp_key_t *k)
 struct rfetch;
 
 /* A peer's endpoint is warmed up before a real batch goes to it: a FETCH of
- * one key nobody has (answered as a miss) completes UCX's wireup.  Batches
- * for a cold peer wait in `held` until then.  (UCX 1.13.1 aborts the
- * process, in wireup_ep.c, when a peer fails while its endpoint is still in
- * wireup with requests of the caller's pending on it; after one completed
- * exchange the same failure is an ordinary endpoint error.) */
+ * one key nobody has (answered as a miss) completes UCX's wireup, started
+ * as soon as a lookup names the peer, so the batch that follows does not
+ * pay the wireup's round trips.  Batches for a cold peer wait in `held`
+ * until then; a peer that dies meanwhile fails them all (warm_done).
+ * A death during wireup once aborted the process: net/ucx.c closed the
+ * endpoint from inside UCX's purge of it; it now closes after the
+ * callback (test_ucx_fetch, owner_killed_while_the_endpoint_is_in_wireup). */
 #define RDMA_PEER_CACHE 1024
 
 struct rpeer {
@@ -647,8 +649,7 @@ static void peer_failed(struct rdma_tier *rt, struct rpeer *p)
 /* UCX reported the endpoint to up failed, perhaps with nothing in flight
  * (the ucx node's idle watcher): the peer fails as after a reset, so it is
  * skipped and reported, and no read makes a new endpoint to a dead peer
- * meanwhile (UCX 1.13.1 aborts the process when a peer dies while an
- * endpoint to it is in wireup: docs/distributed.md). */
+ * meanwhile (each would cost a refused connect). */
 static void on_peer_failed(void *arg, struct ucx_peer *up)
 {
     struct rdma_tier *rt = arg;

@@ -479,6 +479,50 @@ Test(ucx_fetch, owner_killed_mid_fetch)
     close(ow.rel_rd);
 }
 
+/* The owner stopped (SIGSTOP) before the requester's first fetch, so the
+ * endpoint to it is still in UCX wireup when the owner is killed: the
+ * fetch ends with -ECONNRESET (not by its timeout), nothing lands, and the
+ * requester lives on.  Found by test_distributed: the FETCH's send
+ * callback, called by UCX while it purged the failing endpoint, closed the
+ * endpoint from in there and UCX 1.13.1 aborted the process
+ * (wireup_ep.c:494); failed 3 of 3 before the close moved to the loop. */
+Test(ucx_fetch, owner_killed_while_the_endpoint_is_in_wireup)
+{
+    ucx_env();
+    static struct owner_spec spec;
+    spec.space = seed_now();
+    spec.nobj = 4;
+    for (int i = 0; i < spec.nobj; i++)
+        spec.size[i] = 64 << 10;
+    struct owner ow;
+    owner_start(&ow, &spec);
+    kill(ow.pid, SIGSTOP);
+    struct req r;
+    req_init(&r, &ow, 8 << 20);
+    int idx[4] = { 0, 1, 2, 3 };
+    struct ucx_fetch_item it[4];
+    size_t used = lay_out(&r, it, idx, 4, &spec, 0);
+    struct waiter w = { 0 };
+    cr_assert_eq(ucx_fetch(r.peer, it, 4, 60000, on_done, &w), 0);
+    run_for(&r, 300); /* the wireup waits on the stopped owner */
+    cr_assert(!w.done, "a fetch from a stopped owner ended before it was killed");
+    kill(ow.pid, SIGKILL);
+    waitpid(ow.pid, NULL, 0);
+    run_until(&r, &w.done);
+    cr_assert(w.done, "the fetch did not end after the owner died");
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(it[i].status, -ECONNRESET, "key %d: %d", i, it[i].status);
+    cr_assert(tu_is_poisoned(r.pool, used), "bytes landed from a dead owner");
+    struct ucx_node_stats st;
+    ucx_node_stats(r.node, &st);
+    cr_assert_eq(st.timeouts, 0);
+    cr_assert_geq(st.peer_errors, 1);
+    req_fini(&r);
+    close(ow.notify_rd);
+    close(ow.go_wr);
+    close(ow.rel_rd);
+}
+
 /* The owner takes the fetch and stops (blocked in its lease callback, then
  * SIGSTOPped): the fetch ends by its timeout, the endpoint is force-closed,
  * the buffers are reused (poisoned again); the owner continues and sends
