@@ -21,6 +21,7 @@ static const char *const modes[] = {UMBP_MODES(MODE_NAME) NULL};
 static const char *const levels[] = {"error", "warn", "info", "debug", NULL};
 static const char *const gpu_backends[] = {"auto", "cuda", "hip", "host", NULL};
 static const char *const auto_on_off[] = {"auto", "on", "off", NULL};
+static const char *const gpu_methods[] = {"auto", "kernel", "staged", "dma", NULL};
 
 const struct umbp_option umbp_core_options[] = {
     {"mode", UMBP_OPT_STRING, OFF(mode), "embedded", 0, 0, 32, modes,
@@ -79,6 +80,14 @@ const struct umbp_option umbp_core_options[] = {
      "at the first umbp_kv_register, allocate the block tables of this many GPU transfers "
      "and load the copy kernel, so the first stores and restores of a process run at "
      "full speed (0: on first use)"},
+    {"gpu_store_method", UMBP_OPT_STRING, OFF(gpu_store_method), "auto", 0, 0, 8, gpu_methods,
+     "how the GPU copy engine stores: auto (staged for large DMAs, else kernel), kernel "
+     "(zero-copy writes to host memory), staged (gather on the GPU, then the copy engine), "
+     "dma (one copy-engine copy per chunk: a baseline)"},
+    {"gpu_restore_method", UMBP_OPT_STRING, OFF(gpu_restore_method), "auto", 0, 0, 8, gpu_methods,
+     "how the GPU copy engine restores: auto (= staged: the copy engine, then a scatter "
+     "kernel), kernel (zero-copy reads of host memory: no staging traffic in GPU memory), "
+     "staged, dma (a baseline)"},
     {.name = NULL},
 };
 

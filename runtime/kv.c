@@ -184,6 +184,18 @@ static int pick_backend(const char *name, umbp_gpu_backend_t *out)
     return -ENODEV;
 }
 
+/* gpu_store_method / gpu_restore_method: names the option table allows */
+static umbp_gpu_method_t gpu_method(const char *name)
+{
+    if (strcmp(name, "kernel") == 0)
+        return UMBP_GPU_METHOD_KERNEL;
+    if (strcmp(name, "staged") == 0)
+        return UMBP_GPU_METHOD_STAGED;
+    if (strcmp(name, "dma") == 0)
+        return UMBP_GPU_METHOD_DMA;
+    return UMBP_GPU_METHOD_AUTO;
+}
+
 /* Caller's thread, kv->lock held. */
 static int engine_start(struct umbp_runtime *rt)
 {
@@ -196,6 +208,8 @@ static int engine_start(struct umbp_runtime *rt)
     cfg.device = (int)rt->core->gpu_device;
     cfg.max_ctas = (uint32_t)rt->core->gpu_max_ctas;
     cfg.staging_bytes = rt->core->gpu_staging_bytes;
+    cfg.store_method = gpu_method(rt->core->gpu_store_method);
+    cfg.restore_method = gpu_method(rt->core->gpu_restore_method);
     if ((rc = umbp_gpu_engine_create(&cfg, &kv->engine)) < 0) {
         umbp_set_error("gpu_device %lld (%s): %s", (long long)rt->core->gpu_device,
                        umbp_gpu_backend_name(cfg.backend), umbp_gpu_last_error());

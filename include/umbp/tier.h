@@ -111,6 +111,8 @@ struct umbp_core_config {
     int64_t gpu_store_slice_blocks;
     int64_t gpu_load_head_blocks;
     int64_t gpu_warm_transfers;
+    char gpu_store_method[8];        /* auto, kernel, staged, dma */
+    char gpu_restore_method[8];
     char poll_wait[8];               /* auto, on, off */
 };
 

@@ -405,6 +405,24 @@ Test(kv_device, foreign_object)
     run_foreign_object(b, name);
 }
 
+/* gpu_store_method / gpu_restore_method: every method moves every byte
+ * (the options reach the engine: an unknown one is refused in test_config) */
+static void round_trip_methods(bool device, const char *store, const char *restore)
+{
+    setenv("UMBP_GPU_STORE_METHOD", store, 1);
+    setenv("UMBP_GPU_RESTORE_METHOD", restore, 1);
+    if (!device) {
+        run_round_trip(UMBP_GPU_BACKEND_HOST, "host");
+        return;
+    }
+    DEVICE_OR_SKIP(b, name);
+    run_round_trip(b, name);
+}
+Test(kv_host, round_trip_store_kernel_restore_kernel) { round_trip_methods(false, "kernel", "kernel"); }
+Test(kv_host, round_trip_store_staged_restore_dma) { round_trip_methods(false, "staged", "dma"); }
+Test(kv_device, round_trip_store_kernel_restore_kernel) { round_trip_methods(true, "kernel", "kernel"); }
+Test(kv_device, round_trip_store_dma_restore_staged) { round_trip_methods(true, "dma", "staged"); }
+
 Test(kv_host, auto_backend_without_device_is_refused)
 {
     umbp_gpu_backend_t b;

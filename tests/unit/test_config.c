@@ -170,6 +170,8 @@ static const struct {
     {"gpu_store_slice_blocks", "128"},
     {"gpu_load_head_blocks", "32"},
     {"gpu_warm_transfers", "16"},
+    {"gpu_store_method", "auto"},
+    {"gpu_restore_method", "auto"},
     {"dram_use_shared_memory", "false"},
     {"dram_shm_name", ""},
     {"dram_use_hugepages", "false"},
@@ -329,6 +331,10 @@ static const struct {
     {"{\"gpu_device\": 0}", "gpu_device", "0"},
     {"{\"gpu_device\": 1023}", "gpu_device", "1023"},
     {"{\"gpu_max_ctas\": 1}", "gpu_max_ctas", "1"},
+    {"{\"gpu_store_method\": \"kernel\"}", "gpu_store_method", "kernel"},
+    {"{\"gpu_store_method\": \"dma\"}", "gpu_store_method", "dma"},
+    {"{\"gpu_restore_method\": \"kernel\"}", "gpu_restore_method", "kernel"},
+    {"{\"gpu_restore_method\": \"staged\"}", "gpu_restore_method", "staged"},
     {"{\"gpu_max_ctas\": 1024}", "gpu_max_ctas", "1024"},
     {"{\"gpu_staging_bytes\": \"1MiB\"}", "gpu_staging_bytes", "1048576"},
     {"{\"gpu_staging_bytes\": \"16GiB\"}", "gpu_staging_bytes", "17179869184"},
@@ -814,6 +820,7 @@ Test(config, mode_and_tier_names)
         config_free(c);
     }
     expect_refused("{\"log_level\": \"verbose\"}", "log_level", "debug");
+    expect_refused("{\"gpu_restore_method\": \"fast\"}", "gpu_restore_method", "staged");
 }
 
 /* The regression of issue 14: refusing "distributed" named only the tiers
