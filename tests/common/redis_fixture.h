@@ -195,11 +195,42 @@ static inline void redis_start(struct redis *r)
 static inline redisReply *redis_try_cmd(struct redis *r, const char *fmt, ...);
 #endif
 
+/* A sentinel sen watching the primary on primary_port as `service`, with
+ * `quorum` (1 .. 9), the primary down after 300 ms and a failover timeout
+ * of 3 s, asking its clients for `password` unless that is NULL.  Nothing
+ * need listen on primary_port: the sentinel then names an address that
+ * refuses connections (a stale answer) for as long as it runs, since it
+ * has no replica to promote.  sen is zeroed here; service and password
+ * must outlive it (restarts reuse them). */
+static inline void redis_start_sentinel(struct redis *sen, const char *service,
+                                        uint16_t primary_port, int quorum, const char *password)
+{
+    static const char *const quorums[] = {"1", "2", "3", "4", "5", "6", "7", "8", "9"};
+    cr_assert(quorum >= 1 && quorum <= 9, "a sentinel's quorum %d is not 1 .. 9", quorum);
+    memset(sen, 0, sizeof(*sen));
+    snprintf(sen->primary_port, sizeof(sen->primary_port), "%u", primary_port);
+    const char *sv[] = {"--sentinel", "monitor", service, "127.0.0.1", sen->primary_port,
+                        quorums[quorum - 1],
+                        "--sentinel", "down-after-milliseconds", service, "300",
+                        "--sentinel", "failover-timeout", service, "3000"};
+    sen->sentinel = true;
+    size_t n = 0;
+    for (; n < sizeof(sv) / sizeof(sv[0]); n++)
+        sen->extra[n] = sv[n];
+    if (password) {
+        sen->extra[n++] = "--requirepass";
+        sen->extra[n++] = password;
+        sen->password = password;
+    }
+    redis_start(sen);
+}
+
 /* A primary p, its replica rep, synced (bounded), and one sentinel sen
  * watching p as `service` with quorum 1, so that it fails over alone (p
  * down after 300 ms), asking its clients for sentinel_password unless that
- * is NULL.  Syncs are diskless: the fixture's Redis has no directory for a
- * sync's file.  The structs are zeroed here. */
+ * is NULL.  Syncs are diskless, both ways (the primary demoted to a
+ * replica too): the fixture's Redis has no directory for a sync's file.
+ * The structs are zeroed here (sen by redis_start_sentinel). */
 static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
                                              struct redis *sen, const char *service,
                                              const char *sentinel_password)
@@ -207,9 +238,14 @@ static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
 #if UMBP_HAVE_HIREDIS
     memset(p, 0, sizeof(*p));
     memset(rep, 0, sizeof(*rep));
-    memset(sen, 0, sizeof(*sen));
     p->extra[0] = "--repl-diskless-sync-delay"; /* sync at once */
     p->extra[1] = "0";
+    /* should Sentinel demote it to a replica: it loads its new primary's
+     * data from the socket, keeping its own meanwhile (it has data: not
+     * on-empty-db); a load from disk would retry a file it cannot create,
+     * blocking 5 s at a time */
+    p->extra[2] = "--repl-diskless-load";
+    p->extra[3] = "swapdb";
     redis_start(p);
     snprintf(rep->primary_port, sizeof(rep->primary_port), "%u", p->port);
     const char *rv[] = {"--replicaof", "127.0.0.1", rep->primary_port, "--repl-diskless-load",
@@ -229,20 +265,7 @@ static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
                      rep->port, p->port);
         usleep(20000);
     }
-    memcpy(sen->primary_port, rep->primary_port, sizeof(sen->primary_port));
-    const char *sv[] = {"--sentinel", "monitor", service, "127.0.0.1", sen->primary_port, "1",
-                        "--sentinel", "down-after-milliseconds", service, "300",
-                        "--sentinel", "failover-timeout", service, "3000"};
-    sen->sentinel = true;
-    size_t n = 0;
-    for (; n < sizeof(sv) / sizeof(sv[0]); n++)
-        sen->extra[n] = sv[n];
-    if (sentinel_password) {
-        sen->extra[n++] = "--requirepass";
-        sen->extra[n++] = sentinel_password;
-        sen->password = sentinel_password;
-    }
-    redis_start(sen);
+    redis_start_sentinel(sen, service, p->port, 1, sentinel_password);
 #else
     (void)p, (void)rep, (void)sen, (void)service, (void)sentinel_password;
     cr_skip_test("no hiredis");
