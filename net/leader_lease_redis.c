@@ -18,7 +18,8 @@
  * with ROLE that it is one; an error reply also frees the connection (a
  * primary demoted under us answers READONLY), so the next call asks again.
  * A dial then costs up to the timeout per sentinel tried, plus the
- * primary's.
+ * primary's.  Acquire, renew and release each dial so (eval()); only
+ * leader() reads on a kept connection.
  *
  * Threads: one caller at a time per lease (leader_lease.h).
  */
@@ -365,6 +366,13 @@ static int eval(struct lease_redis *r, const char *script, const char *a1, const
     const char *argv[9] = {"EVAL", script, "2", r->k_leader, r->k_epoch, a1, a2, a3, a4};
     int argc = 5 + (a1 != NULL) + (a2 != NULL) + (a3 != NULL) + (a4 != NULL);
     int rc;
+    /* redis+sentinel: a write asks the sentinels again.  A connection kept
+     * from an earlier call may be to a primary they have replaced since,
+     * which still answers as one: stopped together with this process (one
+     * paused machine), it is demoted only seconds after it is back, and a
+     * write there could make a second holder. */
+    if (r->base.u.nsentinels)
+        drop(r);
     redisReply *rep = command(r, argc, argv, out ? REDIS_REPLY_ARRAY : REDIS_REPLY_INTEGER, &rc,
                               err, errlen);
     if (!rep)
