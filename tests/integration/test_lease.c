@@ -1290,3 +1290,221 @@ Test(lease, sentinels_with_a_password_of_their_own)
     redis_stop(&rep);
     redis_stop(&p);
 }
+
+/* ---- Sentinel: a stale answer, a stopped sentinel, a stopped primary ----------------- */
+
+/* The bound on one call while a sentinel or the primary is stopped: the
+ * stopped one costs a timeout (its kernel accepts the connection, the
+ * command waits), anything after it at most another; with slack, 3 x the
+ * timeout + 1 s. */
+static uint64_t stall_bound(uint64_t timeout_ms) { return 3 * timeout_ms + 1000; }
+
+/* Runs call (err is the caller's), logs its rc, duration and err, asserts
+ * it ended within bound_ms and keeps the longest in worst; its rc. */
+#define TIMED(worst, bound_ms, what, call)                                                 \
+    ({                                                                                     \
+        err[0] = 0;                                                                        \
+        uint64_t t0_ = redis_now_ms();                                                     \
+        int rc_ = (call);                                                                  \
+        uint64_t took_ = redis_now_ms() - t0_;                                             \
+        cr_log_info("%s: %d in %llu ms%s%s", (what), rc_, (unsigned long long)took_,       \
+                    rc_ < 0 ? ": " : "", rc_ < 0 ? err : "");                              \
+        cr_assert_leq(took_, (uint64_t)(bound_ms), "%s took %llu ms, past the bound of "   \
+                      "%llu ms: %d %s", (what), (unsigned long long)took_,                 \
+                      (unsigned long long)(bound_ms), rc_, err);                           \
+        if (took_ > (worst))                                                               \
+            (worst) = took_;                                                               \
+        rc_;                                                                               \
+    })
+
+/* A lease opened on url with timeout_ms. */
+static struct lease *open_url(const char *url, uint64_t timeout_ms)
+{
+    struct lease *l = NULL;
+    char err[ERRLEN] = "";
+    int rc = lease_open(url, timeout_ms, &l, err, sizeof(err));
+    cr_assert_eq(rc, 0, "lease_open %s: %d %s", url, rc, err);
+    return l;
+}
+
+/* A sentinel whose answer is stale, listed first: it watches a port
+ * nothing listens on, so it names a primary that refuses the connection.
+ * The refused dial goes on to the second sentinel, which names the real
+ * primary: acquire, renew, leader and release all work, on one lease and
+ * each as a fresh lease's first call (whose dial asks the stale sentinel
+ * first), and the lease is in the real primary.  The stale sentinel alone:
+ * every call is refused, naming the address it gave. */
+Test(lease, a_stale_sentinel_listed_first_sends_the_dial_on)
+{
+    redis_need();
+    struct redis p, good, stale;
+    memset(&p, 0, sizeof(p));
+    redis_start(&p);
+    redis_start_sentinel(&good, "svc", p.port, 1, NULL);
+    uint16_t nobody = redis_free_port();
+    redis_start_sentinel(&stale, "svc", nobody, 1, NULL);
+    redisReply *x = redis_cmd(&stale, "SENTINEL get-master-addr-by-name svc");
+    cr_assert(x->type == REDIS_REPLY_ARRAY && x->elements == 2 &&
+              x->element[1]->type == REDIS_REPLY_STRING &&
+              atoi(x->element[1]->str) == (int)nobody,
+              "the stale sentinel does not name port %u", nobody);
+    freeReplyObject(x);
+
+    const uint64_t T = 1000, bound = stall_bound(T);
+    char url[256], err[ERRLEN];
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%u,127.0.0.1:%u/svc/st", stale.port,
+             good.port);
+    uint64_t worst = 0;
+    struct lease *l = open_url(url, T);
+    struct lease_holder mine, h;
+    int rc = TIMED(worst, bound, "acquire", lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &mine,
+                                                      err, sizeof(err)));
+    cr_assert_eq(rc, 1, "acquire with a stale sentinel listed first: %d %s", rc, err);
+    assert_holder(&mine, 1, A_ADDR, A_OWNER, "acquired past the stale sentinel");
+    cr_assert_str_eq(redis_str(&p, "GET umbp:st:leader"), "1 " A_ADDR " " A_OWNER,
+                     "the lease is not in the real primary");
+    rc = TIMED(worst, bound, "renew", lease_renew(l, &mine, TTL_LONG, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "renew: %d %s", rc, err);
+    rc = TIMED(worst, bound, "leader", lease_leader(l, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "leader: %d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "leader()");
+
+    /* each call as a fresh lease's first: its dial meets the stale answer */
+    struct lease *f = open_url(url, T);
+    rc = TIMED(worst, bound, "fresh leader", lease_leader(f, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "a fresh lease's leader: %d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "a fresh lease's leader()");
+    lease_close(f);
+    f = open_url(url, T);
+    rc = TIMED(worst, bound, "fresh acquire", lease_acquire(f, B_ADDR, B_OWNER, TTL_LONG, 0, &h,
+                                                        err, sizeof(err)));
+    cr_assert_eq(rc, 0, "a second owner's acquire through a fresh lease: %d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "B sees A");
+    lease_close(f);
+    f = open_url(url, T);
+    rc = TIMED(worst, bound, "fresh renew", lease_renew(f, &mine, TTL_LONG, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "the holder's renew through a fresh lease: %d %s", rc, err);
+    lease_close(f);
+    f = open_url(url, T);
+    rc = TIMED(worst, bound, "fresh release", lease_release(f, &mine, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "the holder's release through a fresh lease: %d %s", rc, err);
+    cr_assert_str_eq(redis_str(&p, "GET umbp:st:leader"), "(nil)",
+                     "the release did not reach the real primary");
+    lease_close(f);
+    rc = TIMED(worst, bound, "release", lease_release(l, &mine, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "release: %d %s", rc, err);
+    rc = TIMED(worst, bound, "acquire again", lease_acquire(l, B_ADDR, B_OWNER, TTL_LONG, 0, &h,
+                                                        err, sizeof(err)));
+    cr_assert_eq(rc, 1, "the released lease taken: %d %s", rc, err);
+    assert_holder(&h, 2, B_ADDR, B_OWNER, "B takes the released lease");
+    cr_assert_str_eq(redis_str(&p, "GET umbp:st:leader"), "2 " B_ADDR " " B_OWNER);
+    lease_close(l);
+    cr_log_info("a stale sentinel listed first: the slowest call took %llu ms (timeout %llu)",
+                (unsigned long long)worst, (unsigned long long)T);
+
+    /* the stale sentinel alone: refused, naming the address it gave */
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%u/svc/st", stale.port);
+    l = open_url(url, T);
+    char at[32];
+    snprintf(at, sizeof(at), "127.0.0.1:%u", nobody);
+    for (int i = 0; i < 2; i++) {
+        rc = TIMED(worst, bound, "stale alone: leader", lease_leader(l, &h, err, sizeof(err)));
+        cr_assert_eq(rc, -ECONNREFUSED, "%d %s", rc, err);
+        cr_assert(has(err, at) && has(err, url), "the error names neither the stale primary "
+                  "%s nor the URL: %s", at, err);
+        rc = TIMED(worst, bound, "stale alone: acquire",
+                   lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+        cr_assert_eq(rc, -ECONNREFUSED, "%d %s", rc, err);
+    }
+    lease_close(l);
+    redis_stop(&stale);
+    redis_stop(&good);
+    redis_stop(&p);
+}
+
+/* A stopped sentinel (SIGSTOP) listed first, two sentinels watching the
+ * primary with quorum 2 (the one awake cannot find the primary down
+ * alone).  The kernel still accepts the stopped sentinel's connections, so
+ * asking it waits out the timeout, and the dial goes on to the second:
+ * every call ends within stall_bound and works.  A connected lease's
+ * leader() asks no sentinel; its renew (a write asks again) starts at the
+ * stopped one, which answered it last, then at the second.  A fresh
+ * lease's every first call starts at the stopped one.  After SIGCONT
+ * every call works, fast again. */
+Test(lease, a_stopped_sentinel_listed_first_costs_a_bounded_wait)
+{
+    redis_need();
+    struct redis p, s1, s2;
+    memset(&p, 0, sizeof(p));
+    redis_start(&p);
+    redis_start_sentinel(&s1, "svc", p.port, 2, NULL);
+    redis_start_sentinel(&s2, "svc", p.port, 2, NULL);
+    const uint64_t T = 500, bound = stall_bound(T);
+    char url[256], err[ERRLEN];
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%u,127.0.0.1:%u/svc/ss", s1.port,
+             s2.port);
+    uint64_t worst = 0;
+    struct lease *a = open_url(url, T);
+    struct lease_holder mine, h;
+    int rc = TIMED(worst, bound, "acquire, both sentinels up",
+                   lease_acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &mine, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    rc = TIMED(worst, bound, "leader, both sentinels up", lease_leader(a, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+
+    redis_signal(&s1, SIGSTOP);
+    rc = TIMED(worst, bound, "connected: leader", lease_leader(a, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "a connected lease's leader with a sentinel stopped: %d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "leader() on the kept connection");
+    for (int i = 0; i < 3; i++) {
+        rc = TIMED(worst, bound, "connected: renew",
+                   lease_renew(a, &mine, TTL_LONG, &h, err, sizeof(err)));
+        cr_assert_eq(rc, 1, "the holder's renew past the stopped sentinel: %d %s", rc, err);
+    }
+    for (int round = 0; round < 2; round++) {
+        struct lease *f = open_url(url, T);
+        rc = TIMED(worst, bound, "fresh leader", lease_leader(f, &h, err, sizeof(err)));
+        cr_assert_eq(rc, 1, "a fresh lease's leader past the stopped sentinel: %d %s", rc, err);
+        assert_holder(&h, 1, A_ADDR, A_OWNER, "leader() past the stopped sentinel");
+        lease_close(f);
+        f = open_url(url, T);
+        rc = TIMED(worst, bound, "fresh acquire",
+                   lease_acquire(f, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+        cr_assert_eq(rc, 0, "a second owner's acquire past the stopped sentinel: %d %s", rc,
+                     err);
+        assert_holder(&h, 1, A_ADDR, A_OWNER, "B sees A past the stopped sentinel");
+        lease_close(f);
+        f = open_url(url, T);
+        rc = TIMED(worst, bound, "fresh renew",
+                   lease_renew(f, &mine, TTL_LONG, &h, err, sizeof(err)));
+        cr_assert_eq(rc, 1, "the holder's renew through a fresh lease past the stopped "
+                     "sentinel: %d %s", rc, err);
+        lease_close(f);
+    }
+    cr_log_info("sentinel 1 stopped: the slowest call took %llu ms (timeout %llu, bound %llu)",
+                (unsigned long long)worst, (unsigned long long)T, (unsigned long long)bound);
+
+    redis_signal(&s1, SIGCONT);
+    uint64_t woke = 0;
+    struct lease *f = open_url(url, T);
+    rc = TIMED(woke, bound, "after SIGCONT: fresh leader", lease_leader(f, &h, err,
+                                                                        sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "after SIGCONT");
+    rc = TIMED(woke, bound, "after SIGCONT: fresh acquire",
+               lease_acquire(f, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    lease_close(f);
+    rc = TIMED(woke, bound, "after SIGCONT: renew",
+               lease_renew(a, &mine, TTL_LONG, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    rc = TIMED(woke, bound, "after SIGCONT: release", lease_release(a, &mine, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    cr_assert_str_eq(redis_str(&p, "GET umbp:ss:leader"), "(nil)", "the release did not reach "
+                     "the primary");
+    cr_log_info("after SIGCONT: the slowest call took %llu ms", (unsigned long long)woke);
+    lease_close(a);
+    redis_stop(&s2);
+    redis_stop(&s1);
+    redis_stop(&p);
+}
