@@ -1317,6 +1317,20 @@ static uint64_t stall_bound(uint64_t timeout_ms) { return 3 * timeout_ms + 1000;
         rc_;                                                                               \
     })
 
+/* A Redis's role as ROLE names it ("master", "slave", "sentinel"), in
+ * r->reply. */
+static const char *role_of(struct redis *r)
+{
+    redisReply *x = redis_cmd(r, "ROLE");
+    if (x->type == REDIS_REPLY_ARRAY && x->elements >= 1 &&
+        x->element[0]->type == REDIS_REPLY_STRING)
+        snprintf(r->reply, sizeof(r->reply), "%s", x->element[0]->str);
+    else
+        snprintf(r->reply, sizeof(r->reply), "(ROLE answered no role)");
+    freeReplyObject(x);
+    return r->reply;
+}
+
 /* A lease opened on url with timeout_ms. */
 static struct lease *open_url(const char *url, uint64_t timeout_ms)
 {
@@ -1506,5 +1520,248 @@ Test(lease, a_stopped_sentinel_listed_first_costs_a_bounded_wait)
     lease_close(a);
     redis_stop(&s2);
     redis_stop(&s1);
+    redis_stop(&p);
+}
+
+/* Bounded wait until p reports `what` in INFO replication; the ms waited. */
+static uint64_t wait_info(struct redis *p, const char *what, uint64_t bound_ms)
+{
+    uint64_t t0 = redis_now_ms();
+    while (!strstr(redis_str(p, "INFO replication"), what)) {
+        cr_assert_lt(redis_now_ms() - t0, bound_ms, "redis on port %u does not report '%s' "
+                     "within %llu ms: %s", p->port, what, (unsigned long long)bound_ms,
+                     p->reply);
+        usleep(50000);
+    }
+    return redis_now_ms() - t0;
+}
+
+/* The primary stopped (SIGSTOP) behind a sentinel (quorum 1, down after
+ * 300 ms, a replica to promote).  The holder renews in a loop: each call
+ * while the primary is stopped ends within stall_bound with an error,
+ * never "lost" (its key cannot expire: a 60 s lease), until the sentinel
+ * promotes the replica; then renewals succeed there.  On SIGCONT the old
+ * primary answers as a primary, with its stale copy, until the sentinel
+ * demotes it to a replica of the new one (bounded; the holder renews on
+ * the new primary meanwhile): a standby connected to it since before the
+ * stop writes on the new primary all the same (a write asks the sentinels
+ * again), and gets 0 naming the holder; a reader connected to it since
+ * then reads the stale copy until the demotion closes its connection,
+ * then the new primary.  One holder throughout: second owners' acquires
+ * get 0 naming it; released, the standby takes it on the new primary. */
+Test(lease, through_sentinels_a_stopped_primary_is_failed_over_then_demoted)
+{
+    redis_need();
+    struct redis p, rep, sen;
+    redis_start_with_sentinel(&p, &rep, &sen, "svc", NULL);
+    const uint64_t T = 500, bound = stall_bound(T);
+    char url[256], err[ERRLEN];
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%u/svc/ps", sen.port);
+    struct lease *a = open_url(url, T), *reader = open_url(url, T), *b = open_url(url, T);
+    struct lease_holder mine, h;
+    uint64_t worst = 0;
+    int rc = TIMED(worst, bound, "acquire",
+                   lease_acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &mine, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    const char *value = "1 " A_ADDR " " A_OWNER;
+    cr_assert_str_eq(redis_str(&p, "GET umbp:ps:leader"), value);
+    /* the reader and the standby connect to the primary now and make no
+     * call while it is stopped */
+    rc = TIMED(worst, bound, "reader: leader", lease_leader(reader, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    rc = TIMED(worst, bound, "standby: acquire",
+               lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "B sees A");
+    uint64_t t0 = redis_now_ms();
+    while (strcmp(redis_str(&rep, "GET umbp:ps:leader"), value) != 0) {
+        cr_assert_lt(redis_now_ms() - t0, 10000, "the replica never got the lease");
+        usleep(10000);
+    }
+
+    /* stopped: every renewal bounded and failing until the promotion */
+    redis_signal(&p, SIGSTOP);
+    t0 = redis_now_ms();
+    int fails = 0;
+    uint64_t stalled = 0;
+    char last[ERRLEN] = "";
+    while ((rc = TIMED(stalled, bound, "renew, the primary stopped",
+                       lease_renew(a, &mine, TTL_LONG, &h, err, sizeof(err)))) != 1) {
+        cr_assert_lt(rc, 0, "a renewal lost the lease (a 60 s lease, renewed %llu ms ago): "
+                     "%d", (unsigned long long)(redis_now_ms() - t0), rc);
+        cr_assert_lt(redis_now_ms() - t0, 30000, "no renewal through the sentinel within 30 s "
+                     "of the primary's stop: %d %s", rc, err);
+        snprintf(last, sizeof(last), "%s", err);
+        fails++;
+        usleep(50000);
+    }
+    uint64_t promoted_ms = redis_now_ms() - t0;
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "renewed on the promoted replica");
+    cr_assert_str_eq(role_of(&rep), "master", "the lease renewed, yet the replica is a %s",
+                     rep.reply);
+    cr_log_info("the primary stopped: %d renewals failed (the slowest in %llu ms, bound %llu; "
+                "last: %s), the first through the promoted replica %llu ms after the stop",
+                fails, (unsigned long long)stalled, (unsigned long long)bound, last,
+                (unsigned long long)promoted_ms);
+    cr_assert_gt(fails, 0, "no renewal failed while the primary was stopped");
+    struct lease *c = open_url(url, T);
+    rc = TIMED(worst, bound, "a fresh second owner, the old primary stopped: acquire",
+               lease_acquire(c, C_ADDR, C_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "C sees A on the new primary");
+
+    /* awake, still a primary: the standby's write goes to the new one; the
+     * reader reads the stale copy (which names the same holder) */
+    redis_signal(&p, SIGCONT);
+    uint64_t woke = redis_now_ms();
+    rc = TIMED(worst, bound, "standby, the old primary just awake: acquire",
+               lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "a standby connected to the old primary since before its stop: %d %s",
+                 rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "B sees A");
+    rc = TIMED(worst, bound, "reader, the old primary just awake: leader",
+               lease_leader(reader, &h, err, sizeof(err)));
+    char role[32];
+    snprintf(role, sizeof(role), "%s", role_of(&p));
+    cr_log_info("the old primary, just awake, is a %s and holds '%s'", role,
+                redis_str(&p, "GET umbp:ps:leader"));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "the reader sees A");
+
+    /* demoted (bounded), the holder renewing on the new primary meanwhile */
+    int renewals = 0;
+    while (strcmp(role_of(&p), "slave") != 0) {
+        cr_assert_lt(redis_now_ms() - woke, 60000, "the sentinel did not demote the old "
+                     "primary within 60 s of SIGCONT: ROLE says %s", p.reply);
+        uint64_t quiet = 0;
+        rc = TIMED(quiet, bound, "renew, waiting for the demotion",
+                   lease_renew(a, &mine, TTL_LONG, &h, err, sizeof(err)));
+        cr_assert_eq(rc, 1, "a renewal on the new primary failed while the old one woke: "
+                     "%d %s", rc, err);
+        worst = quiet > worst ? quiet : worst;
+        renewals++;
+        usleep(200000);
+    }
+    cr_log_info("the old primary demoted %llu ms after SIGCONT (%d renewals meanwhile); "
+                "synced with the new primary %llu ms later",
+                (unsigned long long)(redis_now_ms() - woke), renewals,
+                (unsigned long long)wait_info(&p, "master_link_status:up", 30000));
+    /* the demotion closed the reader's connection (Sentinel kills the
+     * demoted primary's clients with it): a failed call at most, never
+     * "nobody leads", then the new primary */
+    int tries = 0;
+    while ((rc = TIMED(worst, bound, "reader, the old primary demoted: leader",
+                       lease_leader(reader, &h, err, sizeof(err)))) != 1) {
+        cr_assert_lt(rc, 0, "the reader found no leader: %d", rc);
+        cr_assert_lt(++tries, 3, "the reader never read the new primary: %d %s", rc, err);
+    }
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "the reader sees A");
+
+    /* one holder: the standby and a fresh owner see A */
+    rc = TIMED(worst, bound, "standby: acquire",
+               lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "B sees A");
+    rc = TIMED(worst, bound, "a fresh second owner: acquire",
+               lease_acquire(c, C_ADDR, C_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "C sees A");
+    cr_assert_str_eq(redis_str(&rep, "GET umbp:ps:leader"), value, "the new primary");
+    cr_assert_str_eq(redis_str(&rep, "GET umbp:ps:epoch"), "1", "an epoch was handed out");
+
+    /* released: the standby takes it, on the new primary */
+    rc = TIMED(worst, bound, "release", lease_release(a, &mine, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    cr_assert_str_eq(redis_str(&rep, "GET umbp:ps:leader"), "(nil)");
+    rc = TIMED(worst, bound, "standby, the lease free: acquire",
+               lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    assert_holder(&h, 2, B_ADDR, B_OWNER, "B takes the released lease");
+    cr_assert_str_eq(redis_str(&rep, "GET umbp:ps:leader"), "2 " B_ADDR " " B_OWNER);
+    rc = TIMED(worst, bound, "the old holder: renew",
+               lease_renew(a, &mine, TTL_LONG, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    assert_holder(&h, 2, B_ADDR, B_OWNER, "A sees B");
+    cr_log_info("the slowest call outside the stop: %llu ms", (unsigned long long)worst);
+    lease_close(a);
+    lease_close(reader);
+    lease_close(b);
+    lease_close(c);
+    redis_stop(&sen);
+    redis_stop(&rep);
+    redis_stop(&p);
+}
+
+/* A holder stalled together with the primary (one paused machine: its
+ * lease makes no call while the primary is stopped), and a standby
+ * stalled with them.  Meanwhile the sentinel promotes the replica, the
+ * holder's key expires there and a standby awake takes the lease with
+ * epoch 2.  Woken, the old primary still answers as a primary (Sentinel
+ * demotes it only seconds later), its copy of the holder's key expired
+ * too, and the stalled leases' connections to it are intact.  Their
+ * writes must not go there: the stalled standby's acquire and the
+ * holder's renewal find the new holder (0, naming it), not a second
+ * holder (the standby with the same epoch 2, the holder with epoch 1). */
+Test(lease, through_sentinels_a_holder_stalled_with_the_primary_finds_the_new_holder)
+{
+    redis_need();
+    struct redis p, rep, sen;
+    redis_start_with_sentinel(&p, &rep, &sen, "svc", NULL);
+    const uint64_t T = 500, bound = stall_bound(T), ttl = 1500;
+    char url[256], err[ERRLEN];
+    snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%u/svc/hs", sen.port);
+    struct lease *a = open_url(url, T), *e = open_url(url, T), *d = open_url(url, T);
+    struct lease_holder mine, h, hd;
+    uint64_t worst = 0;
+    int rc = TIMED(worst, bound, "A: acquire",
+                   lease_acquire(a, A_ADDR, A_OWNER, ttl, 0, &mine, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    uint64_t held = redis_now_ms();
+    rc = TIMED(worst, bound, "C, stalled later: acquire",
+               lease_acquire(e, C_ADDR, C_OWNER, ttl, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    uint64_t t0 = redis_now_ms();
+    while (strcmp(redis_str(&rep, "GET umbp:hs:leader"), "1 " A_ADDR " " A_OWNER) != 0) {
+        cr_assert_lt(redis_now_ms() - t0, 10000, "the replica never got the lease");
+        usleep(10000);
+    }
+
+    /* the primary, A and C stop (A and C simply make no call); B, awake,
+     * takes the lease once it has expired on the promoted replica */
+    redis_signal(&p, SIGSTOP);
+    t0 = redis_now_ms();
+    while ((rc = TIMED(worst, bound, "B: acquire, the primary stopped",
+                       lease_acquire(d, B_ADDR, B_OWNER, ttl, 1, &hd, err, sizeof(err)))) != 1) {
+        cr_assert_lt(redis_now_ms() - t0, 30000, "B never took the lease on the promoted "
+                     "replica: %d %s", rc, err);
+        usleep(100000);
+    }
+    assert_holder(&hd, 2, B_ADDR, B_OWNER, "B on the promoted replica");
+    cr_log_info("B took the lease %llu ms after the primary's stop",
+                (unsigned long long)(redis_now_ms() - t0));
+    while (redis_now_ms() - held < ttl + 500) /* A's key expired in the old primary too */
+        usleep(50000);
+
+    redis_signal(&p, SIGCONT);
+    rc = TIMED(worst, bound, "C, stalled with the primary: acquire",
+               lease_acquire(e, C_ADDR, C_OWNER, ttl, 0, &h, err, sizeof(err)));
+    cr_log_info("the old primary, just awake, is a %s", role_of(&p));
+    cr_assert_eq(rc, 0, "the stalled standby took the lease (%s) while B holds it: %d",
+                 rc == 1 ? value_of(&h) : err, rc);
+    assert_holder(&h, 2, B_ADDR, B_OWNER, "C sees B");
+    rc = TIMED(worst, bound, "A, stalled with the primary: renew",
+               lease_renew(a, &mine, ttl, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "the stalled holder kept the lease (%s) while B holds it: %d",
+                 rc == 1 ? value_of(&mine) : err, rc);
+    assert_holder(&h, 2, B_ADDR, B_OWNER, "A sees B");
+    cr_assert_str_eq(redis_str(&rep, "GET umbp:hs:leader"), "2 " B_ADDR " " B_OWNER,
+                     "the new primary");
+    cr_log_info("the slowest call: %llu ms (bound %llu)", (unsigned long long)worst,
+                (unsigned long long)bound);
+    lease_close(a);
+    lease_close(d);
+    lease_close(e);
+    redis_stop(&sen);
+    redis_stop(&rep);
     redis_stop(&p);
 }
