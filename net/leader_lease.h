@@ -14,7 +14,8 @@
  *                                  omitted; 1 .. 8 sentinels): each connection
  *                                  asks the sentinels in turn for <service>'s
  *                                  primary, connects there and checks that it
- *                                  is a primary (ROLE)
+ *                                  is a primary (ROLE); acquire, renew and
+ *                                  release each make a new connection
  *   ...?password_file=PATH[&user=NAME]   (the data nodes' password)
  *   ...&sentinel_password_file=PATH      (the sentinels' own, if they have one)
  * With password_file, each connection authenticates (AUTH [user] password)
