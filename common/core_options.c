@@ -86,8 +86,8 @@ const struct umbp_option umbp_core_options[] = {
      "dma (one copy-engine copy per chunk: a baseline)"},
     {"gpu_restore_method", UMBP_OPT_STRING, OFF(gpu_restore_method), "auto", 0, 0, 8, gpu_methods,
      "how the GPU copy engine restores: auto (= staged: the copy engine, then a scatter "
-     "kernel), kernel (zero-copy reads of host memory: no staging traffic in GPU memory), "
-     "staged, dma (a baseline)"},
+     "kernel), kernel (zero-copy reads of host memory; its blocks hold their SMs for the "
+     "whole transfer, which costs a decode beside it more), staged, dma (a baseline)"},
     {.name = NULL},
 };
 
