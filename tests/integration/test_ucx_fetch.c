@@ -174,13 +174,19 @@ static void owner_start(struct owner *ow, const struct owner_spec *spec)
     close(a[0]);
 }
 
+/* the pipes of an owner that is gone (reaped) */
+static void owner_close(struct owner *ow)
+{
+    close(ow->notify_rd);
+    close(ow->go_wr);
+    close(ow->rel_rd);
+}
+
 static void owner_stop(struct owner *ow)
 {
     kill(ow->pid, SIGKILL);
     waitpid(ow->pid, NULL, 0);
-    close(ow->notify_rd);
-    close(ow->go_wr);
-    close(ow->rel_rd);
+    owner_close(ow);
 }
 
 /* ---- the requester ------------------------------------------------------------ */
@@ -302,6 +308,18 @@ static uint64_t seed_now(void)
     uint64_t s = tu_time_seed();
     cr_log_info("seed %llu", (unsigned long long)s);
     return s;
+}
+
+/* After the owner was killed: UCX reported the death (no fetch ended by its
+ * timeout), then the requester and the owner's pipes are closed. */
+static void end_after_owner_died(struct req *r, struct owner *ow)
+{
+    struct ucx_node_stats st;
+    ucx_node_stats(r->node, &st);
+    cr_assert_eq(st.timeouts, 0);
+    cr_assert_geq(st.peer_errors, 1);
+    req_fini(r);
+    owner_close(ow);
 }
 
 /* ---- tests --------------------------------------------------------------------- */
@@ -469,14 +487,7 @@ Test(ucx_fetch, owner_killed_mid_fetch)
         cr_assert(wc.done);
         cr_assert_neq(a[0].status, 0);
     }
-    struct ucx_node_stats st;
-    ucx_node_stats(r.node, &st);
-    cr_assert_eq(st.timeouts, 0);
-    cr_assert_geq(st.peer_errors, 1);
-    req_fini(&r);
-    close(ow.notify_rd);
-    close(ow.go_wr);
-    close(ow.rel_rd);
+    end_after_owner_died(&r, &ow);
 }
 
 /* The owner stopped (SIGSTOP) before the requester's first fetch, so the
@@ -513,14 +524,7 @@ Test(ucx_fetch, owner_killed_while_the_endpoint_is_in_wireup)
     for (int i = 0; i < 4; i++)
         cr_assert_eq(it[i].status, -ECONNRESET, "key %d: %d", i, it[i].status);
     cr_assert(tu_is_poisoned(r.pool, used), "bytes landed from a dead owner");
-    struct ucx_node_stats st;
-    ucx_node_stats(r.node, &st);
-    cr_assert_eq(st.timeouts, 0);
-    cr_assert_geq(st.peer_errors, 1);
-    req_fini(&r);
-    close(ow.notify_rd);
-    close(ow.go_wr);
-    close(ow.rel_rd);
+    end_after_owner_died(&r, &ow);
 }
 
 /* The owner takes the fetch and stops (blocked in its lease callback, then
