@@ -131,12 +131,22 @@ except Exception:
         MAMBA = "mamba"
         SWA = "swa"
         INDEXER = "indexer"
+        DEEPSEEK_V4_C4 = "deepseek_v4_c4"
+        DEEPSEEK_V4_C4_INDEXER = "deepseek_v4_c4_indexer"
+        DEEPSEEK_V4_C128 = "deepseek_v4_c128"
+        DEEPSEEK_V4_C4_STATE = "deepseek_v4_c4_state"
+        DEEPSEEK_V4_C4_INDEXER_STATE = "deepseek_v4_c4_indexer_state"
+        DEEPSEEK_V4_C128_STATE = "deepseek_v4_c128_state"
         DRAFT = "draft"
+        DRAFT_INDEXER = "draft_indexer"
+        DRAFT_SWA = "draft_swa"
 
         def __str__(self) -> str:
             return self.value
 
     class PoolHitPolicy(str, Enum):  # type: ignore[no-redef]
+        """ALL_PAGES: every page in [0, kv_hit) must exist (e.g. DSA);
+        TRAILING_PAGES: only the last N pages must exist (Mamba/SWA state)."""
         ALL_PAGES = "all_pages"
         TRAILING_PAGES = "trailing_pages"
 
