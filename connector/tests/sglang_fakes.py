@@ -19,6 +19,7 @@ check the backend's vectorized addresses against it.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -146,10 +147,10 @@ def page_indices(pool: FakeHostPool, pages) -> torch.Tensor:
 
 
 class FakeSidecarHostPool:
-    """A non-KV host pool of SGLang's hybrid models (Mamba/SWA state, DSA
-    indexer), as far as a storage backend sees it at registration: the
-    controller hands it over with its PoolName through register_mem_host_pool_v2
-    (hybrid_cache_controller.attach_storage_backend / register_host_pool_entry)."""
+    """A host pool no storage backend can address: a pool that owns no host
+    buffer (kv_buffer None, no get_hybrid_pool_buffer, no
+    get_page_buffer_meta), as a dummy pool of SGLang's is.  umbp must refuse
+    it at register_mem_host_pool_v2."""
 
     def __init__(self, page_size: int = 4, num_pages: int = 8, layout: str = "page_first"):
         self.layout = layout
@@ -157,3 +158,222 @@ class FakeSidecarHostPool:
         self.size = num_pages * page_size
         self.size_per_token = 64
         self.kv_buffer = None
+
+
+# ---- the non-KV host pools of SGLang's hybrid models (v2 interface) ---------
+#
+# Re-implemented field for field from SGLang (sgl-project/sglang):
+#   MambaPoolHost       python/sglang/srt/mem_cache/pool_host/mamba.py @ 02f0c2a0f8e4
+#   DSAIndexerPoolHost  python/sglang/srt/mem_cache/pool_host/dsa.py   @ 03ba7b5b7dd2
+# as far as a storage backend reaches them: page_size, size, layout, the host
+# buffers (get_hybrid_pool_buffer, the tensors Mooncake registers), the flat
+# data-page helpers and get_page_buffer_meta, with the same index semantics
+# (a Mamba page is one slot; an indexer page is named by the anchor KV pool's
+# token slot, page = slot // page_size).  Device-side transfer code is left
+# out.  SWA and draft pools are MHA/MLA host pools: FakeHostPool.
+
+
+def _itemsize(dtype) -> int:
+    """dtype.itemsize, which SGLang uses (torch >= 2.1), on torch 1.13 too."""
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class _BufferBytes:
+    """raw / fill_random / poison over every host buffer of a fake pool."""
+
+    def _buffers(self):
+        return [b for b in self.get_hybrid_pool_buffer() if b is not None and b.numel() > 0]
+
+    def raw(self):
+        return [b.view(-1).view(torch.uint8) for b in self._buffers()]
+
+    def fill_random(self, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        for r in self.raw():
+            r.copy_(torch.randint(0, 256, r.shape, generator=g, dtype=torch.uint8))
+
+    def poison(self, byte: int = 0xA5) -> None:
+        for r in self.raw():
+            r.fill_(byte)
+
+    def all_bytes(self) -> bytes:
+        return b"".join(r.numpy().tobytes() for r in self.raw())
+
+    def page_bytes(self, index: int) -> bytes:
+        """The bytes of the page at token slot index, in SGLang's flat data-page order."""
+        return self.get_data_page(index).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+class FakeMambaPoolHost(_BufferBytes):
+    """MambaPoolHost: one slot per page (page_size 1); per slot and layer a
+    temporal (SSM) state and one or more conv states, page-first only:
+    temporal_buffer (size, L, 1, *temporal_shape), conv_buffer[i]
+    (size, L, 1, *conv_shape_i).  kv_buffer is the list of non-empty buffers."""
+
+    def __init__(self, layout: str = "page_first", *, size: int = 11, num_mamba_layers: int = 3,
+                 conv_state_shapes=((4, 6), (2, 5)), temporal_state_shape=(2, 4, 3),
+                 conv_dtype=torch.bfloat16, temporal_dtype=torch.float32):
+        self.page_size = 1
+        assert layout in ["page_first", "page_first_direct"], f"Unsupported layout: {layout}"
+        self.layout = layout
+        self.pin_memory = False
+        self.device = "cpu"
+        self.num_mamba_layers = num_mamba_layers
+        self.conv_state_shapes = [torch.Size(s) for s in conv_state_shapes]
+        self.temporal_state_shape = torch.Size(temporal_state_shape)
+        self.temporal_state_elem_size = int(np.prod(self.temporal_state_shape))
+        self.conv_state_elem_sizes = [int(np.prod(s)) for s in self.conv_state_shapes]
+        self.conv_dtype = conv_dtype
+        self.temporal_dtype = temporal_dtype
+        self.dtype = self.conv_dtype
+        self.size_per_token = self.get_size_per_token()
+        self.size = size
+        self.page_num = self.size // self.page_size + 1
+        self.size = self.page_num * self.page_size
+        self.kv_buffer = self.init_kv_buffer()
+        self.can_use_write_back_jit = True
+
+    def init_kv_buffer(self):
+        self.temporal_buffer = torch.zeros((self.size, self.num_mamba_layers, 1)
+                                           + tuple(self.temporal_state_shape),
+                                           dtype=self.temporal_dtype)
+        self.conv_buffer = [torch.zeros((self.size, self.num_mamba_layers, 1) + tuple(s),
+                                        dtype=self.conv_dtype) for s in self.conv_state_shapes]
+        return [b for b in (self.temporal_buffer, *self.conv_buffer) if b.numel() > 0]
+
+    def get_hybrid_pool_buffer(self):
+        return [self.temporal_buffer, *self.conv_buffer]
+
+    def get_size_per_token(self):
+        conv = sum(e * _itemsize(self.conv_dtype) for e in self.conv_state_elem_sizes)
+        return (conv + self.temporal_state_elem_size * _itemsize(self.temporal_dtype)) \
+            * self.num_mamba_layers
+
+    def get_ksize_per_token(self):
+        return self.get_size_per_token()
+
+    def _iter_page_tensors(self, index: int):
+        yield self.temporal_buffer[index]
+        for conv_buf in self.conv_buffer:
+            yield conv_buf[index]
+
+    @staticmethod
+    def _flatten_tensor_bytes(tensor):
+        return tensor.contiguous().view(torch.uint8).reshape(-1)
+
+    def get_data_page(self, index, flat: bool = True):
+        data_page = torch.cat([self._flatten_tensor_bytes(t) for t in self._iter_page_tensors(index)])
+        return data_page.flatten() if flat else data_page
+
+    def get_dummy_flat_data_page(self):
+        return torch.zeros(self.page_size * self.size_per_token, dtype=torch.uint8)
+
+    def set_from_flat_data_page(self, index: int, data_page) -> None:
+        flat = data_page.contiguous().view(torch.uint8).reshape(-1)
+        start = 0
+        for tensor in self._iter_page_tensors(index):
+            n = tensor.numel() * tensor.element_size()
+            tensor.copy_(flat[start:start + n].view(dtype=tensor.dtype).reshape(tensor.shape))
+            start += n
+
+    def get_page_buffer_meta(self, indices):
+        assert len(indices) % self.page_size == 0
+        if self.layout not in ["page_first", "page_first_direct"]:
+            raise ValueError(f"Mamba storage zero-copy requires page_first layout, got {self.layout}")
+        indices = indices.tolist()
+        ptr_list, element_size_list = [], []
+        temporal_base_ptr = self.temporal_buffer.data_ptr()
+        conv_base_ptrs = [buf.data_ptr() for buf in self.conv_buffer]
+        temporal_element_size = (self.page_size * self.num_mamba_layers
+                                 * _itemsize(self.temporal_dtype) * self.temporal_state_elem_size)
+        conv_element_sizes = [self.page_size * self.num_mamba_layers * _itemsize(self.conv_dtype)
+                              * self.conv_state_elem_sizes[i] for i in range(len(self.conv_state_shapes))]
+        for i in range(0, len(indices), self.page_size):
+            if self.temporal_state_elem_size > 0:
+                ptr_list.append(temporal_base_ptr + indices[i] * self.num_mamba_layers
+                                * self.temporal_state_elem_size * _itemsize(self.temporal_dtype))
+                element_size_list.append(temporal_element_size)
+            for j in range(len(self.conv_buffer)):
+                ptr_list.append(conv_base_ptrs[j] + indices[i] * self.num_mamba_layers
+                                * self.conv_state_elem_sizes[j] * _itemsize(self.conv_dtype))
+                element_size_list.append(conv_element_sizes[j])
+        return ptr_list, element_size_list
+
+
+class FakeDSAIndexerPoolHost(_BufferBytes):
+    """DSAIndexerPoolHost: the DSA index keys (packed keys plus one fp32 scale
+    per quant block, uint8) riding on the anchor MLA pool's pages: same
+    page_size, layout, size and token slots as the anchor.  layer_first:
+    index_k_with_scale_buffer (L, P', stride); page_first(_direct):
+    (P', L, 1, stride), P' = (size + page_size + 1) // page_size, stride =
+    bytes per token per layer * page_size.  get_page_buffer_meta is
+    page-first only (one pointer per page), as SGLang's."""
+
+    def __init__(self, anchor_host, *, layer_num: int = 3, index_head_dim: int = 16,
+                 quant_block_size: int = 8):
+        self.page_size = anchor_host.page_size
+        self.layout = anchor_host.layout
+        self.pin_memory = False
+        self.device = "cpu"
+        self.layer_num = layer_num
+        self.indexer_dtype = torch.uint8
+        self.dtype = self.indexer_dtype
+        self.size = anchor_host.size
+        self.page_num = anchor_host.page_num
+        bytes_per_token_per_layer = index_head_dim + index_head_dim // quant_block_size * 4
+        self.indexer_page_stride_size = bytes_per_token_per_layer * self.page_size
+        self.indexer_layout_dim = self.indexer_page_stride_size * self.layer_num
+        self.indexer_page_num = (self.size + self.page_size + 1) // self.page_size
+        self.size_per_token = bytes_per_token_per_layer * self.layer_num
+        self.can_use_jit = False
+        self.can_use_write_back_jit = False
+        self.init_kv_buffer()
+
+    def init_kv_buffer(self):
+        if self.layout == "layer_first":
+            dims = (self.layer_num, self.indexer_page_num, self.indexer_page_stride_size)
+        elif self.layout in ["page_first", "page_first_direct"]:
+            dims = (self.indexer_page_num, self.layer_num, 1, self.indexer_page_stride_size)
+        else:
+            raise ValueError(f"Unsupported layout: {self.layout}")
+        self.index_k_with_scale_buffer = torch.zeros(dims, dtype=self.indexer_dtype)
+
+    def get_hybrid_pool_buffer(self):
+        return [self.index_k_with_scale_buffer]
+
+    def get_size_per_token(self):
+        return self.size_per_token
+
+    def get_data_page(self, index, flat: bool = True):
+        page_idx = int(index) // self.page_size
+        if self.layout == "layer_first":
+            data_page = self.index_k_with_scale_buffer[:, page_idx:page_idx + 1, :]
+        else:
+            data_page = self.index_k_with_scale_buffer[page_idx:page_idx + 1, :, :, :]
+        return data_page.flatten() if flat else data_page
+
+    def get_dummy_flat_data_page(self):
+        return torch.zeros((self.layer_num, self.indexer_page_stride_size),
+                           dtype=self.indexer_dtype).flatten()
+
+    def set_from_flat_data_page(self, index: int, data_page) -> None:
+        page = self.get_data_page(index, flat=False)
+        page.copy_(data_page.reshape(page.shape))
+
+    def get_page_buffer_meta(self, indices):
+        assert len(indices) % self.page_size == 0
+        if self.layout not in ["page_first", "page_first_direct"]:
+            raise ValueError(f"Unsupported layout: {self.layout}")
+        ptr_list = []
+        indices = indices.tolist()
+        page_stride_bytes = self.layer_num * self.indexer_page_stride_size * _itemsize(self.indexer_dtype)
+        base_ptr = self.index_k_with_scale_buffer.data_ptr()
+        for i in range(0, len(indices), self.page_size):
+            ptr_list.append(base_ptr + int(indices[i]) // self.page_size * page_stride_bytes)
+        return ptr_list, [page_stride_bytes] * len(ptr_list)
+
+
+def count_pool_hits(results):
+    """SGLang's count_pool_hits (hicache_storage.py): the leading run of
+    successes of each pool, which its controllers take the minimum of."""
+    return {name: (rs.index(False) if False in rs else len(rs)) for name, rs in results.items()}
