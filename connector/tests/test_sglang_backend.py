@@ -12,6 +12,8 @@ so, when none exists.
 """
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import importlib
 import json
 import os
@@ -24,6 +26,7 @@ import threading
 import time
 from hashlib import sha256
 from pathlib import Path
+from typing import List, Optional
 
 import numpy as np
 import pytest
@@ -39,11 +42,18 @@ for p in (str(HERE), str(CONNECTOR)):
         sys.path.insert(0, p)
 
 import umbp  # noqa: E402
-from sglang_fakes import FakeHostPool, FakeSidecarHostPool, page_indices  # noqa: E402
-from umbp.sglang import _compat  # noqa: E402
+from sglang_fakes import (  # noqa: E402
+    FakeDSAIndexerPoolHost,
+    FakeHostPool,
+    FakeMambaPoolHost,
+    FakeSidecarHostPool,
+    count_pool_hits,
+    page_indices,
+)
+from umbp.sglang import _compat, hicache  # noqa: E402
 from umbp.sglang.config import UMBPStoreConfigError  # noqa: E402
 from umbp.sglang.hicache import UMBPStore, page_hashes  # noqa: E402
-from umbp.sglang.layout import LayoutError, PageLayout  # noqa: E402
+from umbp.sglang.layout import AffineLayout, LayoutError, PageLayout  # noqa: E402
 
 MHA_LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
 MLA_LAYOUTS = ["layer_first", "page_first", "page_first_direct"]
@@ -298,69 +308,352 @@ def test_clear_and_stats(stores):
 
 
 # ---- the v2 multi-pool interface -------------------------------------------------
+#
+# SGLang's hybrid controller (hybrid_cache_controller.py @ 00343773) calls
+# register_mem_pool_host(anchor), then register_mem_host_pool_v2(pool, name) for
+# every host pool, the KV anchor first; it moves the non-KV pools with
+# batch_exists_v2 / batch_get_v2 / batch_set_v2 and reads their results through
+# count_pool_hits.  The pools are sglang_fakes' re-implementations of SGLang's.
 
-def test_v2_registration_refuses_sidecar_pools_and_keeps_the_kv_anchor(stores):
-    """SGLang's hybrid controller calls register_mem_pool_host(anchor), then
-    register_mem_host_pool_v2 for every entry, the KV anchor first."""
-    pool = FakeHostPool("page_first")
-    st = stores(pool)
-    st.register_mem_host_pool_v2(pool, _compat.PoolName.KV)          # the anchor: accepted
-    st.register_mem_host_pool_v2(pool, "kv")
-    assert st.layout is not None
-    for name in (_compat.PoolName.MAMBA, _compat.PoolName.SWA, _compat.PoolName.INDEXER, "draft"):
-        with pytest.raises(UMBPStoreConfigError, match=r"'%s'.*v2 multi-pool.*--hicache-storage-backend"
-                           % str(name)):
-            st.register_mem_host_pool_v2(FakeSidecarHostPool(), name)
-    # a KV anchor that is another pool object is registered like register_mem_pool_host
+PN, HP = _compat.PoolName, _compat.PoolHitPolicy
+
+
+def slots(pool, pages):
+    """host_indices of whole pages of any pool: page_size slots per page (a
+    Mamba page is one slot)."""
+    ps = pool.page_size
+    return torch.tensor([p * ps + t for p in pages for t in range(ps)], dtype=torch.int64)
+
+
+def hybrid_store(stores, anchor, pools, **kw):
+    """A store registered as SGLang's hybrid controller does it."""
+    st = stores(anchor, **kw)                      # attach_storage_backend: register_mem_pool_host
+    st.register_mem_host_pool_v2(anchor, PN.KV)    # then every entry, the anchor first
+    for name, pool in pools.items():
+        st.register_mem_host_pool_v2(pool, name)
+    return st
+
+
+def pool_kinds():
+    """(id, is_mla, anchor layout, factory(anchor) -> (name, pool))."""
+    return [
+        ("mamba-page_first", False, "page_first", lambda a: (PN.MAMBA, FakeMambaPoolHost("page_first"))),
+        ("mamba-page_first_direct", False, "page_first_direct",
+         lambda a: (PN.MAMBA, FakeMambaPoolHost("page_first_direct"))),
+        ("mamba-conv_only", False, "page_first",
+         lambda a: (PN.MAMBA, FakeMambaPoolHost("page_first", temporal_state_shape=(0,)))),
+        ("indexer-page_first", True, "page_first", lambda a: (PN.INDEXER, FakeDSAIndexerPoolHost(a))),
+        ("indexer-page_first_direct", True, "page_first_direct",
+         lambda a: (PN.INDEXER, FakeDSAIndexerPoolHost(a))),
+        ("swa-mha-layer_first", False, "layer_first", lambda a: (PN.SWA, FakeHostPool("layer_first", num_pages=6))),
+        ("swa-mha-page_head", False, "page_head", lambda a: (PN.SWA, FakeHostPool("page_head", num_pages=6))),
+        ("draft-mha-page_first", False, "page_first",
+         lambda a: (PN.DRAFT, FakeHostPool("page_first", layer_num=1, head_num=4))),
+        ("draft-mla-page_first_direct", True, "page_first_direct",
+         lambda a: (PN.DRAFT, FakeHostPool("page_first_direct", mla=True, layer_num=1))),
+        ("draft_swa-mha-page_first", False, "page_first",
+         lambda a: (PN.DRAFT_SWA, FakeHostPool("page_first", num_pages=6, dtype=torch.bfloat16))),
+    ]
+
+
+KINDS = pool_kinds()
+
+
+@pytest.mark.parametrize("kind", [k[0] for k in KINDS if k[0].split("-")[0] in ("mamba", "indexer")])
+def test_v2_pool_addresses_match_sglang_page_buffer_meta(stores, kind):
+    """The pages of a Mamba or DSA indexer pool are addressed with SGLang's own
+    get_page_buffer_meta pointers, and an object is the pool's flat data page
+    (get_data_page) byte for byte."""
+    _, mla, layout, make = next(k for k in KINDS if k[0] == kind)
+    anchor = FakeHostPool(layout, mla=mla)
+    name, pool = make(anchor)
+    st = hybrid_store(stores, anchor, {name: pool}, mla=mla)
+    lay = st._pools[str(name)].layout
+    assert isinstance(lay, AffineLayout)
+    pool.fill_random(seed=3)
+    pages = [pool.size // pool.page_size - 1, 0, 2]
+    idx = slots(pool, pages)
+    ptrs, lens, offs = lay.ranges(lay.first_slots(idx, len(pages)))
+    want_ptrs, want_sizes = pool.get_page_buffer_meta(idx)
+    assert ptrs.reshape(-1).tolist() == want_ptrs and lens.reshape(-1).tolist() == want_sizes
+    assert (offs[:, 1:] == offs[:, :-1] + lens[:, :-1]).all() and (offs[:, 0] == 0).all()
+    for row, p in enumerate(pages):
+        obj = b"".join(ctypes.string_at(int(a), int(n)) for a, n in zip(ptrs[row], lens[row]))
+        assert obj == pool.page_bytes(p * pool.page_size)
+    assert lay.object_size == pool.get_dummy_flat_data_page().numel()
+
+
+@pytest.mark.parametrize("kind", [k[0] for k in KINDS])
+def test_v2_set_then_get_each_pool_kind_byte_exact(stores, kind):
+    """batch_set_v2 from random host pages, poison the pool, batch_get_v2 into
+    other pages: every byte back, nothing outside the destination written;
+    the KV pool of the same keys is untouched by the pool's objects."""
+    _, mla, layout, make = next(k for k in KINDS if k[0] == kind)
+    anchor = FakeHostPool(layout, mla=mla)
+    name, pool = make(anchor)
+    st = hybrid_store(stores, anchor, {name: pool}, mla=mla)
+    pool.fill_random(seed=7)
+    n_pages = pool.size // pool.page_size
+    src, dst = [n_pages - 1, 0, 3], [1, n_pages - 2, 2]
+    keys = [hkey(100 + i) for i in range(3)]
+    want = [pool.page_bytes(p * pool.page_size) for p in src]
+    res = st.batch_set_v2([_compat.PoolTransfer(name=name, keys=keys, host_indices=slots(pool, src))])
+    assert res == {name: [True] * 3} and count_pool_hits(res) == {name: 3}
+    pool.poison(0xA5)
+    res = st.batch_get_v2([_compat.PoolTransfer(name=name, keys=keys, host_indices=slots(pool, dst))])
+    assert res == {name: [True] * 3}
+    assert [pool.page_bytes(p * pool.page_size) for p in dst] == want
+    rest = [p for p in range(n_pages) if p not in dst]
+    assert all(set(pool.page_bytes(p * pool.page_size)) == {0xA5} for p in rest)
+    # the same page keys name nothing in the KV pool, nor in a pool never registered
+    assert st.batch_exists(keys) == 0
+    assert st.batch_get_v2([_compat.PoolTransfer(name=PN.DRAFT_INDEXER, keys=keys,
+                                                 host_indices=slots(pool, dst))]) == \
+        {PN.DRAFT_INDEXER: [False] * 3}
+
+
+def _exists(st, keys, *transfers):
+    return st.batch_exists_v2(keys, list(transfers), _compat.HiCacheStorageExtraInfo())
+
+
+def test_v2_exists_hit_policies(stores, monkeypatch):
+    """batch_exists_v2 as hicache_storage.py's docstring defines it: the
+    usable prefix P is the longest one for which the KV pages [0, P) are
+    stored, every "all_pages" pool has its pages [0, P) and every
+    "trailing_pages" pool its last len(keys) pages [P - N, P);
+    extra_pool_hit_pages has each pool's own longest prefix."""
+    anchor = FakeHostPool("page_first", mla=True, num_pages=8)
+    mamba, indexer = FakeMambaPoolHost(), FakeDSAIndexerPoolHost(anchor)
+    swa = FakeHostPool("page_first", mla=True, num_pages=8)
+    st = hybrid_store(stores, anchor, {PN.MAMBA: mamba, PN.INDEXER: indexer, PN.SWA: swa}, mla=True)
+    for p in (anchor, mamba, indexer, swa):
+        p.fill_random(seed=5)
+    keys = [hkey(200 + i) for i in range(6)]
+
+    def store(name, pool, pages):
+        res = st.batch_set_v2([_compat.PoolTransfer(name=name, keys=[keys[i] for i in pages],
+                                                    host_indices=slots(pool, pages))])
+        assert res == {name: [True] * len(pages)}
+
+    def trailing(name, n):
+        return _compat.PoolTransfer(name=name, keys=keys[:n], hit_policy=HP.TRAILING_PAGES)
+
+    def all_pages(name):
+        return _compat.PoolTransfer(name=name, indices_from_pool=PN.KV)  # hit_policy defaults to all_pages
+
+    assert st.batch_set_v1(keys, page_indices(anchor, range(6))) == [True] * 6
+    store(PN.INDEXER, indexer, [0, 1, 2, 3])
+    store(PN.MAMBA, mamba, [1, 4])
+    store(PN.SWA, swa, [0, 1, 2, 4, 5])
+
+    r = _exists(st, keys)
+    assert isinstance(r, _compat.PoolTransferResult) and r.kv_hit_pages == 6
+    r = _exists(st, keys, all_pages(PN.INDEXER))                       # all_pages, partial: 4 of 6
+    assert r.kv_hit_pages == 4 and r.extra_pool_hit_pages == {PN.KV: 6, PN.INDEXER: 4}
+    r = _exists(st, keys, trailing(PN.MAMBA, 1))                       # trailing 1: stops 2 and 5
+    assert r.kv_hit_pages == 5 and r.extra_pool_hit_pages[PN.MAMBA] == 5
+    r = _exists(st, keys, _compat.PoolTransfer(name=PN.MAMBA, keys=None, hit_policy=HP.TRAILING_PAGES))
+    assert r.kv_hit_pages == 5                                         # no keys: a window of 1
+    r = _exists(st, keys, trailing(PN.SWA, 2))                         # trailing 2: stops 1, 2, 3, 6
+    assert r.kv_hit_pages == 6 and r.extra_pool_hit_pages[PN.SWA] == 6
+    # both at once: indexer stops 1..4, Mamba stops 2 and 5 -> 2 (the minimum of the
+    # pools' own answers, 4, would need Mamba's page 3, which is not stored)
+    r = _exists(st, keys, all_pages(PN.INDEXER), trailing(PN.MAMBA, 1))
+    assert r.kv_hit_pages == 2
+    assert r.extra_pool_hit_pages == {PN.KV: 6, PN.INDEXER: 4, PN.MAMBA: 5}
+    r = _exists(st, keys, all_pages(PN.INDEXER), trailing(PN.MAMBA, 1), trailing(PN.SWA, 2))
+    assert r.kv_hit_pages == 2
+    r = _exists(st, keys, all_pages(PN.INDEXER), trailing(PN.SWA, 3))   # SWA windows of 3: stops 1 .. 3
+    assert r.kv_hit_pages == 3 and r.extra_pool_hit_pages[PN.SWA] == 3
+    # a shorter KV prefix bounds every pool
+    r = _exists(st, keys[:2] + [hkey(999)] + keys[3:], all_pages(PN.INDEXER), trailing(PN.SWA, 2))
+    assert r.kv_hit_pages == 2 and r.extra_pool_hit_pages[PN.KV] == 2
+    # a pool with nothing stored, and a pool never registered: no usable prefix
+    r = _exists(st, [hkey(300 + i) for i in range(3)])
+    assert r.kv_hit_pages == 0
+    draft = FakeHostPool("page_first", mla=True, layer_num=1)
+    st.register_mem_host_pool_v2(draft, PN.DRAFT)
+    r = _exists(st, keys, all_pages(PN.DRAFT))
+    assert r.kv_hit_pages == 0 and r.extra_pool_hit_pages == {PN.KV: 6, PN.DRAFT: 0}
+    r = _exists(st, keys, all_pages(PN.DRAFT_INDEXER), trailing(PN.MAMBA, 1))
+    assert r.kv_hit_pages == 0 and r.extra_pool_hit_pages[PN.DRAFT_INDEXER] == 0
+
+    # as the controller goes on (_sync_trailing_keys): the last N hashes of the
+    # usable prefix, read with batch_get_v2, all hit
+    r = _exists(st, keys, trailing(PN.SWA, 2), all_pages(PN.INDEXER))
+    assert r.kv_hit_pages == 3
+    swa.poison()
+    res = st.batch_get_v2([_compat.PoolTransfer(name=PN.SWA, keys=keys[1:3], host_indices=slots(swa, [6, 7]),
+                                                hit_policy=HP.TRAILING_PAGES)])
+    assert count_pool_hits(res) == {PN.SWA: 2}
+
+    # a SGLang whose PoolTransferResult has restorable_prefix_pages gets the stop points
+    @dataclasses.dataclass
+    class NewerResult:
+        kv_hit_pages: int
+        extra_pool_hit_pages: dict
+        restorable_prefix_pages: Optional[List[int]] = None
+    monkeypatch.setattr(hicache, "PoolTransferResult", NewerResult)
+    monkeypatch.setattr(hicache, "_RESULT_HAS_RESTORABLE", True)
+    r = _exists(st, keys, trailing(PN.SWA, 2))
+    assert r.kv_hit_pages == 6 and r.restorable_prefix_pages == [1, 2, 3, 6]  # [0, 1) is stored
+
+
+def test_v2_pools_with_the_same_page_keys_do_not_collide(stores):
+    """SWA and draft pools of the same geometry, the Mamba and indexer pools
+    and the KV pool itself, all written under the same page hashes: each
+    reads back its own bytes."""
+    anchor = FakeHostPool("page_first", num_pages=8)
+    swa, draft = FakeHostPool("page_first", num_pages=8), FakeHostPool("page_first", num_pages=8)
+    mamba, indexer = FakeMambaPoolHost(), FakeDSAIndexerPoolHost(anchor)
+    pools = {PN.SWA: swa, PN.DRAFT: draft, PN.MAMBA: mamba, PN.INDEXER: indexer}
+    st = hybrid_store(stores, anchor, pools)
+    keys = [hkey(400 + i) for i in range(2)]
+    want = {}
+    for seed, (name, pool) in enumerate(pools.items()):
+        pool.fill_random(seed=20 + seed)
+        want[name] = [pool.page_bytes(p * pool.page_size) for p in (0, 1)]
+    anchor.fill_random(seed=30)
+    want_kv = [anchor.page_bytes(p * anchor.page_size) for p in (0, 1)]
+    assert len({w[0] for w in want.values()} | {want_kv[0]}) == 5
+    assert st.batch_set_v1(keys, page_indices(anchor, [0, 1])) == [True, True]
+    res = st.batch_set_v2([_compat.PoolTransfer(name=nm, keys=keys, host_indices=slots(p, [0, 1]))
+                           for nm, p in pools.items()])
+    assert res == {nm: [True, True] for nm in pools}
+    derived = [st._keys(keys)] + [st._pool_keys(st._pools[str(nm)], page_hashes(keys)) for nm in pools]
+    assert len({bytes(k[0]) for k in derived}) == 5
+    for pool in (anchor, *pools.values()):
+        pool.poison()
+    res = st.batch_get_v2([_compat.PoolTransfer(name=nm, keys=keys, host_indices=slots(p, [2, 3]))
+                           for nm, p in pools.items()])
+    assert res == {nm: [True, True] for nm in pools}
+    for name, pool in pools.items():
+        assert [pool.page_bytes(p * pool.page_size) for p in (2, 3)] == want[name], name
+    assert st.batch_get_v1(keys, page_indices(anchor, [4, 5])) == [True, True]
+    assert [anchor.page_bytes(p * anchor.page_size) for p in (4, 5)] == want_kv
+
+
+def test_v2_registration_keeps_the_kv_anchor_and_refuses_what_it_cannot_address(stores):
+    """The KV anchor is the pool register_mem_pool_host took (another object is
+    taken the same way); a pool this backend cannot address is refused with
+    UMBPStoreConfigError naming the pool and why, never NotImplementedError."""
+    anchor = FakeHostPool("page_first")
+    st = stores(anchor)
+    st.register_mem_host_pool_v2(anchor, PN.KV)
+    st.register_mem_host_pool_v2(anchor, "kv")
+    assert st.layout is not None and st._pools == {}
     other = FakeHostPool("page_first_direct")
     bare = stores()
-    bare.register_mem_host_pool_v2(other, _compat.PoolName.KV)
+    bare.register_mem_host_pool_v2(other, PN.KV)
     assert bare.layout is not None and bare.layout.layout == "page_first_direct"
 
+    # no host buffer at all (a dummy pool)
+    with pytest.raises(UMBPStoreConfigError, match=r"pool 'mamba' \(FakeSidecarHostPool\).*no host buffer"):
+        st.register_mem_host_pool_v2(FakeSidecarHostPool(), PN.MAMBA)
+    # SGLang's own zero-copy addresses refuse layer_first for the DSA indexer
+    lf = FakeHostPool("layer_first", mla=True)
+    with pytest.raises(UMBPStoreConfigError, match=r"pool 'indexer'.*'layer_first'.*page_first"):
+        stores(lf, mla=True).register_mem_host_pool_v2(FakeDSAIndexerPoolHost(lf), PN.INDEXER)
 
-def _sidecar(name, keys, pool=None, pages=None):
-    hi = None if pool is None else page_indices(pool, pages)
-    return _compat.PoolTransfer(name=name, keys=keys, host_indices=hi,
-                                indices_from_pool=_compat.PoolName.KV)
+    # pointers outside the pool's buffers, or not one stride apart
+    class Outside(FakeMambaPoolHost):
+        def get_page_buffer_meta(self, indices):
+            ptrs, sizes = super().get_page_buffer_meta(indices)
+            return [p + 64 for p in ptrs], sizes
+
+    with pytest.raises(UMBPStoreConfigError, match=r"pool 'mamba'.*not inside one of the pool's buffers"):
+        st.register_mem_host_pool_v2(Outside(), PN.MAMBA)
+
+    class Scattered(FakeMambaPoolHost):
+        def get_page_buffer_meta(self, indices):
+            ptrs, sizes = super().get_page_buffer_meta(indices)
+            return [p + (64 if int(indices[0]) == self.size - 1 else 0) for p in ptrs], sizes
+
+    with pytest.raises(UMBPStoreConfigError, match=r"pool 'mamba'.*base \+ page \* stride"):
+        st.register_mem_host_pool_v2(Scattered(), PN.MAMBA)
+    # a KV-shaped pool whose own pointers disagree with its kv_buffer's shape
+    swa = FakeHostPool("page_first")
+    swa.get_page_buffer_meta = lambda idx: ([swa.kv_buffer.data_ptr()], [8])
+    with pytest.raises(UMBPStoreConfigError, match=r"pool 'swa'.*get_page_buffer_meta points at"):
+        st.register_mem_host_pool_v2(swa, PN.SWA)
+    # a layout umbp does not know and no get_page_buffer_meta to say where pages are
+    # (with SGLang's get_page_buffer_meta, such a pool is addressed by it)
+    bad = FakeHostPool("page_first")
+    bad.layout, bad.get_page_buffer_meta = "page_first_kv_split", None
+    with pytest.raises(UMBPStoreConfigError, match=r"pool 'swa'.*no get_page_buffer_meta"):
+        st.register_mem_host_pool_v2(bad, PN.SWA)
+    assert st._pools == {}
+    # refused pools are misses in the data calls, as any unregistered pool
+    assert st.batch_get_v2([_compat.PoolTransfer(name=PN.MAMBA, keys=[hkey(1)],
+                                                 host_indices=torch.tensor([0]))]) == {PN.MAMBA: [False]}
 
 
-def test_v2_data_calls_answer_misses_of_sglangs_shapes_never_raise(stores):
-    """If a v2 call reaches the backend anyway (a sidecar registered before the
-    backend, a newer controller), it must return what SGLang indexes, not raise:
-    a NotImplementedError in SGLang's prefetch thread stops L3 for good."""
+def test_v2_bad_input_is_misses_not_exceptions(stores):
+    """Whatever arrives, the v2 data calls answer SGLang's shapes ({name:
+    [bool]}, a PoolTransferResult) and never raise: an exception in SGLang's
+    prefetch or backup thread stops L3 for the life of the process."""
+    anchor = FakeHostPool("page_first")
+    mamba, indexer = FakeMambaPoolHost(), FakeDSAIndexerPoolHost(anchor)
+    st = hybrid_store(stores, anchor, {PN.MAMBA: mamba, PN.INDEXER: indexer})
+    k = [hkey(i) for i in range(3)]
+    T = _compat.PoolTransfer
+
+    def get(name, keys, hi):
+        return st.batch_get_v2([T(name=name, keys=keys, host_indices=hi)])
+
+    assert get(PN.MAMBA, k, None) == {PN.MAMBA: [False] * 3}                          # no indices
+    assert get(PN.MAMBA, k, torch.tensor([0, 1])) == {PN.MAMBA: [False] * 3}          # too few
+    assert get(PN.MAMBA, k, torch.tensor([0, 1, 99])) == {PN.MAMBA: [False] * 3}      # outside
+    assert get(PN.MAMBA, k, torch.tensor([0.0, 1.0, 2.0])) == {PN.MAMBA: [False] * 3}  # not integers
+    assert get(PN.MAMBA, k, torch.tensor([-1, 0, 1])) == {PN.MAMBA: [False] * 3}      # negative
+    assert get(PN.INDEXER, k, torch.arange(1, 13)) == {PN.INDEXER: [False] * 3}       # pages not aligned
+    assert get(PN.INDEXER, None, torch.arange(0, 12)) == {PN.INDEXER: []}             # no keys
+    assert get("no-such-pool", k, torch.tensor([0, 1, 2])) == {"no-such-pool": [False] * 3}
+    assert st.batch_set_v2([T(name=PN.MAMBA, keys=k, host_indices=torch.tensor([5, 5]))]) == \
+        {PN.MAMBA: [False] * 3}
+    assert st.batch_get_v2(None) == {} and st.batch_set_v2([]) == {} and st.batch_get_v2(5) == {}
+    assert st.batch_get_v2([object()]) == {0: []}
+    # a repeated key in one batch is split, as in v1
+    mamba.fill_random(seed=1)
+    assert st.batch_set_v2([T(name=PN.MAMBA, keys=[k[0], k[0]], host_indices=torch.tensor([1, 1]))]) == \
+        {PN.MAMBA: [True, True]}
+    # lookups: garbage is 0 pages
+    for bad in ([object()], [T(name=PN.MAMBA, keys=k, hit_policy="most_pages")]):
+        r = st.batch_exists_v2(k, bad)
+        assert isinstance(r, _compat.PoolTransferResult) and r.kv_hit_pages == 0
+    assert st.batch_exists_v2([], [T(name=PN.MAMBA)]).kv_hit_pages == 0
+    assert st.batch_exists_v2(None, None).kv_hit_pages == 0
+    # before register_mem_pool_host and after close: misses
+    bare = stores()
+    assert bare.batch_exists_v2(k, [T(name=PN.MAMBA, keys=k[-1:])]).kv_hit_pages == 0
+    st.close()
+    assert st.batch_exists_v2(k, [T(name=PN.MAMBA, keys=k)]).kv_hit_pages == 0
+    assert get(PN.MAMBA, k, torch.tensor([0, 1, 2])) == {PN.MAMBA: [False] * 3}
+    assert st.batch_set_v2([T(name=PN.MAMBA, keys=k, host_indices=torch.tensor([0, 1, 2]))]) == \
+        {PN.MAMBA: [False] * 3}
+
+
+def test_v2_kv_transfer_maps_onto_v1(stores):
+    """A transfer of the KV pool itself (SGLang sends KV through v1, but a v2
+    call naming "kv" must not fail) goes through batch_get_v1/batch_set_v1."""
     pool = FakeHostPool("page_first")
     st = stores(pool)
     pool.fill_random(seed=11)
     k = [hkey(i) for i in range(3)]
-    assert st.batch_set_v1(k, page_indices(pool, [0, 1, 2])) == [True] * 3
-    M, KV = _compat.PoolName.MAMBA, _compat.PoolName.KV
-
-    r = st.batch_exists_v2(k, [_sidecar(M, k[-1:])])
-    assert isinstance(r, _compat.PoolTransferResult)
-    assert r.kv_hit_pages == 0 and r.extra_pool_hit_pages == {M: 0}   # KV alone is no usable prefix
-    r = st.batch_exists_v2(k, None)                                     # no extra pool: batch_exists
-    assert r.kv_hit_pages == 3
-
-    res = st.batch_get_v2([_sidecar(M, k, pool, [3, 4, 5])])
-    assert res == {M: [False, False, False]}
-    # SGLang's count_pool_hits over it, then min with the KV hits: 0
-    assert min([3, *[(rs.index(False) if False in rs else len(rs)) for rs in res.values()]]) == 0
-    res = st.batch_set_v2([_sidecar(M, k[:2], pool, [0, 1]), _sidecar(_compat.PoolName.INDEXER, [])])
-    assert res == {M: [False, False], _compat.PoolName.INDEXER: []}
-    assert res.get(M) == [False, False]                                # SGLang reads results.get(transfer.name)
-    # the KV pool itself maps onto v1, byte-exact
+    KV = PN.KV
+    assert st.batch_set_v2([_compat.PoolTransfer(name=KV, keys=k, host_indices=page_indices(pool, [0, 1, 2]))]) \
+        == {KV: [True] * 3}
+    assert st.batch_exists(k) == 3
     want = [pool.page_bytes(p * pool.page_size) for p in range(3)]
     pool.poison()
     res = st.batch_get_v2([_compat.PoolTransfer(name=KV, keys=k, host_indices=page_indices(pool, [5, 6, 7]))])
     assert res == {KV: [True, True, True]}
     assert [pool.page_bytes(p * pool.page_size) for p in (5, 6, 7)] == want
-    # garbage in, misses out
     assert st.batch_get_v2([_compat.PoolTransfer(name=KV, keys=k, host_indices=torch.zeros(3))]) == \
         {KV: [False, False, False]}
-    assert st.batch_get_v2(None) == {} and st.batch_set_v2([]) == {}
     st.close()
-    assert st.batch_exists_v2(k, [_sidecar(M, k)]).kv_hit_pages == 0
-    assert st.batch_get_v2([_sidecar(KV, k, pool, [0, 1, 2])]) == {KV: [False] * 3}
+    assert st.batch_get_v2([_compat.PoolTransfer(name=KV, keys=k, host_indices=page_indices(pool, [0, 1, 2]))]) \
+        == {KV: [False] * 3}
 
 
 # ---- keys -----------------------------------------------------------------------
@@ -494,6 +787,63 @@ def test_mla_rank0_writes_rank1_reads(server):
     finally:
         r0.close()
         r1.close()
+
+
+def test_v2_mla_rank0_writes_replicated_pools_every_rank_writes_mamba(server):
+    """MLA (SGLang's is_mla_model: rank-replicated KV): the hybrid controller
+    backs up a non-KV pool from TP rank 0 only, except Mamba state, which is
+    sharded by TP rank and backed up on every rank (should_backup).  So the
+    DSA indexer's objects are rank 0's, read by every rank, and a batch_set_v2
+    of them on another rank writes nothing; each rank stores and reads its
+    own Mamba state.  An MHA pool (heads split over the ranks) in an MLA model
+    could never be loaded by the other ranks: refused."""
+    pools = [FakeHostPool("page_first", mla=True) for _ in range(2)]
+    idx = [FakeDSAIndexerPoolHost(p) for p in pools]
+    mamba = [FakeMambaPoolHost() for _ in range(2)]
+    ranks = [make_store(pools[r], server.options(), mla=True, tp_rank=r, tp_size=2) for r in range(2)]
+    try:
+        for r, st in enumerate(ranks):
+            st.register_mem_host_pool_v2(pools[r], PN.KV)
+            st.register_mem_host_pool_v2(idx[r], PN.INDEXER)
+            st.register_mem_host_pool_v2(mamba[r], PN.MAMBA)
+            assert st._pools["indexer"].replicated and not st._pools["mamba"].replicated
+            idx[r].fill_random(seed=40 + r)
+            mamba[r].fill_random(seed=50 + r)
+        k = [hkey(500), hkey(501)]
+        T = _compat.PoolTransfer
+        # rank 1 "stores" the replicated indexer: nothing written
+        assert ranks[1].batch_set_v2([T(name=PN.INDEXER, keys=k, host_indices=slots(idx[1], [0, 1]))]) == \
+            {PN.INDEXER: [True, True]}
+        assert ranks[0].batch_get_v2([T(name=PN.INDEXER, keys=k, host_indices=slots(idx[0], [2, 3]))]) == \
+            {PN.INDEXER: [False, False]}
+        want_idx = [idx[0].page_bytes(p * idx[0].page_size) for p in (0, 1)]
+        assert ranks[0].batch_set_v2([T(name=PN.INDEXER, keys=k, host_indices=slots(idx[0], [0, 1]))]) == \
+            {PN.INDEXER: [True, True]}
+        # Mamba: every rank its own state under the same page hashes
+        want_m = [mamba[r].page_bytes(3) for r in range(2)]
+        assert want_m[0] != want_m[1]
+        for r in range(2):
+            assert ranks[r].batch_set_v2([T(name=PN.MAMBA, keys=k[1:], host_indices=torch.tensor([3]),
+                                            hit_policy=HP.TRAILING_PAGES)]) == {PN.MAMBA: [True]}
+        assert ranks[0].batch_set_v1(k, page_indices(pools[0], [0, 1])) == [True, True]
+        for r in range(2):
+            r_ = ranks[r].batch_exists_v2(k, [T(name=PN.INDEXER, indices_from_pool=PN.KV),
+                                              T(name=PN.MAMBA, keys=k[1:], hit_policy=HP.TRAILING_PAGES)])
+            assert r_.kv_hit_pages == 2, r
+            idx[r].poison()
+            mamba[r].poison()
+            assert ranks[r].batch_get_v2([T(name=PN.INDEXER, keys=k, host_indices=slots(idx[r], [4, 5])),
+                                          T(name=PN.MAMBA, keys=k[1:], host_indices=torch.tensor([6]))]) == \
+                {PN.INDEXER: [True, True], PN.MAMBA: [True]}
+            assert [idx[r].page_bytes(p * idx[r].page_size) for p in (4, 5)] == want_idx
+            assert mamba[r].page_bytes(6) == want_m[r]
+        # an MHA draft pool in an MLA model with TP 2
+        with pytest.raises(UMBPStoreConfigError, match=r"pool 'draft'.*MHA pool.*should_backup"):
+            ranks[1].register_mem_host_pool_v2(FakeHostPool("page_first", layer_num=1), PN.DRAFT)
+        ranks[1].register_mem_host_pool_v2(FakeHostPool("page_first", mla=True, layer_num=1), PN.DRAFT)
+    finally:
+        for st in ranks:
+            st.close()
 
 
 def test_mha_ranks_do_not_see_each_others_keys(server):

@@ -28,22 +28,38 @@ short:
 - failures of data calls are misses: ``False`` / ``None`` / 0 hits and a
   rate-limited log line, never an exception into SGLang's cache controller.
   Only construction (bad options, unreachable server),
-  ``register_mem_pool_host`` (a layout this backend cannot address) and
-  ``register_mem_host_pool_v2`` of any pool but KV raise;
-- the v2 multi-pool interface (SGLang's hybrid controller: Mamba, SWA, DSA
-  indexer, draft pools) is refused at registration, when SGLang starts; the
-  ``*_v2`` data calls, if reached anyway, answer misses of SGLang's shapes
-  (never NotImplementedError, which would kill SGLang's prefetch or backup
-  thread for good).  A transfer of the KV pool itself maps onto v1.
+  ``register_mem_pool_host`` and ``register_mem_host_pool_v2`` (a pool this
+  backend cannot address, named with the reason) raise;
+- the v2 multi-pool interface of SGLang's hybrid controller (Mamba / linear
+  attention state, SWA, DSA indexer, draft pools): ``register_mem_host_pool_v2``
+  takes every pool it can address -- KV-shaped pools (SWA, draft) by their
+  kv_buffer, the others (Mamba, indexer, ...) by the pool's own
+  ``get_page_buffer_meta``, checked against its buffers at registration --
+  and refuses the rest at startup.  ``batch_set_v2`` / ``batch_get_v2`` copy
+  straight between a pool's host pages and one umbp object per page, keyed
+  like KV pages but in a namespace of that pool (name and byte geometry), so
+  pools never collide.  ``batch_exists_v2`` applies SGLang's hit policies:
+  the usable prefix is the longest one whose KV pages, "all_pages" pools'
+  pages [0, P) and "trailing_pages" pools' last N pages are all stored.  For
+  MLA models a pool is replicated (keys of TP rank 0, written by rank 0 only)
+  except Mamba state, which SGLang shards by TP rank and backs up on every
+  rank.  A v2 transfer of the KV pool itself maps onto v1.
 
 Written against SGLang ``sgl-project/sglang`` at commit 001067ff
-(hicache_storage.py, storage/backend_factory.py, managers/cache_controller.py)
-and the host pools of pool_host/mha.py and pool_host/mla.py of the same
-period; the v2 calls as hybrid_cache/hybrid_cache_controller.py at 00343773
-makes them.
+(hicache_storage.py -- PoolName, PoolHitPolicy, PoolTransfer,
+PoolTransferResult, count_pool_hits, HiCacheFile's v2 --,
+storage/backend_factory.py, managers/cache_controller.py with
+_page_transfer_kv_batch) and the host pools of pool_host/mha.py and
+pool_host/mla.py of the same period; for v2, also
+hybrid_cache/hybrid_cache_controller.py and hybrid_pool_assembler.py at
+00343773 (which pools, and how the v2 calls are made and read),
+pool_host/mamba.py at 02f0c2a0 and pool_host/dsa.py at 03ba7b5b (the pools'
+buffers and get_page_buffer_meta) and, for comparison, Mooncake's v2 in
+storage/mooncake_store/mooncake_store.py at 00fe477f (docs/sglang.md).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -60,11 +76,12 @@ from ._compat import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
+    PoolName,
     PoolTransferResult,
     StorageMetrics,
 )
 from .config import UMBPStoreConfigError
-from .layout import LayoutError, PageLayout
+from .layout import AffineLayout, LayoutError, PageLayout, check_against_page_meta, kv_shaped
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +128,61 @@ def page_hashes(keys: List[Any]) -> bytes:
 def _pool_name(name: Any) -> str:
     """SGLang's PoolName (a str Enum) or a plain string, as the string."""
     return str(getattr(name, "value", name))
+
+
+_LOOKUP_CHUNK = 16384  # keys per lookup call of batch_exists_v2
+
+# SGLang after 001067ff added PoolTransferResult.restorable_prefix_pages (the
+# stop points a rank can restore, intersected across ranks by the caller);
+# filled in where the installed SGLang has it.
+_RESULT_HAS_RESTORABLE = "restorable_prefix_pages" in {
+    f.name for f in (dataclasses.fields(PoolTransferResult)
+                     if dataclasses.is_dataclass(PoolTransferResult) else ())}
+
+
+def _pool_result(kv_hit_pages: int, hits: dict, restorable: List[int]):
+    if _RESULT_HAS_RESTORABLE:
+        return PoolTransferResult(kv_hit_pages=kv_hit_pages, extra_pool_hit_pages=hits,
+                                  restorable_prefix_pages=restorable)
+    return PoolTransferResult(kv_hit_pages=kv_hit_pages, extra_pool_hit_pages=hits)
+
+
+def _restorable(present: np.ndarray, transfer: Any) -> np.ndarray:
+    """ok (P + 1,) over the prefixes 0 .. P of the P stored KV pages: ok[p]
+    when this pool can restore the prefix of p pages under the transfer's hit
+    policy (SGLang's PoolHitPolicy): "all_pages" needs the pool's pages
+    [0, p), "trailing_pages" its last N = len(transfer.keys) (at least 1)
+    pages [p - N, p).  ok[0] is False (no prefix to restore)."""
+    p = present.shape[0]
+    ok = np.zeros(p + 1, dtype=bool)
+    policy = str(getattr(getattr(transfer, "hit_policy", None), "value",
+                         getattr(transfer, "hit_policy", None)) or "all_pages")
+    if policy == "all_pages":
+        b = int(np.argmin(present)) if not present.all() else p
+        ok[1:b + 1] = True
+    elif policy == "trailing_pages":
+        keys = getattr(transfer, "keys", None)
+        window = max(1, len(keys) if keys else 1)
+        c = np.concatenate(([0], np.cumsum(present, dtype=np.int64)))
+        ends = np.arange(1, p + 1)
+        starts = np.maximum(ends - window, 0)
+        ok[1:] = (c[ends] - c[starts]) == (ends - starts)
+    else:
+        raise ValueError(f"unknown hit policy {policy!r} for pool "
+                         f"{_pool_name(getattr(transfer, 'name', None))!r}")
+    return ok
+
+
+@dataclasses.dataclass
+class _SidePool:
+    """A non-KV host pool registered through register_mem_host_pool_v2."""
+    name: str
+    pool: Any
+    layout: Any            # PageLayout (KV-shaped pools) or AffineLayout
+    namespace: Any         # umbp.Namespace of this pool's objects
+    key_rank: tuple        # (tp, pp, cp, 0); tp 0 for a replicated pool
+    replicated: bool       # the same bytes on every TP rank (MLA models)
+    writer: bool           # this rank stores the pool's pages
 
 
 class _RateLimitedLog:
@@ -210,6 +282,7 @@ class UMBPStore(HiCacheStorage):
         self.layout: Optional[PageLayout] = None
         self.namespace = None
         self.mem_pool_host = None
+        self._pools: dict = {}  # name -> _SidePool (register_mem_host_pool_v2)
         self._metrics_lock = threading.Lock()
         self._prefetch_pgs: List[int] = []
         self._backup_pgs: List[int] = []
@@ -257,84 +330,218 @@ class UMBPStore(HiCacheStorage):
         logger.info("umbp.sglang: host pool %s; namespace %s", lay.describe(), ns.hex)
 
     # ---- the v2 multi-pool interface ---------------------------------------
+    #
+    # SGLang's hybrid controller (hybrid_cache_controller.py) registers every
+    # host pool of a hybrid model, the KV anchor included, and moves the other
+    # pools with batch_exists_v2 / batch_get_v2 / batch_set_v2 (the KV pool
+    # itself still goes through batch_*_v1).  Each registered pool gets its own
+    # key namespace (model, revision, pool name, byte geometry, parallel sizes),
+    # so a Mamba page and a DSA indexer page of the same page hash are different
+    # objects, and one umbp object per pool page.
 
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
-        """SGLang's hybrid controller registers every host pool here, the KV
-        anchor included.  The KV pool is the one register_mem_pool_host took
-        (or is taken the same way); any other pool (Mamba or SWA state, DSA
-        indexer, DeepSeek-V4 compressed pools, draft KV) is refused with
-        UMBPStoreConfigError, so SGLang fails at startup instead of serving
-        prefixes whose sidecar state was never stored."""
+        """Accepts the KV anchor (the pool register_mem_pool_host took; another
+        object is taken the same way) and every other pool this backend can
+        address: KV-shaped pools (SWA, draft) by their kv_buffer, every other
+        pool (Mamba state, DSA indexer, ...) by SGLang's own
+        get_page_buffer_meta, checked against the pool's buffers.  A pool it
+        cannot address raises UMBPStoreConfigError naming the pool and why, so
+        SGLang fails at startup instead of serving prefixes whose state was
+        never stored."""
         name = _pool_name(host_pool_name)
         if name == "kv":
             if host_pool is not getattr(self, "mem_pool_host", None):
                 self.register_mem_pool_host(host_pool)
             super().register_mem_host_pool_v2(host_pool, host_pool_name)
             return
-        raise UMBPStoreConfigError(
-            f"umbp.sglang: SGLang registered host pool {name!r} through register_mem_host_pool_v2, "
-            "but the umbp backend stores only the KV pool (one object per KV page) and does "
-            "not implement the v2 multi-pool interface that hybrid models need (Mamba/linear "
-            "attention or SWA state, DSA indexer, DeepSeek-V4 compressed pools, speculative "
-            "draft pools). Serve this model without --hicache-storage-backend (HiCache's host "
-            "tier still works), or with a storage backend that implements "
-            "batch_exists_v2/batch_get_v2/batch_set_v2")
+        try:
+            side = self._side_pool(host_pool, name)
+        except (LayoutError, umbp.UmbpError) as e:
+            raise UMBPStoreConfigError(
+                f"umbp.sglang: cannot store SGLang host pool {name!r} "
+                f"({type(host_pool).__name__}): {e}") from None
+        self._pools[name] = side
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        logger.info("umbp.sglang: host pool %r: %s; keys of %s (namespace %s)%s", name,
+                    side.layout.describe(),
+                    "TP rank 0 (replicated across TP)" if side.replicated else "this TP rank",
+                    side.namespace.hex, "" if side.writer else ", read only on this rank")
 
-    def _v2_results(self, transfers: Optional[List[Any]], v1, what: str) -> dict:
-        """{pool name: per-page success} for each transfer: the KV pool's via
-        v1, every other pool's all False (never registered: see above)."""
-        out: dict = {}
-        refused = []
-        for t in transfers or []:
-            keys = list(getattr(t, "keys", None) or [])
-            if _pool_name(t.name) == "kv" and getattr(t, "host_indices", None) is not None:
-                out[t.name] = v1(keys, t.host_indices)
-            else:
-                out[t.name] = [False] * len(keys)
-                refused.append(_pool_name(t.name))
-        if refused:
-            self._log(logging.WARNING, what + "-v2",
-                      "umbp.sglang: %s for pools %s counted as misses: the umbp backend stores "
-                      "only the KV pool (docs/sglang.md, \"The v2 interface\")", what, refused)
-        return out
+    def _side_pool(self, pool: Any, name: str) -> "_SidePool":
+        mla_shaped = kv_shaped(pool)
+        if mla_shaped is not None:
+            lay = PageLayout.from_pool(pool, mla_shaped)
+            check_against_page_meta(lay, pool)
+            layers = lay.num_layers
+        else:
+            lay = AffineLayout.from_page_buffer_meta(pool)
+            layers = getattr(pool, "layer_num", None) or getattr(pool, "num_mamba_layers", None) or 1
+        # MLA (SGLang's is_mla_model: every rank-replicated model): SGLang backs
+        # up a non-KV pool from TP rank 0 only, except Mamba state, which is
+        # sharded by TP rank and backed up on every rank (should_backup).
+        replicated = self.is_mla and name != "mamba"
+        if replicated and mla_shaped is False and self.tp_size > 1:
+            raise LayoutError(
+                f"an MHA pool (K/V heads split over the {self.tp_size} TP ranks) in an MLA "
+                "model: SGLang's hybrid controller backs it up from TP rank 0 only "
+                "(should_backup), so the other ranks could never load their own heads")
+        geometry = lay.geometry
+        if self._cfg.key_namespace is not None:
+            model, revision, tag = self._cfg.key_namespace, "", "sglang-pool-override"
+        else:
+            model, revision, tag = (self.model_name or "unnamed-model", self._cfg.model_revision,
+                                    "sglang-pool")
+        desc = f"{tag}:{name}:{geometry}"
+        if len(desc.encode()) > 1024:
+            desc = f"{tag}:{name}:sha256:{hashlib.sha256(geometry.encode()).hexdigest()}"
+        ns = umbp.Namespace.derive(
+            model, revision, lay.page_size, desc, lay.dtype,
+            groups=[(name, lay.page_size, max(1, int(layers)), lay.dtype)],
+            tp=1 if replicated else self.tp_size, pp=self.pp_size, pcp=self.cp_size, dcp=1)
+        return _SidePool(name=name, pool=pool, layout=lay, namespace=ns,
+                         key_rank=(0 if replicated else self.tp_rank, self.pp_rank, self.cp_rank, 0),
+                         replicated=replicated,
+                         writer=not (replicated and self.tp_rank != 0))
+
+    def _pool_keys(self, side: "_SidePool", hashes: bytes) -> np.ndarray:
+        return umbp.derive_keys(side.namespace, rank=side.key_rank, group=0, hashes=hashes,
+                                hash_len=_HASH_LEN)
+
+    def _lookup_present(self, key_rows: List[np.ndarray]) -> List[np.ndarray]:
+        """Which of each array of keys are stored: one lookup (no LRU touch)
+        for all of them, in chunks of _LOOKUP_CHUNK keys."""
+        sizes = [k.shape[0] for k in key_rows]
+        allk = np.concatenate(key_rows) if key_rows else np.zeros((0, 32), dtype=np.uint8)
+        present = np.zeros(allk.shape[0], dtype=bool)
+        for s in range(0, allk.shape[0], _LOOKUP_CHUNK):
+            _, p = self._rt.lookup(allk[s:s + _LOOKUP_CHUNK], touch=False)
+            present[s:s + _LOOKUP_CHUNK] = p
+        return np.split(present, np.cumsum(sizes)[:-1]) if sizes else []
 
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[Any]] = None,
                         extra_info: Optional[HiCacheStorageExtraInfo] = None):
-        """With no extra pools, batch_exists.  With any, no usable prefix: SGLang
-        takes the minimum over the pools, and umbp holds none of the others."""
+        """SGLang's multi-pool prefix match (hicache_storage.py's docstring):
+        kv_hit_pages is the longest prefix P of keys that every pool can
+        restore: the KV pages [0, P) are stored, an "all_pages" pool has its
+        pages [0, P), a "trailing_pages" pool its last len(transfer.keys)
+        pages [P - N, P).  extra_pool_hit_pages has, per pool, the longest
+        such prefix for that pool alone (and "kv": the stored KV prefix).  A
+        pool's page i is the object of keys[i] in that pool.  A pool never
+        registered, or a failure, counts as nothing stored."""
         try:
-            extra = list(pool_transfers or [])
-            others = [t for t in extra if _pool_name(t.name) != "kv"]
-            if others:
-                self._log(logging.WARNING, "exists-v2",
-                          "umbp.sglang: batch_exists_v2 with pools %s: 0 pages (the umbp "
-                          "backend stores only the KV pool)", [_pool_name(t.name) for t in others])
-                return PoolTransferResult(0, {t.name: 0 for t in extra})
-            hit = self.batch_exists(keys, extra_info)
-            return PoolTransferResult(hit, {t.name: hit for t in extra})
+            keys = list(keys or [])
+            transfers = list(pool_transfers or [])
+            n = len(keys)
+            if n == 0 or self._not_ready("batch_exists_v2"):
+                return _pool_result(0, {}, [])
+            hashes = page_hashes(keys)
+            names = [_pool_name(t.name) for t in transfers]
+            sides = {}
+            for nm in dict.fromkeys(names):
+                if nm == "kv":
+                    continue
+                side = self._pools.get(nm)
+                if side is None:
+                    self._log(logging.WARNING, "v2-unregistered",
+                              "umbp.sglang: batch_exists_v2 for pool %r, never registered "
+                              "with register_mem_host_pool_v2: 0 pages", nm)
+                    continue
+                sides[nm] = side
+            rows = [self._keys(keys)] + [self._pool_keys(s, hashes) for s in sides.values()]
+            present = dict(zip(["kv", *sides], self._lookup_present(rows)))
+            kv = present["kv"]
+            kv_pages = int(np.argmin(kv)) if not kv.all() else n
+            stops = np.zeros(kv_pages + 1, dtype=bool)  # stops[P]: prefix P restorable
+            stops[1:] = True
+            hits = {PoolName.KV: kv_pages}
+            for t, nm in zip(transfers, names):
+                pres = present.get(nm)
+                if pres is None:
+                    pres = np.zeros(n, dtype=bool)
+                ok = _restorable(pres[:kv_pages], t)
+                hits[t.name] = int(np.flatnonzero(ok)[-1]) if ok.any() else 0
+                stops &= ok
+            restorable = np.flatnonzero(stops).tolist()
+            return _pool_result(restorable[-1] if restorable else 0, hits, restorable)
         except Exception as e:
             self._log(logging.WARNING, "exists-v2-error", "umbp.sglang: batch_exists_v2 failed: %s", e)
-            return PoolTransferResult(0, {})
+            return _pool_result(0, {}, [])
+
+    def _v2_io(self, t: Any, op: str, extra_info) -> List[bool]:
+        """One transfer of batch_get_v2 (op "get") or batch_set_v2 ("put"):
+        per-page success, never an exception."""
+        keys = list(getattr(t, "keys", None) or [])
+        n = len(keys)
+        if n == 0:
+            return []
+        name = _pool_name(getattr(t, "name", None))
+        host_indices = getattr(t, "host_indices", None)
+        try:
+            if name == "kv":
+                if op == "get":
+                    return self.batch_get_v1(keys, host_indices, extra_info)
+                return self.batch_set_v1(keys, host_indices, extra_info)
+            side = self._pools.get(name)
+            if side is None:
+                self._log(logging.WARNING, "v2-unregistered",
+                          "umbp.sglang: %s of pool %r, never registered with "
+                          "register_mem_host_pool_v2: %d pages counted as failed",
+                          op, name, n)
+                return [False] * n
+            if op == "put" and not side.writer:
+                return [True] * n  # rank 0 stores the replicated pool (see _side_pool)
+            if self._closed or self._rt is None:
+                return [False] * n
+            lay = side.layout
+            first = lay.first_slots(host_indices, n)
+            ptrs, lens, offs = lay.ranges(first)
+            k = self._pool_keys(side, page_hashes(keys))
+            if op == "put":
+                ok = self._submit(lambda sel: self._rt.put_ranges(k[sel], lay.object_size, ptrs[sel],
+                                                                  lens[sel]), k, "put", n)
+            else:
+                ok = self._submit(lambda sel: self._rt.get_ranges(k[sel], ptrs[sel], lens[sel],
+                                                                  offs[sel]), k, "get", n)
+            if op == "put" and not ok.all():
+                self._log(logging.WARNING, "v2-put-failed",
+                          "umbp.sglang: %d of %d pages of pool %r not stored (pool full, "
+                          "timeout or server unreachable)", n - int(ok.sum()), n, name)
+            return ok.tolist()
+        except Exception as e:  # never into SGLang's prefetch or backup thread
+            self._log(logging.WARNING, "v2-" + op + "-error",
+                      "umbp.sglang: %s of %d pages of pool %r failed: %s", op, n, name, e)
+            return [False] * n
+
+    def _v2_batch(self, transfers: Optional[List[Any]], op: str, extra_info) -> dict:
+        out: dict = {}
+        try:
+            transfers = list(transfers or [])
+        except Exception as e:
+            self._log(logging.WARNING, "v2-" + op + "-error",
+                      "umbp.sglang: batch_%s_v2 of %r: %s", op, type(transfers).__name__, e)
+            return out
+        for i, t in enumerate(transfers):
+            try:
+                out[getattr(t, "name", i)] = self._v2_io(t, op, extra_info)
+            except Exception as e:  # an unhashable name, say
+                self._log(logging.WARNING, "v2-" + op + "-error",
+                          "umbp.sglang: batch_%s_v2 transfer %d: %s", op, i, e)
+        return out
 
     def batch_get_v2(self, transfers: List[Any],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict:
-        try:
-            return self._v2_results(transfers, lambda k, h: self.batch_get_v1(k, h, extra_info),
-                                    "batch_get_v2")
-        except Exception as e:  # never into SGLang's prefetch thread
-            self._log(logging.WARNING, "get-v2-error", "umbp.sglang: batch_get_v2 failed: %s", e)
-            return {getattr(t, "name", i): [False] * len(getattr(t, "keys", None) or [])
-                    for i, t in enumerate(transfers or [])}
+        """{transfer.name: per-page success}: each transfer's pages read from
+        umbp into its pool's host pages at transfer.host_indices
+        (len(keys) * pool.page_size slots; a page is named by its first)."""
+        return self._v2_batch(transfers, "get", extra_info)
 
     def batch_set_v2(self, transfers: List[Any],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> dict:
-        try:
-            return self._v2_results(transfers, lambda k, h: self.batch_set_v1(k, h, extra_info),
-                                    "batch_set_v2")
-        except Exception as e:  # never into SGLang's backup thread
-            self._log(logging.WARNING, "put-v2-error", "umbp.sglang: batch_set_v2 failed: %s", e)
-            return {getattr(t, "name", i): [False] * len(getattr(t, "keys", None) or [])
-                    for i, t in enumerate(transfers or [])}
+        """{transfer.name: per-page success}: each transfer's host pages
+        stored as one umbp object per page.  On an MLA rank other than TP 0,
+        a replicated pool's pages are rank 0's to store: all True, nothing
+        written (as batch_set_v1)."""
+        return self._v2_batch(transfers, "put", extra_info)
 
     def _keys(self, keys: List[Any]) -> np.ndarray:
         return umbp.derive_keys(self.namespace, rank=self.key_rank, group=0,
