@@ -16,6 +16,12 @@ the project's reference notes on SGLang (connector-api.md §4.3; pool_host/mha.p
 
 ``get_page_buffer_meta`` loops per page as SGLang does, so the tests can
 check the backend's vectorized addresses against it.
+
+For the v2 (multi-pool) interface of hybrid models: ``FakeMambaPoolHost`` and
+``FakeDSAIndexerPoolHost`` (SGLang's MambaPoolHost and DSAIndexerPoolHost, see
+below), ``FakeHostPool`` again for the SWA and draft pools (SGLang builds them
+with the same MHA/MLA host pool classes), ``FakeSidecarHostPool`` for a pool
+without host buffers, and SGLang's ``count_pool_hits``.
 """
 from __future__ import annotations
 

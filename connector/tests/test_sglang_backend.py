@@ -1,8 +1,9 @@
 """Tests of umbp.sglang (the SGLang HiCache L3 storage backend).
 
 SGLang cannot be installed here: sglang_fakes.FakeHostPool stands in for its
-host KV pool (real shapes per layout), and umbp.sglang._compat for its
-HiCacheStorage types.  Run with Debian's python (numpy, torch 1.13, pytest):
+host KV pool (real shapes per layout), FakeMambaPoolHost and
+FakeDSAIndexerPoolHost for the other pools of hybrid models (the v2
+interface), and umbp.sglang._compat for its HiCacheStorage types.  Run with Debian's python (numpy, torch 1.13, pytest):
 
     UMBP_LIBRARY=build/libumbp.so /usr/bin/python3 -m pytest connector/tests/test_sglang_backend.py
 
