@@ -33,6 +33,11 @@ that order, which is exactly SGLang's flat data page
 (``get_data_page(index).flatten()``) for every layout, so the legacy
 get/set path and the zero-copy v1 path store the same bytes.
 
+The other host pools of SGLang's v2 (multi-pool) interface -- Mamba state,
+the DSA indexer, ... -- are addressed by AffineLayout (below), fitted at
+registration to the pool's own get_page_buffer_meta; KV-shaped pools (SWA,
+draft) by PageLayout.
+
 Everything here is numpy over whole batches: no per-page Python work.
 """
 from __future__ import annotations
