@@ -36,3 +36,16 @@ else()
   message(STATUS "hiredis not found (pkg-config hiredis): redis:// leases not built; "
                  "run scripts/setup.sh (libhiredis-dev)")
 endif()
+
+# TLS to Redis and to its sentinels (rediss://, net/redis_conn.c): OpenSSL,
+# optional.  Without it a rediss:// lease_url or master_address is refused
+# at open naming the package (libssl-dev), and the TLS tests skip.
+pkg_check_modules(OPENSSL IMPORTED_TARGET GLOBAL openssl)
+if(OPENSSL_FOUND AND HIREDIS_FOUND)
+  message(STATUS "OpenSSL ${OPENSSL_VERSION}: rediss:// leases (TLS to Redis) built")
+  target_link_libraries(umbp_deps INTERFACE PkgConfig::OPENSSL)
+  target_compile_definitions(umbp_deps INTERFACE UMBP_HAVE_OPENSSL=1)
+elseif(HIREDIS_FOUND)
+  message(STATUS "OpenSSL not found (pkg-config openssl): rediss:// leases not built; "
+                 "run scripts/setup.sh (libssl-dev)")
+endif()

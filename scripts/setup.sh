@@ -12,6 +12,7 @@ packages=(
   iproute2 nftables curl
   libucx-dev ucx-utils
   redis-server libhiredis-dev
+  libssl-dev openssl
   libcriterion-dev
   clang libclang-rt-14-dev
   python3 python3-numpy python3-pytest python3-torch python3-setuptools
