@@ -377,8 +377,9 @@ int lease_open(const char *url, uint64_t timeout_ms, struct lease **out, char *e
         return rc;
 #ifdef UMBP_HAVE_HIREDIS
     struct lease *l;
-    if ((rc = lease_redis_open(&u, &l)) < 0) {
-        snprintf(err, errlen, "%s: %s", url, strerror(-rc));
+    char e2[512] = "";
+    if ((rc = lease_redis_open(&u, &l, e2, sizeof(e2))) < 0) {
+        snprintf(err, errlen, "%s: %s", url, e2[0] ? e2 : strerror(-rc));
         return rc;
     }
     snprintf(l->url, sizeof(l->url), "%s", url);

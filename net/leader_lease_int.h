@@ -2,7 +2,7 @@
  * leader_lease_int.h - what a lease store implements (leader_lease.h is the users'
  * side): an ops table per scheme, its struct embedding struct lease first.
  * leader_lease.c parses URLs and values and dispatches; leader_lease_redis.c is the one
- * store today.  Private to net/.
+ * store today (over redis_conn.c, plain or TLS).  Private to net/.
  */
 #ifndef UMBP_NET_LEADER_LEASE_INT_H
 #define UMBP_NET_LEADER_LEASE_INT_H
@@ -28,7 +28,8 @@ struct lease {
     uint64_t timeout_ms;
 };
 
-/* leader_lease_redis.c (built with hiredis): 0, or -ENOMEM. */
-int lease_redis_open(const struct lease_url *u, struct lease **out);
+/* leader_lease_redis.c (built with hiredis): 0, or < 0 with err (rediss:
+ * the TLS files and context, redis_conn.h's redis_tls_new; -ENOMEM). */
+int lease_redis_open(const struct lease_url *u, struct lease **out, char *err, size_t errlen);
 
 #endif /* UMBP_NET_LEADER_LEASE_INT_H */

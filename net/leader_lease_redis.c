@@ -1,6 +1,7 @@
 /*
- * leader_lease_redis.c - the leader lease in Redis (or Valkey), through hiredis's
- * blocking API with a timeout on the connect and on every command.  Each
+ * leader_lease_redis.c - the leader lease in Redis (or Valkey), over
+ * redis_conn.c: one blocking connection, plain or TLS (rediss://), with a
+ * timeout on the connect, on the TLS handshake and on every command.  Each
  * call is one EVAL of a small Lua script, so it is atomic in Redis; the
  * scripts answer {taken, value} and the value is parsed by leader_lease.c (a
  * store is outside the process: its bytes are checked like a wire's).
@@ -11,7 +12,8 @@
  *
  * A failed command (connection refused, reset, timeout) frees the
  * connection; the next call dials again.  A stopped Redis costs each call
- * at most the timeout, twice (connect, then the command).
+ * at most the timeout, twice (connect, then the command; with TLS the
+ * kernel still accepts, and the handshake is what waits).
  *
  * redis+sentinel: a connection begins by asking the sentinels in turn
  * (from the one that answered last) for the service's primary, then checks
@@ -32,10 +34,12 @@
 #include <string.h>
 
 #include "leader_lease_int.h"
+#include "redis_conn.h"
 
 struct lease_redis {
     struct lease base; /* first: container_of */
-    redisContext *c;
+    struct redis_conn *c;
+    struct redis_tls *tls; /* rediss: made at open; NULL: plain */
     unsigned sentinel; /* redis+sentinel: the one asked first */
     char k_leader[LEASE_CLUSTER_MAX + 16], k_epoch[LEASE_CLUSTER_MAX + 16];
 };
@@ -86,19 +90,26 @@ static const char release_lua[] =
 
 static void drop(struct lease_redis *r)
 {
-    if (r->c)
-        redisFree(r->c);
+    redis_conn_close(r->c);
     r->c = NULL;
 }
 
-/* cmd got no reply: a timeout or a broken connection, which is dropped (the
- * next call dials again). */
-static int lost(struct lease_redis *r, const char *cmd, char *err, size_t errlen)
+/* cmd got no reply (rc, why from redis_conn_command: a timeout, a broken
+ * connection, bytes that are not Redis's, a TLS alert): the connection is
+ * dropped (the next call dials again). */
+static int lost(struct lease_redis *r, const char *cmd, int rc, const char *why, char *err,
+                size_t errlen)
 {
-    bool timed_out = r->c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
-    snprintf(err, errlen, "%s: %s", cmd, timed_out ? "no reply within the timeout" : r->c->errstr);
+    snprintf(err, errlen, "%s: %s", cmd, why);
     drop(r);
-    return timed_out ? -ETIMEDOUT : -ECONNRESET;
+    return rc;
+}
+
+/* Runs argv on c: 0 with *rep, or < 0 with why (redis_conn.h). */
+static int run(struct redis_conn *c, int argc, const char **argv, redisReply **rep, char *why,
+               size_t whylen)
+{
+    return redis_conn_command(c, argc, argv, NULL, rep, why, whylen);
 }
 
 /* AUTH [user] password, from the URL's password_file read now (a rotated
@@ -108,17 +119,18 @@ static int authenticate(struct lease_redis *r, char *err, size_t errlen)
     const struct lease_url *u = &r->base.u;
     if (!u->password_file[0])
         return 0;
-    char pw[LEASE_PASSWORD_MAX + 1];
+    char pw[LEASE_PASSWORD_MAX + 1], why[384];
     int rc = lease_password_read(u->password_file, pw, sizeof(pw), err, errlen);
     if (rc < 0) {
         drop(r);
         return rc;
     }
     const char *argv[3] = {"AUTH", u->user[0] ? u->user : pw, pw};
-    redisReply *rep = redisCommandArgv(r->c, u->user[0] ? 3 : 2, argv, NULL);
+    redisReply *rep = NULL;
+    rc = run(r->c, u->user[0] ? 3 : 2, argv, &rep, why, sizeof(why));
     explicit_bzero(pw, sizeof(pw));
-    if (!rep)
-        return lost(r, "AUTH", err, errlen);
+    if (rc < 0)
+        return lost(r, "AUTH", rc, why, err, errlen);
     if (rep->type == REDIS_REPLY_ERROR) {
         snprintf(err, errlen, "AUTH%s%s with the password in %s: the store refused it: %.*s",
                  u->user[0] ? " as " : "", u->user, u->password_file, (int)rep->len, rep->str);
@@ -145,50 +157,32 @@ static int store_error(const char *cmd, const redisReply *rep, char *err, size_t
     return -EIO;
 }
 
-/* A connection to host:port with the lease's timeout on the connect and on
- * every command; NULL with err set. */
-static redisContext *dial(const struct lease_redis *r, const char *host, uint16_t port,
-                          int *rc, char *err, size_t errlen)
+/* A connection to host:port (TLS where the URL says rediss) with the
+ * lease's timeout on the connect, the handshake and every command; NULL
+ * with *rc and err set ("connect h:p: ...", "TLS handshake with h:p: ..."). */
+static struct redis_conn *dial(const struct lease_redis *r, const char *host, uint16_t port,
+                               int *rc, char *err, size_t errlen)
 {
-    struct timeval tv = {.tv_sec = (time_t)(r->base.timeout_ms / 1000),
-                         .tv_usec = (suseconds_t)(r->base.timeout_ms % 1000) * 1000};
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
-    if (!c) {
-        snprintf(err, errlen, "connect: out of memory");
-        *rc = -ENOMEM;
-        return NULL;
-    }
-    if (c->err) {
-        snprintf(err, errlen, "connect %s:%u: %s", host, port, c->errstr);
-        redisFree(c);
-        *rc = -ECONNREFUSED;
-        return NULL;
-    }
-    if (redisSetTimeout(c, tv) != REDIS_OK) {
-        snprintf(err, errlen, "cannot set the command timeout: %s", c->errstr);
-        redisFree(c);
-        *rc = -EIO;
-        return NULL;
-    }
-    return c;
+    struct redis_conn *c = NULL;
+    *rc = redis_conn_dial(host, port, r->tls, r->base.timeout_ms, &c, err, errlen);
+    return *rc < 0 ? NULL : c;
 }
 
 /* AUTH with the sentinels' password (sentinel_password_file). */
-static int sentinel_auth(redisContext *c, const struct lease_url *u, unsigned i, char *err,
+static int sentinel_auth(struct redis_conn *c, const struct lease_url *u, unsigned i, char *err,
                          size_t errlen)
 {
-    char pw[LEASE_PASSWORD_MAX + 1];
+    char pw[LEASE_PASSWORD_MAX + 1], why[384];
     int rc = lease_password_read(u->sentinel_password_file, pw, sizeof(pw), err, errlen);
     if (rc < 0)
         return rc;
     const char *argv[2] = {"AUTH", pw};
-    redisReply *rep = redisCommandArgv(c, 2, argv, NULL);
+    redisReply *rep = NULL;
+    rc = run(c, 2, argv, &rep, why, sizeof(why));
     explicit_bzero(pw, sizeof(pw));
-    rc = 0;
-    if (!rep) {
+    if (rc < 0) {
         snprintf(err, errlen, "sentinel %u (%s:%u): AUTH: %s", i + 1, u->sentinel_host[i],
-                 u->sentinel_port[i], c->errstr);
-        rc = -ECONNRESET;
+                 u->sentinel_port[i], why);
     } else if (rep->type == REDIS_REPLY_ERROR) {
         snprintf(err, errlen, "sentinel %u (%s:%u): AUTH with the password in %s: refused: "
                  "%.*s", i + 1, u->sentinel_host[i], u->sentinel_port[i],
@@ -207,23 +201,23 @@ static int ask_sentinel(struct lease_redis *r, unsigned i, char *host, size_t ho
 {
     const struct lease_url *u = &r->base.u;
     int rc = 0;
-    char e2[256];
-    redisContext *c = dial(r, u->sentinel_host[i], u->sentinel_port[i], &rc, e2, sizeof(e2));
+    char e2[384];
+    struct redis_conn *c = dial(r, u->sentinel_host[i], u->sentinel_port[i], &rc, e2,
+                                sizeof(e2));
     if (!c) {
         snprintf(err, errlen, "sentinel %u: %s", i + 1, e2);
         return rc;
     }
     if (u->sentinel_password_file[0] && (rc = sentinel_auth(c, u, i, err, errlen)) < 0) {
-        redisFree(c);
+        redis_conn_close(c);
         return rc;
     }
     const char *argv[3] = {"SENTINEL", "get-master-addr-by-name", u->service};
-    redisReply *rep = redisCommandArgv(c, 3, argv, NULL);
-    rc = -EPROTO;
-    if (!rep) {
+    redisReply *rep = NULL;
+    rc = run(c, 3, argv, &rep, e2, sizeof(e2));
+    if (rc < 0) {
         snprintf(err, errlen, "sentinel %u (%s:%u): %s", i + 1, u->sentinel_host[i],
-                 u->sentinel_port[i], c->errstr);
-        rc = -ECONNRESET;
+                 u->sentinel_port[i], e2);
     } else if (rep->type == REDIS_REPLY_NIL) {
         snprintf(err, errlen, "sentinel %u (%s:%u) watches no primary named \"%s\"", i + 1,
                  u->sentinel_host[i], u->sentinel_port[i], u->service);
@@ -237,6 +231,7 @@ static int ask_sentinel(struct lease_redis *r, unsigned i, char *host, size_t ho
                rep->element[1]->type != REDIS_REPLY_STRING) {
         snprintf(err, errlen, "sentinel %u (%s:%u): a reply that is not [host, port]", i + 1,
                  u->sentinel_host[i], u->sentinel_port[i]);
+        rc = -EPROTO;
     } else {
         char why[128];
         rc = lease_primary_parse(rep->element[0]->str, rep->element[0]->len,
@@ -248,7 +243,7 @@ static int ask_sentinel(struct lease_redis *r, unsigned i, char *host, size_t ho
     }
     if (rep)
         freeReplyObject(rep);
-    redisFree(c);
+    redis_conn_close(c);
     return rc;
 }
 
@@ -258,11 +253,11 @@ static int check_primary(struct lease_redis *r, const char *host, uint16_t port,
                          size_t errlen)
 {
     const char *argv[1] = {"ROLE"};
-    redisReply *rep = redisCommandArgv(r->c, 1, argv, NULL);
-    int rc = 0;
-    if (!rep) {
-        snprintf(err, errlen, "ROLE at %s:%u: %s", host, port, r->c->errstr);
-        rc = -ECONNRESET;
+    redisReply *rep = NULL;
+    char why[384];
+    int rc = run(r->c, 1, argv, &rep, why, sizeof(why));
+    if (rc < 0) {
+        snprintf(err, errlen, "ROLE at %s:%u: %s", host, port, why);
     } else if (rep->type == REDIS_REPLY_ERROR) {
         rc = store_error("ROLE", rep, err, errlen);
     } else if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
@@ -316,9 +311,10 @@ static redisReply *command(struct lease_redis *r, int argc, const char **argv, i
 {
     if ((*rc = connect_store(r, err, errlen)) < 0)
         return NULL;
-    redisReply *rep = redisCommandArgv(r->c, argc, argv, NULL);
-    if (!rep) {
-        *rc = lost(r, argv[0], err, errlen);
+    redisReply *rep = NULL;
+    char why[384];
+    if ((*rc = run(r->c, argc, argv, &rep, why, sizeof(why))) < 0) {
+        *rc = lost(r, argv[0], *rc, why, err, errlen);
         return NULL;
     }
     if (rep->type == REDIS_REPLY_ERROR) {
@@ -433,9 +429,10 @@ static int r_leader(struct lease *l, struct lease_holder *out, char *err, size_t
     int rc;
     if ((rc = connect_store(r, err, errlen)) < 0)
         return rc;
-    redisReply *rep = redisCommandArgv(r->c, 2, argv, NULL);
-    if (!rep)
-        return lost(r, "GET", err, errlen);
+    redisReply *rep = NULL;
+    char why[384];
+    if ((rc = run(r->c, 2, argv, &rep, why, sizeof(why))) < 0)
+        return lost(r, "GET", rc, why, err, errlen);
     if (rep->type == REDIS_REPLY_NIL) {
         rc = 0;
     } else if (rep->type == REDIS_REPLY_STRING) {
@@ -456,6 +453,7 @@ static void r_close(struct lease *l)
 {
     struct lease_redis *r = to_redis(l);
     drop(r);
+    redis_tls_free(r->tls);
     free(r);
 }
 
@@ -464,11 +462,13 @@ static const struct lease_ops redis_ops = {
     .leader = r_leader,
 };
 
-int lease_redis_open(const struct lease_url *u, struct lease **out)
+int lease_redis_open(const struct lease_url *u, struct lease **out, char *err, size_t errlen)
 {
     struct lease_redis *r = calloc(1, sizeof(*r));
-    if (!r)
+    if (!r) {
+        snprintf(err, errlen, "out of memory");
         return -ENOMEM;
+    }
     r->base.ops = &redis_ops;
     snprintf(r->k_leader, sizeof(r->k_leader), "umbp:%s:leader", u->cluster);
     snprintf(r->k_epoch, sizeof(r->k_epoch), "umbp:%s:epoch", u->cluster);
