@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,32 +35,59 @@ static int cluster_ok(const char *c, size_t n)
     return 1;
 }
 
-/* "password_file=PATH&user=NAME": each at most once, nothing else. */
+/* A name to verify in a certificate: a DNS name or an IP address (IPv6
+ * without brackets). */
+static int server_name_ok(const char *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)v[i]) && v[i] != '.' && v[i] != '-' && v[i] != '_' &&
+            v[i] != ':')
+            return 0;
+    return n > 0;
+}
+
+/* "password_file=PATH&user=NAME&...": each at most once, nothing else; the
+ * tls_* ones only on a rediss URL. */
 static int parse_query(const char *q, const char *what, const char *s, struct lease_url *out,
                        char *err, size_t errlen)
 {
+    const struct {
+        const char *key;
+        size_t off, cap;
+        bool tls;
+    } params[] = {
+        {"password_file", offsetof(struct lease_url, password_file), LEASE_PATH_MAX, false},
+        {"user", offsetof(struct lease_url, user), LEASE_USER_MAX, false},
+        {"sentinel_password_file", offsetof(struct lease_url, sentinel_password_file),
+         LEASE_PATH_MAX, false},
+        {"tls_ca_file", offsetof(struct lease_url, tls_ca_file), LEASE_PATH_MAX, true},
+        {"tls_cert_file", offsetof(struct lease_url, tls_cert_file), LEASE_PATH_MAX, true},
+        {"tls_key_file", offsetof(struct lease_url, tls_key_file), LEASE_PATH_MAX, true},
+        {"tls_server_name", offsetof(struct lease_url, tls_server_name), NET_TCP_HOST_MAX, true},
+    };
     while (*q) {
         const char *amp = strchr(q, '&'), *end = amp ? amp : q + strlen(q);
         const char *eq = memchr(q, '=', (size_t)(end - q));
         size_t klen = eq ? (size_t)(eq - q) : (size_t)(end - q);
         const char *v = eq ? eq + 1 : end;
         size_t vlen = (size_t)(end - v);
-        char *dst = NULL;
-        size_t cap = 0;
-        if (klen == 13 && !memcmp(q, "password_file", 13)) {
-            dst = out->password_file;
-            cap = sizeof(out->password_file);
-        } else if (klen == 22 && !memcmp(q, "sentinel_password_file", 22)) {
-            dst = out->sentinel_password_file;
-            cap = sizeof(out->sentinel_password_file);
-        } else if (klen == 4 && !memcmp(q, "user", 4)) {
-            dst = out->user;
-            cap = sizeof(out->user);
-        } else {
+        size_t k = 0, np = sizeof(params) / sizeof(params[0]);
+        while (k < np && (strlen(params[k].key) != klen || memcmp(q, params[k].key, klen) != 0))
+            k++;
+        if (k == np) {
             snprintf(err, errlen, "%s \"%s\": unknown parameter \"%.*s\" (known: password_file, "
-                     "user, sentinel_password_file)", what, s, (int)klen, q);
+                     "user, sentinel_password_file; with rediss: tls_ca_file, tls_cert_file, "
+                     "tls_key_file, tls_server_name)", what, s, (int)klen, q);
             return -EINVAL;
         }
+        if (params[k].tls && !out->tls) {
+            snprintf(err, errlen, "%s \"%s\": parameter \"%.*s\" is for TLS: use rediss:// "
+                     "(or rediss+sentinel://) instead of %s://", what, s, (int)klen, q,
+                     out->scheme);
+            return -EINVAL;
+        }
+        char *dst = (char *)out + params[k].off;
+        size_t cap = params[k].cap;
         if (dst[0]) {
             snprintf(err, errlen, "%s \"%s\": parameter \"%.*s\" given twice", what, s,
                      (int)klen, q);
@@ -73,12 +101,23 @@ static int parse_query(const char *q, const char *what, const char *s, struct le
                      "printable bytes", what, s, (int)klen, q, cap - 1);
             return -EINVAL;
         }
+        if (dst == out->tls_server_name && !server_name_ok(v, vlen)) {
+            snprintf(err, errlen, "%s \"%s\": tls_server_name \"%.*s\" is not a host name or "
+                     "an IP address (letters, digits, '.', '-', '_', ':'; an IPv6 address "
+                     "without brackets)", what, s, (int)vlen, v);
+            return -EINVAL;
+        }
         memcpy(dst, v, vlen);
         dst[vlen] = 0;
         q = amp ? amp + 1 : end;
     }
     if (out->user[0] && !out->password_file[0]) {
         snprintf(err, errlen, "%s \"%s\": user needs a password_file", what, s);
+        return -EINVAL;
+    }
+    if (!out->tls_cert_file[0] != !out->tls_key_file[0]) {
+        snprintf(err, errlen, "%s \"%s\": tls_cert_file and tls_key_file go together (a "
+                 "client certificate and its key): give both or neither", what, s);
         return -EINVAL;
     }
     return 0;
@@ -182,14 +221,18 @@ int lease_url_parse(const char *s, const char *what, struct lease_url *out, char
         return -EINVAL;
     }
     memcpy(out->scheme, s, (size_t)(sep - s));
-    bool sentinel = !strcmp(out->scheme, "redis+sentinel");
-    if (strcmp(out->scheme, "redis") != 0 && !sentinel) {
+    bool sentinel = !strcmp(out->scheme, "redis+sentinel") ||
+                    !strcmp(out->scheme, "rediss+sentinel");
+    out->tls = !strcmp(out->scheme, "rediss") || !strcmp(out->scheme, "rediss+sentinel");
+    if (strcmp(out->scheme, "redis") != 0 && !sentinel && !out->tls) {
         snprintf(err, errlen, "%s \"%s\": unknown store \"%s\" (known: redis, which also "
-                 "serves Valkey, and redis+sentinel)", what, s, out->scheme);
+                 "serves Valkey, and redis+sentinel; rediss and rediss+sentinel over TLS)",
+                 what, s, out->scheme);
         return -EINVAL;
     }
-    const char *form = sentinel ? "redis+sentinel://host:port,host:port/<service>/<cluster>"
-                                : "redis://host:port/<cluster>";
+    char form[96];
+    snprintf(form, sizeof(form), sentinel ? "%s://host:port,host:port/<service>/<cluster>"
+                                          : "%s://host:port/<cluster>", out->scheme);
     const char *hp = sep + 3, *slash = strchr(hp, '/');
     if (!slash || slash == hp) {
         snprintf(err, errlen, "%s \"%s\": no %s; write %s", what, s,

@@ -16,12 +16,30 @@
  *                                  primary, connects there and checks that it
  *                                  is a primary (ROLE); acquire, renew and
  *                                  release each make a new connection
+ *   rediss://..., rediss+sentinel://...  the same over TLS (to the
+ *                                  sentinels too, and to the primary they
+ *                                  name): OpenSSL (redis_conn.h), the
+ *                                  server's certificate verified
  *   ...?password_file=PATH[&user=NAME]   (the data nodes' password)
  *   ...&sentinel_password_file=PATH      (the sentinels' own, if they have one)
+ *   ...&tls_ca_file=PATH                 (rediss: the CA that signed the
+ *                                  servers' certificates; absent: the
+ *                                  system's trust store)
+ *   ...&tls_cert_file=PATH&tls_key_file=PATH   (rediss: a client
+ *                                  certificate, for servers that require
+ *                                  one: both or neither; the key file as a
+ *                                  password file, 0600)
+ *   ...&tls_server_name=NAME             (rediss: the name verified in the
+ *                                  server's certificate and sent as SNI;
+ *                                  default: the host dialled, the URL's or
+ *                                  the one a sentinel named; an IP address
+ *                                  is verified as an IP)
  * With password_file, each connection authenticates (AUTH [user] password)
  * with the password the file holds (its first line; 1 .. 512 bytes; a file
  * that group or others may read is refused, as the secret_file is): the
- * URL, which is logged, never carries the password itself.
+ * URL, which is logged, never carries the password itself.  The TLS files
+ * are read once, at open (a missing or unreadable one, or a key others may
+ * read, is refused there, named); tls_* on a redis:// URL is refused.
  * Keys, all under one cluster name (letters, digits, '.', '_', '-'):
  *   umbp:<cluster>:leader  "<epoch> <address> <owner>", with an expiry (the
  *                          lease); absent: nobody leads
@@ -36,10 +54,17 @@
  * a lower epoch in its place takes the key back (the highest epoch wins).
  *
  * Errors: a negative code with err naming the store and what failed
- * ("redis://10.0.0.5:6379/prod: connect: Connection refused").  Every call
- * is bounded by the timeout given at open (connect and each command); a
- * call after an error reconnects first.  A reply that is not what the
- * script returns is -EPROTO, named.
+ * ("redis://10.0.0.5:6379/prod: connect 10.0.0.5:6379: Connection
+ * refused").  Every call is bounded by the timeout given at open (connect,
+ * the TLS handshake, and each command); a call after an error reconnects
+ * first.  -ETIMEDOUT: no answer within it; -ECONNREFUSED: the dial failed;
+ * -ECONNRESET: the connection broke; -EACCES: a password refused or
+ * wanted, or (TLS) our client certificate refused or wanted;
+ * -EKEYREJECTED: (TLS) the server's certificate failed verification (not
+ * signed by the CA, not for the name), the message naming why, the name
+ * and the CA file; -EPROTO: a reply that is not what the script returns,
+ * or bytes that are not Redis's protocol (a TLS port spoken to in plain
+ * text) or not TLS (a plain port spoken to with rediss://), named.
  *
  * Threads: one caller at a time per struct lease; calls block (bounded).
  * umbp-master calls them from its lease thread, clients from a watcher
@@ -48,6 +73,7 @@
 #ifndef UMBP_NET_LEADER_LEASE_H
 #define UMBP_NET_LEADER_LEASE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -71,7 +97,9 @@ struct lease_holder {
 
 /* A parsed store URL. */
 struct lease_url {
-    char scheme[16];                      /* "redis" or "redis+sentinel" */
+    char scheme[16];                      /* "redis", "redis+sentinel", "rediss",
+                                             "rediss+sentinel" */
+    bool tls;                             /* rediss: TLS to every server */
     char host[NET_TCP_HOST_MAX];          /* redis: the store; sentinel: the first sentinel */
     uint16_t port;
     /* redis+sentinel: the sentinels in the URL's order, and the name of the
@@ -84,6 +112,10 @@ struct lease_url {
     char user[LEASE_USER_MAX];            /* "": the default user */
     char password_file[LEASE_PATH_MAX];   /* "": no AUTH */
     char sentinel_password_file[LEASE_PATH_MAX]; /* the sentinels' ("": none) */
+    char tls_ca_file[LEASE_PATH_MAX];     /* "": the system's trust store */
+    char tls_cert_file[LEASE_PATH_MAX];   /* "": no client certificate */
+    char tls_key_file[LEASE_PATH_MAX];    /* set with tls_cert_file */
+    char tls_server_name[NET_TCP_HOST_MAX]; /* "": the host dialled */
 };
 /* The password in the file at path into buf (NUL-terminated): its length,
  * or a negative code with err naming the file and what is wrong (missing,
@@ -114,7 +146,10 @@ int lease_value_format(const struct lease_holder *h, char *buf, size_t len);
 
 struct lease;
 
-/* Opens (does not connect: the first call does).  -EINVAL for a bad URL,
+/* Opens (does not connect: the first call does; rediss: reads the TLS
+ * files and makes the TLS context once, here).  -EINVAL for a bad URL (or
+ * a TLS file that is not PEM, a key that is not the certificate's),
+ * -ENOENT / -EACCES for a password or TLS file missing or open to others,
  * -ENOTSUP for a scheme this build lacks (named, with the package). */
 int lease_open(const char *url, uint64_t timeout_ms, struct lease **out, char *err,
                size_t errlen);

@@ -15,6 +15,11 @@
  * at most the timeout, twice (connect, then the command; with TLS the
  * kernel still accepts, and the handshake is what waits).
  *
+ * rediss: the TLS context (the CA, a client certificate, the name to
+ * verify) is made once at open and serves every connection, to the
+ * sentinels too (rediss+sentinel); the name verified is tls_server_name,
+ * else the host dialled: the URL's, or the one a sentinel named.
+ *
  * redis+sentinel: a connection begins by asking the sentinels in turn
  * (from the one that answered last) for the service's primary, then checks
  * with ROLE that it is one; an error reply also frees the connection (a
@@ -468,6 +473,14 @@ int lease_redis_open(const struct lease_url *u, struct lease **out, char *err, s
     if (!r) {
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
+    }
+    if (u->tls) {
+        int rc = redis_tls_new(u->tls_ca_file, u->tls_cert_file, u->tls_key_file,
+                               u->tls_server_name, &r->tls, err, errlen);
+        if (rc < 0) {
+            free(r);
+            return rc;
+        }
     }
     r->base.ops = &redis_ops;
     snprintf(r->k_leader, sizeof(r->k_leader), "umbp:%s:leader", u->cluster);

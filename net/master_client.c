@@ -309,6 +309,13 @@ int mclient_check_address(const char *address, bool have_secret, char *err, size
                  "libhiredis-dev (scripts/setup.sh) and rebuild", address);
         return -ENOTSUP;
 #endif
+#ifndef UMBP_HAVE_OPENSSL
+        if (u.tls) {
+            snprintf(err, errlen, "master_address %s: this build has no TLS (rediss://): "
+                     "install libssl-dev (scripts/setup.sh) and rebuild", address);
+            return -ENOTSUP;
+        }
+#endif
         char hp[NET_TCP_HOST_MAX + 16];
         snprintf(hp, sizeof(hp), strchr(u.host, ':') ? "[%s]:%u" : "%s:%u", u.host, u.port);
         if (!have_secret && !net_tcp_is_loopback(hp)) {
