@@ -254,8 +254,17 @@ int redis_tls_new(const char *ca_file, const char *cert_file, const char *key_fi
             goto fail;
         }
         if (SSL_CTX_use_PrivateKey_file(ctx, key_file, SSL_FILETYPE_PEM) != 1) {
-            snprintf(err, errlen, "tls_key_file %s: no private key can be read from it (PEM, "
-                     "not encrypted) (%s)", key_file, ssl_reason(ERR_get_error(), "?"));
+            unsigned long e, mismatch = 0, first = ERR_peek_error();
+            while ((e = ERR_get_error()) != 0)
+                if (ERR_GET_LIB(e) == ERR_LIB_X509 &&
+                    ERR_GET_REASON(e) == X509_R_KEY_VALUES_MISMATCH)
+                    mismatch = e;
+            if (mismatch)
+                snprintf(err, errlen, "tls_key_file %s is not the key of tls_cert_file %s (%s)",
+                         key_file, cert_file, ssl_reason(mismatch, "?"));
+            else
+                snprintf(err, errlen, "tls_key_file %s: no private key can be read from it "
+                         "(PEM, not encrypted) (%s)", key_file, ssl_reason(first, "?"));
             goto fail;
         }
         if (SSL_CTX_check_private_key(ctx) != 1) {
@@ -306,8 +315,8 @@ static bool client_cert_refused(int reason)
 
 /* A failed TLS call (SSL_get_error said sslerr, errno was e): the code,
  * with err "<what>: <why>". */
-static int tls_failure(struct redis_conn *c, const char *what, int sslerr, int e, char *err,
-                       size_t errlen)
+static int tls_failure(struct redis_conn *c, const char *what, int sslerr, int e,
+                       bool handshake, char *err, size_t errlen)
 {
     const struct redis_tls *t = c->tls;
     unsigned long ec = ERR_peek_last_error();
@@ -344,12 +353,12 @@ static int tls_failure(struct redis_conn *c, const char *what, int sslerr, int e
     } else if (sslerr == SSL_ERROR_ZERO_RETURN ||
                reason == SSL_R_UNEXPECTED_EOF_WHILE_READING ||
                (sslerr == SSL_ERROR_SYSCALL && !ec)) {
+        const char *hint = handshake ? " (is that port Redis's tls-port? rediss:// needs it)"
+                                     : "";
         if (sslerr == SSL_ERROR_SYSCALL && e && e != EPIPE)
-            snprintf(err, errlen, "%s: %s", what, strerror(e));
+            snprintf(err, errlen, "%s: %s%s", what, strerror(e), hint);
         else
-            snprintf(err, errlen, "%s: the server closed the connection%s", what,
-                     c->replied ? "" : " (a plain port closes so on TLS? rediss:// needs "
-                                       "Redis's tls-port)");
+            snprintf(err, errlen, "%s: the server closed the connection%s", what, hint);
         rc = -ECONNRESET;
     } else {
         snprintf(err, errlen, "%s: %s", what, ssl_reason(ec, "TLS error"));
@@ -394,7 +403,7 @@ static int tls_handshake(struct redis_conn *c, const char *host, char *err, size
             return 0;
         int e = errno, s = SSL_get_error(c->ssl, r);
         if (s != SSL_ERROR_WANT_READ && s != SSL_ERROR_WANT_WRITE)
-            return tls_failure(c, what, s, e, err, errlen);
+            return tls_failure(c, what, s, e, true, err, errlen);
         int w = wait_fd(c->fd, s == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline);
         if (w == -ETIMEDOUT) {
             snprintf(err, errlen, "%s: no answer within the timeout (%" PRIu64 " ms; is that "
@@ -501,6 +510,38 @@ int redis_conn_dial(const char *host, uint16_t port, const struct redis_tls *tls
     return 0;
 }
 
+/* A plain connection that failed before its first reply: Redis's TLS port
+ * closes or resets one that speaks plain text. */
+static const char *plain_hint(const struct redis_conn *c)
+{
+    return !c->tls && !c->replied ? " (before any reply: is that Redis's tls-port? rediss:// "
+                                    "speaks TLS)"
+                                  : "";
+}
+
+#ifdef UMBP_HAVE_OPENSSL
+/* A write that failed on a TLS connection.  A server that refuses our
+ * client certificate (TLS 1.3: after our handshake ended) sends an alert
+ * and closes; if it closes with our bytes unread, its kernel resets the
+ * connection, and our write fails with ECONNRESET or EPIPE before we read
+ * the alert, which is still in our socket (data before a reset is kept):
+ * read it, to say why. */
+static int tls_write_failure(struct redis_conn *c, int s, int e, char *err, size_t errlen)
+{
+    if (s == SSL_ERROR_SYSCALL && !c->replied) {
+        char tmp[256];
+        ERR_clear_error();
+        int n = SSL_read(c->ssl, tmp, sizeof(tmp));
+        unsigned long ec = ERR_peek_last_error();
+        if (n <= 0 && SSL_get_error(c->ssl, n) == SSL_ERROR_SSL &&
+            ERR_GET_LIB(ec) == ERR_LIB_SSL && client_cert_refused(ERR_GET_REASON(ec)))
+            return tls_failure(c, "TLS", SSL_ERROR_SSL, 0, false, err, errlen);
+        ERR_clear_error();
+    }
+    return tls_failure(c, "TLS", s, e, false, err, errlen);
+}
+#endif
+
 /* Writes all of buf by the deadline. */
 static int conn_write(struct redis_conn *c, const char *buf, size_t len, uint64_t deadline,
                       char *err, size_t errlen)
@@ -520,7 +561,7 @@ static int conn_write(struct redis_conn *c, const char *buf, size_t len, uint64_
             }
             int e = errno, s = SSL_get_error(c->ssl, n);
             if (s != SSL_ERROR_WANT_READ && s != SSL_ERROR_WANT_WRITE)
-                return tls_failure(c, "TLS", s, e, err, errlen);
+                return tls_write_failure(c, s, e, err, errlen);
             want = s == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
         } else
 #endif
@@ -531,7 +572,7 @@ static int conn_write(struct redis_conn *c, const char *buf, size_t len, uint64_
                 continue;
             }
             if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-                snprintf(err, errlen, "%s", strerror(errno));
+                snprintf(err, errlen, "%s%s", strerror(errno), plain_hint(c));
                 return -ECONNRESET;
             }
         }
@@ -563,7 +604,7 @@ static int conn_read(struct redis_conn *c, char *buf, size_t cap, uint64_t deadl
                 return n;
             int e = errno, s = SSL_get_error(c->ssl, n);
             if (s != SSL_ERROR_WANT_READ && s != SSL_ERROR_WANT_WRITE)
-                return tls_failure(c, "TLS", s, e, err, errlen);
+                return tls_failure(c, "TLS", s, e, false, err, errlen);
             want = s == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
         } else
 #endif
@@ -572,13 +613,11 @@ static int conn_read(struct redis_conn *c, char *buf, size_t cap, uint64_t deadl
             if (n > 0)
                 return (int)n;
             if (n == 0) {
-                snprintf(err, errlen, "the server closed the connection%s",
-                         c->replied ? "" : " before any reply (a TLS port closes so on plain "
-                                           "text? rediss:// speaks TLS)");
+                snprintf(err, errlen, "the server closed the connection%s", plain_hint(c));
                 return -ECONNRESET;
             }
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-                snprintf(err, errlen, "%s", strerror(errno));
+                snprintf(err, errlen, "%s%s", strerror(errno), plain_hint(c));
                 return -ECONNRESET;
             }
         }
@@ -619,7 +658,8 @@ int redis_conn_command(struct redis_conn *c, int argc, const char **argv, const 
             /* the first byte of a TLS record (an alert, a handshake) */
             bool tlsish = !c->tls && !c->replied && (c->first == 0x15 || c->first == 0x16);
             snprintf(err, errlen, "not Redis's protocol (%s)%s", c->reader->errstr,
-                     tlsish ? ": a TLS record (is that Redis's tls-port? use rediss://)" : "");
+                     tlsish ? ": a TLS record (is that Redis's tls-port? rediss:// speaks TLS)"
+                            : "");
             rc = -EPROTO;
             break;
         }
