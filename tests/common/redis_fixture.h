@@ -10,12 +10,25 @@
  * Call redis_need() first: it skips the test, saying why, when this build
  * has no hiredis (UMBP_HAVE_HIREDIS) or no redis-server can be found
  * ($UMBP_REDIS_SERVER, else redis-server on $PATH).
+ *
+ * TLS (rediss://): redis_certs_make() makes a CA, a server certificate
+ * (subjectAltName IP:127.0.0.1 and DNS:localhost) and client certificates
+ * with the openssl CLI in a private directory, at test time (nothing is
+ * committed; redis_certs_remove() removes it).  A struct redis given
+ * them (r.tls) listens on a TLS port (r.tls_port: --tls-port, with
+ * --tls-cert-file, --tls-key-file, --tls-ca-cert-file, --tls-auth-clients
+ * yes or no, --tls-replication yes: a replica or sentinel speaks TLS to the
+ * instances it watches) besides its plain port, on which the fixture's own
+ * commands (hiredis, which has no TLS here) and its readiness check go.
+ * redis_tls_need() skips, saying why, without OpenSSL in this build
+ * (UMBP_HAVE_OPENSSL), the openssl CLI, or a redis-server with TLS.
  */
 #ifndef UMBP_TEST_REDIS_FIXTURE_H
 #define UMBP_TEST_REDIS_FIXTURE_H
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -41,9 +54,26 @@
 #define REDIS_READY_MS 5000 /* bound on a start until PING answers */
 #define REDIS_CMD_MS 2000   /* bound on one redis_cmd */
 
+/* The TLS material of a test, made by redis_certs_make. */
+struct redis_certs {
+    char dir[64];            /* private, 0700; redis_certs_remove() removes it */
+    char cnf[96];            /* the openssl config (extensions) */
+    char ca[96], ca_key[96]; /* the CA: signed the server's and client's */
+    char other_ca[96], other_ca_key[96]; /* a CA that signed neither */
+    char server[96], server_key[96];     /* IP:127.0.0.1, DNS:localhost; by ca */
+    char server_dns[96], server_dns_key[96]; /* DNS:localhost only; by ca */
+    char client[96], client_key[96];     /* a client certificate by ca (0600 key) */
+    char other_client[96], other_client_key[96]; /* one by other_ca */
+    char log[96];            /* the openssl CLI's output */
+};
+
 struct redis {
     pid_t pid;          /* 0: not running */
     uint16_t port;      /* kept across restarts */
+    const struct redis_certs *tls; /* set: a TLS port too (tls_port) */
+    uint16_t tls_port;  /* with tls: kept across restarts (0 at the first: a free one) */
+    bool tls_auth_clients; /* with tls: --tls-auth-clients yes (mutual TLS), else no */
+    char tls_port_s[8];
     bool stopped;       /* SIGSTOPped */
     char dir[128];      /* its private --dir (removed once it runs: it stays empty) */
     char log[160];      /* its stdout and stderr (kept after stop) */
@@ -149,7 +179,7 @@ static inline void redis_start(struct redis *r)
         snprintf(r->log, sizeof(r->log), "/tmp/umbp-test-redis.%d.%u.log", getpid(), r->port);
     char port[8];
     snprintf(port, sizeof(port), "%u", r->port);
-    const char *argv[48] = {"redis-server", "--port", port, "--bind", "127.0.0.1",
+    const char *argv[64] = {"redis-server", "--port", port, "--bind", "127.0.0.1",
                             "--save", "", "--appendonly", "no", "--dir", r->dir,
                             "--daemonize", "no", "--logfile", ""};
     int argc = 15;
@@ -167,6 +197,17 @@ static inline void redis_start(struct redis *r)
     }
     for (int i = 0; i < 24 && r->extra[i] && argc < 47; i++)
         argv[argc++] = r->extra[i];
+    if (r->tls) {
+        if (!r->tls_port)
+            r->tls_port = redis_free_port();
+        snprintf(r->tls_port_s, sizeof(r->tls_port_s), "%u", r->tls_port);
+        const char *tv[] = {"--tls-port", r->tls_port_s, "--tls-cert-file", r->tls->server,
+                            "--tls-key-file", r->tls->server_key, "--tls-ca-cert-file",
+                            r->tls->ca, "--tls-auth-clients", r->tls_auth_clients ? "yes" : "no",
+                            "--tls-replication", "yes"};
+        for (size_t i = 0; i < sizeof(tv) / sizeof(tv[0]); i++)
+            argv[argc++] = tv[i];
+    }
     argv[argc] = NULL;
     r->pid = fork();
     cr_assert_geq(r->pid, 0);
@@ -202,12 +243,15 @@ static inline redisReply *redis_try_cmd(struct redis *r, const char *fmt, ...);
  * refuses connections (a stale answer) for as long as it runs, since it
  * has no replica to promote.  sen is zeroed here; service and password
  * must outlive it (restarts reuse them). */
-static inline void redis_start_sentinel(struct redis *sen, const char *service,
-                                        uint16_t primary_port, int quorum, const char *password)
+static inline void redis_start_sentinel_tls(struct redis *sen, const char *service,
+                                            uint16_t primary_port, int quorum,
+                                            const char *password,
+                                            const struct redis_certs *tls)
 {
     static const char *const quorums[] = {"1", "2", "3", "4", "5", "6", "7", "8", "9"};
     cr_assert(quorum >= 1 && quorum <= 9, "a sentinel's quorum %d is not 1 .. 9", quorum);
     memset(sen, 0, sizeof(*sen));
+    sen->tls = tls; /* TLS: its clients', and to the primary (primary_port: its TLS port) */
     snprintf(sen->primary_port, sizeof(sen->primary_port), "%u", primary_port);
     const char *sv[] = {"--sentinel", "monitor", service, "127.0.0.1", sen->primary_port,
                         quorums[quorum - 1],
@@ -225,19 +269,27 @@ static inline void redis_start_sentinel(struct redis *sen, const char *service,
     redis_start(sen);
 }
 
+static inline void redis_start_sentinel(struct redis *sen, const char *service,
+                                        uint16_t primary_port, int quorum, const char *password)
+{
+    redis_start_sentinel_tls(sen, service, primary_port, quorum, password, NULL);
+}
+
 /* A primary p, its replica rep, synced (bounded), and one sentinel sen
  * watching p as `service` with quorum 1, so that it fails over alone (p
  * down after 300 ms), asking its clients for sentinel_password unless that
  * is NULL.  Syncs are diskless, both ways (the primary demoted to a
  * replica too): the fixture's Redis has no directory for a sync's file.
  * The structs are zeroed here (sen by redis_start_sentinel). */
-static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
-                                             struct redis *sen, const char *service,
-                                             const char *sentinel_password)
+static inline void redis_start_with_sentinel_tls(struct redis *p, struct redis *rep,
+                                                 struct redis *sen, const char *service,
+                                                 const char *sentinel_password,
+                                                 const struct redis_certs *tls)
 {
 #if UMBP_HAVE_HIREDIS
     memset(p, 0, sizeof(*p));
     memset(rep, 0, sizeof(*rep));
+    p->tls = rep->tls = tls; /* TLS: replication and the sentinel over the TLS ports */
     p->extra[0] = "--repl-diskless-sync-delay"; /* sync at once */
     p->extra[1] = "0";
     /* should Sentinel demote it to a replica: it loads its new primary's
@@ -247,7 +299,7 @@ static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
     p->extra[2] = "--repl-diskless-load";
     p->extra[3] = "swapdb";
     redis_start(p);
-    snprintf(rep->primary_port, sizeof(rep->primary_port), "%u", p->port);
+    snprintf(rep->primary_port, sizeof(rep->primary_port), "%u", tls ? p->tls_port : p->port);
     const char *rv[] = {"--replicaof", "127.0.0.1", rep->primary_port, "--repl-diskless-load",
                         "on-empty-db", "--repl-diskless-sync-delay", "0"};
     for (size_t i = 0; i < sizeof(rv) / sizeof(rv[0]); i++)
@@ -265,11 +317,19 @@ static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
                      rep->port, p->port);
         usleep(20000);
     }
-    redis_start_sentinel(sen, service, p->port, 1, sentinel_password);
+    redis_start_sentinel_tls(sen, service, tls ? p->tls_port : p->port, 1, sentinel_password,
+                             tls);
 #else
-    (void)p, (void)rep, (void)sen, (void)service, (void)sentinel_password;
+    (void)p, (void)rep, (void)sen, (void)service, (void)sentinel_password, (void)tls;
     cr_skip_test("no hiredis");
 #endif
+}
+
+static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
+                                             struct redis *sen, const char *service,
+                                             const char *sentinel_password)
+{
+    redis_start_with_sentinel_tls(p, rep, sen, service, sentinel_password, NULL);
 }
 
 /* SIGSTOP, SIGCONT, SIGKILL (reaped: r->pid becomes 0) or SIGTERM (same). */
@@ -395,5 +455,193 @@ static inline const char *redis_render(struct redis *r, redisReply *rep)
 #define redis_str(r, ...) (cr_assert_fail("built without hiredis"), (r)->reply)
 #define redis_do(r, ...) cr_assert_fail("built without hiredis")
 #endif /* UMBP_HAVE_HIREDIS */
+
+/* ---- TLS ------------------------------------------------------------------------------- */
+
+/* A program on $PATH, or NULL. */
+static inline const char *redis_which(const char *name, char *buf, size_t cap)
+{
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t n = strcspn(path, ":");
+        snprintf(buf, cap, "%.*s/%s", (int)n, path, name);
+        if (n && access(buf, X_OK) == 0)
+            return buf;
+        path += n + (path[n] == ':');
+    }
+    return NULL;
+}
+
+/* Whether the redis-server binary has TLS in it (OpenSSL linked or built
+ * in: Debian's does; a source build needs BUILD_TLS=yes). */
+static inline bool redis_server_has_tls(void)
+{
+    const char *bin = redis_server_bin();
+    FILE *fp = bin ? fopen(bin, "rb") : NULL;
+    if (!fp)
+        return false;
+    static const char needle[] = "SSL_CTX_new";
+    char buf[65536 + sizeof(needle)];
+    size_t keep = 0, n;
+    bool found = false;
+    while (!found && (n = fread(buf + keep, 1, sizeof(buf) - keep, fp)) > 0) {
+        size_t len = keep + n;
+        found = memmem(buf, len, needle, sizeof(needle) - 1) != NULL;
+        keep = len < sizeof(needle) ? len : sizeof(needle) - 1;
+        memmove(buf, buf + len - keep, keep);
+    }
+    fclose(fp);
+    return found;
+}
+
+/* Skips the calling test, with the reason, where TLS to Redis cannot be
+ * tested. */
+static inline void redis_tls_need(void)
+{
+    redis_need();
+#if !UMBP_HAVE_OPENSSL
+    cr_skip_test("built without OpenSSL (pkg-config openssl; scripts/setup.sh installs "
+                 "libssl-dev): no rediss:// lease to test");
+#endif
+    char buf[512];
+    if (!redis_which("openssl", buf, sizeof(buf)))
+        cr_skip_test("no openssl CLI on PATH (scripts/setup.sh installs openssl): the test "
+                     "certificates cannot be made");
+    if (!redis_server_has_tls())
+        cr_skip_test("redis-server (%s) has no TLS in it (Debian's has; a source build needs "
+                     "BUILD_TLS=yes)", redis_server_bin());
+}
+
+/* Runs the openssl CLI with args (NULL-terminated), its output appended to
+ * c->log; asserts it succeeded. */
+static inline void redis_openssl(const struct redis_certs *c, const char *const *args)
+{
+    char bin[512];
+    cr_assert_not_null(redis_which("openssl", bin, sizeof(bin)), "no openssl CLI");
+    const char *argv[40] = {"openssl"};
+    int argc = 1;
+    for (int i = 0; args[i] && argc < 39; i++)
+        argv[argc++] = args[i];
+    argv[argc] = NULL;
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        int fd = open(c->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        int nul = open("/dev/null", O_RDONLY);
+        dup2(nul, 0);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "openssl %s %s failed (status %d); its "
+              "output (%s):\n%s", args[0], args[1] ? args[1] : "", st, c->log, tu_slurp(c->log));
+}
+
+/* A key (EC P-256) and a certificate for `cn` with the extensions `ext`
+ * (a section of c->cnf), signed by ca/ca_key (self-signed if ca is NULL). */
+static inline void redis_cert(const struct redis_certs *c, const char *cn, const char *ext,
+                              const char *ca, const char *ca_key, const char *cert,
+                              const char *key, const char *serial)
+{
+    char subj[128], csr[128];
+    snprintf(subj, sizeof(subj), "/CN=%s", cn);
+    if (!ca) {
+        const char *a[] = {"req", "-config", c->cnf, "-x509", "-new", "-newkey", "ec",
+                           "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key,
+                           "-out", cert, "-days", "2", "-subj", subj, "-extensions", ext,
+                           "-set_serial", serial, NULL};
+        redis_openssl(c, a);
+        return;
+    }
+    snprintf(csr, sizeof(csr), "%s.csr", cert);
+    const char *a[] = {"req", "-config", c->cnf, "-new", "-newkey", "ec", "-pkeyopt",
+                       "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr,
+                       "-subj", subj, NULL};
+    redis_openssl(c, a);
+    const char *b[] = {"x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-set_serial",
+                       serial, "-out", cert, "-days", "2", "-extfile", c->cnf, "-extensions",
+                       ext, NULL};
+    redis_openssl(c, b);
+    unlink(csr);
+    cr_assert_eq(chmod(key, 0600), 0);
+}
+
+/* Makes the TLS material of c (redis_tls_need() first). */
+static inline void redis_certs_make(struct redis_certs *c)
+{
+    memset(c, 0, sizeof(*c));
+    snprintf(c->dir, sizeof(c->dir), "/tmp/umbp-test-tls.%d.XXXXXX", getpid());
+    cr_assert_not_null(mkdtemp(c->dir), "mkdtemp: %s", strerror(errno));
+#define RC_PATH(f, name) snprintf(c->f, sizeof(c->f), "%s/" name, c->dir)
+    RC_PATH(cnf, "openssl.cnf");
+    RC_PATH(log, "openssl.log");
+    RC_PATH(ca, "ca.pem");
+    RC_PATH(ca_key, "ca.key");
+    RC_PATH(other_ca, "other-ca.pem");
+    RC_PATH(other_ca_key, "other-ca.key");
+    RC_PATH(server, "server.pem");
+    RC_PATH(server_key, "server.key");
+    RC_PATH(server_dns, "server-dns.pem");
+    RC_PATH(server_dns_key, "server-dns.key");
+    RC_PATH(client, "client.pem");
+    RC_PATH(client_key, "client.key");
+    RC_PATH(other_client, "other-client.pem");
+    RC_PATH(other_client_key, "other-client.key");
+#undef RC_PATH
+    FILE *fp = fopen(c->cnf, "w");
+    cr_assert_not_null(fp, "%s: %s", c->cnf, strerror(errno));
+    fputs("[req]\ndistinguished_name = dn\nprompt = no\n[dn]\nCN = umbp test\n"
+          "[ca]\nbasicConstraints = critical,CA:TRUE\n"
+          "keyUsage = critical,keyCertSign,cRLSign\nsubjectKeyIdentifier = hash\n"
+          "[server]\nbasicConstraints = critical,CA:FALSE\n"
+          "keyUsage = critical,digitalSignature,keyEncipherment\n"
+          /* clientAuth too: a replica or sentinel presents it to the primary */
+          "extendedKeyUsage = serverAuth,clientAuth\n"
+          "subjectAltName = IP:127.0.0.1,DNS:localhost\n"
+          "subjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid\n"
+          "[server_dns]\nbasicConstraints = critical,CA:FALSE\n"
+          "keyUsage = critical,digitalSignature,keyEncipherment\n"
+          "extendedKeyUsage = serverAuth,clientAuth\nsubjectAltName = DNS:localhost\n"
+          "subjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid\n"
+          "[client]\nbasicConstraints = critical,CA:FALSE\n"
+          "keyUsage = critical,digitalSignature\nextendedKeyUsage = clientAuth\n"
+          "subjectKeyIdentifier = hash\nauthorityKeyIdentifier = keyid\n", fp);
+    fclose(fp);
+    redis_cert(c, "umbp test CA", "ca", NULL, NULL, c->ca, c->ca_key, "1");
+    redis_cert(c, "umbp other CA", "ca", NULL, NULL, c->other_ca, c->other_ca_key, "2");
+    redis_cert(c, "umbp test server", "server", c->ca, c->ca_key, c->server, c->server_key, "3");
+    redis_cert(c, "umbp test server (a name only)", "server_dns", c->ca, c->ca_key,
+               c->server_dns, c->server_dns_key, "6");
+    redis_cert(c, "umbp test client", "client", c->ca, c->ca_key, c->client, c->client_key,
+               "4");
+    redis_cert(c, "umbp other client", "client", c->other_ca, c->other_ca_key, c->other_client,
+               c->other_client_key, "5");
+}
+
+/* Removes c's directory and every file in it (a test's own files there
+ * too); idempotent. */
+static inline void redis_certs_remove(struct redis_certs *c)
+{
+    if (!c->dir[0])
+        return;
+    DIR *d = opendir(c->dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[sizeof(c->dir) + 256 + 2];
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            snprintf(path, sizeof(path), "%s/%s", c->dir, e->d_name);
+            unlink(path);
+        }
+    }
+    if (d)
+        closedir(d);
+    rmdir(c->dir);
+    c->dir[0] = 0;
+}
 
 #endif /* UMBP_TEST_REDIS_FIXTURE_H */
