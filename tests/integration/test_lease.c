@@ -1896,3 +1896,569 @@ Test(lease, through_sentinels_a_holder_stalled_with_the_primary_finds_the_new_ho
     redis_stop(&rep);
     redis_stop(&p);
 }
+
+/* ---- TLS (rediss://) against real TLS Redis processes --------------------------------- */
+
+/* The test's certificates (tests/common/redis_fixture.h), made at test
+ * time; removed by tls_fini, which Criterion runs after a failed
+ * assertion too. */
+static struct redis_certs g_certs;
+
+static void tls_fini(void) { redis_certs_remove(&g_certs); }
+
+/* Skips without TLS (saying why), else makes the certificates. */
+static void tls_init(void)
+{
+    redis_tls_need();
+    redis_certs_make(&g_certs);
+}
+
+/* A Redis with a plain port and a TLS port (its certificate: certs->server
+ * unless server/key name another), clients' certificates asked for if
+ * auth_clients, with extra arguments (NULL-terminated, or NULL). */
+static void tls_start(struct redis *r, const struct redis_certs *certs, bool auth_clients,
+                      const char *const *extra)
+{
+    memset(r, 0, sizeof(*r));
+    r->tls = certs;
+    r->tls_auth_clients = auth_clients;
+    for (int i = 0; extra && extra[i] && i < 23; i++)
+        r->extra[i] = extra[i];
+    redis_start(r);
+}
+
+/* "rediss://127.0.0.1:<tls port>/<cluster>?tls_ca_file=<ca>[&more]" */
+static const char *tls_url(char *buf, size_t cap, const struct redis *r, const char *cluster,
+                           const char *ca, const char *more)
+{
+    snprintf(buf, cap, "rediss://127.0.0.1:%u/%s?tls_ca_file=%s%s%s", r->tls_port, cluster, ca,
+             more && *more ? "&" : "", more ? more : "");
+    return buf;
+}
+
+/* A lease on url: acquire, renew, leader, a second owner, release, and a
+ * new holder, each checked in Redis over its plain port (r); cluster is
+ * the URL's; the epochs continue from epoch0. */
+static void tls_round(struct redis *r, const char *url, const char *cluster, uint64_t epoch0)
+{
+    char err[ERRLEN], key[96], v[256];
+    snprintf(key, sizeof(key), "umbp:%s:leader", cluster);
+    struct lease *a = open_url(url, 1000), *b = open_url(url, 1000);
+    struct lease_holder mine, h;
+    int rc = lease_acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &mine, err, sizeof(err));
+    cr_assert_eq(rc, 1, "acquire over TLS (%s): %d %s", url, rc, err);
+    assert_holder(&mine, epoch0 + 1, A_ADDR, A_OWNER, "acquired over TLS");
+    snprintf(v, sizeof(v), "%s", value_of(&mine));
+    cr_assert_str_eq(redis_str(r, "GET %s", key), v, "the lease is not in Redis");
+    long long ttl = atoll(redis_str(r, "PTTL %s", key));
+    cr_assert(ttl > 0 && ttl <= TTL_LONG, "PTTL %lld", ttl);
+    rc = lease_renew(a, &mine, TTL_LONG, &h, err, sizeof(err));
+    cr_assert_eq(rc, 1, "renew over TLS: %d %s", rc, err);
+    rc = lease_leader(b, &h, err, sizeof(err));
+    cr_assert_eq(rc, 1, "leader over TLS: %d %s", rc, err);
+    assert_holder(&h, epoch0 + 1, A_ADDR, A_OWNER, "leader() over TLS");
+    rc = lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err));
+    cr_assert_eq(rc, 0, "a second owner over TLS: %d %s", rc, err);
+    assert_holder(&h, epoch0 + 1, A_ADDR, A_OWNER, "B sees A");
+    rc = lease_release(a, &mine, err, sizeof(err));
+    cr_assert_eq(rc, 0, "release over TLS: %d %s", rc, err);
+    cr_assert_str_eq(redis_str(r, "GET %s", key), "(nil)", "the release did not reach Redis");
+    rc = lease_leader(a, &h, err, sizeof(err));
+    cr_assert_eq(rc, 0, "nobody leads after the release: %d %s", rc, err);
+    rc = lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err));
+    cr_assert_eq(rc, 1, "B takes the released lease: %d %s", rc, err);
+    assert_holder(&h, epoch0 + 2, B_ADDR, B_OWNER, "B over TLS");
+    cr_assert_str_eq(redis_str(r, "GET %s", key), value_of(&h));
+    rc = lease_release(b, &h, err, sizeof(err));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    lease_close(a);
+    lease_close(b);
+}
+
+/* rediss:// with tls_ca_file: every call works over the TLS port, and what
+ * it writes is in Redis (read over the plain port).  The server's
+ * certificate names IP:127.0.0.1 and DNS:localhost: the URL's IP is
+ * verified as an IP, "localhost" as a name (and its ::1 address, where
+ * Redis does not listen, is passed over for 127.0.0.1), and
+ * tls_server_name=localhost verifies that name at 127.0.0.1. */
+Test(lease, tls_acquire_renew_leader_release_over_rediss, .fini = tls_fini)
+{
+    tls_init();
+    struct redis r;
+    tls_start(&r, &g_certs, false, NULL);
+    char url[512];
+    tls_round(&r, tls_url(url, sizeof(url), &r, "tls1", g_certs.ca, NULL), "tls1", 0);
+    snprintf(url, sizeof(url), "rediss://localhost:%u/tls2?tls_ca_file=%s", r.tls_port,
+             g_certs.ca);
+    tls_round(&r, url, "tls2", 0);
+    tls_round(&r, tls_url(url, sizeof(url), &r, "tls3", g_certs.ca, "tls_server_name=localhost"),
+              "tls3", 0);
+    redis_stop(&r);
+}
+
+/* TLS and a password: AUTH goes over TLS from the password file. */
+Test(lease, tls_with_a_password_file, .fini = tls_fini)
+{
+    tls_init();
+    static const char *const extra[] = {"--requirepass", "tls-pw-3381", NULL};
+    struct redis r;
+    tls_start(&r, &g_certs, false, extra);
+    r.password = "tls-pw-3381";
+    char good[160], wrong[160], more[256], url[512], err[ERRLEN];
+    snprintf(good, sizeof(good), "%s/pw", g_certs.dir);
+    snprintf(wrong, sizeof(wrong), "%s/wrong", g_certs.dir);
+    write_pw(good, "tls-pw-3381", 0600);
+    write_pw(wrong, "not-it-5150", 0600);
+    struct lease *l;
+    struct lease_holder h;
+    /* none: the store asks for one, over TLS */
+    l = open_url(tls_url(url, sizeof(url), &r, "tpw", g_certs.ca, NULL), 1000);
+    int rc = lease_leader(l, &h, err, sizeof(err));
+    cr_assert_eq(rc, -EACCES, "%d %s", rc, err);
+    cr_assert(has(err, "requires a password") && has(err, url), "%s", err);
+    lease_close(l);
+    /* a wrong one: refused, naming the file, never the password */
+    snprintf(more, sizeof(more), "password_file=%s", wrong);
+    l = open_url(tls_url(url, sizeof(url), &r, "tpw", g_certs.ca, more), 1000);
+    rc = lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err));
+    cr_assert_eq(rc, -EACCES, "%d %s", rc, err);
+    cr_assert(has(err, "AUTH") && has(err, wrong), "%s", err);
+    cr_assert_null(strstr(err, "not-it-5150"), "the password is in the message: %s", err);
+    lease_close(l);
+    /* the right one: the lease works */
+    snprintf(more, sizeof(more), "password_file=%s", good);
+    tls_round(&r, tls_url(url, sizeof(url), &r, "tpw", g_certs.ca, more), "tpw", 0);
+    redis_stop(&r);
+}
+
+/* Verification is on: a CA that did not sign the server's certificate,
+ * or none (the system's trust store, which does not hold the test's CA),
+ * refuses every call with -EKEYREJECTED naming the failure and the CA
+ * file, bounded, and nothing reaches Redis; the right CA then works on
+ * the same Redis. */
+Test(lease, tls_a_ca_that_did_not_sign_the_certificate_is_refused, .fini = tls_fini)
+{
+    tls_init();
+    struct redis r;
+    tls_start(&r, &g_certs, false, NULL);
+    const uint64_t T = 500, bound = stall_bound(T);
+    char url[512], err[ERRLEN], at[64];
+    snprintf(at, sizeof(at), "TLS handshake with 127.0.0.1:%u", r.tls_port);
+    uint64_t worst = 0;
+    struct lease_holder h, mine = holder(1, A_ADDR, A_OWNER);
+    for (int k = 0; k < 2; k++) {
+        if (k == 0)
+            tls_url(url, sizeof(url), &r, "tca", g_certs.other_ca, NULL);
+        else
+            snprintf(url, sizeof(url), "rediss://127.0.0.1:%u/tca", r.tls_port);
+        struct lease *l = open_url(url, T);
+        for (int round = 0; round < 2; round++) {
+            int rc[4];
+            rc[0] = TIMED(worst, bound, "wrong CA: acquire",
+                          lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+            rc[1] = TIMED(worst, bound, "wrong CA: renew",
+                          lease_renew(l, &mine, TTL_LONG, &h, err, sizeof(err)));
+            rc[2] = TIMED(worst, bound, "wrong CA: leader", lease_leader(l, &h, err, sizeof(err)));
+            rc[3] = TIMED(worst, bound, "wrong CA: release",
+                          lease_release(l, &mine, err, sizeof(err)));
+            for (int i = 0; i < 4; i++)
+                cr_assert_eq(rc[i], -EKEYREJECTED, "call %d with %s: %d", i, url, rc[i]);
+            cr_assert(has(err, at) && has(err, "certificate verify failed") && has(err, url),
+                      "%s", err);
+            if (k == 0)
+                cr_assert(has(err, "tls_ca_file") && has(err, g_certs.other_ca), "%s", err);
+            else
+                cr_assert(has(err, "system's trust store"), "%s", err);
+        }
+        lease_close(l);
+    }
+    cr_assert_str_eq(redis_str(&r, "GET umbp:tca:leader"), "(nil)", "a refused call wrote");
+    cr_assert_str_eq(redis_str(&r, "GET umbp:tca:epoch"), "(nil)", "a refused call wrote");
+    cr_log_info("a CA that did not sign: the slowest call took %llu ms",
+                (unsigned long long)worst);
+    tls_round(&r, tls_url(url, sizeof(url), &r, "tca", g_certs.ca, NULL), "tca", 0);
+    redis_stop(&r);
+}
+
+/* The name verified: tls_server_name that is not in the certificate (a
+ * name, an IP) is refused naming it; a certificate with no IP in it
+ * (DNS:localhost only) refuses rediss://127.0.0.1 (the IP is verified as
+ * one), and serves tls_server_name=localhost and rediss://localhost. */
+Test(lease, tls_a_name_the_certificate_does_not_have_is_refused, .fini = tls_fini)
+{
+    tls_init();
+    struct redis r, d;
+    tls_start(&r, &g_certs, false, NULL);
+    struct redis_certs dns = g_certs; /* the server's certificate: DNS:localhost only */
+    snprintf(dns.server, sizeof(dns.server), "%s", g_certs.server_dns);
+    snprintf(dns.server_key, sizeof(dns.server_key), "%s", g_certs.server_dns_key);
+    tls_start(&d, &dns, false, NULL);
+    const uint64_t T = 500, bound = stall_bound(T);
+    char url[512], err[ERRLEN];
+    uint64_t worst = 0;
+    struct lease_holder h;
+    static const struct {
+        const char *name, *why;
+    } wrong[] = {
+        {"redis.example.com", "hostname mismatch"},
+        {"127.0.0.2", "IP address mismatch"},
+        {"::1", "IP address mismatch"},
+    };
+    for (size_t i = 0; i < sizeof(wrong) / sizeof(wrong[0]); i++) {
+        char more[96];
+        snprintf(more, sizeof(more), "tls_server_name=%s", wrong[i].name);
+        struct lease *l = open_url(tls_url(url, sizeof(url), &r, "tsn", g_certs.ca, more), T);
+        int rc = TIMED(worst, bound, "a wrong tls_server_name: leader",
+                       lease_leader(l, &h, err, sizeof(err)));
+        cr_assert_eq(rc, -EKEYREJECTED, "%s: %d %s", url, rc, err);
+        char quoted[96];
+        snprintf(quoted, sizeof(quoted), "\"%s\" (tls_server_name)", wrong[i].name);
+        cr_assert(has(err, quoted) && has(err, wrong[i].why) && has(err, url), "%s", err);
+        rc = TIMED(worst, bound, "a wrong tls_server_name: acquire",
+                   lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+        cr_assert_eq(rc, -EKEYREJECTED, "%d %s", rc, err);
+        lease_close(l);
+    }
+    /* the certificate without the IP: the URL's IP is verified as one */
+    struct lease *l = open_url(tls_url(url, sizeof(url), &d, "tsn", g_certs.ca, NULL), T);
+    int rc = TIMED(worst, bound, "a certificate without 127.0.0.1: acquire",
+                   lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, -EKEYREJECTED, "%d %s", rc, err);
+    cr_assert(has(err, "IP address mismatch") && has(err, "\"127.0.0.1\" (the host dialled"),
+              "%s", err);
+    lease_close(l);
+    cr_assert_str_eq(redis_str(&d, "GET umbp:tsn:leader"), "(nil)", "a refused call wrote");
+    cr_log_info("a name not in the certificate: the slowest call took %llu ms",
+                (unsigned long long)worst);
+    tls_round(&d, tls_url(url, sizeof(url), &d, "tsn", g_certs.ca, "tls_server_name=localhost"),
+              "tsn", 0);
+    snprintf(url, sizeof(url), "rediss://localhost:%u/tsn2?tls_ca_file=%s", d.tls_port,
+             g_certs.ca);
+    tls_round(&d, url, "tsn2", 0);
+    redis_stop(&d);
+    redis_stop(&r);
+}
+
+/* Mutual TLS (--tls-auth-clients yes): without a client certificate, or
+ * with one its CA did not sign, every call is refused (-EACCES) saying
+ * so; with one it did, served.  A key file others may read, a key that is
+ * not the certificate's, a missing file: refused at open, named. */
+Test(lease, tls_mutual_a_client_certificate_is_required_then_served, .fini = tls_fini)
+{
+    tls_init();
+    struct redis r;
+    tls_start(&r, &g_certs, true, NULL);
+    const uint64_t T = 500, bound = stall_bound(T);
+    char url[512], more[320], err[ERRLEN];
+    uint64_t worst = 0;
+    struct lease_holder h, mine = holder(1, A_ADDR, A_OWNER);
+    /* none */
+    struct lease *l = open_url(tls_url(url, sizeof(url), &r, "mtls", g_certs.ca, NULL), T);
+    for (int round = 0; round < 2; round++) {
+        int rc = TIMED(worst, bound, "no client certificate: acquire",
+                       lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+        cr_assert_eq(rc, -EACCES, "%d %s", rc, err);
+        cr_assert(has(err, "client certificate") && has(err, "tls_cert_file") && has(err, url),
+                  "%s", err);
+        rc = TIMED(worst, bound, "no client certificate: renew",
+                   lease_renew(l, &mine, TTL_LONG, &h, err, sizeof(err)));
+        cr_assert_eq(rc, -EACCES, "%d %s", rc, err);
+        rc = TIMED(worst, bound, "no client certificate: leader",
+                   lease_leader(l, &h, err, sizeof(err)));
+        cr_assert_eq(rc, -EACCES, "%d %s", rc, err);
+    }
+    lease_close(l);
+    /* one by a CA the server does not trust */
+    snprintf(more, sizeof(more), "tls_cert_file=%s&tls_key_file=%s", g_certs.other_client,
+             g_certs.other_client_key);
+    l = open_url(tls_url(url, sizeof(url), &r, "mtls", g_certs.ca, more), T);
+    int rc = TIMED(worst, bound, "a client certificate by another CA: acquire",
+                   lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, -EACCES, "%d %s", rc, err);
+    cr_assert(has(err, "refused our client certificate") && has(err, g_certs.other_client),
+              "%s", err);
+    lease_close(l);
+    cr_assert_str_eq(redis_str(&r, "GET umbp:mtls:leader"), "(nil)", "a refused call wrote");
+    cr_log_info("mutual TLS refused: the slowest call took %llu ms", (unsigned long long)worst);
+    /* the right one */
+    snprintf(more, sizeof(more), "tls_cert_file=%s&tls_key_file=%s", g_certs.client,
+             g_certs.client_key);
+    tls_round(&r, tls_url(url, sizeof(url), &r, "mtls", g_certs.ca, more), "mtls", 0);
+
+    /* refused at open, named */
+    char open_key[160], junk[160];
+    snprintf(open_key, sizeof(open_key), "%s/open.key", g_certs.dir);
+    snprintf(junk, sizeof(junk), "%s/junk.pem", g_certs.dir);
+    FILE *fp = fopen(junk, "w");
+    cr_assert_not_null(fp);
+    fputs("not a certificate\n", fp);
+    fclose(fp);
+    cr_assert_eq(chmod(junk, 0600), 0);
+    fp = fopen(open_key, "w"); /* a copy of the client's key, mode 0644 */
+    cr_assert_not_null(fp);
+    fputs(tu_slurp(g_certs.client_key), fp);
+    fclose(fp);
+    cr_assert_eq(chmod(open_key, 0644), 0);
+    const struct {
+        const char *ca, *cert, *key;
+        int rc;
+        const char *part, *part2;
+    } bad[] = {
+        {g_certs.ca, g_certs.client, open_key, -EACCES, "chmod 600", open_key},
+        {g_certs.ca, g_certs.client, g_certs.other_client_key, -EINVAL,
+         "is not the key of tls_cert_file", g_certs.other_client_key},
+        {g_certs.ca, g_certs.client, "/nonexistent/client.key", -ENOENT, "tls_key_file",
+         "/nonexistent/client.key"},
+        {g_certs.ca, "/nonexistent/client.pem", g_certs.client_key, -ENOENT, "tls_cert_file",
+         "/nonexistent/client.pem"},
+        {"/nonexistent/ca.pem", g_certs.client, g_certs.client_key, -ENOENT, "tls_ca_file",
+         "/nonexistent/ca.pem"},
+        {junk, g_certs.client, g_certs.client_key, -EINVAL, "no CA certificate", junk},
+        {g_certs.ca, junk, g_certs.client_key, -EINVAL, "tls_cert_file", "no certificate"},
+        {g_certs.ca, g_certs.client, junk, -EINVAL, "tls_key_file", "no private key"},
+        {g_certs.dir, g_certs.client, g_certs.client_key, -EINVAL, "tls_ca_file",
+         "not a regular file"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(url, sizeof(url), "rediss://127.0.0.1:%u/mtls?tls_ca_file=%s&tls_cert_file=%s&"
+                 "tls_key_file=%s", r.tls_port, bad[i].ca, bad[i].cert, bad[i].key);
+        l = NULL;
+        rc = lease_open(url, T, &l, err, sizeof(err));
+        cr_log_info("open %zu: %d %s", i, rc, err);
+        cr_expect_eq(rc, bad[i].rc, "%zu: %d %s", i, rc, err);
+        cr_expect(has(err, bad[i].part) && has(err, bad[i].part2) && has(err, url), "%zu: %s",
+                  i, err);
+        if (rc == 0)
+            lease_close(l);
+    }
+    if (geteuid() != 0) { /* root reads any file */
+        cr_assert_eq(chmod(junk, 0), 0);
+        snprintf(url, sizeof(url), "rediss://127.0.0.1:%u/mtls?tls_ca_file=%s", r.tls_port, junk);
+        rc = lease_open(url, T, &l, err, sizeof(err));
+        cr_assert_eq(rc, -EACCES, "an unreadable CA file: %d %s", rc, err);
+        cr_assert(has(err, junk), "%s", err);
+    } else {
+        cr_log_info("running as root: an unreadable file is not tested (root reads it)");
+    }
+    redis_stop(&r);
+}
+
+/* The ports mixed up: rediss:// to the plain port (Redis reads the
+ * ClientHello as an inline command: it answers an error, which is not
+ * TLS, or waits for a newline, and the handshake times out), and
+ * redis:// to the TLS port (Redis's TLS layer refuses the plain text):
+ * every call fails within 3 x the timeout + 1 s, naming the problem. */
+Test(lease, tls_and_plain_ports_mixed_up_fail_bounded, .fini = tls_fini)
+{
+    tls_init();
+    struct redis r;
+    tls_start(&r, &g_certs, false, NULL);
+    const uint64_t T = 500, bound = stall_bound(T);
+    char url[512], err[ERRLEN];
+    struct lease_holder h, mine = holder(1, A_ADDR, A_OWNER);
+    uint64_t worst = 0;
+    /* rediss:// to the plain port */
+    snprintf(url, sizeof(url), "rediss://127.0.0.1:%u/mix?tls_ca_file=%s", r.port, g_certs.ca);
+    for (int round = 0; round < 4; round++) {
+        struct lease *l = open_url(url, T);
+        int rc = TIMED(worst, bound, "rediss:// to the plain port: acquire",
+                       lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+        cr_assert(rc == -EPROTO || rc == -ETIMEDOUT || rc == -ECONNRESET, "%d %s", rc, err);
+        cr_assert(has(err, "TLS handshake with") && has(err, url), "%s", err);
+        cr_assert(has(err, "does not speak TLS") || has(err, "tls-port"), "%s", err);
+        rc = TIMED(worst, bound, "rediss:// to the plain port: leader",
+                   lease_leader(l, &h, err, sizeof(err)));
+        cr_assert(rc == -EPROTO || rc == -ETIMEDOUT || rc == -ECONNRESET, "%d %s", rc, err);
+        lease_close(l);
+    }
+    uint64_t worst_tls = worst;
+    worst = 0;
+    /* redis:// to the TLS port */
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%u/mix", r.tls_port);
+    for (int round = 0; round < 4; round++) {
+        struct lease *l = open_url(url, T);
+        int rc = TIMED(worst, bound, "redis:// to the TLS port: acquire",
+                       lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+        cr_assert(rc == -EPROTO || rc == -ECONNRESET || rc == -ETIMEDOUT, "%d %s", rc, err);
+        cr_assert(has(err, "TLS") && has(err, "rediss://") && has(err, url), "%s", err);
+        rc = TIMED(worst, bound, "redis:// to the TLS port: renew",
+                   lease_renew(l, &mine, TTL_LONG, &h, err, sizeof(err)));
+        cr_assert(rc == -EPROTO || rc == -ECONNRESET || rc == -ETIMEDOUT, "%d %s", rc, err);
+        rc = TIMED(worst, bound, "redis:// to the TLS port: leader",
+                   lease_leader(l, &h, err, sizeof(err)));
+        cr_assert(rc == -EPROTO || rc == -ECONNRESET || rc == -ETIMEDOUT, "%d %s", rc, err);
+        lease_close(l);
+    }
+    cr_log_info("the ports mixed up (timeout %llu ms, bound %llu): rediss:// to the plain port "
+                "took at most %llu ms, redis:// to the TLS port %llu ms", (unsigned long long)T,
+                (unsigned long long)bound, (unsigned long long)worst_tls,
+                (unsigned long long)worst);
+    cr_assert_str_eq(redis_str(&r, "GET umbp:mix:leader"), "(nil)", "a failed call wrote");
+    redis_stop(&r);
+}
+
+/* A TLS Redis stopped (SIGSTOP) mid-session: the kernel still accepts, so
+ * a connected lease's command and a fresh lease's handshake each wait out
+ * the timeout (bounded), and work after SIGCONT; killed, every call fails
+ * bounded, and a restart (empty, same ports) is re-taken by the holder. */
+Test(lease, tls_redis_stopped_calls_are_bounded_then_work_after_sigcont, .fini = tls_fini)
+{
+    tls_init();
+    struct redis r;
+    tls_start(&r, &g_certs, false, NULL);
+    const uint64_t T = 300, bound = stall_bound(T);
+    char url[512], err[ERRLEN];
+    tls_url(url, sizeof(url), &r, "tstop", g_certs.ca, NULL);
+    struct lease *a = open_url(url, T), *b = open_url(url, T);
+    struct lease_holder mine, h;
+    uint64_t worst = 0;
+    int rc = lease_acquire(a, A_ADDR, A_OWNER, TTL_LONG, 0, &mine, err, sizeof(err));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    rc = lease_leader(b, &h, err, sizeof(err));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    redis_signal(&r, SIGSTOP);
+    for (int round = 0; round < 2; round++) {
+        struct lease *fresh = open_url(url, T);
+        rc = TIMED(worst, bound, "stopped: the holder's renew",
+                   lease_renew(a, &mine, TTL_LONG, &h, err, sizeof(err)));
+        cr_assert_eq(rc, -ETIMEDOUT, "%d %s", rc, err);
+        rc = TIMED(worst, bound, "stopped: a reader's leader", lease_leader(b, &h, err,
+                                                                             sizeof(err)));
+        cr_assert_eq(rc, -ETIMEDOUT, "%d %s", rc, err);
+        cr_assert(has(err, url), "%s", err);
+        rc = TIMED(worst, bound, "stopped: a fresh lease's acquire",
+                   lease_acquire(fresh, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+        cr_assert_eq(rc, -ETIMEDOUT, "%d %s", rc, err);
+        cr_assert(has(err, "TLS handshake") && has(err, "no answer within the timeout"), "%s",
+                  err);
+        lease_close(fresh);
+    }
+    cr_log_info("a TLS Redis stopped: the slowest call took %llu ms (timeout %llu, bound %llu)",
+                (unsigned long long)worst, (unsigned long long)T, (unsigned long long)bound);
+    redis_signal(&r, SIGCONT);
+    rc = UNTIL_OK(lease_renew(a, &mine, TTL_LONG, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "the holder renews after SIGCONT: %d %s", rc, err);
+    rc = UNTIL_OK(lease_leader(b, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "after SIGCONT");
+    rc = lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+
+    /* killed: refused or reset, bounded; back empty on the same ports */
+    redis_signal(&r, SIGKILL);
+    worst = 0;
+    rc = TIMED(worst, bound, "killed: the holder's renew",
+               lease_renew(a, &mine, TTL_LONG, &h, err, sizeof(err)));
+    cr_assert(rc == -ECONNRESET || rc == -ECONNREFUSED, "%d %s", rc, err);
+    rc = TIMED(worst, bound, "killed: leader", lease_leader(b, &h, err, sizeof(err)));
+    cr_assert(rc == -ECONNRESET || rc == -ECONNREFUSED, "%d %s", rc, err);
+    rc = TIMED(worst, bound, "killed: leader again", lease_leader(b, &h, err, sizeof(err)));
+    cr_assert_eq(rc, -ECONNREFUSED, "%d %s", rc, err);
+    redis_start(&r);
+    rc = UNTIL_OK(lease_renew(a, &mine, TTL_LONG, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "the holder re-takes its key in the empty store: %d %s", rc, err);
+    cr_assert_str_eq(redis_str(&r, "GET umbp:tstop:leader"), value_of(&mine));
+    lease_close(a);
+    lease_close(b);
+    redis_stop(&r);
+}
+
+/* rediss+sentinel://: a primary, its replica (replicating over TLS) and a
+ * sentinel, all on TLS ports (the sentinel watches the primary's TLS port,
+ * tls-replication yes); the lease asks the sentinel over TLS and writes to
+ * the primary over TLS, and follows a failover (the primary killed, the
+ * replica promoted).  A CA that did not sign: refused at the sentinel,
+ * named; redis+sentinel:// to the sentinel's plain port: it names the
+ * primary's TLS port, where plain text fails, named. */
+Test(lease, tls_through_sentinels, .fini = tls_fini)
+{
+    tls_init();
+    struct redis p, rep, sen;
+    redis_start_with_sentinel_tls(&p, &rep, &sen, "svc", NULL, &g_certs);
+    redisReply *x = redis_cmd(&sen, "SENTINEL get-master-addr-by-name svc");
+    cr_assert(x->type == REDIS_REPLY_ARRAY && x->elements == 2 &&
+              x->element[1]->type == REDIS_REPLY_STRING &&
+              atoi(x->element[1]->str) == (int)p.tls_port,
+              "the sentinel does not name the primary's TLS port %u", p.tls_port);
+    freeReplyObject(x);
+    const uint64_t T = 1000, bound = stall_bound(T);
+    char url[512], err[ERRLEN];
+    uint64_t worst = 0;
+    snprintf(url, sizeof(url), "rediss+sentinel://127.0.0.1:%u/svc/tsen?tls_ca_file=%s",
+             sen.tls_port, g_certs.ca);
+    struct lease *l = open_url(url, T);
+    struct lease_holder mine, h;
+    int rc = TIMED(worst, bound, "through a TLS sentinel: acquire",
+                   lease_acquire(l, A_ADDR, A_OWNER, TTL_LONG, 0, &mine, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    assert_holder(&mine, 1, A_ADDR, A_OWNER, "through a TLS sentinel");
+    cr_assert_str_eq(redis_str(&p, "GET umbp:tsen:leader"), "1 " A_ADDR " " A_OWNER,
+                     "the lease is not in the primary");
+    rc = TIMED(worst, bound, "through a TLS sentinel: renew",
+               lease_renew(l, &mine, TTL_LONG, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    rc = TIMED(worst, bound, "through a TLS sentinel: leader", lease_leader(l, &h, err,
+                                                                            sizeof(err)));
+    cr_assert_eq(rc, 1, "%d %s", rc, err);
+    uint64_t t0 = redis_now_ms();
+    while (strcmp(redis_str(&rep, "GET umbp:tsen:leader"), "1 " A_ADDR " " A_OWNER) != 0) {
+        cr_assert_lt(redis_now_ms() - t0, 10000, "the replica never got the lease over TLS");
+        usleep(10000);
+    }
+
+    /* a CA that did not sign: refused at the sentinel */
+    char bad[512];
+    snprintf(bad, sizeof(bad), "rediss+sentinel://127.0.0.1:%u/svc/tsen?tls_ca_file=%s",
+             sen.tls_port, g_certs.other_ca);
+    struct lease *w = open_url(bad, T);
+    rc = TIMED(worst, bound, "a wrong CA, through the sentinel: leader",
+               lease_leader(w, &h, err, sizeof(err)));
+    cr_assert_eq(rc, -EKEYREJECTED, "%d %s", rc, err);
+    cr_assert(has(err, "sentinel 1") && has(err, "certificate verify failed") &&
+              has(err, g_certs.other_ca), "%s", err);
+    lease_close(w);
+    /* plain text to the sentinel's plain port: it names the TLS primary */
+    snprintf(bad, sizeof(bad), "redis+sentinel://127.0.0.1:%u/svc/tsen", sen.port);
+    w = open_url(bad, T);
+    rc = TIMED(worst, bound, "plain text through the sentinel to the TLS primary: leader",
+               lease_leader(w, &h, err, sizeof(err)));
+    cr_assert(rc == -EPROTO || rc == -ECONNRESET || rc == -ETIMEDOUT, "%d %s", rc, err);
+    cr_assert(has(err, "ROLE") && has(err, "TLS"), "%s", err);
+    lease_close(w);
+
+    /* the primary killed: the sentinel promotes the replica (over TLS), the
+     * holder's renewals go there */
+    redis_signal(&p, SIGKILL);
+    t0 = redis_now_ms();
+    int fails = 0;
+    char last[ERRLEN] = "";
+    uint64_t failing = 0;
+    while ((rc = TIMED(failing, bound, "renew, the primary killed",
+                       lease_renew(l, &mine, TTL_LONG, &h, err, sizeof(err)))) != 1) {
+        cr_assert_lt(rc, 0, "a renewal lost the lease: %d", rc);
+        cr_assert_lt(redis_now_ms() - t0, 30000, "no renewal through the TLS sentinel within "
+                     "30 s of the primary's death: %d %s", rc, err);
+        snprintf(last, sizeof(last), "%s", err);
+        fails++;
+        usleep(50000);
+    }
+    cr_log_info("over TLS, the primary killed: %d renewals failed (the slowest in %llu ms; "
+                "last: %s), the first through the promoted replica after %llu ms", fails,
+                (unsigned long long)failing, last, (unsigned long long)(redis_now_ms() - t0));
+    assert_holder(&h, 1, A_ADDR, A_OWNER, "renewed on the promoted replica");
+    cr_assert_str_eq(role_of(&rep), "master");
+    cr_assert_str_eq(redis_str(&rep, "GET umbp:tsen:leader"), "1 " A_ADDR " " A_OWNER);
+    rc = TIMED(worst, bound, "after the failover: a second owner's acquire",
+               lease_acquire(l, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    rc = TIMED(worst, bound, "after the failover: release",
+               lease_release(l, &mine, err, sizeof(err)));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    cr_assert_str_eq(redis_str(&rep, "GET umbp:tsen:leader"), "(nil)");
+    cr_log_info("through a TLS sentinel: the slowest call (outside the failover) took %llu ms",
+                (unsigned long long)worst);
+    lease_close(l);
+    redis_stop(&sen);
+    redis_stop(&rep);
+    redis_stop(&p);
+}
