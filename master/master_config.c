@@ -54,8 +54,10 @@ const struct umbp_option master_options[] = {
     {"log_level", UMBP_OPT_STRING, OFF(log_level), "info", 0, 0, 16, levels,
      "master: error, warn, info or debug"},
     {"lease_url", UMBP_OPT_STRING, OFF(lease_url), "", 0, 0, 384, NULL,
-     "master: redis://host:port/<cluster> (or redis+sentinel://h:p,h:p/<service>/<cluster>)"
-     "[?password_file=PATH[&user=NAME]]: several masters elect one leader through a lease in "
+     "master: redis://host:port/<cluster> (or redis+sentinel://h:p,h:p/<service>/<cluster>; "
+     "rediss:// and rediss+sentinel:// over TLS)[?password_file=PATH[&user=NAME]]"
+     "[&tls_ca_file=PATH][&tls_cert_file=PATH&tls_key_file=PATH][&tls_server_name=NAME]: "
+     "several masters elect one leader through a lease in "
      "this Redis (or Valkey); the others stand by; nodes and lookup clients given the same URL "
      "as master_address follow the leader; empty = one master, no lease"},
     {"advertise", UMBP_OPT_STRING, OFF(advertise), "", 0, 0, 64, NULL,
@@ -65,7 +67,8 @@ const struct umbp_option master_options[] = {
      "master: the leader lease's length: the leader renews it every third, a standby takes "
      "it within about this long after the leader dies"},
     {"lease_timeout_ms", UMBP_OPT_INT, OFF(lease_timeout_ms), "0", 0, 60000, 0, NULL,
-     "master: each call to the lease store (connect, then the command) is bounded by this "
+     "master: each call to the lease store (connect, the TLS handshake with rediss://, then "
+     "the command) is bounded by this "
      "(at most lease_ttl_ms / 3); 0 = 500 ms or lease_ttl_ms / 3 if shorter"},
     {.name = NULL},
 };
