@@ -213,7 +213,13 @@ int net_conn_flush(struct net_conn *c)
     }
     out_compact(c);
     if (!net_conn_backlog(c)) {
-        ev_io_stop(p->loop, &c->wio);
+        /* A paused connection whose output went out at once (its reader
+         * drained it) is resumed by the write watcher (write_cb): with it
+         * stopped, nothing would read that client again. */
+        if (c->paused)
+            ev_io_start(p->loop, &c->wio);
+        else
+            ev_io_stop(p->loop, &c->wio);
         return 0;
     }
     ev_io_start(p->loop, &c->wio);
