@@ -119,6 +119,8 @@ static const struct net_service_ops ops = {
     .name = o_name, .on_hello = o_hello, .on_timeout = o_timeout, .on_close = o_close,
     .on_refuse = o_refuse};
 
+static size_t out_pause_override; /* a test's out_pause (0: 1 MiB) */
+
 /* A service with one connection: the server end of a socket pair. */
 static int setup_service(int64_t frame_timeout_ms)
 {
@@ -128,7 +130,8 @@ static int setup_service(int64_t frame_timeout_ms)
     struct net_service_params p = {
         .loop = O.loop, .ops = &ops, .owner = &O, .conn_size = sizeof(struct conn),
         .max_conns = 4, .accept_batch = 1, .accept_retry_s = 1, .in_initial = 4096,
-        .out_pause = 1 << 20, .out_resume = 1 << 19, .out_keep = 1 << 16,
+        .out_pause = out_pause_override ? out_pause_override : 1 << 20,
+        .out_resume = out_pause_override ? out_pause_override / 2 : 1 << 19, .out_keep = 1 << 16,
         .frame_timeout_ms = frame_timeout_ms};
     net_service_init(&O.svc, &p);
     int sv[2];
@@ -250,6 +253,31 @@ static int one_lookup_waiting(void)
     uint64_t seqs[4];
     cr_assert_eq(collect(fd, 1, types, seqs), 1);
     return fd;
+}
+
+/* A client that sends faster than it reads is paused once its output is
+ * over out_pause; when the flush at the end of that turn sends all of it
+ * at once (the reader keeps up), the connection must still be resumed.
+ * Before the fix the write watcher stopped with the connection paused and
+ * the frames behind were never answered (test_server's pipelined test hung
+ * once in CI). */
+Test(net_service, a_paused_client_whose_output_went_out_at_once_is_resumed)
+{
+    out_pause_override = 64; /* a few replies */
+    int fd = setup_service(0);
+    struct proto_buf b = {0};
+    enum { N = 200 };
+    for (uint64_t i = 1; i <= N; i++)
+        cr_assert_eq(proto_put_empty(&b, PROTO_PING, i, 0), 0);
+    send_all(fd, &b);
+    static uint16_t types[N];
+    static uint64_t seqs[N];
+    size_t got = collect(fd, N, types, seqs);
+    cr_assert_eq(got, N, "%zu of %d replies: the paused connection was never resumed", got, N);
+    for (size_t i = 0; i < N; i++)
+        cr_expect_eq(seqs[i], i + 1, "reply %zu: seq %llu", i, (unsigned long long)seqs[i]);
+    close(fd);
+    teardown_service();
 }
 
 Test(net_service, a_client_gone_while_its_frame_waits_reaches_on_close)
