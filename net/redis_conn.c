@@ -542,6 +542,23 @@ static int tls_write_failure(struct redis_conn *c, int s, int e, char *err, size
 }
 #endif
 
+/* Waits until the socket is ready for `want` (POLLIN, POLLOUT) by the
+ * deadline: 0, -ETIMEDOUT or -ECONNRESET with err set. */
+static int wait_io(const struct redis_conn *c, int want, uint64_t deadline, char *err,
+                   size_t errlen)
+{
+    int w = wait_fd(c->fd, (short)want, deadline);
+    if (w == -ETIMEDOUT) {
+        snprintf(err, errlen, "no reply within the timeout");
+        return -ETIMEDOUT;
+    }
+    if (w < 0) {
+        snprintf(err, errlen, "poll: %s", strerror(-w));
+        return -ECONNRESET;
+    }
+    return 0;
+}
+
 /* Writes all of buf by the deadline. */
 static int conn_write(struct redis_conn *c, const char *buf, size_t len, uint64_t deadline,
                       char *err, size_t errlen)
@@ -576,15 +593,9 @@ static int conn_write(struct redis_conn *c, const char *buf, size_t len, uint64_
                 return -ECONNRESET;
             }
         }
-        int w = wait_fd(c->fd, (short)want, deadline);
-        if (w == -ETIMEDOUT) {
-            snprintf(err, errlen, "no reply within the timeout");
-            return -ETIMEDOUT;
-        }
-        if (w < 0) {
-            snprintf(err, errlen, "poll: %s", strerror(-w));
-            return -ECONNRESET;
-        }
+        int w = wait_io(c, want, deadline, err, errlen);
+        if (w < 0)
+            return w;
     }
     return 0;
 }
@@ -621,15 +632,9 @@ static int conn_read(struct redis_conn *c, char *buf, size_t cap, uint64_t deadl
                 return -ECONNRESET;
             }
         }
-        int w = wait_fd(c->fd, (short)want, deadline);
-        if (w == -ETIMEDOUT) {
-            snprintf(err, errlen, "no reply within the timeout");
-            return -ETIMEDOUT;
-        }
-        if (w < 0) {
-            snprintf(err, errlen, "poll: %s", strerror(-w));
-            return -ECONNRESET;
-        }
+        int w = wait_io(c, want, deadline, err, errlen);
+        if (w < 0)
+            return w;
     }
 }
 
