@@ -40,11 +40,19 @@ endif()
 # TLS to Redis and to its sentinels (rediss://, net/redis_conn.c): OpenSSL,
 # optional.  Without it a rediss:// lease_url or master_address is refused
 # at open naming the package (libssl-dev), and the TLS tests skip.
-pkg_check_modules(OPENSSL IMPORTED_TARGET GLOBAL openssl)
+# UMBP_WITH_OPENSSL=OFF builds without it even where it is installed (CI
+# builds test_lease that way, so the build without TLS keeps compiling and
+# refusing rediss:// by name).
+option(UMBP_WITH_OPENSSL "Build TLS to Redis (rediss://) where OpenSSL is found" ON)
+if(UMBP_WITH_OPENSSL)
+  pkg_check_modules(OPENSSL IMPORTED_TARGET GLOBAL openssl)
+endif()
 if(OPENSSL_FOUND AND HIREDIS_FOUND)
   message(STATUS "OpenSSL ${OPENSSL_VERSION}: rediss:// leases (TLS to Redis) built")
   target_link_libraries(umbp_deps INTERFACE PkgConfig::OPENSSL)
   target_compile_definitions(umbp_deps INTERFACE UMBP_HAVE_OPENSSL=1)
+elseif(HIREDIS_FOUND AND NOT UMBP_WITH_OPENSSL)
+  message(STATUS "UMBP_WITH_OPENSSL=OFF: rediss:// leases not built")
 elseif(HIREDIS_FOUND)
   message(STATUS "OpenSSL not found (pkg-config openssl): rediss:// leases not built; "
                  "run scripts/setup.sh (libssl-dev)")

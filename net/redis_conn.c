@@ -163,7 +163,6 @@ static int no_passphrase(char *buf, int size, int rwflag, void *u)
     (void)buf, (void)size, (void)rwflag, (void)u;
     return 0;
 }
-#endif
 
 /* path can be opened and is a regular file; a key (secret) must not be
  * open to group or others.  0, or -errno with err naming the parameter. */
@@ -188,6 +187,7 @@ static int check_file(const char *param, const char *path, bool secret, char *er
     }
     return 0;
 }
+#endif
 
 int redis_tls_new(const char *ca_file, const char *cert_file, const char *key_file,
                   const char *server_name, struct redis_tls **out, char *err, size_t errlen)

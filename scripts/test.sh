@@ -15,6 +15,12 @@ if leaked=$(nm -D --defined-only build/libumbp.so | awk '{print $3}' | grep -v '
   echo "scripts/test.sh: libumbp.so exports symbols outside the umbp_ API:" $leaked >&2
   exit 1
 fi
+# the build without OpenSSL (a machine without libssl-dev): it must compile
+# without warnings and refuse rediss:// by name; its TLS tests skip saying why
+cmake -S . -B build-nossl -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUMBP_WITH_OPENSSL=OFF \
+  -DUMBP_BUILD_BENCH=OFF -DUMBP_GPU_CUDA=OFF -DCMAKE_C_FLAGS=-Werror >/dev/null
+cmake --build build-nossl -j "$jobs" --target test_lease
+build-nossl/tests/test_lease --jobs 1 --filter 'lease_url/*'
 # two engine processes sharing one umbp-server, host backend: a prefix stored
 # by one is restored byte-exact by the other (the GPU run is bench_kv_engines
 # with cuda on a machine with GPUs)
