@@ -1309,6 +1309,18 @@ Test(lease, a_store_with_a_password_is_reached_through_a_password_file)
     redis_stop(&r);
 }
 
+/* Bounded wait until the replica rep holds value under key (the lease
+ * written to its primary has replicated). */
+static void await_replica(struct redis *rep, const char *key, const char *value)
+{
+    uint64_t t0 = redis_now_ms();
+    while (strcmp(redis_str(rep, "GET %s", key), value) != 0) {
+        cr_assert_lt(redis_now_ms() - t0, 10000, "the replica on port %u never got %s = '%s' "
+                     "(has '%s')", rep->port, key, value, rep->reply);
+        usleep(10000);
+    }
+}
+
 /* redis+sentinel://: the lease asks the sentinels for the primary (a dead
  * sentinel listed first is skipped), and follows a failover: the primary
  * killed, the sentinel promotes the replica, and the holder's renewals go
@@ -1331,16 +1343,12 @@ Test(lease, through_sentinels_it_follows_a_failover)
     assert_holder(&mine, 1, A_ADDR, A_OWNER, "through the sentinel");
     cr_assert_str_eq(redis_str(&p, "GET umbp:sc:leader"), "1 " A_ADDR " " A_OWNER,
                      "the lease is not in the primary");
-    uint64_t t0 = redis_now_ms();
-    while (strcmp(redis_str(&rep, "GET umbp:sc:leader"), "1 " A_ADDR " " A_OWNER) != 0) {
-        cr_assert_lt(redis_now_ms() - t0, 10000, "the replica never got the lease");
-        usleep(10000);
-    }
+    await_replica(&rep, "umbp:sc:leader", "1 " A_ADDR " " A_OWNER);
 
     /* the primary dies: renewals fail until the sentinel promotes the
      * replica, then go there */
     redis_signal(&p, SIGKILL);
-    t0 = redis_now_ms();
+    uint64_t t0 = redis_now_ms();
     int rc, fails = 0;
     char last[ERRLEN] = "";
     while ((rc = lease_renew(l, &mine, TTL_LONG, &h, err, sizeof(err))) != 1) {
@@ -1704,15 +1712,11 @@ Test(lease, through_sentinels_a_stopped_primary_is_failed_over_then_demoted)
                lease_acquire(b, B_ADDR, B_OWNER, TTL_LONG, 0, &h, err, sizeof(err)));
     cr_assert_eq(rc, 0, "%d %s", rc, err);
     assert_holder(&h, 1, A_ADDR, A_OWNER, "B sees A");
-    uint64_t t0 = redis_now_ms();
-    while (strcmp(redis_str(&rep, "GET umbp:ps:leader"), value) != 0) {
-        cr_assert_lt(redis_now_ms() - t0, 10000, "the replica never got the lease");
-        usleep(10000);
-    }
+    await_replica(&rep, "umbp:ps:leader", value);
 
     /* stopped: every renewal bounded and failing until the promotion */
     redis_signal(&p, SIGSTOP);
-    t0 = redis_now_ms();
+    uint64_t t0 = redis_now_ms();
     int fails = 0;
     uint64_t stalled = 0;
     char last[ERRLEN] = "";
@@ -1851,16 +1855,12 @@ Test(lease, through_sentinels_a_holder_stalled_with_the_primary_finds_the_new_ho
     rc = TIMED(worst, bound, "C, stalled later: acquire",
                lease_acquire(e, C_ADDR, C_OWNER, ttl, 0, &h, err, sizeof(err)));
     cr_assert_eq(rc, 0, "%d %s", rc, err);
-    uint64_t t0 = redis_now_ms();
-    while (strcmp(redis_str(&rep, "GET umbp:hs:leader"), "1 " A_ADDR " " A_OWNER) != 0) {
-        cr_assert_lt(redis_now_ms() - t0, 10000, "the replica never got the lease");
-        usleep(10000);
-    }
+    await_replica(&rep, "umbp:hs:leader", "1 " A_ADDR " " A_OWNER);
 
     /* the primary, A and C stop (A and C simply make no call); B, awake,
      * takes the lease once it has expired on the promoted replica */
     redis_signal(&p, SIGSTOP);
-    t0 = redis_now_ms();
+    uint64_t t0 = redis_now_ms();
     while ((rc = TIMED(worst, bound, "B: acquire, the primary stopped",
                        lease_acquire(d, B_ADDR, B_OWNER, ttl, 1, &hd, err, sizeof(err)))) != 1) {
         cr_assert_lt(redis_now_ms() - t0, 30000, "B never took the lease on the promoted "
@@ -2400,11 +2400,7 @@ Test(lease, tls_through_sentinels, .fini = tls_fini)
     rc = TIMED(worst, bound, "through a TLS sentinel: leader", lease_leader(l, &h, err,
                                                                             sizeof(err)));
     cr_assert_eq(rc, 1, "%d %s", rc, err);
-    uint64_t t0 = redis_now_ms();
-    while (strcmp(redis_str(&rep, "GET umbp:tsen:leader"), "1 " A_ADDR " " A_OWNER) != 0) {
-        cr_assert_lt(redis_now_ms() - t0, 10000, "the replica never got the lease over TLS");
-        usleep(10000);
-    }
+    await_replica(&rep, "umbp:tsen:leader", "1 " A_ADDR " " A_OWNER);
 
     /* a CA that did not sign: refused at the sentinel */
     char bad[512];
@@ -2429,7 +2425,7 @@ Test(lease, tls_through_sentinels, .fini = tls_fini)
     /* the primary killed: the sentinel promotes the replica (over TLS), the
      * holder's renewals go there */
     redis_signal(&p, SIGKILL);
-    t0 = redis_now_ms();
+    uint64_t t0 = redis_now_ms();
     int fails = 0;
     char last[ERRLEN] = "";
     uint64_t failing = 0;
