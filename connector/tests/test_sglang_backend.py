@@ -1071,3 +1071,63 @@ def test_distributed_page_stored_on_one_node_is_read_on_another():
             writer.wait(30)
         master.terminate()
         master.wait(15)
+
+
+# ---- an op still in flight must not be handed back to SGLang ---------------
+
+class _SlowJob:
+    """A umbp job that reports 'not done' for its first `slow` waits (an op
+    still copying when the backend's bounded wait ends); records whether it
+    was released while still reported in flight."""
+
+    def __init__(self, job, slow, log):
+        self._job, self._slow, self._log = job, slow, log
+
+    def wait(self, timeout_ms=None):
+        if self._slow > 0:
+            self._slow -= 1
+            return False
+        return self._job.wait(timeout_ms)
+
+    @property
+    def ok(self):
+        return self._job.ok
+
+    def release(self):
+        self._log.append("released in flight" if self._slow > 0 else "released done")
+        self._job.release()
+
+
+@pytest.mark.parametrize("op", ["get", "put"])
+def test_an_op_in_flight_is_waited_for_not_released_into_sglangs_pages(stores, monkeypatch, op):
+    """umbp_op_release on a get still in flight lets the runtime go on writing
+    its destination, and a put still in flight goes on reading its source and
+    then publishes (umbp.h).  SGLang frees and reuses the host pages of a
+    batch as soon as batch_get_v1 / batch_set_v1 return, so returning early
+    (a miss) would let the late copy overwrite another request's KV, or
+    publish an object with another request's bytes under this key.  The
+    backend waits for the op to complete and reports its real per-page
+    result: here the op reports 'not done' for three rounds of timeout_ms."""
+    pool = FakeHostPool("page_first")
+    pool.fill_random(seed=21)
+    st = stores(pool)
+    want = [pool.page_bytes(p * pool.page_size) for p in (0, 1)]
+    log: list = []
+    rt = st._rt
+    real = rt.get_ranges if op == "get" else rt.put_ranges
+    if op == "get":
+        assert st.batch_set_v1([hkey(1), hkey(2)], page_indices(pool, [0, 1])) == [True, True]
+        pool.poison(0xA5)
+    monkeypatch.setattr(rt, "get_ranges" if op == "get" else "put_ranges",
+                        lambda *a, **kw: _SlowJob(real(*a, **kw), 3, log))
+    if op == "get":
+        assert st.batch_get_v1([hkey(1), hkey(2)], page_indices(pool, [2, 3])) == [True, True]
+        assert [pool.page_bytes(p * pool.page_size) for p in (2, 3)] == want
+    else:
+        assert st.batch_set_v1([hkey(1), hkey(2)], page_indices(pool, [0, 1])) == [True, True]
+    assert log == ["released done"]
+    monkeypatch.undo()
+    if op == "put":
+        pool.poison(0xA5)
+        assert st.batch_get_v1([hkey(1), hkey(2)], page_indices(pool, [2, 3])) == [True, True]
+        assert [pool.page_bytes(p * pool.page_size) for p in (2, 3)] == want

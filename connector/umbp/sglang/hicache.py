@@ -548,15 +548,24 @@ class UMBPStore(HiCacheStorage):
                                 hashes=page_hashes(keys), hash_len=_HASH_LEN)
 
     def _finish(self, job, what: str, n: int) -> np.ndarray:
-        """Waits for a job (bounded by the runtime's timeout_ms, twice) and
-        returns its per-key success; releases it."""
+        """Waits for a job to complete and returns its per-key success;
+        releases it.  Every job here copies to or from SGLang's host pages,
+        which SGLang frees and reuses as soon as the call returns, and a job
+        released in flight goes on copying (umbp.h: a get may still write its
+        destination, a put still reads its source and publishes).  So it is
+        never handed back in flight: umbp completes every op within
+        timeout_ms (a timed-out copy is cut at its next chunk), and an op
+        that has not after two waits is logged at error and waited for."""
         try:
             done = job.wait() or job.wait()
-            if not done:
+            rounds = 2
+            while not done:
                 self._log(logging.ERROR, what + "-stuck",
-                          "umbp.sglang: a %s of %d pages did not complete within two timeout_ms; "
-                          "counted as failed", what, n)
-                return np.zeros(n, dtype=bool)
+                          "umbp.sglang: a %s of %d pages has not completed after %d waits of "
+                          "timeout_ms; still waiting (it copies SGLang's host pages)",
+                          what, n, rounds)
+                done = job.wait()
+                rounds += 1
             return np.asarray(job.ok, dtype=bool).copy()
         finally:
             job.release()
