@@ -1131,3 +1131,29 @@ def test_an_op_in_flight_is_waited_for_not_released_into_sglangs_pages(stores, m
         pool.poison(0xA5)
         assert st.batch_get_v1([hkey(1), hkey(2)], page_indices(pool, [2, 3])) == [True, True]
         assert [pool.page_bytes(p * pool.page_size) for p in (2, 3)] == want
+
+
+def test_dcp_sharded_mla_pool_is_refused(stores):
+    """With decode context parallelism SGLang's MLA host pool holds only this
+    DCP rank's share of every page (page_size // dcp_size token slots, set
+    by dcp_size / dcp_rank on MLATokenToKVPoolHost), and SGLang backs up MLA
+    pages from TP rank 0 only, under keys without the DCP rank: another rank
+    would read rank 0's share as its own (wrong KV, reported as a hit).
+    SGLang's own flat-page path asserts dcp_size == 1 ("L3 storage paths are
+    not yet DCP-aware"; pool_host/mla.py@01c0ede3) but the zero-copy path
+    never reaches that assert, so the backend refuses such a pool, KV or
+    v2 side pool, at registration."""
+    pool = FakeHostPool("page_first", mla=True)
+    pool.dcp_size, pool.dcp_rank = 2, 1
+    st = stores(mla=True)
+    with pytest.raises(LayoutError, match="dcp_size 2"):
+        st.register_mem_pool_host(pool)
+    anchor = FakeHostPool("page_first", mla=True)
+    st2 = hybrid_store(stores, anchor, {}, mla=True)
+    swa = FakeHostPool("page_first", mla=True, num_pages=6)
+    swa.dcp_size, swa.dcp_rank = 2, 0
+    with pytest.raises(UMBPStoreConfigError, match="dcp_size 2"):
+        st2.register_mem_host_pool_v2(swa, PN.SWA)
+    ok = FakeHostPool("page_first", mla=True)
+    ok.dcp_size, ok.dcp_rank = 1, 0
+    stores(ok, mla=True)  # dcp_size 1 is a plain pool

@@ -299,9 +299,30 @@ class UMBPStore(HiCacheStorage):
 
     # ---- setup -----------------------------------------------------------
 
+    @staticmethod
+    def _refuse_dcp_share(pool: Any) -> None:
+        """LayoutError for a host pool that holds one decode-context-parallel
+        rank's share of each page (SGLang's MLATokenToKVPoolHost with
+        dcp_size > 1): SGLang backs MLA pages up from TP rank 0 only, so the
+        other ranks would read rank 0's share as theirs.  SGLang's own flat
+        page path asserts dcp_size == 1 (pool_host/mla.py@01c0ede3); the
+        zero-copy path never reaches that assert."""
+        try:
+            dcp = int(getattr(pool, "dcp_size", 1) or 1)
+        except (TypeError, ValueError):
+            dcp = 1
+        if dcp > 1:
+            raise LayoutError(
+                f"the host pool holds one decode-context-parallel share of each page "
+                f"(dcp_size {dcp}, dcp_rank {getattr(pool, 'dcp_rank', '?')}): SGLang's L3 "
+                "storage paths are not DCP-aware (it backs MLA pages up from TP rank 0 "
+                "only), so other ranks would load rank 0's share; run without "
+                "--dcp-size or without the storage backend")
+
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Learns the host pool's layout and derives the key namespace.  Raises
         LayoutError (a ValueError) for a pool this backend cannot address."""
+        self._refuse_dcp_share(mem_pool_host)
         super().register_mem_pool_host(mem_pool_host)
         if getattr(mem_pool_host, "kv_buffer", None) is None and not self.is_writer:
             # SGLang's dummy MLA host pool on a rank that never backs up: keys and
@@ -368,6 +389,7 @@ class UMBPStore(HiCacheStorage):
                     side.namespace.hex, "" if side.writer else ", read only on this rank")
 
     def _side_pool(self, pool: Any, name: str) -> "_SidePool":
+        self._refuse_dcp_share(pool)
         mla_shaped = kv_shaped(pool)
         if mla_shaped is not None:
             lay = PageLayout.from_pool(pool, mla_shaped)
