@@ -1157,3 +1157,84 @@ def test_dcp_sharded_mla_pool_is_refused(stores):
     ok = FakeHostPool("page_first", mla=True)
     ok.dcp_size, ok.dcp_rank = 1, 0
     stores(ok, mla=True)  # dcp_size 1 is a plain pool
+
+
+def test_backup_and_prefetch_threads_at_once_are_byte_exact_or_misses(stores):
+    """SGLang's backup thread (batch_set_v1 / batch_set_v2) and its prefetch
+    threads (batch_exists_v2, batch_get_v1, batch_get_v2) run at once on
+    overlapping keys (cache_controller.py@001067ff,
+    hybrid_cache_controller.py@00343773): every page reported restored holds
+    exactly the bytes stored under its key (random data, poisoned
+    destinations), everything else is a miss, and no exception escapes."""
+    import random
+    anchor = FakeHostPool("page_first", mla=True, num_pages=48)
+    idxp = FakeDSAIndexerPoolHost(anchor)
+    mamba = FakeMambaPoolHost("page_first", size=47)
+    st = hybrid_store(stores, anchor, {PN.INDEXER: idxp, PN.MAMBA: mamba}, mla=True)
+    for p in (anchor, idxp, mamba):
+        p.fill_random(seed=31)
+    src = 16  # pages 0..15 are the sources, 16..47 destinations
+    want = {(hkey(i), nm): pool.page_bytes(i * pool.page_size)
+            for i in range(src) for nm, pool in (("kv", anchor), ("idx", idxp), ("mamba", mamba))}
+
+    def pool_poison_page(pool, d):
+        pool.get_data_page(d * pool.page_size, flat=False).view(-1).view(torch.uint8).fill_(0xA5) \
+            if not isinstance(pool, FakeMambaPoolHost) else \
+            [t.view(-1).view(torch.uint8).fill_(0xA5) for t in pool._iter_page_tensors(d)]
+
+    for pool in (anchor, idxp, mamba):  # poison the destinations
+        for d in range(src, 47):
+            pool_poison_page(pool, d)
+    stop = time.monotonic() + 1.5
+    errors, hits = [], [0]
+    PT = _compat.PoolTransfer
+
+    def writer():
+        rng = random.Random(1)
+        try:
+            while time.monotonic() < stop:
+                ks = sorted(rng.sample(range(src), 5))
+                keys = [hkey(i) for i in ks]
+                r = st.batch_set_v2([PT(name=PN.INDEXER, keys=keys, host_indices=slots(idxp, ks),
+                                        indices_from_pool=PN.KV),
+                                     PT(name=PN.MAMBA, keys=keys[-1:], host_indices=slots(mamba, ks[-1:]),
+                                        hit_policy=HP.TRAILING_PAGES)])
+                assert len(r[PN.INDEXER]) == 5 and len(r[PN.MAMBA]) == 1
+                assert len(st.batch_set_v1(keys, page_indices(anchor, ks))) == 5
+        except BaseException as e:  # noqa: BLE001
+            errors.append(f"writer: {e!r}")
+
+    def reader(lo, hi, seed):
+        rng = random.Random(seed)
+        try:
+            while time.monotonic() < stop:
+                ks = rng.sample(range(src), 5)
+                keys = [hkey(i) for i in ks]
+                res = st.batch_exists_v2(keys, [PT(name=PN.INDEXER),
+                                                PT(name=PN.MAMBA, keys=keys[-1:],
+                                                   hit_policy=HP.TRAILING_PAGES)])
+                assert 0 <= res.kv_hit_pages <= 5
+                dst = rng.sample(range(lo, hi), 5)
+                got = {"kv": st.batch_get_v1(keys, page_indices(anchor, dst))}
+                got["idx"] = st.batch_get_v2([PT(name=PN.INDEXER, keys=keys,
+                                                 host_indices=slots(idxp, dst))])[PN.INDEXER]
+                got["mamba"] = st.batch_get_v2([PT(name=PN.MAMBA, keys=keys,
+                                                   host_indices=slots(mamba, dst))])[PN.MAMBA]
+                for nm, pool in (("kv", anchor), ("idx", idxp), ("mamba", mamba)):
+                    for k, d, ok in zip(keys, dst, got[nm]):
+                        if ok:
+                            hits[0] += 1
+                            if pool.page_bytes(d * pool.page_size) != want[(k, nm)]:
+                                errors.append(f"wrong bytes: {nm} page {d}")
+                        pool_poison_page(pool, d)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(f"reader: {e!r}")
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader, args=(16, 32, 2)),
+               threading.Thread(target=reader, args=(32, 47, 3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[:5]
+    assert hits[0] > 0
