@@ -45,6 +45,13 @@ can() {
   command -v ip >/dev/null || skip "no ip (iproute2)"
   local probe="umbpprobe$$"
   ip netns add "$probe" 2>/dev/null || skip "ip netns add failed"
+  # exec mounts a private /sys for the namespace: a chroot whose / is not a
+  # mount point, or a container without the right to mount, refuses it
+  local why
+  why=$(ip netns exec "$probe" true 2>&1) || {
+    ip netns del "$probe" 2>/dev/null
+    skip "ip netns exec failed: ${why//$'\n'/ }"
+  }
   ip netns del "$probe" 2>/dev/null
   ip link add "umbp-p$$" type bridge 2>/dev/null || skip "cannot create a bridge"
   ip link del "umbp-p$$" 2>/dev/null

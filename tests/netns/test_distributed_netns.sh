@@ -31,7 +31,8 @@ pids=()
 fail() {
   echo "FAIL: $*" >&2
   # the master's view (its /metrics, on loopback inside host 1)
-  "$N" exec "$name" 1 curl -s -m 5 "http://127.0.0.1:$mport/metrics" 2>/dev/null |
+  [[ -n ${mport:-} ]] &&
+    "$N" exec "$name" 1 curl -s -m 5 "http://127.0.0.1:$mport/metrics" 2>/dev/null |
     grep -E '^umbp_master_(nodes|keys|heartbeats|events|locate_(keys|hits))' >&2
   for f in "$work"/*.log; do [[ -f $f ]] && { echo "--- $f" >&2; tail -20 "$f" >&2; }; done
   exit 1
