@@ -1012,7 +1012,7 @@ st.close()
 """
 
 
-def test_distributed_page_stored_on_one_node_is_read_on_another():
+def test_distributed_page_stored_on_one_node_is_read_on_another(monkeypatch):
     """SGLang's backend in distributed mode: a writer process's node stores
     pages; this process's node finds them through a real umbp-master and
     fetches them over UCX (tcp on loopback) into a poisoned pool, byte-exact."""
@@ -1023,9 +1023,13 @@ def test_distributed_page_stored_on_one_node_is_read_on_another():
     binary = master_binary()
     if binary is None:
         pytest.skip("no umbp-master (set UMBP_MASTER or build it)")
+    # for this test only (monkeypatch restores them): left set, the later
+    # tests' processes inherited them, and UCX warned at exit that the
+    # pytest process never used them
     for k, v in (("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo"), ("UCX_MEM_EVENTS", "no"),
                  ("UCX_WARN_UNUSED_ENV_VARS", "n")):
-        os.environ.setdefault(k, v)
+        if k not in os.environ:
+            monkeypatch.setenv(k, v)
     master = subprocess.Popen([binary, "--json", json.dumps({"listen": "127.0.0.1:0"})],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     writer = st = None
