@@ -302,6 +302,40 @@ def test_the_harness_catches_a_sync_load_started_after_the_forward(monkeypatch):
         S.restore(extra={"load_async": False})
 
 
+def _v2_runner(name, **kw):
+    """A scenario under the V2 model runner @0036d38d (gpu/model_runner.py:
+    update_requests zeroes newly allocated blocks and applies block copies
+    BEFORE gpu/kv_connector.py@00f4240e's pre_forward calls
+    handle_preemptions and bind) with the base.py it pairs with."""
+    return _run_api("00f4240e", name, runner="v2-0036d38d", **kw)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_v2_runner_zeroes_reused_blocks_before_handle_preemptions(async_scheduling):
+    """The V2 runner zeroes a sliding-window block that left the window and
+    was reallocated before any connector hook of the step: a store of it
+    still in flight from the previous step would publish zeros under a valid
+    key (GARBAGE on a later restore).  The connector waits for its stores by
+    the end of the step they were submitted in when vLLM runs the V2 runner."""
+    r = _v2_runner("reused_source_blocks", async_scheduling=async_scheduling)
+    assert r["loaded"][0]["1"] > 0  # the windows were restored
+
+
+@pytest.mark.parametrize("name,kw", [
+    ("restore", {"async_scheduling": True}),
+    ("restore", {"extra": {"load_async": False}}),
+    ("preemption", {"extra": {"save_decode_cache": True}}),
+    ("failed_load", {"extra": {"load_async": True}}),
+    ("hybrid", {}),
+], ids=lambda x: x if isinstance(x, str) else json.dumps(x, separators=(",", ":")))
+def test_v2_runner_0036d38d(name, kw):
+    """The other scenarios under the V2 runner @0036d38d: finish_forward is
+    called (the connector defines it: base.py@00f4240e's declaration is not
+    stored, the fake gives none), loads start after the forward without sync
+    loads, every restore exact, nothing leaked."""
+    _v2_runner(name, **kw)
+
+
 REAL_ENGINES = pytest.mark.parametrize("engine", ["00024d31", "mixin"])
 HYBRIDS = pytest.mark.parametrize("groups", [[(FULL, 2, 0), (SWA, 2, 32)], [(FULL, 2, 0), (SWA, 2, 32), (MAMBA, 1, 0)]],
                                   ids=["full+swa", "full+swa+mamba"])

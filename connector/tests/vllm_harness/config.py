@@ -36,7 +36,14 @@ class HarnessConfig:
     engine: str = "00024d31"
     #: with api "new": the worker call order of vLLM's V1 runner ("v1":
     #: handle_preemptions(meta) -> _update_states, which zeroes newly allocated
-    #: blocks -> bind) or of the V2 runner ("v2": bind -> handle_preemptions)
+    #: blocks -> bind) or of the V2 runner ("v2": bind -> handle_preemptions, as
+    #: gpu/kv_connector.py@4649d3ba; "v2-0036d38d": gpu/model_runner.py@0036d38d,
+    #: whose update_requests zeroes new blocks and applies block copies BEFORE
+    #: gpu/kv_connector.py@00f4240e's pre_forward (handle_preemptions -> bind ->
+    #: start_load_kv only with sync loads), finish_forward after the forward,
+    #: post_forward (start_load_kv, wait_for_save, get_transfer_results, ...,
+    #: clear); it pairs with FAKE_VLLM_API=00f4240e).  Both v2 values set
+    #: VLLM_USE_V2_MODEL_RUNNER, which is how vLLM selects that runner
     runner: str = "v1"
     #: with runner "v1": the KVConnectorModelRunnerMixin version.  "23ec7c7f":
     #: bind -> start_load_kv -> forward -> wait_for_save (only after a forward).

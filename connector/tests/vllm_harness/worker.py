@@ -86,7 +86,19 @@ class HarnessWorker:
         self.B = cfg.block_size
         self.layers = cfg.layers()
         mod = importlib.import_module("umbp.vllm.connector")
-        self.conn = mod.UMBPConnector(cfg.vllm_config(rank), KVConnectorRole.WORKER, cfg.kv_cache_config())
+        import os
+
+        # what selects vLLM's V2 runner (vllm.envs), set while the connector is
+        # created only: in-process workers share os.environ with later tests
+        before = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if cfg.runner.startswith("v2") else "0"
+        try:
+            self.conn = mod.UMBPConnector(cfg.vllm_config(rank), KVConnectorRole.WORKER, cfg.kv_cache_config())
+        finally:
+            if before is None:
+                del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
+            else:
+                os.environ["VLLM_USE_V2_MODEL_RUNNER"] = before
         self.kv = {}
         self.cross = None
         dev = self.dev = torch.device(cfg.device)
@@ -107,8 +119,9 @@ class HarnessWorker:
             self.conn.register_kv_caches(dict(self.kv))
         import vllm
 
-        if getattr(cfg, "mixin", "") == "00f4240e" and vllm.API != "00f4240e":
-            raise HarnessError("mixin 00f4240e pairs with its base.py: run it with FAKE_VLLM_API=00f4240e")
+        if (getattr(cfg, "mixin", "") == "00f4240e" or cfg.runner == "v2-0036d38d") and vllm.API != "00f4240e":
+            raise HarnessError("mixin 00f4240e and the V2 runner @0036d38d pair with base.py@00f4240e: "
+                               "run them with FAKE_VLLM_API=00f4240e")
         self.late = []  # LateStore jobs not started yet
         if cfg.late_stores:
             rt = self.conn._worker.rt
@@ -185,10 +198,14 @@ class HarnessWorker:
         cfg = self.cfg
         return cfg.api == "new" and cfg.runner == "v1" and getattr(cfg, "mixin", "") == "00f4240e"
 
+    def _v2_0036(self) -> bool:
+        return self.cfg.api == "new" and self.cfg.runner == "v2-0036d38d"
+
     def _starts_load_after_forward(self, so) -> bool:
-        """kv_connector_model_runner_mixin.py@00f4240e: start_after_forward =
-        not scheduler_output.has_sync_kv_loads."""
-        return self._new_mixin() and not getattr(so, "has_sync_kv_loads", False)
+        """kv_connector_model_runner_mixin.py@00f4240e and the V2 runner's
+        gpu/kv_connector.py@00f4240e (pre_forward / post_forward):
+        start_after_forward = not scheduler_output.has_sync_kv_loads."""
+        return (self._new_mixin() or self._v2_0036()) and not getattr(so, "has_sync_kv_loads", False)
 
     def start_late_stores(self):
         """The copies of the stores submitted before this point start now
@@ -272,6 +289,18 @@ class HarnessWorker:
             self.start_late_stores()
             conn.bind_connector_metadata(meta)
             self.calls += [("handle_preemptions",), ("bind_connector_metadata",)]
+        elif self.cfg.api == "new" and self.cfg.runner == "v2-0036d38d":
+            # gpu/model_runner.py@0036d38d execute_model: update_requests
+            # (zeroes new_block_ids_to_zero, applies kv_cache_block_copies)
+            # BEFORE gpu/kv_connector.py's pre_forward: handle_preemptions ->
+            # bind -> start_load_kv only with sync loads
+            self._update_states(so)
+            self._zero_new_blocks(so)
+            self.start_late_stores()
+            conn.handle_preemptions(meta)
+            self.preemption_args.append(("meta", set(getattr(meta, "preempted_req_ids", ()))))
+            conn.bind_connector_metadata(meta)
+            self.calls += [("handle_preemptions",), ("bind_connector_metadata",)]
         elif self.cfg.api == "new":
             conn.bind_connector_metadata(meta)
             conn.handle_preemptions(meta)
@@ -284,7 +313,7 @@ class HarnessWorker:
                 self.calls.append(("handle_preemptions",))
             conn.bind_connector_metadata(meta)
             self.calls.append(("bind_connector_metadata",))
-        if not (self.cfg.api == "new" and self.cfg.runner == "v1"):
+        if not (self.cfg.api == "new" and self.cfg.runner in ("v1", "v2-0036d38d")):
             self._update_states(so)
             self.start_late_stores()
         from vllm.forward_context import ForwardContext
@@ -313,15 +342,18 @@ class HarnessWorker:
         sampled = {}
         if so.total_num_scheduled_tokens > 0:
             sampled = self._write(self._tokens, self._work, set(bad_all))
-        if getattr(self, "_load_after_forward", False):  # the mixin's finally: after the forward launch
+        if self._v2_0036():  # ActiveKVConnector.finish_forward after the forward (no_forward too)
+            conn.finish_forward()
+            self.calls.append(("finish_forward",))
+        if getattr(self, "_load_after_forward", False):  # the mixin's finally / post_forward: after the forward
             conn.start_load_kv(ForwardContext())
             self.calls.append(("start_load_kv",))
-        if so.total_num_scheduled_tokens > 0 or self._new_mixin():
+        if so.total_num_scheduled_tokens > 0 or self._new_mixin() or self._v2_0036():
             conn.wait_for_save()
             self.calls.append(("wait_for_save",))
             self.inflight_after_save = conn.debug_counters()["jobs_inflight"]
         replay = None
-        if self._new_mixin():  # the mixin @00f4240e calls it unconditionally
+        if self._new_mixin() or self._v2_0036():  # the mixin / post_forward @00f4240e call it unconditionally
             res = conn.get_transfer_results(so.finished_req_ids)
             fs, fr = res.finished_sending or None, res.finished_recving or None
             failed = res.failed_recving

@@ -300,6 +300,22 @@ def _int_block_hashes() -> bool:
         return bool(int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
 
 
+def uses_v2_model_runner() -> bool:
+    """Whether this vLLM process runs the V2 model runner (vllm/v1/worker/gpu/),
+    as vLLM itself decides: ``vllm.envs.VLLM_USE_V2_MODEL_RUNNER`` (read by
+    the scheduler at 00024d314514).  Its execute_model (gpu/model_runner.py at
+    0036d38de46c) zeroes newly allocated blocks and applies block copies in
+    update_requests, before gpu/kv_connector.py's pre_forward calls the
+    connector's first hook of the step (handle_preemptions, bind).  False
+    where vLLM has no such variable (no V2 runner)."""
+    try:
+        import vllm.envs as envs
+
+        return bool(getattr(envs, "VLLM_USE_V2_MODEL_RUNNER", False))
+    except Exception:
+        return False
+
+
 def convert_block_hash(h: bytes):
     """A block hash as vLLM's KV events carry it."""
     if _vllm_convert is not None:

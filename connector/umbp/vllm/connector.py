@@ -153,6 +153,15 @@ class UMBPConnector(KVConnectorBase_V1, SupportsHMA):
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs) -> None:
         pass  # whole blocks are stored after the forward pass (wait_for_save)
 
+    def finish_forward(self) -> None:
+        # The V2 runner (gpu/kv_connector.py@00f4240e) calls it after every
+        # forward and in steps without one; defined here so that no base.py
+        # version can make that call fail.  Stores go out in wait_for_save.
+        pass
+
+    def reset_capture_state(self) -> None:
+        pass  # the V2 runner's CUDA-graph capture reset: umbp holds no captured state
+
     def wait_for_save(self) -> None:
         self._worker.wait_for_save()
 

@@ -94,6 +94,18 @@ class UMBPWorker:
         #: test hook: while True, completed store jobs are not collected (they
         #: look in flight), to hold a request's delayed free deterministically
         self.hold_store_completions = False
+        #: vLLM's V2 runner overwrites reallocated blocks (zeroing, block
+        #: copies) before the connector's first hook of a step, so neither
+        #: handle_preemptions nor bind can wait for a store of a block freed
+        #: meanwhile (a preempted request's, one that left a sliding window, a
+        #: Mamba state block): every store is waited for by the end of the step
+        #: that submitted it (get_finished)
+        self.fence_stores_in_step = _compat.uses_v2_model_runner()
+        if self.fence_stores_in_step:
+            log.warning("umbp: vLLM's V2 model runner zeroes and copies reallocated KV blocks before the "
+                        "connector's first hook of a step (update_requests before pre_forward): umbp waits "
+                        "for each step's stores at the end of that step, so that none reads a block reused "
+                        "meanwhile")
 
     # ---- registration ----------------------------------------------------------
 
@@ -456,7 +468,10 @@ class UMBPWorker:
                 self._wait(j)
                 self._finish_sync(j)
         self._submit_pending_stores()  # a step without forward: nothing else submits them
-        self._collect()
+        if self.fence_stores_in_step:
+            self._collect(wait=lambda j: j.kind == "store")
+        else:
+            self._collect()
         busy_load = {j.req_id for j in self.jobs if j.kind == "load"}
         busy_store = {j.req_id for j in self.jobs if j.kind == "store"}
         recving = {r for r in self.async_pending if r not in busy_load}
