@@ -302,6 +302,23 @@ def test_the_harness_catches_a_sync_load_started_after_the_forward(monkeypatch):
         S.restore(extra={"load_async": False})
 
 
+@pytest.mark.parametrize("name,kw", [
+    ("restore", {}),
+    ("restore", {"async_scheduling": True, "extra": {"load_async": False}}),
+    ("preemption", {"extra": {"save_decode_cache": True}}),
+    ("hybrid", {}),
+], ids=lambda x: x if isinstance(x, str) else json.dumps(x, separators=(",", ":")))
+def test_spec_decode_defers_wait_for_save_past_the_drafter(name, kw):
+    """With a speculative config the V1 runner defers the mixin's finalize
+    (kv_connector_model_runner_mixin.py@00f4240ee645 defer_finalize):
+    get_transfer_results and build_connector_worker_meta come BEFORE the
+    drafter writes its layer's KV, wait_for_save and clear_connector_metadata
+    after it (finalize_kv_connector).  A store submitted in
+    get_transfer_results would copy the draft layer's blocks before the
+    drafter wrote them: the draft KV of every restored block wrong."""
+    _new_mixin(name, spec_decode=True, **kw)
+
+
 def _v2_runner(name, **kw):
     """A scenario under the V2 model runner @0036d38d (gpu/model_runner.py:
     update_requests zeroes newly allocated blocks and applies block copies

@@ -55,6 +55,13 @@ class HarnessConfig:
     #: connector waits for them, else after the next step's block zeroing
     #: (worker.LateStore); False: as soon as submitted
     late_stores: bool = True
+    #: with mixin "00f4240e": a speculative config (EAGLE).  The model's last
+    #: layer of group 0 is the draft model's: the target forward does not write
+    #: it, the drafter does, after the mixin's context has collected the step's
+    #: results (get_transfer_results, ...) and before finalize_kv_connector
+    #: (wait_for_save, clear_connector_metadata): gpu_model_runner.py's
+    #: defer_finalize, kv_connector_model_runner_mixin.py@00f4240ee645
+    spec_decode: bool = False
     mamba_cache_mode: str = "align"  # vLLM's cache_config.mamba_cache_mode (Mamba groups)
 
     def layers(self) -> list:

@@ -246,12 +246,26 @@ class HarnessWorker:
                         bad.add(rid)
         return bad
 
-    def _write(self, tokens, work, bad):
+    def _draft_layer(self):
+        """The draft model's layer (spec_decode): the last layer of group 0."""
+        if not getattr(self.cfg, "spec_decode", False):
+            return None
+        return [name for name, g, _k, _i in self.layers if g == 0][-1]
+
+    def _defers_finalize(self, so) -> bool:
+        """gpu_model_runner.py with a speculative config: the mixin's
+        defer_finalize (@00f4240e) in steps with a forward."""
+        return self._new_mixin() and getattr(self.cfg, "spec_decode", False) and so.total_num_scheduled_tokens > 0
+
+    def _write(self, tokens, work, bad, only=None, skip=None):
         """Phase 2: every layer writes the new positions' KV (Mamba: the new
         state).  A request whose context was wrong on ANY rank gets garbage, as
-        tensor parallelism spreads it (the all-reduce); its next token is GARBAGE."""
+        tensor parallelism spreads it (the all-reduce); its next token is GARBAGE.
+        only/skip: the draft layer, written by the drafter after the target."""
         cfg = self.cfg
         for name, g, kind, li in self.layers:
+            if (only is not None and name != only) or (skip is not None and name == skip):
+                continue
             t = self.kv[name]
             for rid, c, n in work:
                 ids = self.reqs[rid][g]
@@ -340,15 +354,19 @@ class HarnessWorker:
 
         conn, so = self.conn, self._so
         sampled = {}
+        draft = self._draft_layer()
         if so.total_num_scheduled_tokens > 0:
-            sampled = self._write(self._tokens, self._work, set(bad_all))
+            sampled = self._write(self._tokens, self._work, set(bad_all), skip=draft)
         if self._v2_0036():  # ActiveKVConnector.finish_forward after the forward (no_forward too)
             conn.finish_forward()
             self.calls.append(("finish_forward",))
         if getattr(self, "_load_after_forward", False):  # the mixin's finally / post_forward: after the forward
             conn.start_load_kv(ForwardContext())
             self.calls.append(("start_load_kv",))
-        if so.total_num_scheduled_tokens > 0 or self._new_mixin() or self._v2_0036():
+        defer = self._defers_finalize(so)
+        if defer:
+            pass  # wait_for_save in finalize_kv_connector, after the drafter
+        elif so.total_num_scheduled_tokens > 0 or self._new_mixin() or self._v2_0036():
             conn.wait_for_save()
             self.calls.append(("wait_for_save",))
             self.inflight_after_save = conn.debug_counters()["jobs_inflight"]
@@ -372,6 +390,15 @@ class HarnessWorker:
         stats = conn.get_kv_connector_stats()
         events = conn.get_kv_connector_kv_cache_events()
         wmeta = conn.build_connector_worker_meta() if self.cfg.api == "new" else None
+        if defer:
+            # sample_tokens: the drafter's forward writes the draft layer; a
+            # store submitted before it may have read its blocks by now
+            self.start_late_stores()
+            if draft is not None and self._work:
+                self._write(self._tokens, self._work, set(bad_all), only=draft)
+            conn.wait_for_save()  # finalize_kv_connector
+            self.calls.append(("wait_for_save",))
+            self.inflight_after_save = conn.debug_counters()["jobs_inflight"]
         conn.clear_connector_metadata()
         self.calls.append(("clear_connector_metadata",))
         out = KVConnectorOutput(finished_sending=fs, finished_recving=fr, kv_connector_stats=stats,

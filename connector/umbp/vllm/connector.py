@@ -24,7 +24,12 @@ not run against a vLLM build:
   runner ``vllm/v1/worker/gpu/kv_connector.py`` at 4649d3bacc9b, and
   ``vllm/v1/core/sched/output.py`` at 00e8f1fd0936 (field names), with async
   scheduling (default since v0.14.0) and the set-typed ``handle_preemptions``
-  of v0.18.0.
+  of v0.18.0;
+- the V2 runner's ``gpu/kv_connector.py`` at 00f4240ee645 (``finish_forward``,
+  ``reset_capture_state``) and ``gpu/model_runner.py`` at 0036d38de46c (blocks
+  zeroed and copied before the connector's first hook of a step), and the
+  mixin's ``defer_finalize`` at 00f4240ee645 (speculative decoding:
+  ``wait_for_save`` after the drafter, after ``get_transfer_results``).
 
 Version skew is handled by guarded imports (_compat.py), by accepting both
 ``handle_preemptions`` argument types, both ``get_finished`` and
@@ -131,7 +136,7 @@ class UMBPConnector(KVConnectorBase_V1, SupportsHMA):
     def clear_connector_metadata(self) -> None:
         super().clear_connector_metadata()
         if self._worker is not None:
-            self._worker.meta = None
+            self._worker.clear()
 
     def register_kv_caches(self, kv_caches) -> None:
         self._worker.register_kv_caches(kv_caches)

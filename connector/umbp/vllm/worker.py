@@ -68,6 +68,7 @@ class UMBPWorker:
         self.local_registered = False
 
         self.meta = None
+        self.saved = False  # wait_for_save ran since the last bind
         self.jobs: list = []  # in flight
         self.sync_loads: dict = {}  # group -> [_Job] of this step
         self.pending_stores: list = []  # StorePlans waiting for wait_for_save / get_finished
@@ -199,6 +200,7 @@ class UMBPWorker:
 
     def bind(self, meta):
         self.meta = meta
+        self.saved = False
         if meta is None:
             return
         self.step = meta.step
@@ -363,6 +365,13 @@ class UMBPWorker:
         # submit this step's stores; the copy waits for the compute stream's
         # event on the device, so nothing here blocks on it
         self._submit_pending_stores()
+        self.saved = True
+
+    def clear(self):
+        """clear_connector_metadata: the step's last hook.  Stores still
+        pending (a runner that ran no wait_for_save in this step) go out now."""
+        self._submit_pending_stores()
+        self.meta = None
 
     def _complete(self, j: _Job):
         st = np.asarray(j.job.statuses)
@@ -467,13 +476,21 @@ class UMBPWorker:
             for j in self.sync_loads.pop(gid):
                 self._wait(j)
                 self._finish_sync(j)
-        self._submit_pending_stores()  # a step without forward: nothing else submits them
+        # This step's stores go out in wait_for_save, or in clear (a step
+        # without wait_for_save).  Not here while a wait_for_save may still
+        # come: with a speculative config vLLM's V1 runner collects the results
+        # (this call) before the drafter writes its layer's KV and calls
+        # wait_for_save after it (mixin@00f4240ee645 defer_finalize); a store
+        # submitted now would copy the draft layer's blocks before that write.
+        if self.meta is None or self.saved:
+            self._submit_pending_stores()
         if self.fence_stores_in_step:
             self._collect(wait=lambda j: j.kind == "store")
         else:
             self._collect()
         busy_load = {j.req_id for j in self.jobs if j.kind == "load"}
         busy_store = {j.req_id for j in self.jobs if j.kind == "store"}
+        busy_store.update(p.req_id for p in self.pending_stores)
         recving = {r for r in self.async_pending if r not in busy_load}
         self.async_pending -= recving
         sending = {r for r in self.delayed_free if r in self.finished_seen and r not in busy_store}
