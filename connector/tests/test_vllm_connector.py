@@ -862,6 +862,23 @@ def test_class_surface():
     assert mod.__doc__ and "003df2961dd8" in mod.__doc__ and "13f4ad0f55b0" in mod.__doc__
 
 
+def test_optional_newer_hooks_are_inherited():
+    """Optional hooks of newer vLLMs whose base default is right for umbp (a
+    best-effort, content-addressed cache) stay inherited: no divergent local
+    hybrid hits (vLLM-derived trees: base default False; umbp does not
+    complete them atomically), the ordinary EAGLE hash chain (base.py@003df296:
+    supports_eagle_prefix_cache_hashing False), no pending block frees to wait
+    for in the preemption loop, no KV cache manager or partial-tail binding."""
+    import umbp.vllm.connector as mod
+
+    for name in ("supports_divergent_local_hybrid_hits", "supports_eagle_prefix_cache_hashing",
+                 "set_eagle_prefix_cache_hashing", "has_pending_block_frees", "bind_kv_cache_manager",
+                 "register_finished_partial_tail", "bind_gpu_block_pool", "on_new_request"):
+        assert name not in vars(mod.UMBPConnector), name
+    # the worker hooks the V2 runner calls exist whatever the base.py
+    assert "finish_forward" in vars(mod.UMBPConnector) and "reset_capture_state" in vars(mod.UMBPConnector)
+
+
 def test_import_umbp_vllm_without_vllm():
     code = ("import sys; sys.modules['vllm'] = None; import umbp, umbp.vllm, umbp.vllm.options, "
             "umbp.vllm.identity; print(umbp.vllm.CONNECTOR_NAME)")
