@@ -356,7 +356,9 @@ class HarnessWorker:
         sampled = {}
         draft = self._draft_layer()
         if so.total_num_scheduled_tokens > 0:
-            sampled = self._write(self._tokens, self._work, set(bad_all), skip=draft)
+            # (subclasses, e.g. gpu/mini_engine.py, override _write without skip)
+            sampled = (self._write(self._tokens, self._work, set(bad_all)) if draft is None
+                       else self._write(self._tokens, self._work, set(bad_all), skip=draft))
         if self._v2_0036():  # ActiveKVConnector.finish_forward after the forward (no_forward too)
             conn.finish_forward()
             self.calls.append(("finish_forward",))
