@@ -142,6 +142,9 @@ def child(args):
             opts[k_] = v_
     t = time.perf_counter()
     rt = umbp.Runtime(opts)
+    if args.head_blocks is not None:
+        rt.kv_head_blocks = args.head_blocks
+    out["head_blocks"] = rt.kv_head_blocks
     kv = rt.register_kv_caches(caches, layout="flash_attn")
     out["register_s"] = time.perf_counter() - t
     ns = umbp.Namespace.derive("bench/py_kv", "", BLOCK, "NHD", "bfloat16")
@@ -412,6 +415,8 @@ def run_case(args, mode, warm, decode_too):
             cmd.append("--graph")
     if args.store_first:
         cmd.append("--store-first")
+    if args.head_blocks is not None:
+        cmd += ["--head-blocks", str(args.head_blocks)]
     for o in args.opt or []:
         cmd += ["--opt", o]
     try:
@@ -429,7 +434,7 @@ def report(res):
     n = res["bytes"]
     bh, bs, bb = min(res["base_h2d"]), min(res["base_d2h"]), min(res["base_both"])
     st, rs = res["store"], res["restore"]
-    tag = f"{res['mode']}, warm {res['warm']}"
+    tag = f"{res['mode']}, warm {res['warm']}, head {res.get('head_blocks')} blocks"
     rows = [
         ("first store", gbs(n, res["first_store"]), gbs(n, bs)),
         ("first restore", gbs(n, res["first_restore"]), gbs(n, bh)),
@@ -489,6 +494,9 @@ def main():
     ap.add_argument("--graph", action="store_true", help="--decode: replay the step as a CUDA graph")
     ap.add_argument("--ab", action="store_true")
     ap.add_argument("--store-first", action="store_true", help="both ways: submit the store first")
+    ap.add_argument("--head-blocks", type=int, metavar="N",
+                    help="Runtime.kv_head_blocks: a head of N blocks submitted first (0: one op; "
+                         "default: the package's)")
     ap.add_argument("--opt", action="append", metavar="NAME=VALUE", help="a runtime option (repeatable)")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -203,6 +203,99 @@ def test_statuses_of_misses_and_whole_batch_errors(rt):
     assert ei.value.code == -errno.ENOENT
 
 
+# ---- a large batch goes out as a head, then the rest (kv_head_blocks) ------
+
+def _split_cache(rt, nb):
+    L = 2
+    raws = [torch.from_numpy(np.random.default_rng(60 + l).integers(
+        0, 256, (2, nb, BS * H * D * 2), dtype=np.uint8)) for l in range(L)]
+    ts = [r.view(torch.bfloat16).view(2, nb, BS, H, D) for r in raws]
+    return rt.register_kv_caches(ts, layout="flash_attn"), raws
+
+
+def test_a_split_batch_is_one_job_with_its_statuses_in_order(rt):
+    """kv_head_blocks 4: a batch of 40 blocks is a head of 4 and a tail of
+    36.  Misses in the head and in the tail land at their own positions,
+    every restored byte is exact, the blocks not asked for stay poisoned."""
+    rt.kv_head_blocks = 4
+    n, nb = 40, 128
+    kv, raws = _split_cache(rt, nb)
+    keys = _keys(n, 31)
+    src = list(range(n))
+    stored = [i for i in range(n) if i not in (2, 17, 39)]  # one miss in the head, two in the tail
+    job = rt.store_blocks(kv, keys[stored], [src[i] for i in stored])
+    assert type(job).__name__ == "_SplitJob" and len(job) == len(stored)
+    assert job.wait(10000) and job.num_ok == len(stored)
+    job.release()
+    orig = [r.clone() for r in raws]
+    for r in raws:
+        r[:, n:].fill_(POISON)
+    dst = [n + 1 + 2 * i for i in range(n)]  # scattered destinations
+    with rt.load_blocks(kv, keys, dst) as job:
+        assert job.wait(10000)
+        st = job.statuses.tolist()
+    assert [i for i, x in enumerate(st) if x != 0] == [2, 17, 39]
+    assert all(st[i] == -errno.ENOENT for i in (2, 17, 39))
+    for li, r in enumerate(raws):
+        for i, b in enumerate(dst):
+            if i in stored:
+                assert torch.equal(r[:, b], orig[li][:, i]), (li, i, b)
+            else:
+                assert bool((r[:, b] == POISON).all()), (li, i, b)
+        for b in set(range(n, nb)) - set(dst):
+            assert bool((r[:, b] == POISON).all()), (li, b)
+
+
+def test_a_split_batch_refuses_what_one_op_refuses(rt):
+    """A key repeated across the head and the tail, and a bad block id in the
+    tail, are refused as for one op (the head may have run: it is waited for
+    and released first); kv_head_blocks 0 submits one op."""
+    rt.kv_head_blocks = 4
+    kv, raws = _split_cache(rt, 96)
+    keys = _keys(40, 32)
+    dup = keys.copy()
+    dup[30] = dup[1]
+    with pytest.raises(umbp.UmbpError, match="key 30 repeats key 1") as ei:
+        rt.store_blocks(kv, dup, list(range(40)))
+    assert ei.value.code == umbp.E_DUPLICATE_KEY
+    with pytest.raises(umbp.UmbpError) as ei:
+        rt.load_blocks(kv, dup, list(range(40)))
+    assert ei.value.code == umbp.E_DUPLICATE_KEY
+    with pytest.raises(umbp.UmbpError, match="negative"):
+        rt.store_blocks(kv, keys, list(range(39)) + [-1])
+    with pytest.raises(umbp.UmbpError) as ei:
+        rt.store_blocks(kv, keys, list(range(39)) + [96])
+    assert ei.value.code in (umbp.E_SHAPE, umbp.E_KV_RANGE)
+    with pytest.raises(umbp.UmbpError, match="40 entries"):
+        rt.store_blocks(kv, keys, list(range(39)))
+    st = rt.stats()  # the refused batches' heads ran and were released
+    assert st["num_leased"] == 0 and st["num_pending"] == 0, st
+    job = rt.store_blocks(kv, keys, np.arange(40))
+    assert job.wait(10000) and job.ok.all()
+    rt.kv_head_blocks = 0
+    job = rt.load_blocks(kv, keys, np.arange(40, 80))
+    assert type(job) is umbp.Job and job.wait(10000) and job.ok.all()
+    for r in raws:
+        assert torch.equal(r[:, 40:80], r[:, :40])
+
+
+def test_a_split_job_released_early_or_waited_with_a_bound(rt):
+    rt.kv_head_blocks = 4
+    kv, raws = _split_cache(rt, 96)
+    keys = _keys(40, 33)
+    job = rt.store_blocks(kv, keys, list(range(40)))
+    assert job.wait(0) in (True, False)  # a zero bound never blocks
+    assert job.wait(10000) and job.done and job.num_ok == 40
+    job.release()
+    job.release()  # idempotent
+    job = rt.load_blocks(kv, keys, list(range(40, 80)))
+    job.release()  # in flight: its parts are released
+    with pytest.raises(umbp.UmbpError) as ei:
+        job.wait(10000)
+    assert ei.value.code == -errno.EBADF
+    assert "released" in repr(job)
+
+
 def test_keys_in_every_accepted_form(rt):
     tensors, raws, blk = make_mla(1)
     kv = rt.register_kv_caches(tensors)
