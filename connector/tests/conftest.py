@@ -1,8 +1,11 @@
 """pytest setup: `umbp` from this tree (connector/ on sys.path) and the
 library from $UMBP_LIBRARY, else the repo's build/libumbp.so (exported in
 the environment so that subprocesses load the same one)."""
+import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -60,6 +63,28 @@ def master_binary():
 def server_binary():
     """umbp-server: $UMBP_SERVER, build/server/, beside the library, PATH."""
     return _daemon_binary("UMBP_SERVER", "server", "umbp-server")
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real umbp-server (64 MiB) on a socket dir of its own: (process, socket_dir)."""
+    binary = server_binary()
+    if binary is None:
+        pytest.skip("no umbp-server binary (UMBP_SERVER, next to the library, build/, PATH)")
+    sock = tmp_path / "s"
+    p = subprocess.Popen([binary, "--json", json.dumps({"socket_dir": str(sock), "capacity_bytes": "64MiB"})],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = p.stdout.readline()
+    if "serving" not in line:
+        p.kill()
+        pytest.fail(f"umbp-server did not start: {line}{p.stdout.read()}")
+    yield p, str(sock)
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def mini_engine_check_names(res, ok=None):

@@ -279,6 +279,42 @@ def test_a_split_batch_refuses_what_one_op_refuses(rt):
         assert torch.equal(r[:, 40:80], r[:, :40])
 
 
+def test_a_split_batch_through_a_real_server(server):
+    """Standalone: the head and the rest of a 300-block batch (the rest
+    split again by the runtime's own head rule) store into a real
+    umbp-server and restore byte-exact into poisoned blocks; misses land at
+    their own positions."""
+    r = umbp.Runtime({"mode": "standalone", "socket_dir": server[1], "gpu_backend": "host",
+                      "timeout_ms": 10000})
+    try:
+        assert r.kv_head_blocks == 32
+        n, nb = 300, 640
+        kv, raws = _split_cache(r, nb)
+        keys = _keys(n, 34)
+        skip = {5, 150, 299}
+        stored = [i for i in range(n) if i not in skip]
+        job = r.store_blocks(kv, keys[stored], stored)
+        assert type(job).__name__ == "_SplitJob"
+        assert job.wait(20000) and job.num_ok == len(stored), job.statuses
+        job.release()
+        orig = [x.clone() for x in raws]
+        for x in raws:
+            x[:, n:].fill_(POISON)
+        dst = list(range(nb - 1, nb - 1 - n, -1))  # descending, all above n
+        with r.load_blocks(kv, keys, dst) as job:
+            assert job.wait(20000)
+            st = job.statuses.tolist()
+        assert {i for i, x in enumerate(st) if x != 0} == skip, st
+        for li, x in enumerate(raws):
+            for i, b in enumerate(dst):
+                if i in skip:
+                    assert bool((x[:, b] == POISON).all()), (li, i, b)
+                else:
+                    assert torch.equal(x[:, b], orig[li][:, i]), (li, i, b)
+    finally:
+        r.close()
+
+
 def test_a_split_job_released_early_or_waited_with_a_bound(rt):
     rt.kv_head_blocks = 4
     kv, raws = _split_cache(rt, 96)

@@ -15,7 +15,6 @@ import sys
 import time
 
 import pytest
-from conftest import server_binary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "vllm_harness")
@@ -672,27 +671,6 @@ def test_tp2_processes_embedded(name, kw, tmp_path):
         pass
     extra = dict(kw.pop("extra", {}), lookup_dir=str(tmp_path))
     getattr(S, name)(tp=2, processes=True, extra=extra, **kw)
-
-
-@pytest.fixture
-def server(tmp_path):
-    binary = server_binary()
-    if binary is None:
-        pytest.skip("no umbp-server binary (UMBP_SERVER, next to the library, build/, PATH)")
-    sock = tmp_path / "s"
-    p = subprocess.Popen([binary, "--json", json.dumps({"socket_dir": str(sock), "capacity_bytes": "64MiB"})],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    line = p.stdout.readline()
-    if "serving" not in line:
-        p.kill()
-        pytest.fail(f"umbp-server did not start: {line}{p.stdout.read()}")
-    yield p, str(sock)
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 @pytest.mark.parametrize("processes", [False, True], ids=["tp2-inproc", "tp2-processes"])
