@@ -28,7 +28,6 @@
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -627,20 +626,7 @@ static inline void redis_certs_make(struct redis_certs *c)
  * too); idempotent. */
 static inline void redis_certs_remove(struct redis_certs *c)
 {
-    if (!c->dir[0])
-        return;
-    DIR *d = opendir(c->dir);
-    struct dirent *e;
-    while (d && (e = readdir(d)) != NULL) {
-        char path[sizeof(c->dir) + 256 + 2];
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-            snprintf(path, sizeof(path), "%s/%s", c->dir, e->d_name);
-            unlink(path);
-        }
-    }
-    if (d)
-        closedir(d);
-    rmdir(c->dir);
+    tu_rmdir_flat(c->dir);
     c->dir[0] = 0;
 }
 

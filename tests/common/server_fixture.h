@@ -16,7 +16,6 @@
 
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -196,18 +195,7 @@ static inline void tu_server_cleanup(struct tu_server *s)
     tu_server_stop(s);
     if (!s->dir[0])
         return;
-    DIR *d = opendir(s->dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        char path[384];
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(path, sizeof(path), "%s/%s", s->dir, e->d_name);
-            unlink(path);
-        }
-    }
-    if (d)
-        closedir(d);
-    rmdir(s->dir);
+    tu_rmdir_flat(s->dir);
     s->dir[0] = 0;
     for (size_t i = 0; i < 8; i++)
         if (tu_servers_live[i] == s)

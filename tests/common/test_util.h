@@ -15,6 +15,7 @@
 #define UMBP_TEST_UTIL_H
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -577,6 +578,26 @@ static inline pid_t tu_spawn_server(const char *bin, const char *json, const cha
         _exit(127);
     }
     return pid;
+}
+
+/* Removes dir, a directory of plain files (one level), and every file in
+ * it; nothing where dir is empty or already gone. */
+static inline void tu_rmdir_flat(const char *dir)
+{
+    if (!dir[0])
+        return;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[4096 + 256 + 2];
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    }
+    if (d)
+        closedir(d);
+    rmdir(dir);
 }
 
 #endif /* UMBP_TEST_UTIL_H */
