@@ -315,6 +315,64 @@ def test_a_split_batch_through_a_real_server(server):
         r.close()
 
 
+@pytest.mark.parametrize("bad", [-1, 2.5, "32", None, True])
+def test_kv_head_blocks_refuses_what_is_not_a_count(rt, bad):
+    with pytest.raises(umbp.UmbpError, match="kv_head_blocks must be an integer >= 0") as ei:
+        rt.kv_head_blocks = bad
+    assert ei.value.code == -errno.EINVAL
+    assert rt.kv_head_blocks == 32  # unchanged
+    rt.kv_head_blocks = np.int64(8)
+    assert rt.kv_head_blocks == 8 and type(rt.kv_head_blocks) is int
+
+
+def test_a_split_batch_across_a_stopped_then_killed_server(server):
+    """Standalone, 300 blocks: the server stopped (SIGSTOP) under a split
+    load, then killed (-9) under another.  Each load ends within its bound
+    (a wait that outlives it fails the test); a block reported loaded holds
+    exactly its stored bytes, every other block stays poisoned."""
+    import signal as sig
+
+    proc, sock = server
+    r = umbp.Runtime({"mode": "standalone", "socket_dir": sock, "gpu_backend": "host",
+                      "timeout_ms": 1500, "lookup_timeout_ms": 500})
+    try:
+        n, nb = 300, 640
+        kv, raws = _split_cache(r, nb)
+        keys = _keys(n, 35)
+        with r.store_blocks(kv, keys, list(range(n))) as job:
+            assert job.wait(20000) and job.num_ok == n
+        orig = [x.clone() for x in raws]
+        dst = list(range(nb - 1, nb - 1 - n, -1))
+
+        def load_and_check(what):
+            for x in raws:
+                x[:, n:].fill_(POISON)
+            with r.load_blocks(kv, keys, dst) as job:
+                # the runtime ends every op by timeout_ms (both parts run at once)
+                assert job.wait(15000), what + ": the load did not end within its bound"
+                st = job.statuses.tolist()
+            for li, x in enumerate(raws):
+                for i, b in enumerate(dst):
+                    if st[i] == 0:
+                        assert torch.equal(x[:, b], orig[li][:, i]), (what, li, i, b)
+                    else:
+                        assert bool((x[:, b] == POISON).all()), (what, li, i, b, st[i])
+            return st
+
+        proc.send_signal(sig.SIGSTOP)
+        try:
+            st = load_and_check("server stopped")
+        finally:
+            proc.send_signal(sig.SIGCONT)
+        assert any(x != 0 for x in st), "every block loaded from a stopped server"
+        proc.send_signal(sig.SIGKILL)
+        proc.wait(10)
+        st = load_and_check("server killed")
+        assert all(x != 0 for x in st), "a block loaded from a killed server"
+    finally:
+        r.close()
+
+
 def test_a_split_job_released_early_or_waited_with_a_bound(rt):
     rt.kv_head_blocks = 4
     kv, raws = _split_cache(rt, 96)

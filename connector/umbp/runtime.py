@@ -391,14 +391,26 @@ class Runtime:
         kv.tensors = ()
         self._kvs = [k for k in self._kvs if k is not kv]
 
-    #: A store or restore of at least 8 x kv_head_blocks blocks is submitted
-    #: as a head of kv_head_blocks, then the rest: the head's copy runs while
-    #: this thread converts and submits the rest and the runtime takes its
-    #: leases or reservations (H200 host, a 328 MB prefix: +1 to +2 points of
-    #: the pinned copy's speed, docs/benchmarks.md).  A key of the rest that
-    #: repeats one of the head is refused (E_DUPLICATE_KEY) as in one op,
-    #: after the head ran (waited for and released first).  0: one op.
-    kv_head_blocks = 32
+    _head_blocks = 32
+
+    @property
+    def kv_head_blocks(self):
+        """A store or restore of at least 8 x kv_head_blocks blocks is
+        submitted as a head of kv_head_blocks, then the rest: the head's copy
+        runs while this thread converts and submits the rest and the runtime
+        takes its leases or reservations (H200 host, a 328 MB prefix: about
+        +1 point of the pinned copy's speed, docs/benchmarks.md).  A key of
+        the rest that repeats one of the head is refused (E_DUPLICATE_KEY) as
+        in one op, after the head ran (waited for and released first).
+        0: one op.  Default 32."""
+        return self._head_blocks
+
+    @kv_head_blocks.setter
+    def kv_head_blocks(self, n):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise UmbpError(-errno.EINVAL, "kv_head_blocks must be an integer >= 0 (0: one op), "
+                            "got %r" % (n,))
+        self._head_blocks = int(n)
 
     def _kv_submit(self, fn, what, kv, keys, block_ids, first_layer, num_layers, wait_event):
         p = self._p()
@@ -411,7 +423,7 @@ class Runtime:
         opts = None
         if first_layer or num_layers or ev:
             opts = _byref(_ffi.KvXferOpts(first_layer, num_layers, ev))
-        h = self.kv_head_blocks
+        h = self._head_blocks
         if (h and n >= 8 * h and not isinstance(block_ids, (int, np.integer))
                 and len(block_ids) == n):
             head = self._kv_op(p, fn, what, kv, keys[:h], _u64(block_ids[:h], h, "block_ids"),
