@@ -5,7 +5,7 @@
  *
  * Invariants.
  * - A batch is on n->batches from ucx_fetch until it is handed to done.
- *   It finishes (moves to n->finished, delivered from the loop's prepare
+ *   It finishes (moves to n->finished, delivered from the loop's idle
  *   watcher, outside any UCX callback) only when every key has a status,
  *   its FETCH send has completed, no receive into one of its buffers is
  *   outstanding and, if it ended early, its peer's force close has
@@ -143,16 +143,22 @@ static void deliver(struct ucx_node *n)
  * The idle watcher keeps the loop from sleeping while the worker cannot be
  * armed or batches wait to be handed to their done: those are delivered
  * from the idle callback, an iteration of their own (so a caller running
- * the loop once per step sees them), outside any UCX callback. */
+ * the loop once per step sees them), outside any UCX callback.  Once a
+ * batch has finished (or a peer failed) the loop will not sleep before
+ * the idle callback, so progress stops there and the worker is not armed:
+ * arming costs a read of each of UCX's event fds, wasted when the next
+ * iteration does not wait (the next prepare progresses and arms before
+ * any sleep). */
 static void drive(struct ucx_node *n)
 {
     int calls = 0;
     bool armed = false;
     for (;;) {
-        while (calls < UCX_PROGRESS_BATCH && ucp_worker_progress(n->worker))
+        while (calls < UCX_PROGRESS_BATCH && !n->finished && !n->failed_peers &&
+               ucp_worker_progress(n->worker))
             calls++;
-        if (calls >= UCX_PROGRESS_BATCH)
-            break; /* still busy: come back on the next iteration */
+        if (calls >= UCX_PROGRESS_BATCH || n->finished || n->failed_peers)
+            break; /* busy, or the idle callback has work: come back after it */
         if (n->spin_ns && !n->finished &&
             (n->batches.next != &n->batches || n->sends.next != &n->sends)) {
             /* work in flight: its next event is likely soon */
@@ -969,6 +975,11 @@ int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out)
     ev_io_init(&n->io, on_efd, n->efd, EV_READ);
     ev_prepare_init(&n->prepare, on_prepare);
     ev_idle_init(&n->idle, on_idle);
+    /* An idle watcher runs only while nothing of its priority or above is
+     * pending; at the default priority the worker's event fd, readable until
+     * the next arm, would keep it from ever delivering (drive does not arm
+     * while a batch waits to be delivered). */
+    ev_set_priority(&n->idle, EV_MAXPRI);
     ev_init(&n->sweep, on_sweep);
     n->sweep.repeat = n->serve_timeout / 4 < 0.1 ? n->serve_timeout / 4 : 0.1;
     n->io.data = n->prepare.data = n->idle.data = n->sweep.data = n;
