@@ -146,6 +146,9 @@ Test(dist, a_prefix_put_on_one_node_is_read_byte_exact_on_the_others)
     cr_assert_eq(lookup(cc, 1, 40, &prefix), 32);
     cr_assert_eq(prefix, 32);
     until_found(cc, 2, 200, 200);
+    /* each put's stored events reach the master with a heartbeat (every 128
+     * events or 1 s): key 3's may come one heartbeat after key 2's */
+    until_found(b, 3, 4, 4);
     for (int r = 1; r <= 2; r++) {
         struct node *n = &c.n[r];
         cr_assert_eq(get(n, 1, 32, 256 * 1024).hit, 32, "%s", n->name);
