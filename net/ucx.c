@@ -869,6 +869,37 @@ static bool tls_names_tcp(const char *tls)
     return except ? !named : named;
 }
 
+/* Whether tcp is the only network transport `tls` can bring up: a list of
+ * tcp and at most self (no "all", no exclusion, no shared-memory or RDMA
+ * transport, whose rendezvous moves bytes without a copy through a bounce
+ * buffer). */
+static bool tls_tcp_only(const char *tls)
+{
+    if (tls[0] == '^')
+        return false;
+    bool tcp = false;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", tls);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "tcp"))
+            tcp = true;
+        else if (strcmp(t, "self"))
+            return false;
+    }
+    return tcp;
+}
+
+/* One default {UCX_<NAME>, the field, the value}, unless the environment
+ * sets it. */
+static void ucx_default(ucp_config_t *ucfg, const char *const d[3])
+{
+    if (getenv(d[0]))
+        return;
+    ucs_status_t s = ucp_config_modify(ucfg, d[1], d[2]);
+    if (s != UCS_OK)
+        umbp_log(UMBP_LOG_DEBUG, "UCX: cannot set %s=%s: %s", d[0], d[2], ucs_status_string(s));
+}
+
 /* umbp's defaults for UCX settings it measured, each only where the
  * environment does not set it (UCX_<NAME> wins).  UCX applies a transport's
  * setting to that transport; the data path has no branch on which transport
@@ -887,16 +918,21 @@ static void ucx_defaults(ucp_config_t *ucfg, const char *tls)
     static const char *const defaults[][3] = {
         {"UCX_TCP_TX_SEG_SIZE", "TX_SEG_SIZE", "64k"},
     };
+    /* Where tcp is the only transport: a DATA reply up to 1 MiB goes eager.
+     * UCX's rendezvous over tcp costs a handshake (the owner's RTS, the
+     * requester's RTR) before the bytes, one more wake-up on each side per
+     * object; eager costs the requester one copy out of UCX's assembly buffer.
+     * RNDV_THRESH is UCX's, for every transport: hence tcp only. */
+    static const char *const tcp_only[][3] = {
+        {"UCX_RNDV_THRESH", "RNDV_THRESH", "1m"},
+    };
     if (!tls_names_tcp(tls))
         return;
-    for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++) {
-        if (getenv(defaults[i][0]))
-            continue;
-        ucs_status_t s = ucp_config_modify(ucfg, defaults[i][1], defaults[i][2]);
-        if (s != UCS_OK)
-            umbp_log(UMBP_LOG_DEBUG, "UCX: cannot set %s=%s: %s", defaults[i][0],
-                     defaults[i][2], ucs_status_string(s));
-    }
+    for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
+        ucx_default(ucfg, defaults[i]);
+    if (tls_tcp_only(tls))
+        for (size_t i = 0; i < sizeof(tcp_only) / sizeof(tcp_only[0]); i++)
+            ucx_default(ucfg, tcp_only[i]);
 }
 
 int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out)
