@@ -31,6 +31,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include "ucx_tls.h"
 #include "ucx_wire.h"
 #include "util.h"
 
@@ -586,11 +587,13 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
     }
     it->size = h.size;
     if (!rndv) {
+        n->st.data_eager++;
         memcpy(it->dst, data, h.size);
         rx_land(b, h.index, h.size);
         batch_try_finish(b);
         return UCS_OK;
     }
+    n->st.data_rndv++;
     struct ucx_rx *rx = &b->rx[h.index];
     rx->b = b;
     rx->index = h.index;
@@ -856,39 +859,6 @@ static void tls_from_config(struct ucx_node *n, ucp_config_t *cfg)
     free(buf);
 }
 
-/* Whether the transport list `tls` (UCX_TLS as UCX read it: "all", a list,
- * or "^" and a list to leave out) can bring up the tcp transport. */
-static bool tls_names_tcp(const char *tls)
-{
-    bool except = tls[0] == '^';
-    bool named = false;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", tls + except);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
-        named = named || !strcmp(t, "tcp") || !strcmp(t, "all");
-    return except ? !named : named;
-}
-
-/* Whether tcp is the only network transport `tls` can bring up: a list of
- * tcp and at most self (no "all", no exclusion, no shared-memory or RDMA
- * transport, whose rendezvous moves bytes without a copy through a bounce
- * buffer). */
-static bool tls_tcp_only(const char *tls)
-{
-    if (tls[0] == '^')
-        return false;
-    bool tcp = false;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", tls);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (!strcmp(t, "tcp"))
-            tcp = true;
-        else if (strcmp(t, "self"))
-            return false;
-    }
-    return tcp;
-}
-
 /* One default {UCX_<NAME>, the field, the value}, unless the environment
  * sets it. */
 static void ucx_default(ucp_config_t *ucfg, const char *const d[3])
@@ -926,11 +896,11 @@ static void ucx_defaults(ucp_config_t *ucfg, const char *tls)
     static const char *const tcp_only[][3] = {
         {"UCX_RNDV_THRESH", "RNDV_THRESH", "1m"},
     };
-    if (!tls_names_tcp(tls))
+    if (!ucx_tls_names_tcp(tls))
         return;
     for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
         ucx_default(ucfg, defaults[i]);
-    if (tls_tcp_only(tls))
+    if (ucx_tls_tcp_only(tls))
         for (size_t i = 0; i < sizeof(tcp_only) / sizeof(tcp_only[0]); i++)
             ucx_default(ucfg, tcp_only[i]);
 }

@@ -142,6 +142,8 @@ struct ucx_node_stats {
     uint64_t fetches, fetch_keys, fetch_bytes; /* requester: batches, keys landed, bytes */
     uint64_t timeouts, peer_errors, force_closes;
     uint64_t late_dropped, bad_messages;       /* DATA for no live batch; malformed */
+    uint64_t data_eager, data_rndv; /* requester: objects UCX delivered eager (in the
+                                       message) or by rendezvous (received after) */
     uint64_t served_keys, served_bytes, served_misses; /* owner */
     uint64_t serve_timeouts; /* owner: requester endpoints force-closed by the bound */
 };

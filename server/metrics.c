@@ -345,6 +345,14 @@ static void render_node(struct mbuf *b, const struct umbp_server *s)
          n.remote_bytes},
         {"umbp_node_replicas_total", "counter", "Fetched objects kept in the pool as "
          "replicas.", n.replicas},
+        {"umbp_node_fetched_eager_total", "counter", "Objects fetched whose bytes came in "
+         "UCX's eager protocol (with the reply).", n.data_eager},
+        {"umbp_node_fetched_rendezvous_total", "counter", "Objects fetched whose bytes came "
+         "by UCX's rendezvous protocol (a handshake, then the bytes).", n.data_rndv},
+        {"umbp_node_served_keys_total", "counter", "Objects this node sent to other nodes.",
+         n.served_keys},
+        {"umbp_node_served_bytes_total", "counter", "Bytes this node sent to other nodes.",
+         n.served_bytes},
         {"umbp_node_locates_total", "counter", "LOCATE calls to the master.", n.locates},
         {"umbp_node_heartbeats_total", "counter", "Heartbeats the master acknowledged.",
          n.heartbeats},

@@ -373,6 +373,8 @@ bool srv_node_stats(struct srv_node *n, struct srv_node_stats *out)
         .replicas = r.replicas, .locates = r.locates, .heartbeats = r.heartbeats,
         .resyncs = r.resyncs, .registers = r.registers, .reports = r.reports,
         .live_keys = r.live_keys, .node_ref = r.node_ref, .registered = r.registered,
+        .data_eager = r.data_eager, .data_rndv = r.data_rndv, .served_keys = r.served_keys,
+        .served_bytes = r.served_bytes,
     };
     snprintf(out->transports, sizeof(out->transports), "%s", r.transports);
     return true;

@@ -30,6 +30,8 @@ struct umbp_rdma_stats {
     uint64_t locates;        /* LOCATE calls to the master */
     uint64_t heartbeats, resyncs, registers, reports;
     uint64_t live_keys;      /* the slice's keys, as the master is told */
+    uint64_t data_eager, data_rndv;      /* objects fetched: UCX's eager protocol, rendezvous */
+    uint64_t served_keys, served_bytes;  /* objects and bytes sent to peers */
     uint32_t node_ref;       /* our number at the master (0: not registered) */
     bool registered;
     const char *transports;  /* UCX_TLS as UCX read it */

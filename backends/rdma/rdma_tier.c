@@ -359,6 +359,14 @@ void umbp_rdma_stats(struct umbp_tier *t, struct umbp_rdma_stats *out)
         .live_keys = rt->live.live, .node_ref = rt->self_ref, .registered = rt->registered,
         .transports = rt->ucx ? ucx_node_transports(rt->ucx) : "",
     };
+    if (rt->ucx) {
+        struct ucx_node_stats u;
+        ucx_node_stats(rt->ucx, &u);
+        out->data_eager = u.data_eager;
+        out->data_rndv = u.data_rndv;
+        out->served_keys = u.served_keys;
+        out->served_bytes = u.served_bytes;
+    }
 }
 
 void umbp_rdma_slice_event(struct umbp_tier *t, umbp_event_type_t type, const umbp_key_t *k,

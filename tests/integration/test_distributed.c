@@ -645,6 +645,10 @@ Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
     cr_expect_eq(tu_sample(body, "umbp_node_registered"), 1);
     cr_expect_eq(tu_sample(body, "umbp_node_remote_hits_total"), 24 + 16, "%s", body);
     cr_expect_eq(tu_sample(body, "umbp_node_replicas_total"), 24 + 16);
+    /* 256 KiB objects over tcp alone: eager (docs/distributed.md) */
+    cr_expect_geq(tu_sample(body, "umbp_node_fetched_eager_total"), 24, "%s", body);
+    cr_expect_eq(tu_sample(body, "umbp_node_fetched_eager_total") +
+                 tu_sample(body, "umbp_node_fetched_rendezvous_total"), 24 + 16, "%s", body);
     cr_expect_eq(tu_sample(body, "umbp_node_info{transports=\"tcp\"}"), 1, "%s", body);
     free(body);
     /* keys nobody stored miss, untouched */

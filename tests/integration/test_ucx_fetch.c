@@ -341,16 +341,28 @@ Test(ucx_fetch, sizes_byte_exact)
     /* no tick: each ev_run(EVRUN_ONCE) must end by the library's own wake-ups
      * (the batch's done comes in an iteration of its own), else this hangs */
     ev_timer_stop(r.loop, &r.tick);
+    /* where tcp is the only transport, net/ucx.c makes objects up to 1 MiB
+     * go eager (UCX's own threshold sends 256 KiB by rendezvous over tcp) */
+    static const bool eager[3] = { true, true, false };
     for (int k = 0; k < 3; k++) {
         struct ucx_fetch_item it;
         int idx = k;
         tu_poison(r.pool, r.pool_len);
         lay_out(&r, &it, &idx, 1, &spec, 0);
+        struct ucx_node_stats before, after;
+        ucx_node_stats(r.node, &before);
         struct waiter w = { 0 };
         cr_assert_eq(ucx_fetch(r.peer, &it, 1, 30000, on_done, &w), 0);
         run_until(&r, &w.done);
         cr_assert(w.done && w.calls == 1);
         expect_bytes(&it, &spec, idx);
+        ucx_node_stats(r.node, &after);
+        cr_assert_eq(after.data_eager - before.data_eager, eager[k] ? 1 : 0,
+                     "%llu bytes: want %s", (unsigned long long)spec.size[k],
+                     eager[k] ? "eager" : "rendezvous");
+        cr_assert_eq(after.data_rndv - before.data_rndv, eager[k] ? 0 : 1,
+                     "%llu bytes: want %s", (unsigned long long)spec.size[k],
+                     eager[k] ? "eager" : "rendezvous");
     }
     const char *tr = ucx_peer_transport(r.peer);
     cr_log_info("transport %s (UCX_TLS=%s)", tr, ucx_node_transports(r.node));
@@ -359,6 +371,40 @@ Test(ucx_fetch, sizes_byte_exact)
     ucx_node_stats(r.node, &st);
     cr_assert_eq(st.fetch_keys, 3);
     cr_assert_eq(st.timeouts + st.peer_errors + st.bad_messages + st.late_dropped, 0);
+    req_fini(&r);
+    owner_stop(&ow);
+}
+
+/* UCX_RNDV_THRESH in the environment wins over umbp's 1 MiB: at 64k the
+ * owner (which reads it as it starts; the sender chooses the protocol) sends
+ * 256 KiB by rendezvous, 4 KiB still eager; the bytes are right either way. */
+Test(ucx_fetch, rndv_thresh_from_the_environment_wins)
+{
+    ucx_env();
+    setenv("UCX_RNDV_THRESH", "64k", 1);
+    static struct owner_spec spec;
+    spec.space = seed_now();
+    spec.nobj = 2;
+    spec.size[0] = 4096;
+    spec.size[1] = 256 << 10;
+    spec.hang = -1;
+    struct owner ow;
+    owner_start(&ow, &spec);
+    struct req r;
+    req_init(&r, &ow, 4 << 20);
+    int idx[2] = { 0, 1 };
+    struct ucx_fetch_item items[2];
+    lay_out(&r, items, idx, 2, &spec, 0);
+    struct waiter w = { 0 };
+    cr_assert_eq(ucx_fetch(r.peer, items, 2, 30000, on_done, &w), 0);
+    run_until(&r, &w.done);
+    cr_assert(w.done && w.calls == 1);
+    expect_bytes(&items[0], &spec, 0);
+    expect_bytes(&items[1], &spec, 1);
+    struct ucx_node_stats st;
+    ucx_node_stats(r.node, &st);
+    cr_assert_eq(st.data_eager, 1, "4 KiB: eager");
+    cr_assert_eq(st.data_rndv, 1, "256 KiB under UCX_RNDV_THRESH=64k: rendezvous");
     req_fini(&r);
     owner_stop(&ow);
 }
