@@ -65,6 +65,30 @@ def server_binary():
     return _daemon_binary("UMBP_SERVER", "server", "umbp-server")
 
 
+def stop_process(proc, bound_s=60.0):
+    """SIGSTOP `proc` and wait until every thread of it is stopped.  The
+    signal is only queued when send_signal returns: until one of its threads
+    takes it, another (the server's loop, woken by a request) may go on
+    answering, which a test of a stalled peer would read as a hit."""
+    import time
+
+    proc.send_signal(signal.SIGSTOP)
+    task = "/proc/%d/task" % proc.pid
+    deadline = time.monotonic() + bound_s
+    while True:
+        states = []
+        for tid in os.listdir(task):
+            try:
+                with open(os.path.join(task, tid, "stat")) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except (OSError, IndexError):
+                pass  # the thread exited
+        if states and all(s in ("T", "t") for s in states):
+            return
+        assert time.monotonic() < deadline, "process %d did not stop within %.0f s" % (proc.pid, bound_s)
+        time.sleep(0.001)
+
+
 @pytest.fixture
 def server(tmp_path):
     """A real umbp-server (64 MiB) on a socket dir of its own: (process, socket_dir)."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import umbp
-from conftest import host_options
+from conftest import host_options, stop_process
 
 torch = pytest.importorskip("torch")
 
@@ -359,7 +359,7 @@ def test_a_split_batch_across_a_stopped_then_killed_server(server):
                         assert bool((x[:, b] == POISON).all()), (what, li, i, b, st[i])
             return st
 
-        proc.send_signal(sig.SIGSTOP)
+        stop_process(proc)
         try:
             st = load_and_check("server stopped")
         finally:

@@ -31,7 +31,7 @@ from typing import List, Optional
 
 import numpy as np
 import pytest
-from conftest import master_binary, server_binary
+from conftest import master_binary, server_binary, stop_process
 
 torch = pytest.importorskip("torch")
 
@@ -961,7 +961,7 @@ def test_standalone_stalled_server_means_bounded_misses_then_recovers(server):
         assert st.batch_set_v1([hkey(1)], page_indices(pool, [0])) == [True]
         pool.poison(0x5A)
         poisoned = pool.page_bytes(1 * pool.page_size)
-        server.proc.send_signal(signal.SIGSTOP)
+        stop_process(server.proc)
         try:
             t0 = time.monotonic()
             assert st.batch_exists([hkey(1)]) == 0

@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from conftest import stop_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HARNESS = os.path.join(HERE, "vllm_harness")
@@ -708,7 +709,7 @@ def test_standalone_server_stall_means_misses(server):
     p, sock = server
 
     def stop():
-        p.send_signal(signal.SIGSTOP)
+        stop_process(p)
 
     try:
         r = S.server_death(stop, extra={"mode": "standalone", "socket_dir": sock, "timeout_ms": 300,

@@ -148,7 +148,7 @@ static inline void master_start(struct master *m)
 static inline void master_signal(struct master *m, int sig)
 {
     int st;
-    cr_assert_eq(kill(m->pid, sig), 0);
+    tu_kill_wait(m->pid, sig);
     if (sig == SIGKILL) {
         waitpid(m->pid, &st, 0);
         m->pid = 0;
@@ -276,7 +276,7 @@ static inline const char *node_cmd(struct node *n, const char *fmt, ...)
 static inline void node_kill(struct node *n, int sig)
 {
     int st;
-    cr_assert_eq(kill(n->pid, sig), 0);
+    tu_kill_wait(n->pid, sig);
     if (sig == SIGKILL) {
         waitpid(n->pid, &st, 0);
         n->pid = 0;

@@ -335,7 +335,7 @@ static inline void redis_start_with_sentinel(struct redis *p, struct redis *rep,
 static inline void redis_signal(struct redis *r, int sig)
 {
     cr_assert_neq(r->pid, 0, "redis-server is not running");
-    cr_assert_eq(kill(r->pid, sig), 0);
+    tu_kill_wait(r->pid, sig);
     if (sig == SIGSTOP)
         r->stopped = true;
     else if (sig == SIGCONT)

@@ -174,7 +174,7 @@ static inline void tu_server_start(struct tu_server *s, const char *json)
 static inline void tu_server_signal(struct tu_server *s, int sig)
 {
     cr_assert_gt(s->pid, 0, "no server running");
-    cr_assert_eq(kill(s->pid, sig), 0, "kill: %s", strerror(errno));
+    tu_kill_wait(s->pid, sig);
 }
 
 /* SIGKILL and reap; nothing if not running. */

@@ -16,6 +16,7 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -325,6 +326,59 @@ static inline void tu_trap_free(void)
     tu_trap_release();
     munmap(tu_trap_g.mem, tu_trap_g.len);
     tu_trap_g.mem = NULL;
+}
+
+/* ---- stopping another process ------------------------------------------------------ */
+
+/* Whether every thread of pid is stopped ('T' or 't' in /proc/<pid>/task/<tid>/stat). */
+static inline bool tu_all_threads_stopped(pid_t pid)
+{
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    bool all = true, any = false;
+    struct dirent *e;
+    while (all && (e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[384], buf[512];
+        snprintf(path, sizeof(path), "%s/%s/stat", dir, e->d_name);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0)
+            continue; /* the thread exited */
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        buf[n] = 0;
+        const char *rp = strrchr(buf, ')'); /* "tid (comm) S ..." */
+        char state = rp && rp[1] == ' ' ? rp[2] : '?';
+        any = true;
+        all = state == 'T' || state == 't';
+    }
+    closedir(d);
+    return any && all;
+}
+
+/* SIGSTOP, and wait until the process has stopped.  kill() returns once
+ * the signal is queued: one of the target's threads must still run to take
+ * it and stop the others, and meanwhile another thread (its event loop,
+ * woken by a request) may go on serving.  On a loaded 2-vCPU machine that
+ * lasted long enough for a stopped owner to answer a fetch.  Bounded
+ * (TU_WAIT_MS); any other signal is only sent. */
+static inline void tu_kill_wait(pid_t pid, int sig)
+{
+    cr_assert_eq(kill(pid, sig), 0, "kill(%d, %d): %s", (int)pid, sig, strerror(errno));
+    if (sig != SIGSTOP)
+        return;
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while (!tu_all_threads_stopped(pid)) {
+        cr_assert(tu_now_ms() < end, "process %d did not stop within %d ms of SIGSTOP",
+                  (int)pid, TU_WAIT_MS);
+        tu_sleep_ms(1);
+    }
 }
 
 /* ---- runtimes ------------------------------------------------------------------- */

@@ -356,7 +356,7 @@ Test(lookup, two_worker_processes_prefix_and_present)
 /* SIGSTOP takes effect asynchronously: wait until the kernel says 'T'. */
 static void stop_and_wait(pid_t pid)
 {
-    cr_assert_eq(kill(pid, SIGSTOP), 0);
+    tu_kill_wait(pid, SIGSTOP);
     char path[64], buf[512];
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     uint64_t end = tu_now_ms() + TU_WAIT_MS;

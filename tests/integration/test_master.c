@@ -424,7 +424,7 @@ Test(master, sigstop_lookups_end_by_their_timeout_single_flight)
     struct mclient *look = client(&m, PROTO_ROLE_LOOKUP, NULL, 300);
     int rc;
     cr_assert_eq(owned_by(look, 0, 10, n.ref, &rc), 10);
-    kill(m.pid, SIGSTOP);
+    tu_kill_wait(m.pid, SIGSTOP);
     cr_assert_eq(owned_by(look, 0, 10, n.ref, &rc), 0);
     cr_assert_eq(rc, UMBP_E_TIMEOUT, "the stuck lookup ends by lookup_timeout_ms");
     for (int i = 0; i < 5; i++) {

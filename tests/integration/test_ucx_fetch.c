@@ -553,7 +553,7 @@ Test(ucx_fetch, owner_killed_while_the_endpoint_is_in_wireup)
         spec.size[i] = 64 << 10;
     struct owner ow;
     owner_start(&ow, &spec);
-    kill(ow.pid, SIGSTOP);
+    tu_kill_wait(ow.pid, SIGSTOP);
     struct req r;
     req_init(&r, &ow, 8 << 20);
     int idx[4] = { 0, 1, 2, 3 };
@@ -607,7 +607,7 @@ Test(ucx_fetch, owner_stopped_times_out_nothing_lands_late)
     cr_assert(run_until_fd(&r, ow.notify_rd), "owner never got the fetch");
     char c;
     cr_assert(read(ow.notify_rd, &c, 1) == 1);
-    kill(ow.pid, SIGSTOP);
+    tu_kill_wait(ow.pid, SIGSTOP);
     run_until(&r, &w.done);
     cr_assert(w.done);
     for (int i = 0; i < 6; i++)

@@ -30,6 +30,7 @@
 
 #include "session.h"
 #include "session_poll.h"
+#include "test_util.h"
 #include "umbp/tier.h" /* umbp_now_ns */
 
 #define MS 1000000ull
@@ -786,7 +787,7 @@ Test(net_session_poll, sessions_run_together_until_done_or_deadline, .timeout = 
         net_session_tick(&s[i], now);
     }
     /* the server stalled: the kernel accepts, HELLO_OK cannot come yet */
-    cr_assert_eq(kill(f.pid, SIGSTOP), 0);
+    tu_kill_wait(f.pid, SIGSTOP);
     cr_assert_eq(net_poll_run(run, 2, pfd, now, NULL, NULL), -ETIMEDOUT,
                  "until now: one round, no wait");
     cr_assert_eq(s[0].state, NET_HELLO);
@@ -810,7 +811,7 @@ Test(net_session_poll, sessions_run_together_until_done_or_deadline, .timeout = 
     /* both asked at once; the server stalls: both time out in one run */
     a = (struct tcall){0};
     b = (struct tcall){0};
-    cr_assert_eq(kill(f.pid, SIGSTOP), 0);
+    tu_kill_wait(f.pid, SIGSTOP);
     now = umbp_now_ns();
     push(&s[0], &a, 1, now, 30);
     push(&s[1], &b, 1, now, 30);
@@ -887,7 +888,7 @@ Test(net_session_poll, the_blocking_use, .timeout = 60)
         cr_assert_eq(fr.seq, seq);
         net_session_in_consume(&s, used);
     }
-    cr_assert_eq(kill(f.pid, SIGSTOP), 0);
+    tu_kill_wait(f.pid, SIGSTOP);
     cr_assert_eq(proto_put_empty(&s.out, PROTO_PING, s.next_seq++, 0), 0);
     cr_assert_eq(net_poll_write_all(&d, 0), 0);
     cr_assert_eq(net_poll_read(&d, umbp_now_ns() + 20 * MS), -ETIMEDOUT, "a silent peer");
