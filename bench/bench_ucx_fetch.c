@@ -15,7 +15,8 @@
  * byte of every get verified outside the timed part, and prints GB/s, the
  * per-op p50 and the ratio to raw TCP; the summary is the median over
  * rounds of the per-round ratios (this machine's speed swings between
- * rounds).  Every line names the UCX transport in use.
+ * rounds).  Every line names the UCX transport in use; the AM fetch's lines
+ * also say how UCX sent the bytes (eager, with the reply, or rendezvous).
  *
  * The owner's CPU time (every thread's schedstat under /proc/<pid>/task,
  * in ns) is read around each method's gets: "owner CPU" is the serving CPU
@@ -391,6 +392,7 @@ int main(int argc, char **argv)
     static double gbps[NSIZES][NM][64], p50[NSIZES][NM][64];
     static double lat[2000];
     static uint64_t own_ns[NSIZES][NM], own_bytes[NSIZES][NM];
+    static uint64_t n_eager[NSIZES], n_rndv[NSIZES]; /* how the AM fetch's bytes came */
     if (rounds > 64)
         rounds = 64;
     for (int r = 0; r < rounds; r++)
@@ -398,6 +400,8 @@ int main(int argc, char **argv)
             for (int m = 0; m < NM; m++) {
                 double busy = 0;
                 uint64_t c0 = proc_cpu_ns(pid);
+                struct ucx_node_stats s0, s1;
+                ucx_node_stats(n, &s0);
                 for (int k = 0; k < iters[i]; k++) {
                     memset(dst, 0, 64);
                     double t0 = bench_now();
@@ -447,6 +451,9 @@ int main(int argc, char **argv)
                     verify(dst, i, mnames[m]);
                 }
                 own_ns[i][m] += proc_cpu_ns(pid) - c0;
+                ucx_node_stats(n, &s1);
+                n_eager[i] += s1.data_eager - s0.data_eager;
+                n_rndv[i] += s1.data_rndv - s0.data_rndv;
                 own_bytes[i][m] += sizes[i] * (uint64_t)iters[i];
                 qsort(lat, (size_t)iters[i], sizeof(double), cmp_double);
                 gbps[i][m][r] = (double)sizes[i] * iters[i] / busy / 1e9;
@@ -470,10 +477,13 @@ int main(int argc, char **argv)
             qsort(lr, (size_t)rounds, sizeof(double), cmp_double);
             double own = (double)own_ns[i][m] / (double)own_bytes[i][m];  /* ns/B = s/GB */
             double cpu_tcp = (double)own_ns[i][M_TCP] / (double)own_bytes[i][M_TCP];
+            /* the AM fetch's protocol: UCX's eager (with the reply) or rendezvous */
+            const char *proto = m != M_AM ? "" : !n_rndv[i] ? ", eager" : !n_eager[i] ? ", rndv"
+                                                                                      : ", mixed";
             printf("%-8s %-16s %9.3f %10.1f %8.2fx GB/s  p50 %.2fx   owner CPU %.3f s/GB "
-                   "(%.2fx raw TCP's)   [%s]\n",
+                   "(%.2fx raw TCP's)   [%s%s]\n",
                    names[i], mnames[m], g[rounds / 2], l[rounds / 2], ratio[rounds / 2],
-                   lr[rounds / 2], own, own / cpu_tcp, tr);
+                   lr[rounds / 2], own, own / cpu_tcp, tr, proto);
         }
     struct ucx_node_stats st;
     ucx_node_stats(n, &st);

@@ -472,6 +472,37 @@ def test_event_that_cannot_be_built_leaves_the_block_unannounced(monkeypatch):
     assert eb.lost == 1
 
 
+def test_events_describe_each_group_as_vllm_does(monkeypatch):
+    """A hybrid model (full + sliding window + Mamba): each BlockStored names
+    its group and carries kv_cache_spec_kind / kv_cache_spec_sliding_window
+    exactly as this vLLM's own functions give them for the group's spec (a
+    router gates sliding-window groups on them); where vLLM has no such
+    functions (older versions) both stay None."""
+    import vllm
+    from umbp.vllm import _compat, identity
+    from umbp.vllm.events import STORED, EventBuilder
+
+    if vllm.API == "old":
+        pytest.skip("the old BlockStored has no group fields")
+    from vllm.v1 import kv_cache_interface as kvi
+
+    cfg = S.HarnessConfig(groups=[(FULL, 1, 0), (SWA, 2, 40), (MAMBA, 1, 0)]).kv_cache_config()
+    specs = [g.kv_cache_spec for g in cfg.kv_cache_groups]
+    want = [(kvi.get_kv_cache_spec_kind(s).value, kvi.get_kv_cache_spec_sliding_window(s)) for s in specs]
+    assert want == [("full_attention", None), ("sliding_window", 40), ("mamba", None)]
+    h = [bytes([i + 1]) * 32 for i in range(3)]
+
+    def stored_fields():
+        eb = EventBuilder(1, 16, identity.describe_groups(cfg, None))
+        eb.feed([(0, STORED, g, h[g]) for g in range(3)])
+        return [(e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) for e in eb.take()]
+
+    assert stored_fields() == [(g, want[g][0], want[g][1]) for g in range(3)]
+    monkeypatch.setattr(_compat, "_vllm_spec_kind", None)
+    monkeypatch.setattr(_compat, "_vllm_spec_window", None)
+    assert stored_fields() == [(g, None, None) for g in range(3)]
+
+
 def test_async_lookup_answers_none_until_done():
     r = S.lookup_async()
     assert r["answers"][0] == (0, None, False)

@@ -276,6 +276,33 @@ def _filtered(params: set[str] | None, kw: dict) -> dict:
     return {k: v for k, v in kw.items() if k in params}
 
 
+# Newer vLLMs describe each KV cache group in BlockStored
+# (kv_cache_spec_kind, kv_cache_spec_sliding_window) with two functions of
+# vllm/v1/kv_cache_interface.py, which vLLM's own OffloadingConnector applies
+# to each group's spec; where they exist they are used as they are (no copy of
+# their rules here), elsewhere the fields stay None (and older BlockStored
+# classes have no such fields: make_block_stored drops them).
+try:
+    from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind as _vllm_spec_kind
+    from vllm.v1.kv_cache_interface import get_kv_cache_spec_sliding_window as _vllm_spec_window
+except Exception:
+    _vllm_spec_kind = _vllm_spec_window = None
+
+
+def event_group_spec(spec) -> tuple:
+    """(kv_cache_spec_kind, kv_cache_spec_sliding_window) of a group's
+    KVCacheSpec as this vLLM's own events name them, or (None, None)."""
+    if _vllm_spec_kind is None or spec is None:
+        return None, None
+    try:
+        kind = _vllm_spec_kind(spec)
+        kind = getattr(kind, "value", kind)
+        window = _vllm_spec_window(spec) if _vllm_spec_window is not None else None
+        return (str(kind) if kind is not None else None), (int(window) if window is not None else None)
+    except Exception:  # a spec this vLLM's functions do not know: no description
+        return None, None
+
+
 def make_block_stored(**kw):
     return BlockStored(**_filtered(_STORED_PARAMS, kw))
 

@@ -92,6 +92,8 @@ class EventBuilder:
         self.world = world
         self.block_size = block_size
         self.group_ids = [g.index for g in groups]
+        # group -> (kv_cache_spec_kind, kv_cache_spec_sliding_window), as vLLM names them
+        self.group_spec = {g.index: _compat.event_group_spec(getattr(g, "spec", None)) for g in groups}
         self.holders: dict = {}  # (group, hash) -> set of ranks holding it
         self.announced: set = set()
         self.info: collections.OrderedDict = collections.OrderedDict()  # (g, h) -> (parent, tokens, lora)
@@ -138,10 +140,12 @@ class EventBuilder:
                     # every field vLLM's block pool fills (kv_events.py@0181ea31:
                     # lora_name has no default); the block is announced only
                     # once its event exists
+                    kind, window = self.group_spec.get(group, (None, None))
                     ev = _compat.make_block_stored(
                         block_hashes=[cv(h)], parent_block_hash=cv(parent) if parent is not None else None,
                         token_ids=tokens, block_size=self.block_size, lora_id=lora[0], medium="CPU",
-                        lora_name=lora[1], group_idx=group)
+                        lora_name=lora[1], group_idx=group, kv_cache_spec_kind=kind,
+                        kv_cache_spec_sliding_window=window)
                     self.pending.append(ev)
                 self.announced.add(k)
         elif t == REMOVED:

@@ -37,6 +37,9 @@ class GroupInfo:
     layer_names: tuple
     dtype: str
     window: int = 0  # sliding window in tokens (SWA)
+    # vLLM's KVCacheSpec of the group (None for the one group of an old vLLM):
+    # the KV events describe the group from it (events.py)
+    spec: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def window_blocks(self) -> int:
@@ -107,18 +110,18 @@ def describe_groups(kv_cache_config, cache_config) -> list[GroupInfo]:
         if "CrossAttentionSpec" in names or "EncoderOnlyAttentionSpec" in names:
             continue  # not prefix-cacheable by block hash
         if "MambaSpec" in names:
-            out.append(GroupInfo(i, MAMBA, "mamba", bs, layers, dtype))
+            out.append(GroupInfo(i, MAMBA, "mamba", bs, layers, dtype, spec=spec))
         elif "SlidingWindowSpec" in names or "SlidingWindowMLASpec" in names:
             w = int(getattr(spec, "sliding_window", 0) or 0)
             if w <= 0:
                 raise ValueError(f"kv cache group {i}: sliding-window spec without a window")
-            out.append(GroupInfo(i, SWA, "sliding_window", bs, layers, dtype, window=w))
+            out.append(GroupInfo(i, SWA, "sliding_window", bs, layers, dtype, window=w, spec=spec))
         else:
             ns_kind = "mla" if "MLAAttentionSpec" in names else (
                 "chunked_local" if "ChunkedLocalAttentionSpec" in names else "full")
             # chunked local attention is treated as full attention: it stores and
             # loads more than it needs, which is never wrong
-            out.append(GroupInfo(i, FULL, ns_kind, bs, layers, dtype))
+            out.append(GroupInfo(i, FULL, ns_kind, bs, layers, dtype, spec=spec))
     if not out:
         raise ValueError("no prefix-cacheable KV cache group: nothing for the umbp connector to offload")
     sizes = {g.block_size for g in out}
