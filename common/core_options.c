@@ -65,8 +65,11 @@ const struct umbp_option umbp_core_options[] = {
      "host memory; tests)"},
     {"gpu_device", UMBP_OPT_INT, OFF(gpu_device), "0", 0, 1023, 0, NULL,
      "GPU ordinal (within the backend) that this rank's KV cache lives on"},
-    {"gpu_max_ctas", UMBP_OPT_INT, OFF(gpu_max_ctas), "8", 1, 1024, 0, NULL,
+    {"gpu_max_ctas", UMBP_OPT_INT, OFF(gpu_max_ctas), "32", 1, 1024, 0, NULL,
      "thread blocks (at most one SM each) a KV copy kernel may occupy"},
+    {"gpu_threads_per_cta", UMBP_OPT_INT, OFF(gpu_threads_per_cta), "128", 32, 512, 0, NULL,
+     "threads per thread block of a KV copy kernel, a multiple of 32 (small blocks share "
+     "their SMs with the engine's kernels)"},
     {"gpu_staging_bytes", UMBP_OPT_SIZE, OFF(gpu_staging_bytes), "64MiB", 1 << 20, 16.0 * (1ull << 30), 0,
      NULL, "device staging buffer of the staged copy method, half for stores and half for restores"},
     {"gpu_store_slice_blocks", UMBP_OPT_INT, OFF(gpu_store_slice_blocks), "128", 0, 1 << 24, 0, NULL,
@@ -101,6 +104,11 @@ int umbp_core_validate(const struct umbp_core_config *k, uint64_t *rank_capacity
     if (k->rank >= k->world_size) {
         snprintf(err, errlen, "rank: must be below world_size (%lld), got %lld",
                  (long long)k->world_size, (long long)k->rank);
+        return -EINVAL;
+    }
+    if (k->gpu_threads_per_cta % 32) {
+        snprintf(err, errlen, "gpu_threads_per_cta: must be a multiple of 32 (a warp), got %lld",
+                 (long long)k->gpu_threads_per_cta);
         return -EINVAL;
     }
     uint64_t cap = k->capacity_bytes;

@@ -48,8 +48,8 @@
 
 #include "engine.h"
 
-#define DEFAULT_CTAS 8
-#define DEFAULT_THREADS 512
+#define DEFAULT_CTAS 32
+#define DEFAULT_THREADS 128
 #define DEFAULT_VEC 8
 #define DEFAULT_STAGING ((uint64_t)64 << 20)
 #define DEFAULT_INFLIGHT 64

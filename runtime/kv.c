@@ -207,6 +207,7 @@ static int engine_start(struct umbp_runtime *rt)
         return rc;
     cfg.device = (int)rt->core->gpu_device;
     cfg.max_ctas = (uint32_t)rt->core->gpu_max_ctas;
+    cfg.threads_per_cta = (uint32_t)rt->core->gpu_threads_per_cta;
     cfg.staging_bytes = rt->core->gpu_staging_bytes;
     cfg.store_method = gpu_method(rt->core->gpu_store_method);
     cfg.restore_method = gpu_method(rt->core->gpu_restore_method);

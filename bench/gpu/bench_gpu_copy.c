@@ -611,9 +611,8 @@ int main(int argc, char **argv)
     strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", gmtime(&now));
     printf("# device: %s (%s backend), %d SMs; %s; reps %d; defaults: %u CTAs x %u threads, "
            "vec %u, staging %" PRIu64 " MiB\n", name, umbp_gpu_backend_name(b),
-           umbp_gpu_engine_num_sms(eng), date, reps, cfg.max_ctas ? cfg.max_ctas : 8,
-           cfg.threads_per_cta ? cfg.threads_per_cta : 512, cfg.vec_per_lane ? cfg.vec_per_lane : 8,
-           (cfg.staging_bytes ? cfg.staging_bytes : (64u << 20)) >> 20);
+           umbp_gpu_engine_num_sms(eng), date, reps, cfg.max_ctas, cfg.threads_per_cta,
+           cfg.vec_per_lane, cfg.staging_bytes >> 20);
     printf("RESULT,geometry,dir,variant,GB/s,ratio,SMs,method,spread,check,baseline GB/s\n");
 
     int gpu_dev = umbp_gpu_engine_device(eng), prev;

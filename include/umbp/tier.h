@@ -107,6 +107,7 @@ struct umbp_core_config {
     char gpu_backend[16];            /* auto, cuda, hip, host */
     int64_t gpu_device;
     int64_t gpu_max_ctas;
+    int64_t gpu_threads_per_cta;
     uint64_t gpu_staging_bytes;
     int64_t gpu_store_slice_blocks;
     int64_t gpu_load_head_blocks;

@@ -165,7 +165,8 @@ static const struct {
     {"poll_wait", "auto"},
     {"gpu_backend", "auto"},
     {"gpu_device", "0"},
-    {"gpu_max_ctas", "8"},
+    {"gpu_max_ctas", "32"},
+    {"gpu_threads_per_cta", "128"},
     {"gpu_staging_bytes", "67108864"},
     {"gpu_store_slice_blocks", "128"},
     {"gpu_load_head_blocks", "32"},
@@ -711,6 +712,19 @@ Test(config, rank_must_be_below_world_size)
     expect_refused("{\"rank\": 65535, \"world_size\": 100}", "rank");
     struct rt_config *c = parse_ok("{\"rank\": 3, \"world_size\": 4}");
     config_free(c);
+}
+
+Test(config, gpu_threads_per_cta_is_whole_warps)
+{
+    expect_refused("{\"gpu_threads_per_cta\": 100}", "gpu_threads_per_cta", "multiple of 32");
+    expect_refused("{\"gpu_threads_per_cta\": 33}", "gpu_threads_per_cta");
+    expect_refused("{\"gpu_threads_per_cta\": 544}", "gpu_threads_per_cta");
+    expect_refused("{\"gpu_threads_per_cta\": 16}", "gpu_threads_per_cta");
+    static const char *const ok[] = {"{\"gpu_threads_per_cta\": 32}",
+                                     "{\"gpu_threads_per_cta\": 512}",
+                                     "{\"gpu_threads_per_cta\": 96}"};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+        config_free(parse_ok(ok[i]));
 }
 
 Test(config, per_rank_capacity_at_least_1MiB)
