@@ -129,8 +129,8 @@ typedef struct umbp_gpu_config {
     umbp_gpu_method_t store_method;   /* AUTO */
     umbp_gpu_method_t restore_method; /* AUTO */
     uint32_t max_ctas;        /* thread blocks per copy kernel, at most one SM
-                                 each; 0 = default (8), at most 1024 */
-    uint32_t threads_per_cta; /* 0 = default (512); a multiple of 32, <= 512 */
+                                 each; 0 = default (32), at most 1024 */
+    uint32_t threads_per_cta; /* 0 = default (128); a multiple of 32, <= 512 */
     uint32_t vec_per_lane;    /* 16-byte loads in flight per thread: 4, 8 or 16;
                                  0 = default (8) */
     uint64_t staging_bytes;   /* device staging buffer of the STAGED method,
