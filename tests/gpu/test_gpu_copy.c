@@ -308,8 +308,8 @@ static void run_case(struct env *e, umbp_gpu_method_t method, size_t nsel, uint3
     for (size_t i = 0; i < nsel; i++)
         for (uint32_t l = first; l < last; l++)
             for (uint32_t kv = 0; kv < m->nkv; kv++) {
-                uint32_t t;
-                uint64_t off;
+                uint32_t t = 0;
+                uint64_t off = 0;
                 model_chunk(m, l, blocks[i], kv, &t, &off);
                 memcpy(e->expect + slots[i] * m->obj_size + model_obj_off(m, l, kv),
                        m->mirror[t] + off, m->chunk);
@@ -346,8 +346,8 @@ static void run_case(struct env *e, umbp_gpu_method_t method, size_t nsel, uint3
     for (size_t i = 0; i < nsel; i++)
         for (uint32_t l = first; l < last; l++)
             for (uint32_t kv = 0; kv < m->nkv; kv++) {
-                uint32_t t;
-                uint64_t off;
+                uint32_t t = 0;
+                uint64_t off = 0;
                 model_chunk(m, l, blocks[i], kv, &t, &off);
                 memcpy(m->mirror[t] + off, e->pool + slots[i] * m->obj_size + model_obj_off(m, l, kv),
                        m->chunk);
@@ -395,8 +395,8 @@ static void run_both_ways(struct env *e, size_t nsel, int restore_first, const c
     for (size_t i = 0; i < nsel; i++)
         for (uint32_t l = 0; l < m->s->layers; l++)
             for (uint32_t kv = 0; kv < m->nkv; kv++) {
-                uint32_t t;
-                uint64_t off;
+                uint32_t t = 0;
+                uint64_t off = 0;
                 model_chunk(m, l, blocks[i], kv, &t, &off); /* stored: S -> P1 */
                 memcpy(e->expect + slots[i] * m->obj_size + model_obj_off(m, l, kv),
                        m->mirror[t] + off, m->chunk);
@@ -592,8 +592,8 @@ static void test_events(umbp_gpu_backend_t b)
     for (size_t i = 0; i < nsel && ok; i++)
         for (uint32_t l = 0; l < s->layers && ok; l++)
             for (uint32_t kv = 0; kv < 2 && ok; kv++) {
-                uint32_t t;
-                uint64_t off;
+                uint32_t t = 0;
+                uint64_t off = 0;
                 model_chunk(&m, l, io[i].block, kv, &t, &off);
                 ok = memcmp(pool + i * m.obj_size + model_obj_off(&m, l, kv),
                             fresh + t * m.tensor_bytes + off, m.chunk) == 0;
@@ -622,8 +622,8 @@ static void test_events(umbp_gpu_backend_t b)
     for (size_t i = 0; i < nsel && ok; i++)
         for (uint32_t l = 0; l < s->layers && ok; l++)
             for (uint32_t kv = 0; kv < 2 && ok; kv++) {
-                uint32_t t;
-                uint64_t off;
+                uint32_t t = 0;
+                uint64_t off = 0;
                 model_chunk(&m, l, io[i].block, kv, &t, &off);
                 ok = memcmp(pool + i * m.obj_size + model_obj_off(&m, l, kv),
                             fresh + t * m.tensor_bytes + off, m.chunk) == 0;
