@@ -638,7 +638,15 @@ Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
     cr_assert_eq(g.hit, 24, "the engine read %zu of 24 through its server (miss %zu, wrong %zu)",
                  g.hit, g.miss, g.wrong);
     kvget_until_hit(e, 91, 16);
-    /* the server's /metrics: the node, its transport, what it fetched */
+    /* what the engine puts lands in the server's slice: D reads it from the
+     * server, which counts what it served */
+    put(e, 95, 8, 256 * 1024);
+    until_found(d, 95, 8, 8);
+    get_until_hit(d, 95, 8, 256 * 1024);
+    g = get(d, 95, 8, 256 * 1024);
+    cr_assert(g.hit == 8 && g.wrong == 0, "D read %zu of 8 from the server (wrong %zu)", g.hit,
+              g.wrong);
+    /* the server's /metrics: the node, its transport, what it fetched and served */
     char err[512];
     char *body = tu_scrape("127.0.0.1", mport, 5000, err, sizeof(err));
     cr_assert_not_null(body, "%s", err);
@@ -650,6 +658,8 @@ Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
     cr_expect_eq(tu_sample(body, "umbp_node_fetched_eager_total") +
                  tu_sample(body, "umbp_node_fetched_rendezvous_total"), 24 + 16, "%s", body);
     cr_expect_eq(tu_sample(body, "umbp_node_info{transports=\"tcp\"}"), 1, "%s", body);
+    cr_expect_geq(tu_sample(body, "umbp_node_served_keys_total"), 8, "%s", body);
+    cr_expect_geq(tu_sample(body, "umbp_node_served_bytes_total"), 8.0 * 256 * 1024, "%s", body);
     free(body);
     /* keys nobody stored miss, untouched */
     g = get(e, 99, 8, 4096);
