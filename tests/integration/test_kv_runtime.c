@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "gpu.h" /* gpu/ private layer: device alloc and copies for the test */
+#include "rt.h"  /* the runtime's copy engine, to read the shape it was given */
 #include "umbp/gpu.h"
 #include "umbp/umbp.h"
 
@@ -280,6 +281,26 @@ static bool have_device(umbp_gpu_backend_t *b, const char **name)
         cr_skip_test("no GPU: %s", umbp_gpu_last_error());
 
 Test(kv_host, round_trip) { run_round_trip(UMBP_GPU_BACKEND_HOST, "host"); }
+/* The copy kernels' shape options reach the engine: the defaults (32
+ * blocks of 128 threads) and values given, as the engine holds them. */
+static void expect_shape(const char *extra, uint32_t ctas, uint32_t threads)
+{
+    struct fixture f;
+    setup_cfg(&f, UMBP_GPU_BACKEND_HOST, "host", extra);
+    umbp_gpu_config_t c;
+    umbp_gpu_engine_get_config(((struct umbp_runtime *)f.rt)->kv.engine, &c);
+    cr_expect_eq(c.max_ctas, ctas, "%s: max_ctas %u", extra, c.max_ctas);
+    cr_expect_eq(c.threads_per_cta, threads, "%s: threads_per_cta %u", extra, c.threads_per_cta);
+    teardown_fixture(&f);
+}
+
+Test(kv_host, kernel_shape_options_reach_the_engine)
+{
+    expect_shape("\"capacity_bytes\":\"64MiB\"", 32, 128);
+    expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_max_ctas\":5,\"gpu_threads_per_cta\":96",
+                 5, 96);
+}
+
 /* with polling waiters and a polling loop, as on machines of 8+ cores */
 Test(kv_host, round_trip_polling)
 {
