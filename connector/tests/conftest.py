@@ -83,7 +83,8 @@ def stop_process(proc, bound_s=60.0):
                     states.append(f.read().rsplit(")", 1)[1].split()[0])
             except (OSError, IndexError):
                 pass  # the thread exited
-        if states and all(s in ("T", "t") for s in states):
+        # every thread stopped ('Z': exited, not yet reaped, runs nothing)
+        if any(s in ("T", "t") for s in states) and all(s in ("T", "t", "Z") for s in states):
             return
         assert time.monotonic() < deadline, "process %d did not stop within %.0f s" % (proc.pid, bound_s)
         time.sleep(0.001)

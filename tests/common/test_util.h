@@ -330,7 +330,8 @@ static inline void tu_trap_free(void)
 
 /* ---- stopping another process ------------------------------------------------------ */
 
-/* Whether every thread of pid is stopped ('T' or 't' in /proc/<pid>/task/<tid>/stat). */
+/* Whether every thread of pid is stopped ('T' or 't' in /proc/<pid>/task/<tid>/stat;
+ * an exited thread not yet reaped, 'Z', runs nothing either), at least one 'T'. */
 static inline bool tu_all_threads_stopped(pid_t pid)
 {
     char dir[64];
@@ -338,7 +339,7 @@ static inline bool tu_all_threads_stopped(pid_t pid)
     DIR *d = opendir(dir);
     if (!d)
         return false;
-    bool all = true, any = false;
+    bool all = true, any = false; /* any: a thread in 'T' */
     struct dirent *e;
     while (all && (e = readdir(d))) {
         if (e->d_name[0] == '.')
@@ -355,8 +356,8 @@ static inline bool tu_all_threads_stopped(pid_t pid)
         buf[n] = 0;
         const char *rp = strrchr(buf, ')'); /* "tid (comm) S ..." */
         char state = rp && rp[1] == ' ' ? rp[2] : '?';
-        any = true;
-        all = state == 'T' || state == 't';
+        any = any || state == 'T' || state == 't';
+        all = state == 'T' || state == 't' || state == 'Z';
     }
     closedir(d);
     return any && all;
