@@ -26,8 +26,11 @@ exits 1.  Ratios are umbp GB/s over the baseline's GB/s of the same process.
 
   --decode     the miniature engine's decode step (connector/tests/gpu/
                mini_engine.py's model, 853 M parameters, bf16, one request of
-               --context tokens) timed alone, then while 10,000-token restores
-               for another request run back to back: the slowdown in percent.
+               --context tokens) timed alone, with one 10,000-token restore for
+               another request starting with each step, with one contiguous
+               pinned copy of the same bytes starting with each step (the
+               floor: what the link's traffic alone takes from the step), and
+               while restores run back to back: the slowdown in percent.
 
 Usage: python3 bench/python/bench_py_kv.py [--mode embedded|standalone|both]
        [--layout mini|4k|32k] [--rounds N] [--decode] [--ab]
@@ -274,13 +277,13 @@ def child(args):
     out["both_ends"] = both_ends
 
     if args.decode:
-        out.update(decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev))
+        out.update(decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev, pin))
     rt.deregister(kv)
     rt.close()
     print(json.dumps(out), flush=True)
 
 
-def decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev):
+def decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev, pin):
     """Decode steps of the miniature engine's model, alone and beside restores."""
     sys.path.insert(0, os.path.join(REPO, "connector", "tests", "gpu"))
     import mini_engine as me
@@ -341,10 +344,19 @@ def decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev):
         j.release()
         return dt
 
+    def one_pinned_copy_per_step(pos, gpu):
+        # the floor: one contiguous pinned copy of the same bytes (no
+        # scatter, no runtime) on a side stream, starting with the step
+        with torch.cuda.stream(pin.s1):
+            pin.d.copy_(pin.h, non_blocking=True)
+        dt = step(pos, gpu)
+        pin.s1.synchronize()
+        return dt
+
     junk = []
     for i in range(5):
         step(ctx + i, junk)
-    res = {k: [] for k in ("alone", "one", "busy")}
+    res = {k: [] for k in ("alone", "one", "pinned", "busy")}
     gpu = {k: [] for k in res}
     nloads = [0]
 
@@ -366,6 +378,7 @@ def decode(args, torch, umbp, rt, kv, caches, keys, A, B, dev):
         for i in range(args.steps):
             res["alone"].append(step(ctx + i, gpu["alone"]))
             res["one"].append(one_restore_per_step(ctx + i, gpu["one"]))
+            res["pinned"].append(one_pinned_copy_per_step(ctx + i, gpu["pinned"]))
         stop = threading.Event()
         th = threading.Thread(target=restorer, args=(stop,))
         th.start()
@@ -474,9 +487,12 @@ def report(res):
               f"{', one CUDA graph' if res.get('decode_graph') else ', eager'}), median ms "
               f"(wall / GPU time of the step's kernels):")
         md = {k: (statistics.median(res["decode_" + k]), statistics.median(res["decode_gpu_" + k]))
-              for k in ("alone", "one", "busy")}
+              for k in ("alone", "one", "pinned", "busy") if "decode_" + k in res}
         for k, what in (("alone", "alone"), ("one", "one 10,000-token restore starting with the step"),
+                        ("pinned", "one pinned copy of the same bytes starting with the step (the floor)"),
                         ("busy", f"restores back to back ({res['decode_restores']} in all)")):
+            if k not in md:
+                continue
             w, g = md[k]
             print(f"  {what}: {w * 1e3:.2f} / {g * 1e3:.2f} ms, slowdown "
                   f"{(w / md['alone'][0] - 1) * 100:+.1f} % / {(g / md['alone'][1] - 1) * 100:+.1f} %")
