@@ -80,9 +80,9 @@ const struct umbp_option umbp_core_options[] = {
      "nothing else is in flight, copies its first this many while the server grants the "
      "rest (0: one transfer)"},
     {"gpu_warm_transfers", UMBP_OPT_INT, OFF(gpu_warm_transfers), "16", 0, 64, 0, NULL,
-     "at the first umbp_kv_register, allocate the block tables of this many GPU transfers "
-     "and load the copy kernel, so the first stores and restores of a process run at "
-     "full speed (0: on first use)"},
+     "at the first umbp_kv_register, allocate the block tables of this many GPU transfers, "
+     "load the copy kernel, and size the per-key arrays of the first this-many ops, so the "
+     "first stores and restores of a process run at full speed (0: on first use)"},
     {"gpu_store_method", UMBP_OPT_STRING, OFF(gpu_store_method), "auto", 0, 0, 8, gpu_methods,
      "how the GPU copy engine stores: auto (staged for large DMAs, else kernel), kernel "
      "(zero-copy writes to host memory), staged (gather on the GPU, then the copy engine), "

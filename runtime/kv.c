@@ -283,6 +283,11 @@ int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors, u
         if (umbp_gpu_engine_warm(kv->engine, blocks, (unsigned)rt->core->gpu_warm_transfers) < 0)
             umbp_log(UMBP_LOG_WARN, "gpu_warm_transfers: warming the GPU copy engine failed "
                      "(%s); its first transfers allocate instead", umbp_gpu_last_error());
+        /* and the ops those transfers' batches take first: on first use a
+         * 600-key op grew a dozen arrays and faulted their pages in */
+        if (op_pool_warm(rt, (size_t)rt->core->gpu_warm_transfers, blocks) < 0)
+            umbp_log(UMBP_LOG_WARN, "gpu_warm_transfers: no memory to size the first ops "
+                     "for %zu keys; their first batches allocate instead", blocks);
         kv->warmed = true;
     }
     kv->v[kv->n] = (struct kv_entry){++kv->next_handle, layout};

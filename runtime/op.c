@@ -104,6 +104,36 @@ int op_reserve_keys(struct umbp_op *op, size_t n, size_t nranges)
     return 0;
 }
 
+int op_pool_warm(struct umbp_runtime *rt, size_t nops, size_t n)
+{
+    struct op_free *fl = &rt->free_data;
+    int rc = 0;
+    pthread_mutex_lock(&fl->lock);
+    for (size_t i = 0; rc == 0 && i < nops && i < fl->n; i++) {
+        struct umbp_op *op = fl->v[fl->n - 1 - i]; /* op_get pops from the end */
+        if (op->cap_keys >= n)
+            continue;
+        rc = op_reserve_keys(op, n, 0);
+        if (rc < 0)
+            break;
+        size_t c = op->cap_keys;
+        memset(op->reqs, 0, c * sizeof(*op->reqs));
+        memset(op->req_ptrs, 0, c * sizeof(*op->req_ptrs));
+        memset(op->state, 0, c * sizeof(*op->state));
+        memset(op->status, 0, c * sizeof(*op->status));
+        memset(op->present, 0, c * sizeof(*op->present));
+        memset(op->range_first, 0, (c + 1) * sizeof(*op->range_first));
+        memset(op->jobs, 0, c * sizeof(*op->jobs));
+        memset(op->kv_block, 0, c * sizeof(*op->kv_block));
+        memset(op->kv_io, 0, c * sizeof(*op->kv_io));
+        memset(op->moves, 0, c * sizeof(*op->moves));
+        memset(op->dup_tab, 0xff, op->dup_cap * sizeof(*op->dup_tab));
+        op->n = 0;
+    }
+    pthread_mutex_unlock(&fl->lock);
+    return rc;
+}
+
 static void op_recycle(struct umbp_op *op)
 {
     struct umbp_runtime *rt = op->rt;

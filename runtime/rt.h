@@ -182,6 +182,11 @@ struct key_move {
 /* Caller side. */
 struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind);
 int op_reserve_keys(struct umbp_op *op, size_t n, size_t nranges);
+/* Sizes the per-key arrays of the `nops` data ops taken first (the top of
+ * the free list) for `n` keys and writes them once, so that the first large
+ * batches of a process neither grow them nor fault their pages in; -ENOMEM
+ * if an array cannot grow (the ops keep what they had). */
+int op_pool_warm(struct umbp_runtime *rt, size_t nops, size_t n);
 /* Loop side: finishes the op, wakes waiters, drops the runtime's ref. */
 void op_complete(struct umbp_op *op);
 void op_put_ref(struct umbp_op *op);

@@ -203,6 +203,28 @@ def test_statuses_of_misses_and_whole_batch_errors(rt):
     assert ei.value.code == -errno.ENOENT
 
 
+def test_registration_warms_the_submit_path_and_submits_nothing(rt, monkeypatch):
+    """The first register_kv_caches runs store_blocks' and load_blocks' Python
+    once with batches of no blocks, which C refuses before doing anything: no
+    op, no put or get, no transfer; a later registration does not run it."""
+    calls = []
+    real = umbp.Runtime._warm_submit
+    monkeypatch.setattr(umbp.Runtime, "_warm_submit",
+                        lambda self, kv: (calls.append(kv), real(self, kv))[1])
+    before = rt.stats()
+    kv, raws = _split_cache(rt, 16)
+    after = rt.stats()
+    assert calls == [kv]
+    for k in ("num_objects", "num_pending", "puts_ok", "puts_failed", "gets_ok", "gets_miss",
+              "gets_failed", "kv_transfers", "mailbox_full"):
+        assert after[k] == before[k], (k, before[k], after[k])
+    kv2, _ = _split_cache(rt, 16)
+    assert calls == [kv]
+    keys = _keys(3, 33)
+    with rt.store_blocks(kv2, keys, [0, 1, 2]) as job:
+        assert job.wait(10000) and job.num_ok == 3
+
+
 # ---- a large batch goes out as a head, then the rest (kv_head_blocks) ------
 
 def _split_cache(rt, nb):

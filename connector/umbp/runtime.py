@@ -379,7 +379,25 @@ class Runtime:
         kv = KVCache(self, h.value, int(_lib.umbp_kv_object_size(self._ptr, h.value)),
                      info["num_blocks"], info["num_layers"], info["layout"], tuple(tensors))
         self._kvs.append(kv)
+        if len(self._kvs) == 1:
+            self._warm_submit(kv)
         return kv
+
+    def _warm_submit(self, kv):
+        """Runs the Python side of store_blocks / load_blocks once, with
+        batches of no blocks that C refuses before touching anything, so a
+        process's first real batch does not pay for numpy's and ctypes' first
+        calls (the C side warms itself: gpu_warm_transfers)."""
+        p = self._p()
+        keys = keys_array(np.arange(2 * _KEY, dtype=np.uint8).reshape(2, _KEY))
+        ids = _u64([0, 1], 2, "block_ids")
+        _refuse_repeats("warm", keys, 1)
+        for fn in (_kv_store, _kv_load):
+            blocks = np.empty(2, dtype=_ffi.KV_BLOCK_DT)
+            blocks["key"] = keys.view("V32")[:, 0]
+            blocks["block"] = ids
+            op = _c_void_p()
+            fn(p, kv.handle, blocks.ctypes.data, 0, None, _byref(op))  # -EINVAL: no blocks
 
     def deregister(self, kv):
         if kv.handle is None:

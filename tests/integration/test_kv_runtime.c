@@ -301,6 +301,31 @@ Test(kv_host, kernel_shape_options_reach_the_engine)
                  5, 96);
 }
 
+/* The first registration sizes the ops a process's first batches take (the
+ * top gpu_warm_transfers of the free list) for at least 1,024 keys, so that
+ * a first 600-block batch grows nothing; gpu_warm_transfers 0 leaves them. */
+static size_t warmed_ops(const char *extra, size_t keys)
+{
+    struct fixture f;
+    setup_cfg(&f, UMBP_GPU_BACKEND_HOST, "host", extra);
+    struct umbp_runtime *rt = (struct umbp_runtime *)f.rt;
+    size_t n = 0;
+    pthread_mutex_lock(&rt->free_data.lock);
+    for (size_t i = rt->free_data.n; i-- > 0 && rt->free_data.v[i]->cap_keys >= keys;)
+        n++;
+    pthread_mutex_unlock(&rt->free_data.lock);
+    teardown_fixture(&f);
+    return n;
+}
+
+Test(kv_host, registration_sizes_the_first_ops)
+{
+    cr_expect_eq(warmed_ops("\"capacity_bytes\":\"64MiB\"", 1024), 16,
+                 "the top 16 ops (gpu_warm_transfers' default) hold 1,024 keys");
+    cr_expect_eq(warmed_ops("\"capacity_bytes\":\"64MiB\",\"gpu_warm_transfers\":3", 1024), 3);
+    cr_expect_eq(warmed_ops("\"capacity_bytes\":\"64MiB\",\"gpu_warm_transfers\":0", 1024), 0);
+}
+
 /* with polling waiters and a polling loop, as on machines of 8+ cores */
 Test(kv_host, round_trip_polling)
 {
