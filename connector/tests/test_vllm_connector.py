@@ -503,6 +503,40 @@ def test_events_describe_each_group_as_vllm_does(monkeypatch):
     assert stored_fields() == [(g, None, None) for g in range(3)]
 
 
+def test_a_spec_vllm_cannot_describe_is_named_once(monkeypatch, caplog):
+    """vLLM's get_kv_cache_spec_kind raising on a group's spec (a spec class
+    newer than the function): that group's events go out without the two
+    fields, and one warning names the spec class and the error, once."""
+    import vllm
+    from umbp.vllm import _compat, identity
+    from umbp.vllm.events import STORED, EventBuilder
+
+    if vllm.API == "old":
+        pytest.skip("the old BlockStored has no group fields")
+
+    def kind(spec):
+        if type(spec).__name__ == "MambaSpec":
+            raise ValueError("unknown KV cache spec")
+        return "full_attention"
+
+    monkeypatch.setattr(_compat, "_vllm_spec_kind", kind)
+    monkeypatch.setattr(_compat, "_spec_failures", set())
+    cfg = S.HarnessConfig(groups=[(FULL, 1, 0), (MAMBA, 1, 0)]).kv_cache_config()
+    assert type(cfg.kv_cache_groups[1].kv_cache_spec).__name__ == "MambaSpec"
+    h = [bytes([i + 1]) * 32 for i in range(4)]
+    caplog.set_level("WARNING")
+    eb = EventBuilder(1, 16, identity.describe_groups(cfg, None))
+    eb.feed([(0, STORED, 0, h[0]), (0, STORED, 1, h[1]), (0, STORED, 1, h[2])])
+    evs = eb.take()
+    assert [(e.group_idx, e.kv_cache_spec_kind) for e in evs] == [
+        (0, "full_attention"), (1, None), (1, None)]
+    eb2 = EventBuilder(1, 16, identity.describe_groups(cfg, None))
+    eb2.feed([(0, STORED, 1, h[3])])
+    eb2.take()
+    warned = [r.getMessage() for r in caplog.records if "get_kv_cache_spec_kind" in r.getMessage()]
+    assert len(warned) == 1 and "MambaSpec" in warned[0] and "unknown KV cache spec" in warned[0]
+
+
 def test_async_lookup_answers_none_until_done():
     r = S.lookup_async()
     assert r["answers"][0] == (0, None, False)

@@ -289,6 +289,9 @@ except Exception:
     _vllm_spec_kind = _vllm_spec_window = None
 
 
+_spec_failures: set = set()  # spec classes whose description failed (warned once each)
+
+
 def event_group_spec(spec) -> tuple:
     """(kv_cache_spec_kind, kv_cache_spec_sliding_window) of a group's
     KVCacheSpec as this vLLM's own events name them, or (None, None)."""
@@ -299,7 +302,15 @@ def event_group_spec(spec) -> tuple:
         kind = getattr(kind, "value", kind)
         window = _vllm_spec_window(spec) if _vllm_spec_window is not None else None
         return (str(kind) if kind is not None else None), (int(window) if window is not None else None)
-    except Exception:  # a spec this vLLM's functions do not know: no description
+    except Exception as e:  # a spec this vLLM's functions do not know: no description
+        name = type(spec).__name__
+        if name not in _spec_failures:
+            _spec_failures.add(name)
+            get_logger(__name__).warning(
+                "umbp: vLLM's get_kv_cache_spec_kind / get_kv_cache_spec_sliding_window "
+                "failed on a %s (%s: %s); this group's BlockStored events carry no "
+                "kv_cache_spec_kind or kv_cache_spec_sliding_window", name,
+                type(e).__name__, e)
         return None, None
 
 
