@@ -17,6 +17,7 @@
  *   aget <seed> <count> <size>    ok submitted            (a get left in flight)
  *   await                         the answer of that get, as `get` gives it
  *   lookup <seed> <count>         ok <present> <prefix> <rc>
+ *   kvlookup <seed> <count>       the same for kv keys (kvput's)
  *   kvput <seed> <nblocks>        ok <stored>
  *   kvget <seed> <nblocks>        ok <hit> <miss> <wrong> ... (as get)
  *   stats                         ok <name>=<value> ...
@@ -316,19 +317,21 @@ static void get_await(void)
     pend_free();
 }
 
-static void cmd_lookup(const char *args)
+/* space 1: put keys (lookup), 2: kv keys (kvlookup) */
+static void cmd_lookup(const char *args, int space)
 {
     uint64_t seed, count;
     char extra;
     if (sscanf(args, "%" SCNu64 " %" SCNu64 " %c", &seed, &count, &extra) != 2 || count < 1 ||
         count > MAX_COUNT) {
-        answer("err %d usage: lookup <seed> <count 1..%d>", -EINVAL, MAX_COUNT);
+        answer("err %d usage: %s <seed> <count 1..%d>", -EINVAL,
+               space == 2 ? "kvlookup" : "lookup", MAX_COUNT);
         return;
     }
     umbp_key_t *k = malloc(count * sizeof(*k));
     uint8_t *present = calloc(count, 1);
     for (uint64_t i = 0; i < count; i++)
-        k[i] = dist_key_of(1, seed, i);
+        k[i] = dist_key_of(space, seed, i);
     size_t prefix = 0, n = 0;
     int rc = umbp_lookup(rt, k, count, present, &prefix, 0);
     for (uint64_t i = 0; i < count; i++)
@@ -498,7 +501,7 @@ int main(int argc, char **argv)
     if (argc != 2) {
         fprintf(stderr, "usage: umbp-dist-node '<json config>'\n"
                         "  then one command per stdin line: put|get|aget <seed> <count> <size>,"
-                        " await, lookup <seed> <count>,\n"
+                        " await, lookup|kvlookup <seed> <count>,\n"
                         "  kvput|kvget <seed> <nblocks>, stats, quit\n");
         return 2;
     }
@@ -535,7 +538,9 @@ int main(int argc, char **argv)
         } else if (arg_of(line, "await"))
             get_await();
         else if ((a = arg_of(line, "lookup")))
-            cmd_lookup(a);
+            cmd_lookup(a, 1);
+        else if ((a = arg_of(line, "kvlookup")))
+            cmd_lookup(a, 2);
         else if ((a = arg_of(line, "kvput")))
             cmd_kvput(a);
         else if ((a = arg_of(line, "kvget")))
@@ -546,8 +551,8 @@ int main(int argc, char **argv)
             answer("ok bye");
             break;
         } else
-            answer("err %d unknown command '%.40s' (put, get, aget, await, lookup, kvput, kvget,"
-                   " stats, quit)", -EINVAL, line);
+            answer("err %d unknown command '%.40s' (put, get, aget, await, lookup, kvlookup, "
+                   "kvput, kvget, stats, quit)", -EINVAL, line);
     }
     free(line);
     if (pend.busy) /* a get left in flight: wait for it so its buffers outlive it */

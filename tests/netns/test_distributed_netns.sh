@@ -89,10 +89,10 @@ get() {
   [[ $ok == ok ]] || fail "h$h: $verb ${*:3}: $ans"
   [[ $WRONG == 0 ]] || fail "h$h: $verb ${*:3}: $WRONG keys with wrong bytes"
 }
-until_found() { # host seed count
+until_found() { # host seed count [lookup|kvlookup]
   local i
   for i in $(seq 400); do
-    cmd "$1" lookup "$2" "$3" > /dev/null
+    cmd "$1" "${4:-lookup}" "$2" "$3" > /dev/null
     [[ $ans == "ok $3 "* ]] && return 0
     sleep 0.05
   done
@@ -109,6 +109,9 @@ cmd 1 kvput 2 16
 [[ $ans == "ok 16" ]] || fail "kvput: $ans"
 until_found 2 1 32
 until_found 3 1 32
+# the kv keys' stored events may reach the master a heartbeat later
+until_found 2 2 16 kvlookup
+until_found 3 2 16 kvlookup
 for h in 2 3; do
   get get "$h" 1 32 262144
   [[ $HIT == 32 ]] || fail "h$h: $HIT of 32 hit"
