@@ -35,7 +35,10 @@ exits 1.  Ratios are umbp GB/s over the baseline's GB/s of the same process.
 Usage: python3 bench/python/bench_py_kv.py [--mode embedded|standalone|both]
        [--layout mini|4k|32k] [--rounds N] [--decode] [--ab]
 --ab adds the same cases with gpu_warm_transfers=0 (no warming at
-registration), to show what the warming saves.  Prints "SKIP: ..." and exits
+registration), to show what the warming saves.  --case NAME:OPT=V,... (repeatable)
+with --runs N runs each case N times, alternated, and ends with one table of
+every run's ratios and decode slowdowns, e.g.
+  --mode embedded --decode --graph --case base: --case few:gpu_max_ctas=16,gpu_threads_per_cta=32 --runs 2  Prints "SKIP: ..." and exits
 0 without CUDA.  Environment: UMBP_LIBRARY, UMBP_SERVER as for the tests.
 """
 import argparse
@@ -499,6 +502,64 @@ def report(res):
     sys.stdout.flush()
 
 
+def metrics(res):
+    """The numbers an A/B compares: ratios to the same run's pinned copy and
+    the decode step's GPU-time slowdowns (percent)."""
+    n = res["bytes"]
+    bh, bs = min(res["base_h2d"]), min(res["base_d2h"])
+    m = {"first store": gbs(n, res["first_store"]) / gbs(n, bs),
+         "first restore": gbs(n, res["first_restore"]) / gbs(n, bh),
+         "store median": gbs(n, statistics.median(res["store"])) / gbs(n, bs),
+         "restore median": gbs(n, statistics.median(res["restore"])) / gbs(n, bh)}
+    if "decode_gpu_alone" in res:
+        alone = statistics.median(res["decode_gpu_alone"])
+        for k, name in (("one", "decode, one restore"), ("pinned", "decode, pinned copy"),
+                        ("busy", "decode, back to back")):
+            if "decode_gpu_" + k in res:
+                m[name] = (statistics.median(res["decode_gpu_" + k]) / alone - 1) * 100
+    return m
+
+
+def parse_case(text):
+    """NAME:OPT=V,OPT=V (head=N sets --head-blocks) -> (name, opts, head)."""
+    name, _, rest = text.partition(":")
+    opts, head = [], None
+    for kv in filter(None, rest.split(",")):
+        k, eq, v = kv.partition("=")
+        if not eq:
+            raise SystemExit("--case %r: %r is not NAME=VALUE" % (text, kv))
+        if k == "head":
+            head = int(v)
+        else:
+            opts.append(kv)
+    return name or "case", opts, head
+
+
+def run_ab(args, cases):
+    """Each case once per run, alternated (run 1: A B ..., run 2: A B ...):
+    this host's speed drifts between calls, so a comparison holds within a
+    run.  Prints each case's report, then one table of every run."""
+    rows = []
+    for r in range(args.runs):
+        for name, opts, head in cases:
+            a = argparse.Namespace(**vars(args))
+            a.opt = list(args.opt or []) + opts
+            if head is not None:
+                a.head_blocks = head
+            print(f"### case {name}, run {r + 1}")
+            res = run_case(a, args.mode, 16, args.decode)
+            report(res)
+            rows.append((name, r + 1, metrics(res)))
+    cols = list(dict.fromkeys(k for _, _, m in rows for k in m))
+    print("\n| case | run | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for name, r, m in rows:
+        cells = [("%+.1f %%" % m[c]) if c.startswith("decode") else ("%.3f×" % m[c]) if c in m
+                 else "" for c in cols]
+        print(f"| {name} | {r} | " + " | ".join(cells) + " |")
+    sys.stdout.flush()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", default="both", choices=["embedded", "standalone", "both"])
@@ -517,6 +578,10 @@ def main():
                     help="Runtime.kv_head_blocks: a head of N blocks submitted first (0: one op; "
                          "default: the package's)")
     ap.add_argument("--opt", action="append", metavar="NAME=VALUE", help="a runtime option (repeatable)")
+    ap.add_argument("--case", action="append", metavar="NAME:OPT=V,...",
+                    help="an A/B case: runtime options for it (head=N sets --head-blocks); "
+                         "repeatable, run alternated --runs times, one mode (not both)")
+    ap.add_argument("--runs", type=int, default=1, help="--case: runs of every case, alternated")
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--warm", type=int, default=16, help=argparse.SUPPRESS)
@@ -531,6 +596,11 @@ def main():
         return 0
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device")
+        return 0
+    if args.case:
+        if args.mode == "both":
+            raise SystemExit("--case compares cases in one mode: give --mode embedded or standalone")
+        run_ab(args, [parse_case(c) for c in args.case])
         return 0
     modes = ["embedded", "standalone"] if args.mode == "both" else [args.mode]
     warms = [16, 0] if args.ab else [16]

@@ -1,0 +1,66 @@
+"""bench_py_kv's A/B runner (--case, --runs), without a GPU: the cases run
+alternated with their own options, and the closing table holds each run's
+ratios to the pinned copy and the decode slowdowns, computed as the report
+computes them.  (The benchmark itself needs CUDA; this keeps the part that
+spends scarce device time from failing there.)"""
+import argparse
+import importlib.util
+import os
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "bench", "python", "bench_py_kv.py")
+
+
+@pytest.fixture()
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_py_kv_under_test", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _result(args, mode, step_one):
+    return {"bytes": 100e6, "mode": mode, "warm": 16, "head_blocks": args.head_blocks,
+            "blocks": 625, "object_bytes": 160000, "layout": "mini", "register_s": 0.1,
+            "base_h2d": [2.0e-3, 2.5e-3], "base_d2h": [2.0e-3], "base_both": [4.0e-3],
+            "base_first_h2d": 2.0e-3, "base_first_d2h": 2.0e-3,
+            "first_store": 2.5e-3, "first_restore": 4.0e-3,
+            "store": [2.2e-3, 2.1e-3, 2.3e-3], "restore": [2.0e-3, 2.5e-3, 3.0e-3], "both": [5e-3],
+            "decode_alone": [3e-3], "decode_gpu_alone": [2.0e-3], "decode_one": [3e-3],
+            "decode_gpu_one": [step_one], "decode_pinned": [3e-3], "decode_gpu_pinned": [2.01e-3],
+            "decode_busy": [3e-3], "decode_gpu_busy": [2.04e-3], "decode_context": 2048,
+            "decode_restores": 4, "decode_graph": True}
+
+
+def test_cases_alternate_with_their_options_and_the_table_holds_each_run(bench, capsys):
+    seen = []
+
+    def run_case(args, mode, warm, decode):
+        seen.append((list(args.opt), args.head_blocks, decode))
+        return _result(args, mode, 2.05e-3 if args.head_blocks == 64 else 2.06e-3)
+
+    bench.run_case = run_case
+    args = argparse.Namespace(opt=["log_level=warn"], head_blocks=None, runs=2, mode="embedded",
+                              decode=True)
+    bench.run_ab(args, [bench.parse_case("base:"),
+                        bench.parse_case("few:gpu_max_ctas=16,gpu_threads_per_cta=32,head=64")])
+    few = (["log_level=warn", "gpu_max_ctas=16", "gpu_threads_per_cta=32"], 64, True)
+    assert seen == [(["log_level=warn"], None, True), few] * 2
+    assert args.opt == ["log_level=warn"] and args.head_blocks is None  # cases copy the args
+    out = capsys.readouterr().out
+    table = out[out.index("| case | run |"):].splitlines()
+    assert table[0] == ("| case | run | first store | first restore | store median | restore median "
+                        "| decode, one restore | decode, pinned copy | decode, back to back |")
+    # store: the best pinned copy (2.0 ms) over the median (2.2 ms); restore likewise (2.5 ms)
+    assert table[2] == "| base | 1 | 0.800× | 0.500× | 0.909× | 0.800× | +3.0 % | +0.5 % | +2.0 % |"
+    assert table[3] == "| few | 1 | 0.800× | 0.500× | 0.909× | 0.800× | +2.5 % | +0.5 % | +2.0 % |"
+    assert [r.split(" | ")[:2] for r in table[4:6]] == [["| base", "2"], ["| few", "2"]]
+
+
+def test_a_case_names_its_options(bench):
+    assert bench.parse_case("base:") == ("base", [], None)
+    assert bench.parse_case("x:a=1,head=8,b=c") == ("x", ["a=1", "b=c"], 8)
+    with pytest.raises(SystemExit, match="not NAME=VALUE"):
+        bench.parse_case("x:gpu_max_ctas")
