@@ -89,7 +89,9 @@ say "waiting until the master knows them (host 1's next heartbeat); host 2 asks"
 found=0
 for _ in $(seq 200); do
   cmd 2 lookup 1 $COUNT
-  [[ $ans == "ok $COUNT "* ]] && { found=1; break; }
+  [[ $ans == "ok $COUNT "* ]] || { sleep 0.05; continue; }
+  cmd 2 kvlookup 2 $KV # the KV blocks' events may come a heartbeat later
+  [[ $ans == "ok $KV "* ]] && { found=1; break; }
   sleep 0.05
 done
 ((found)) || fail "host 2 never found host 1's keys: $ans"

@@ -397,7 +397,8 @@ class Runtime:
             blocks["key"] = keys.view("V32")[:, 0]
             blocks["block"] = ids
             op = _c_void_p()
-            fn(p, kv.handle, blocks.ctypes.data, 0, None, _byref(op))  # -EINVAL: no blocks
+            if fn(p, kv.handle, blocks.ctypes.data, 0, None, _byref(op)) >= 0 and op.value:
+                _op_release(op.value)  # C took an empty batch after all: hand it back
 
     def deregister(self, kv):
         if kv.handle is None:

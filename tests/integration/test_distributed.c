@@ -70,6 +70,7 @@ Test(dist_node, bad_input_gets_a_specific_error)
     cr_assert(strstr(node_cmd(&n, "get 1 0 10"), "count must be 1.."), "%s", n.line);
     cr_assert(strstr(node_cmd(&n, "await"), "no get in flight"), "%s", n.line);
     cr_assert(strstr(node_cmd(&n, "kvput 1 100000"), "nblocks 1..256"), "%s", n.line);
+    cr_assert(strstr(node_cmd(&n, "kvlookup 1"), "usage: kvlookup <seed> <count"), "%s", n.line);
     /* kv without the host GPU backend: the runtime's error, named */
     cr_assert(strncmp(node_cmd(&n, "kvput 1 4"), "err ", 4) == 0, "%s", n.line);
     put(&n, 1, 2, 64);
