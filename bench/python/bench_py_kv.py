@@ -38,8 +38,9 @@ Usage: python3 bench/python/bench_py_kv.py [--mode embedded|standalone|both]
 registration), to show what the warming saves.  --case NAME:OPT=V,... (repeatable)
 with --runs N runs each case N times, alternated, and ends with one table of
 every run's ratios and decode slowdowns, e.g.
-  --mode embedded --decode --graph --case base: --case few:gpu_max_ctas=16,gpu_threads_per_cta=32 --runs 2  Prints "SKIP: ..." and exits
-0 without CUDA.  Environment: UMBP_LIBRARY, UMBP_SERVER as for the tests.
+  --mode embedded --decode --graph --case base: \
+      --case few:gpu_max_ctas=16,gpu_threads_per_cta=32 --runs 2
+Prints "SKIP: ..." and exits 0 without CUDA.  Environment: UMBP_LIBRARY, UMBP_SERVER as for the tests.
 """
 import argparse
 import collections
@@ -529,6 +530,8 @@ def parse_case(text):
         if not eq:
             raise SystemExit("--case %r: %r is not NAME=VALUE" % (text, kv))
         if k == "head":
+            if not v.isdigit():
+                raise SystemExit("--case %r: head must be a block count >= 0, got %r" % (text, v))
             head = int(v)
         else:
             opts.append(kv)
@@ -554,8 +557,8 @@ def run_ab(args, cases):
     print("\n| case | run | " + " | ".join(cols) + " |")
     print("|---|---|" + "---|" * len(cols))
     for name, r, m in rows:
-        cells = [("%+.1f %%" % m[c]) if c.startswith("decode") else ("%.3f×" % m[c]) if c in m
-                 else "" for c in cols]
+        cells = ["" if c not in m else ("%+.1f %%" % m[c]) if c.startswith("decode")
+                 else ("%.3f×" % m[c]) for c in cols]
         print(f"| {name} | {r} | " + " | ".join(cells) + " |")
     sys.stdout.flush()
 
@@ -598,6 +601,8 @@ def main():
         print("SKIP: no CUDA device")
         return 0
     if args.case:
+        if args.runs < 1:
+            raise SystemExit("--runs must be >= 1, got %d" % args.runs)
         if args.mode == "both":
             raise SystemExit("--case compares cases in one mode: give --mode embedded or standalone")
         run_ab(args, [parse_case(c) for c in args.case])

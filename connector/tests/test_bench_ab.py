@@ -64,3 +64,17 @@ def test_a_case_names_its_options(bench):
     assert bench.parse_case("x:a=1,head=8,b=c") == ("x", ["a=1", "b=c"], 8)
     with pytest.raises(SystemExit, match="not NAME=VALUE"):
         bench.parse_case("x:gpu_max_ctas")
+    with pytest.raises(SystemExit, match="head must be a block count"):
+        bench.parse_case("x:head=many")
+
+
+def test_a_case_without_a_decode_leaves_its_cells_empty(bench, capsys):
+    """A mode whose results lack the decode numbers (one case decoded, one
+    not) still prints the table, with empty cells."""
+    bench.run_case = lambda args, mode, warm, decode: (
+        _result(args, mode, 2.06e-3) if args.head_blocks is None else
+        {k: v for k, v in _result(args, mode, 0).items() if not k.startswith("decode")})
+    args = argparse.Namespace(opt=None, head_blocks=None, runs=1, mode="embedded", decode=True)
+    bench.run_ab(args, [bench.parse_case("a:"), bench.parse_case("b:head=8")])
+    rows = capsys.readouterr().out.split("| case | run |")[1].splitlines()
+    assert rows[3].startswith("| b | 1 | 0.800× |") and rows[3].endswith("|  |  |  |")
