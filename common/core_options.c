@@ -70,7 +70,7 @@ const struct umbp_option umbp_core_options[] = {
     {"gpu_threads_per_cta", UMBP_OPT_INT, OFF(gpu_threads_per_cta), "128", 32, 512, 0, NULL,
      "threads per thread block of a KV copy kernel, a multiple of 32 (small blocks share "
      "their SMs with the engine's kernels)"},
-    {"gpu_staging_bytes", UMBP_OPT_SIZE, OFF(gpu_staging_bytes), "64MiB", 1 << 20, 16.0 * (1ull << 30), 0,
+    {"gpu_staging_bytes", UMBP_OPT_SIZE, OFF(gpu_staging_bytes), "256MiB", 1 << 20, 16.0 * (1ull << 30), 0,
      NULL, "device staging buffer of the staged copy method, half for stores and half for restores"},
     {"gpu_store_slice_blocks", UMBP_OPT_INT, OFF(gpu_store_slice_blocks), "128", 0, 1 << 24, 0, NULL,
      "umbp_kv_store batches larger than this run as slices that overlap reservation "
@@ -91,6 +91,12 @@ const struct umbp_option umbp_core_options[] = {
      "how the GPU copy engine restores: auto (= staged: the copy engine, then a scatter "
      "kernel), kernel (zero-copy reads of host memory; its blocks hold their SMs for the "
      "whole transfer, which costs a decode beside it more), staged, dma (a baseline)"},
+    {"gpu_l2_discard_staging", UMBP_OPT_BOOL, OFF(gpu_l2_discard_staging), "true", 0, 0, 0, NULL,
+     "staged restores drop the staging buffer's lines from the GPU's L2 once scattered (CUDA, "
+     "sm_80+), so the copy engine's bytes are not written back to HBM"},
+    {"gpu_evict_first_restore", UMBP_OPT_BOOL, OFF(gpu_evict_first_restore), "true", 0, 0, 0,
+     NULL, "restores write the KV blocks evict-first in the GPU's L2 (streaming stores), so the "
+     "engine's own working set there stays"},
     {.name = NULL},
 };
 

@@ -45,6 +45,16 @@ struct gpu_copy_args {
     uint32_t num_layers;
     uint32_t nkv;    /* 1 or 2 */
     uint32_t to_gpu; /* 0: GPU -> objects (store); 1: objects -> GPU (restore) */
+    uint32_t hints;  /* GPU_HINT_*: cache behaviour, never what is copied */
 };
+
+/* gpu_copy_args.hints.  DISCARD_OBJ says the objects are the engine's own
+ * staging slot, read by no one else before the copy engine refills it: a
+ * warp drops the L2 lines it read.  A discarded line reads back as any
+ * value (PTX discard.global.L2), so it is set for nothing else; the host
+ * backend poisons those bytes to make a wrong use visible in the tests.
+ * EVICT_FIRST_GPU: streaming stores (st.global.cs) for the GPU side. */
+#define GPU_HINT_DISCARD_OBJ 1u
+#define GPU_HINT_EVICT_FIRST_GPU 2u
 
 #endif /* UMBP_GPU_COPY_ARGS_H */

@@ -13,5 +13,18 @@ static __device__ __forceinline__ unsigned umbp_smid(void)
     return id;
 }
 #define GPU_SMID() umbp_smid()
+#define GPU_STORE_CS(p, v) __stcs((p), (v))
+
+/* The staging slot's lines, once read, are dropped from L2 without being
+ * written back to HBM (PTX ISA 7.4, sm_80+; older targets keep them). */
+static __device__ __forceinline__ void umbp_discard_l2(uintptr_t p)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory");
+#else
+    (void)p;
+#endif
+}
+#define GPU_DISCARD_L2(p) umbp_discard_l2(p)
 
 #include "copy_kernel.inc"

@@ -11,5 +11,7 @@
 #define GPU_LAST_ERROR() ((int)hipGetLastError())
 #define GPU_LAUNCH_NAME umbp_hip_launch_copy
 #define GPU_SMID() ((unsigned)__smid())
+/* A plain store: no streaming hint has been measured on AMD yet. */
+#define GPU_STORE_CS(p, v) (*(p) = (v))
 
 #include "copy_kernel.inc"

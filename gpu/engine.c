@@ -51,11 +51,13 @@
 #define DEFAULT_CTAS 32
 #define DEFAULT_THREADS 128
 #define DEFAULT_VEC 8
-#define DEFAULT_STAGING ((uint64_t)64 << 20)
+#define DEFAULT_STAGING ((uint64_t)256 << 20)
 #define DEFAULT_INFLIGHT 64
 #define DEFAULT_COPY_STREAMS 1
 #define DMA_BATCH_MAX 8192 /* copies per batched call */
-#define KNOWN_FLAGS (UMBP_GPU_RECORD_SMS | UMBP_GPU_NO_BATCH_MEMCPY | UMBP_GPU_SORT_BY_HOST)
+#define KNOWN_FLAGS                                                                        \
+    (UMBP_GPU_RECORD_SMS | UMBP_GPU_NO_BATCH_MEMCPY | UMBP_GPU_SORT_BY_HOST |             \
+     UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE)
 /* AUTO stores zero-copy when the DMAs of the staged method would average
  * less than this (objects' selected bytes, adjacent ones merged). */
 #define STAGED_STORE_MIN_BYTES ((uint64_t)512 << 10)
@@ -72,6 +74,7 @@ void umbp_gpu_config_default(umbp_gpu_config_t *cfg)
     cfg->staging_bytes = DEFAULT_STAGING;
     cfg->max_inflight = DEFAULT_INFLIGHT;
     cfg->copy_streams = DEFAULT_COPY_STREAMS;
+    cfg->flags = UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE;
 }
 
 /* ---- configuration ---------------------------------------------------- */
@@ -239,6 +242,13 @@ static int create_device_state(struct umbp_gpu_engine *eng)
         eng->slot_bytes = (eng->cfg.staging_bytes / (2 * GPU_STAGING_SLOTS)) & ~(uint64_t)4095;
         void *p = NULL;
         rc = gpu_dev_alloc(o, eng->slot_bytes * 2 * GPU_STAGING_SLOTS, &p);
+        if (rc < 0) {
+            char why[160];
+            snprintf(why, sizeof(why), "%s", umbp_gpu_last_error());
+            gpu_set_error("staging_bytes %llu: the device cannot allocate the staging buffer "
+                          "(%s); give a smaller one (the runtime's gpu_staging_bytes)",
+                          (unsigned long long)eng->cfg.staging_bytes, why);
+        }
         eng->staging = p;
         for (int d = 0; rc == 0 && d < 2; d++)
             eng->lane[d].staging = eng->staging + (size_t)d * GPU_STAGING_SLOTS * eng->slot_bytes;
@@ -804,15 +814,22 @@ static struct gpu_copy_args kernel_args(const struct umbp_gpu_engine *eng, const
         .num_layers = p->count,
         .nkv = p->lay->nkv,
         .to_gpu = (uint32_t)p->restore,
+        .hints = p->restore && (eng->cfg.flags & UMBP_GPU_EVICT_FIRST_RESTORE)
+                     ? GPU_HINT_EVICT_FIRST_GPU
+                     : 0,
     };
 }
 
+/* hints: GPU_HINT_DISCARD_OBJ only where the objects are a staging slot
+ * (run_staged's restore groups), never the pool's objects. */
 static int launch_on(struct umbp_gpu_engine *eng, const struct plan *p,
-                     const struct gpu_copy_block *dtab, uint32_t n, gpu_stream_t s)
+                     const struct gpu_copy_block *dtab, uint32_t n, gpu_stream_t s,
+                     uint32_t hints)
 {
     if (n == 0)
         return 0;
     struct gpu_copy_args a = kernel_args(eng, p, dtab, n);
+    a.hints |= hints;
     uint64_t warps = eng->cfg.threads_per_cta / 32;
     uint64_t chunks = (uint64_t)n * p->count * p->lay->nkv;
     uint64_t ctas = (chunks + warps - 1) / warps;
@@ -830,7 +847,7 @@ static struct gpu_lane *lane_of(struct umbp_gpu_engine *eng, const struct plan *
 static int launch(struct umbp_gpu_engine *eng, const struct plan *p,
                   const struct gpu_copy_block *dtab, uint32_t n)
 {
-    return launch_on(eng, p, dtab, n, lane_of(eng, p)->kstream);
+    return launch_on(eng, p, dtab, n, lane_of(eng, p)->kstream, 0);
 }
 
 /*
@@ -961,11 +978,14 @@ static int run_staged(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, cons
         if (rc == 0)
             rc = gpu_stream_wait_event(o, L->zstream, L->table_ready);
         if (rc == 0)
-            rc = launch_on(eng, p, table_of(x, p), nz, L->zstream);
+            rc = launch_on(eng, p, table_of(x, p), nz, L->zstream, 0);
         if (rc == 0)
             rc = gpu_event_record(o, L->zero_copy_done, L->zstream);
     }
 
+    /* A restore group's slot is read once, by its scatter, before the
+     * next DMA into it (which waits for slot_free). */
+    uint32_t discard = (eng->cfg.flags & UMBP_GPU_L2_DISCARD_STAGING) ? GPU_HINT_DISCARD_OBJ : 0;
     ramp = first;
     for (uint32_t g0 = nz; rc == 0 && g0 < p->n;) {
         uint32_t cnt = next_group(&ramp, per, p->n - g0);
@@ -984,7 +1004,7 @@ static int run_staged(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, cons
             if (rc == 0)
                 rc = gpu_stream_wait_event(o, L->kstream, L->slot_filled[s]);
             if (rc == 0)
-                rc = launch(eng, p, table_of(x, p) + g0, cnt);
+                rc = launch_on(eng, p, table_of(x, p) + g0, cnt, L->kstream, discard);
             if (rc == 0)
                 rc = gpu_event_record(o, L->slot_free[s], L->kstream);
         }

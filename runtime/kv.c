@@ -211,6 +211,10 @@ static int engine_start(struct umbp_runtime *rt)
     cfg.staging_bytes = rt->core->gpu_staging_bytes;
     cfg.store_method = gpu_method(rt->core->gpu_store_method);
     cfg.restore_method = gpu_method(rt->core->gpu_restore_method);
+    if (!rt->core->gpu_l2_discard_staging)
+        cfg.flags &= ~(uint32_t)UMBP_GPU_L2_DISCARD_STAGING;
+    if (!rt->core->gpu_evict_first_restore)
+        cfg.flags &= ~(uint32_t)UMBP_GPU_EVICT_FIRST_RESTORE;
     if ((rc = umbp_gpu_engine_create(&cfg, &kv->engine)) < 0) {
         umbp_set_error("gpu_device %lld (%s): %s", (long long)rt->core->gpu_device,
                        umbp_gpu_backend_name(cfg.backend), umbp_gpu_last_error());

@@ -542,7 +542,10 @@ static void run_geometry(umbp_gpu_engine_t *eng, const struct geometry *g)
             c.vec_per_lane = va->vec;
             c.copy_streams = va->copy_streams;
             c.kernel_share_pct = va->share;
-            c.flags = (def.flags & UMBP_GPU_RECORD_SMS) | va->flags;
+            /* The row's flags on top of the engine's defaults (L2 hints). */
+            c.flags = (def.flags & (UMBP_GPU_RECORD_SMS | UMBP_GPU_L2_DISCARD_STAGING |
+                                    UMBP_GPU_EVICT_FIRST_RESTORE)) |
+                      va->flags;
         }
         int rc = umbp_gpu_engine_set_tuning(eng, &c);
         DIE_IF(rc < 0, "set_tuning %s", va->name);
@@ -603,7 +606,7 @@ int main(int argc, char **argv)
     umbp_gpu_config_t cfg;
     umbp_gpu_config_default(&cfg);
     cfg.backend = b;
-    cfg.flags = UMBP_GPU_RECORD_SMS;
+    cfg.flags |= UMBP_GPU_RECORD_SMS;
     umbp_gpu_engine_t *eng = NULL;
     int rc = umbp_gpu_engine_create(&cfg, &eng);
     DIE_IF(rc < 0, "engine: %s", umbp_gpu_strerror(rc));

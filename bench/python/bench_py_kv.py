@@ -208,17 +208,10 @@ def child(args):
         job.release()
         return dt
 
-    keys = fresh_keys()
-    out["first_store"] = timed(lambda: rt.store_blocks(kv, keys, A))
-    poison(B)
-    out["first_restore"] = timed(lambda: rt.load_blocks(kv, keys, B))
-    verify(A, B, "first restore")
-    out["first_submit"] = calls["submit"][:2]  # the caller's submit of the first store, restore
-
     # where the runtime's time went (umbp_stats_t kv_*), summed over the
-    # steady rounds: store, restore
+    # steady rounds (store, restore) and for the first calls on their own
     phase_names = ("kv_transfers", "kv_prepare_ns", "kv_launch_ns", "kv_gpu_ns", "kv_finish_ns")
-    phases = {"store": [0] * 5, "restore": [0] * 5}
+    phases = {"store": [0] * 5, "restore": [0] * 5, "first store": [0] * 5, "first restore": [0] * 5}
 
     def phased(what, fn):
         a = rt.stats()
@@ -227,6 +220,13 @@ def child(args):
         for i, f in enumerate(phase_names):
             phases[what][i] += b[f] - a[f]
         return dt
+
+    keys = fresh_keys()
+    out["first_store"] = phased("first store", lambda: rt.store_blocks(kv, keys, A))
+    poison(B)
+    out["first_restore"] = phased("first restore", lambda: rt.load_blocks(kv, keys, B))
+    verify(A, B, "first restore")
+    out["first_submit"] = calls["submit"][:2]  # the caller's submit of the first store, restore
 
     st, rs, bh, bs, bb = [], [], [], [], []
     for r in range(args.rounds):
@@ -474,7 +474,8 @@ def report(res):
               f"{statistics.median(rs) * 1e3:.2f} / {statistics.median(st) * 1e3:.2f} ms)")
     for what, p in (res.get("phases") or {}).items():
         if p[0]:
-            print(f"{what}, mean per GPU transfer ({p[0] / len(st):.0f} a call): prepare "
+            calls_ = 1 if what.startswith("first") else len(st)
+            print(f"{what}, mean per GPU transfer ({p[0] / calls_:.0f} a call): prepare "
                   f"{p[1] / p[0] / 1e3:.0f} us, launch {p[2] / p[0] / 1e3:.0f} us, gpu "
                   f"{p[3] / p[0] / 1e3:.0f} us, finish {p[4] / p[0] / 1e3:.0f} us")
     if res.get("calls"):

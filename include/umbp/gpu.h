@@ -121,6 +121,17 @@ enum umbp_gpu_flags {
                                         a sort on the submitting thread;
                                         objects adjacent in request order
                                         merge anyway) */
+    UMBP_GPU_L2_DISCARD_STAGING = 1u << 3, /* STAGED restores: once a warp has
+                                        read a chunk from the staging slot,
+                                        drop the slot's lines from the GPU's
+                                        L2 (CUDA, sm_80+), so the copy
+                                        engine's dirty bytes are not written
+                                        back to HBM: one pass through HBM
+                                        instead of three */
+    UMBP_GPU_EVICT_FIRST_RESTORE = 1u << 4, /* restores: the kernel writes the
+                                        KV blocks evict-first in L2
+                                        (streaming stores), so the engine's
+                                        own working set there stays */
 };
 
 typedef struct umbp_gpu_config {
@@ -135,7 +146,8 @@ typedef struct umbp_gpu_config {
                                  0 = default (8) */
     uint64_t staging_bytes;   /* device staging buffer of the STAGED method,
                                  split into 4 slots per direction (stores,
-                                 restores); 0 = default (64 MiB);
+                                 restores); 0 = default (256 MiB: 32 MiB
+                                 slots, fewer and larger scatter kernels);
                                  allocated only if a method is AUTO or STAGED
                                  at creation (else STAGED acts as KERNEL) */
     uint32_t max_inflight;    /* transfers in flight at once; 0 = default (64) */
@@ -144,7 +156,8 @@ typedef struct umbp_gpu_config {
     uint32_t kernel_share_pct; /* STAGED: percent of the objects (0..90) that a
                                   concurrent zero-copy kernel moves while the
                                   copy engine moves the rest; 0 = default (0) */
-    uint32_t flags;           /* umbp_gpu_flags */
+    uint32_t flags;           /* umbp_gpu_flags; default
+                                 L2_DISCARD_STAGING | EVICT_FIRST_RESTORE */
 } umbp_gpu_config_t;
 
 /* Fills *cfg with the defaults above. */
@@ -181,8 +194,9 @@ UMBP_API void umbp_gpu_engine_get_config(const umbp_gpu_engine_t *eng, umbp_gpu_
 /*
  * Changes the tunables for transfers submitted afterwards: store_method,
  * restore_method, max_ctas, threads_per_cta, vec_per_lane, copy_streams,
- * kernel_share_pct and the flags UMBP_GPU_NO_BATCH_MEMCPY and
- * UMBP_GPU_SORT_BY_HOST (0 fields take defaults).  backend, device,
+ * kernel_share_pct and the flags UMBP_GPU_NO_BATCH_MEMCPY,
+ * UMBP_GPU_SORT_BY_HOST, UMBP_GPU_L2_DISCARD_STAGING and
+ * UMBP_GPU_EVICT_FIRST_RESTORE (0 fields take defaults).  backend, device,
  * staging_bytes, max_inflight and UMBP_GPU_RECORD_SMS are fixed at creation:
  * -EINVAL if cfg asks to change them (start from umbp_gpu_engine_get_config).
  */

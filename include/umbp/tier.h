@@ -114,6 +114,8 @@ struct umbp_core_config {
     int64_t gpu_warm_transfers;
     char gpu_store_method[8];        /* auto, kernel, staged, dma */
     char gpu_restore_method[8];
+    bool gpu_l2_discard_staging;     /* UMBP_GPU_L2_DISCARD_STAGING */
+    bool gpu_evict_first_restore;    /* UMBP_GPU_EVICT_FIRST_RESTORE */
     char poll_wait[8];               /* auto, on, off */
 };
 

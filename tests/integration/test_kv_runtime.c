@@ -281,24 +281,35 @@ static bool have_device(umbp_gpu_backend_t *b, const char **name)
         cr_skip_test("no GPU: %s", umbp_gpu_last_error());
 
 Test(kv_host, round_trip) { run_round_trip(UMBP_GPU_BACKEND_HOST, "host"); }
-/* The copy kernels' shape options reach the engine: the defaults (32
- * blocks of 128 threads) and values given, as the engine holds them. */
-static void expect_shape(const char *extra, uint32_t ctas, uint32_t threads)
+/* The copy kernels' shape, staging and L2 options reach the engine: the
+ * defaults (32 blocks of 128 threads, 256 MiB, both L2 hints) and values
+ * given, as the engine holds them. */
+static void expect_shape(const char *extra, uint32_t ctas, uint32_t threads, uint64_t staging,
+                         uint32_t hints)
 {
+    const uint32_t both = UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE;
     struct fixture f;
     setup_cfg(&f, UMBP_GPU_BACKEND_HOST, "host", extra);
     umbp_gpu_config_t c;
     umbp_gpu_engine_get_config(((struct umbp_runtime *)f.rt)->kv.engine, &c);
     cr_expect_eq(c.max_ctas, ctas, "%s: max_ctas %u", extra, c.max_ctas);
     cr_expect_eq(c.threads_per_cta, threads, "%s: threads_per_cta %u", extra, c.threads_per_cta);
+    cr_expect_eq(c.staging_bytes, staging, "%s: staging_bytes %llu", extra,
+                 (unsigned long long)c.staging_bytes);
+    cr_expect_eq(c.flags & both, hints, "%s: L2 hint flags 0x%x", extra, c.flags & both);
     teardown_fixture(&f);
 }
 
 Test(kv_host, kernel_shape_options_reach_the_engine)
 {
-    expect_shape("\"capacity_bytes\":\"64MiB\"", 32, 128);
-    expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_max_ctas\":5,\"gpu_threads_per_cta\":96",
-                 5, 96);
+    const uint64_t MiB = 1 << 20;
+    expect_shape("\"capacity_bytes\":\"64MiB\"", 32, 128, 256 * MiB,
+                 UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE);
+    expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_max_ctas\":5,\"gpu_threads_per_cta\":96,"
+                 "\"gpu_staging_bytes\":\"16MiB\",\"gpu_l2_discard_staging\":false",
+                 5, 96, 16 * MiB, UMBP_GPU_EVICT_FIRST_RESTORE);
+    expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_evict_first_restore\":false", 32, 128,
+                 256 * MiB, UMBP_GPU_L2_DISCARD_STAGING);
 }
 
 /* The first registration sizes the ops a process's first batches take (the
