@@ -241,7 +241,10 @@ def child(args):
         bs.append(pin.d2h())
         bb.append(pin.both())
     out.update(store=st, restore=rs, base_h2d=bh, base_d2h=bs, base_both=bb, phases=phases,
-               calls={k: statistics.median(v) for k, v in calls.items()})
+               calls={k: statistics.median(v) for k, v in calls.items()},
+               # the steady rounds' submits alone (after the first two): store, restore
+               steady_submit=[statistics.median(calls["submit"][2::2] or [0]),
+                              statistics.median(calls["submit"][3::2] or [0])])
 
     # both ways: restore the prefix stored last (keys, from A) into B while
     # storing a new prefix from C
@@ -480,9 +483,11 @@ def report(res):
                   f"{p[3] / p[0] / 1e3:.0f} us, finish {p[4] / p[0] / 1e3:.0f} us")
     if res.get("calls"):
         fs = res.get("first_submit") or [0, 0]
+        ss = res.get("steady_submit") or [0, 0]
         print(f"caller, median: submit {res['calls']['submit'] * 1e6:.0f} us, wait "
               f"{res['calls']['wait'] * 1e6:.0f} us; first store / restore submit "
-              f"{fs[0] * 1e6:.0f} / {fs[1] * 1e6:.0f} us")
+              f"{fs[0] * 1e6:.0f} / {fs[1] * 1e6:.0f} us, steady {ss[0] * 1e6:.0f} / "
+              f"{ss[1] * 1e6:.0f} us")
     print("| case | umbp GB/s | pinned copy GB/s | ratio |")
     print("|---|---|---|---|")
     for name, u, b in rows:
