@@ -156,7 +156,8 @@ typedef struct umbp_gpu_config {
     uint32_t kernel_share_pct; /* STAGED: percent of the objects (0..90) that a
                                   concurrent zero-copy kernel moves while the
                                   copy engine moves the rest; 0 = default (0) */
-    uint32_t flags;           /* umbp_gpu_flags; default
+    uint32_t flags;           /* umbp_gpu_flags; 0 is none (not a default):
+                                 umbp_gpu_config_default sets
                                  L2_DISCARD_STAGING | EVICT_FIRST_RESTORE */
 } umbp_gpu_config_t;
 
@@ -196,7 +197,7 @@ UMBP_API void umbp_gpu_engine_get_config(const umbp_gpu_engine_t *eng, umbp_gpu_
  * restore_method, max_ctas, threads_per_cta, vec_per_lane, copy_streams,
  * kernel_share_pct and the flags UMBP_GPU_NO_BATCH_MEMCPY,
  * UMBP_GPU_SORT_BY_HOST, UMBP_GPU_L2_DISCARD_STAGING and
- * UMBP_GPU_EVICT_FIRST_RESTORE (0 fields take defaults).  backend, device,
+ * UMBP_GPU_EVICT_FIRST_RESTORE (0 fields but flags take defaults).  backend, device,
  * staging_bytes, max_inflight and UMBP_GPU_RECORD_SMS are fixed at creation:
  * -EINVAL if cfg asks to change them (start from umbp_gpu_engine_get_config).
  */
