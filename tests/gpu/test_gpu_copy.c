@@ -641,6 +641,85 @@ out:
     umbp_gpu_engine_destroy(eng);
 }
 
+/* The discard hint reaches a staged restore's scatter, and only it: on the
+ * host backend a discarded line is poisoned (0xD5), so with
+ * UMBP_GPU_L2_DISCARD_STAGING the restore slot's first object reads 0xD5
+ * afterwards and without it the object's bytes; a store's slot never is.
+ * Either way the blocks restored hold the objects' bytes. */
+static void test_discard_reaches_the_slot(int on)
+{
+    const struct spec *s = &specs[0]; /* 4 KiB chunks: whole lines */
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = UMBP_GPU_BACKEND_HOST;
+    cfg.store_method = cfg.restore_method = UMBP_GPU_METHOD_STAGED;
+    cfg.staging_bytes = 1 << 20;
+    cfg.flags = on ? UMBP_GPU_L2_DISCARD_STAGING : 0;
+    umbp_gpu_engine_t *eng = NULL;
+    int rc = umbp_gpu_engine_create(&cfg, &eng);
+    CHECK(rc == 0, "discard %d: engine: %s", on, umbp_gpu_strerror(rc));
+    if (rc < 0)
+        return;
+    const struct gpu_ops *o = gpu_backend_ops(UMBP_GPU_BACKEND_HOST);
+    struct model m;
+    umbp_kv_layout_t *lay = NULL;
+    uint8_t *pool = NULL, *back = NULL;
+    enum { NSEL = 4 };
+    rc = model_init(&m, s, 16, o);
+    if (rc == 0)
+        rc = umbp_kv_layout_create(eng, m.t, m.ntensors, &lay);
+    if (rc == 0)
+        rc = umbp_gpu_host_alloc(eng, NSEL * m.obj_size, (void **)&pool);
+    if (rc == 0 && (back = malloc(m.tensor_bytes * m.ntensors)) == NULL)
+        rc = -ENOMEM;
+    CHECK(rc == 0, "discard %d: setup: %s", on, umbp_gpu_strerror(rc));
+    if (rc < 0)
+        goto out;
+    umbp_kv_block_io_t io[NSEL];
+    for (size_t i = 0; i < NSEL; i++)
+        io[i] = (umbp_kv_block_io_t){.block = 3 + i * 2, .host = pool + i * m.obj_size};
+    umbp_kv_xfer_desc_t d = {.layout = lay, .blocks = io, .num_blocks = NSEL};
+    const uint8_t *slot[2] = {(uint8_t *)eng->lane[LANE_STORE].staging,
+                              (uint8_t *)eng->lane[LANE_RESTORE].staging};
+    umbp_gpu_xfer_t *x = NULL;
+    size_t poisoned[2] = {0, 0};
+    for (int dir = 0; dir < 2; dir++) {
+        fill_random(pool, NSEL * m.obj_size);
+        rc = dir ? umbp_gpu_restore(eng, &d, &x) : umbp_gpu_store(eng, &d, &x);
+        if (rc == 0) {
+            CHECK(umbp_gpu_xfer_method(x) == UMBP_GPU_METHOD_STAGED, "discard %d: staged", on);
+            rc = umbp_gpu_xfer_wait(x, 30000);
+            umbp_gpu_xfer_release(x);
+        }
+        CHECK(rc == 0, "discard %d: %s: %s", on, dir ? "restore" : "store", umbp_gpu_strerror(rc));
+        for (size_t k = 0; k < m.obj_size; k++)
+            poisoned[dir] += slot[dir][k] == 0xD5;
+    }
+    CHECK(poisoned[0] != m.obj_size, "discard %d: a store's slot keeps its bytes", on);
+    CHECK(poisoned[1] == (on ? m.obj_size : 0) || (!on && poisoned[1] < m.obj_size / 64),
+          "discard %d: the restore slot's first object: %zu of %zu bytes poisoned", on,
+          poisoned[1], (size_t)m.obj_size);
+    for (uint32_t i = 0; rc == 0 && i < m.ntensors; i++)
+        rc = gpu_memcpy_sync(o, back + i * m.tensor_bytes, m.dev[i], m.tensor_bytes);
+    int ok = rc == 0;
+    for (size_t i = 0; i < NSEL && ok; i++)
+        for (uint32_t l = 0; l < s->layers && ok; l++)
+            for (uint32_t kv = 0; kv < 2 && ok; kv++) {
+                uint32_t t = 0;
+                uint64_t off = 0;
+                model_chunk(&m, l, io[i].block, kv, &t, &off);
+                ok = memcmp(pool + i * m.obj_size + model_obj_off(&m, l, kv),
+                            back + t * m.tensor_bytes + off, m.chunk) == 0;
+            }
+    CHECK(ok, "discard %d: every restored byte is the object's", on);
+out:
+    free(back);
+    umbp_gpu_host_free(eng, pool);
+    umbp_kv_layout_destroy(lay);
+    model_free(&m, o);
+    umbp_gpu_engine_destroy(eng);
+}
+
 /* ---- errors ------------------------------------------------------------- */
 
 static umbp_kv_tensor_t fa_tensor(void *base, int64_t nb)
@@ -931,6 +1010,8 @@ int main(int argc, char **argv)
 
     if (strcmp(which, "host") == 0) {
         test_errors();
+        test_discard_reaches_the_slot(1);
+        test_discard_reaches_the_slot(0);
         run_backend(UMBP_GPU_BACKEND_HOST, 0);
     } else {
         umbp_gpu_backend_t found = UMBP_GPU_BACKEND_AUTO;
