@@ -4,6 +4,7 @@
  * identical means the CI tests (no GPU) check the same offset arithmetic the
  * device kernels run.
  */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "gpu.h"
@@ -20,8 +21,11 @@ static void discard_lines(char *o, uint64_t n)
         memset((void *)lo, 0xD5, hi - lo);
 }
 
+_Atomic uint32_t gpu_host_hints_seen;
+
 void gpu_copy_run_host(const struct gpu_copy_args *a)
 {
+    atomic_fetch_or(&gpu_host_hints_seen, a->hints);
     for (uint32_t b = 0; b < a->num_blocks; b++) {
         const struct gpu_copy_block *B = &a->blocks[b];
         for (uint32_t l = a->first_layer; l < a->first_layer + a->num_layers; l++) {

@@ -19,6 +19,7 @@
 #define UMBP_GPU_PRIVATE_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "copy_args.h"
@@ -80,6 +81,11 @@ void gpu_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The host backend's copy "kernel": the same chunk walk as copy_kernel.inc,
  * with memcpy (copy_host.c).  Also the reference the tests trust least. */
 void gpu_copy_run_host(const struct gpu_copy_args *a);
+
+/* Every hint a host-backend kernel was given since the tests last cleared
+ * it (OR'ed): how a test sees the hints the host cannot act on
+ * (GPU_HINT_EVICT_FIRST_GPU, a device's streaming store). */
+extern _Atomic uint32_t gpu_host_hints_seen;
 
 /* ---- wrappers --------------------------------------------------------- */
 

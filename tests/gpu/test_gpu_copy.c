@@ -720,6 +720,64 @@ out:
     umbp_gpu_engine_destroy(eng);
 }
 
+/* The streaming-store hint (UMBP_GPU_EVICT_FIRST_RESTORE) reaches every
+ * restore kernel, zero-copy and staged, and never a store's: the host
+ * backend cannot act on it, so it records the hints its kernels were given. */
+static void test_evict_first_reaches_restores(int on)
+{
+    const struct spec *s = &specs[0];
+    const umbp_gpu_method_t methods[] = {UMBP_GPU_METHOD_KERNEL, UMBP_GPU_METHOD_STAGED};
+    const struct gpu_ops *o = gpu_backend_ops(UMBP_GPU_BACKEND_HOST);
+    for (size_t mi = 0; mi < 2; mi++) {
+        umbp_gpu_config_t cfg;
+        umbp_gpu_config_default(&cfg);
+        cfg.backend = UMBP_GPU_BACKEND_HOST;
+        cfg.store_method = cfg.restore_method = methods[mi];
+        cfg.staging_bytes = 1 << 20;
+        cfg.flags = on ? UMBP_GPU_EVICT_FIRST_RESTORE : 0;
+        umbp_gpu_engine_t *eng = NULL;
+        int rc = umbp_gpu_engine_create(&cfg, &eng);
+        CHECK(rc == 0, "evict-first %d: engine: %s", on, umbp_gpu_strerror(rc));
+        if (rc < 0)
+            return;
+        struct model m;
+        umbp_kv_layout_t *lay = NULL;
+        uint8_t *pool = NULL;
+        enum { NSEL = 4 };
+        rc = model_init(&m, s, 16, o);
+        if (rc == 0)
+            rc = umbp_kv_layout_create(eng, m.t, m.ntensors, &lay);
+        if (rc == 0)
+            rc = umbp_gpu_host_alloc(eng, NSEL * m.obj_size, (void **)&pool);
+        CHECK(rc == 0, "evict-first %d: setup: %s", on, umbp_gpu_strerror(rc));
+        umbp_kv_block_io_t io[NSEL];
+        for (size_t i = 0; rc == 0 && i < NSEL; i++)
+            io[i] = (umbp_kv_block_io_t){.block = 1 + i * 3, .host = pool + i * m.obj_size};
+        umbp_kv_xfer_desc_t d = {.layout = lay, .blocks = io, .num_blocks = NSEL};
+        for (int dir = 0; rc == 0 && dir < 2; dir++) {
+            umbp_gpu_xfer_t *x = NULL;
+            atomic_store(&gpu_host_hints_seen, 0);
+            rc = dir ? umbp_gpu_restore(eng, &d, &x) : umbp_gpu_store(eng, &d, &x);
+            if (rc == 0) {
+                CHECK(umbp_gpu_xfer_method(x) == methods[mi], "evict-first %d: method %d", on,
+                      (int)methods[mi]);
+                rc = umbp_gpu_xfer_wait(x, 30000);
+                umbp_gpu_xfer_release(x);
+            }
+            CHECK(rc == 0, "evict-first %d: %s: %s", on, dir ? "restore" : "store",
+                  umbp_gpu_strerror(rc));
+            uint32_t seen = atomic_load(&gpu_host_hints_seen);
+            CHECK(!!(seen & GPU_HINT_EVICT_FIRST_GPU) == (on && dir),
+                  "evict-first %d, method %d: a %s's kernels got hints %#x", on, (int)methods[mi],
+                  dir ? "restore" : "store", seen);
+        }
+        umbp_gpu_host_free(eng, pool);
+        umbp_kv_layout_destroy(lay);
+        model_free(&m, o);
+        umbp_gpu_engine_destroy(eng);
+    }
+}
+
 /* ---- errors ------------------------------------------------------------- */
 
 static umbp_kv_tensor_t fa_tensor(void *base, int64_t nb)
@@ -1012,6 +1070,8 @@ int main(int argc, char **argv)
         test_errors();
         test_discard_reaches_the_slot(1);
         test_discard_reaches_the_slot(0);
+        test_evict_first_reaches_restores(1);
+        test_evict_first_reaches_restores(0);
         run_backend(UMBP_GPU_BACKEND_HOST, 0);
     } else {
         umbp_gpu_backend_t found = UMBP_GPU_BACKEND_AUTO;
