@@ -97,6 +97,10 @@ const struct umbp_option umbp_core_options[] = {
     {"gpu_evict_first_restore", UMBP_OPT_BOOL, OFF(gpu_evict_first_restore), "true", 0, 0, 0,
      NULL, "restores write the KV blocks evict-first in the GPU's L2 (streaming stores), so the "
      "engine's own working set there stays"},
+    {"gpu_wait_poll", UMBP_OPT_BOOL, OFF(gpu_wait_poll), "true", 0, 0, 0, NULL,
+     "where poll_wait is on, a thread waiting for a KV transfer polls (yielding the core at "
+     "every turn) until it completes, at most 50 ms, as CUDA's own synchronize does, instead "
+     "of sleeping after the short poll (false: a wake-up's latency for the CPU)"},
     {.name = NULL},
 };
 

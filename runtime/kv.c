@@ -470,6 +470,7 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     size_t got = 0;
     if (!op)
         return -EAGAIN;
+    op->kv_xfer = true;
     if (op_reserve_keys(op, n, 0) < 0) {
         rc = -ENOMEM;
         goto fail;

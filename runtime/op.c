@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -44,6 +45,7 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     op->flags = 0;
     op->prev = op->next = NULL;
     op->kv_layout = NULL;
+    op->kv_xfer = false;
     op->parent = NULL;
     op->xfer = NULL;
     op->gpu_rc = 0;
@@ -200,17 +202,36 @@ void op_complete(struct umbp_op *op)
  * so a short poll saves a wake-up on the critical path for little CPU. */
 #define WAIT_SPIN_NS 50000ull
 
+/* A waiter on a KV transfer polls through it, yielding the core at every
+ * turn, as CUDA's own synchronize does by default where cores are plenty:
+ * the wake-up after a futex sleep cost 80-140 us on an H200 host (a VM),
+ * 1.3-2.3 % of a 10,000-token restore (docs/benchmarks.md).  At most this
+ * long (a prefix's transfer takes 1-30 ms), then it sleeps. */
+#define KV_WAIT_SPIN_NS 50000000ull
+
+uint64_t op_spin_ns(const struct umbp_op *op)
+{
+    if (!op->rt->may_spin)
+        return 0;
+    return op->kv_xfer && op->rt->core->gpu_wait_poll ? KV_WAIT_SPIN_NS : WAIT_SPIN_NS;
+}
+
 int op_wait_ns(struct umbp_op *op, uint64_t timeout_ns)
 {
     if (atomic_load_explicit(&op->done, memory_order_acquire))
         return 0;
     uint64_t start = umbp_now_ns();
     uint64_t deadline = timeout_ns == UINT64_MAX ? UINT64_MAX : start + timeout_ns;
-    uint64_t spin_until = start + WAIT_SPIN_NS < deadline ? start + WAIT_SPIN_NS : deadline;
-    for (unsigned i = 1; op->rt->may_spin; i++) {
+    uint64_t spin = op_spin_ns(op);
+    bool kv = spin > WAIT_SPIN_NS;
+    uint64_t spin_until = start + spin < deadline ? start + spin : deadline;
+    for (unsigned i = 1; spin; i++) {
         if (atomic_load_explicit(&op->done, memory_order_acquire))
             return 0;
-        umbp_cpu_relax();
+        if (kv && start + WAIT_SPIN_NS < umbp_now_ns())
+            sched_yield(); /* past the short poll: leave the core to others */
+        else
+            umbp_cpu_relax();
         if ((i & 63) == 0 && umbp_now_ns() >= spin_until)
             break;
     }

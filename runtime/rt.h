@@ -152,6 +152,8 @@ struct umbp_op {
     size_t parent_base;       /* index of this child's first key in parent */
     _Atomic uint32_t children_left;
     struct umbp_op *gnext;    /* GPU waiter queue */
+    bool kv_xfer;             /* a KV transfer (or its parent): waiters poll
+                                 through it (op_wait_ns) */
 
     /* lookup / stats / flush */
     size_t prefix;
@@ -194,6 +196,9 @@ void op_put_ref(struct umbp_op *op);
 void op_abandon(struct umbp_op *op);
 /* Blocks up to timeout_ns (UINT64_MAX: forever). 0 done, INPROGRESS not. */
 int op_wait_ns(struct umbp_op *op, uint64_t timeout_ns);
+/* How long op_wait_ns polls before it sleeps: 0 where poll_wait is off, 50 ms
+ * through a KV transfer with gpu_wait_poll, else 50 us. */
+uint64_t op_spin_ns(const struct umbp_op *op);
 
 /* ---- copy workers ------------------------------------------------------ */
 

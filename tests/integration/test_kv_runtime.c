@@ -312,6 +312,42 @@ Test(kv_host, kernel_shape_options_reach_the_engine)
                  256 * MiB, UMBP_GPU_L2_DISCARD_STAGING);
 }
 
+/* How long a waiter polls before it sleeps (op_spin_ns): through a KV
+ * transfer 50 ms with gpu_wait_poll (the default), 50 us without it and for
+ * any other op, not at all where poll_wait is off. */
+static void expect_spin(const char *extra, uint64_t kv_ns, uint64_t other_ns)
+{
+    struct fixture f;
+    setup_cfg(&f, UMBP_GPU_BACKEND_HOST, "host", extra);
+    umbp_op_t *op = NULL;
+    cr_assert_eq(umbp_kv_store(f.rt, f.kv, f.blocks, STORED, NULL, &op), 0);
+    cr_expect_eq(op_spin_ns(op), kv_ns, "%s: a KV store's waiter polls %llu ns", extra,
+                 (unsigned long long)op_spin_ns(op));
+    wait_all(op, 0);
+    cr_assert_eq(umbp_kv_load(f.rt, f.kv, f.blocks, STORED, NULL, &op), 0);
+    cr_expect_eq(op_spin_ns(op), kv_ns, "%s: a KV load's waiter polls %llu ns", extra,
+                 (unsigned long long)op_spin_ns(op));
+    wait_all(op, 0);
+    uint8_t buf[64];
+    umbp_range_t rg = {.ptr = buf, .len = sizeof(buf), .offset = 0};
+    umbp_get_item_t it = {.key = key_of(9999), .ranges = &rg, .num_ranges = 1};
+    cr_assert_eq(umbp_get(f.rt, &it, 1, &op), 0);
+    cr_expect_eq(op_spin_ns(op), other_ns, "%s: a host get's waiter polls %llu ns", extra,
+                 (unsigned long long)op_spin_ns(op));
+    cr_assert_eq(umbp_op_wait(op, 60000), 0);
+    umbp_op_release(op);
+    teardown_fixture(&f);
+}
+
+Test(kv_host, waiters_poll_through_kv_transfers)
+{
+    const uint64_t us = 1000, ms = 1000 * us;
+    expect_spin("\"capacity_bytes\":\"64MiB\",\"poll_wait\":\"on\"", 50 * ms, 50 * us);
+    expect_spin("\"capacity_bytes\":\"64MiB\",\"poll_wait\":\"on\",\"gpu_wait_poll\":false",
+                50 * us, 50 * us);
+    expect_spin("\"capacity_bytes\":\"64MiB\",\"poll_wait\":\"off\"", 0, 0);
+}
+
 /* The first registration sizes the ops a process's first batches take (the
  * top gpu_warm_transfers of the free list) for at least 1,024 keys, so that
  * a first 600-block batch grows nothing; gpu_warm_transfers 0 leaves them. */
