@@ -321,6 +321,7 @@ struct rt_counters {
     _Atomic uint64_t puts_waited_for_space, ops_timed_out, mailbox_full;
     _Atomic uint64_t events_dropped;
     _Atomic uint64_t kv_transfers, kv_prepare_ns, kv_launch_ns, kv_gpu_ns, kv_finish_ns;
+    _Atomic uint64_t prewakes;
 };
 #define CNT_ADD(rt, f, v) atomic_fetch_add_explicit(&(rt)->cnt.f, (v), memory_order_relaxed)
 
@@ -359,6 +360,11 @@ struct umbp_runtime {
     _Atomic bool loop_waiting;  /* the loop thread waits for loop_lock */
     ev_async stop_async;
     struct mailbox mb[ACTOR_COUNT];
+    /* umbp_prewake: the caller's async wakes the loop, which then polls (an
+     * idle watcher) until prewake_until_ns; loop thread only but the async */
+    ev_async prewake;
+    ev_idle prewake_poll;
+    uint64_t prewake_until_ns;
 
     /* op pool */
     struct umbp_op *ops;

@@ -70,6 +70,8 @@ static void on_drain_timer(struct ev_loop *loop, ev_timer *w, int revents)
     for (int a = 0; a < ACTOR_COUNT; a++)
         ev_async_stop(loop, &rt->mb[a].doorbell);
     ev_async_stop(loop, &rt->stop_async);
+    ev_async_stop(loop, &rt->prewake);
+    ev_idle_stop(loop, &rt->prewake_poll);
     ev_break(loop, EVBREAK_ALL);
 }
 
@@ -85,6 +87,39 @@ static void on_stop(struct ev_loop *loop, ev_async *w, int revents)
     ev_timer_init(&rt->drain_timer, on_drain_timer, 0.0, 0.001);
     rt->drain_timer.data = rt;
     ev_timer_start(loop, &rt->drain_timer);
+}
+
+/* umbp_prewake: poll (an idle watcher keeps the loop from sleeping) until a
+ * batch has had time to arrive. */
+#define PREWAKE_POLL_NS 1000000ull
+
+static void on_prewake_poll(struct ev_loop *loop, ev_idle *w, int revents)
+{
+    struct umbp_runtime *rt = w->data;
+    if (umbp_now_ns() >= rt->prewake_until_ns)
+        ev_idle_stop(loop, w);
+}
+
+static void on_prewake(struct ev_loop *loop, ev_async *w, int revents)
+{
+    struct umbp_runtime *rt = w->data;
+    if (rt->stopping)
+        return;
+    rt->prewake_until_ns = umbp_now_ns() + PREWAKE_POLL_NS;
+    CNT_ADD(rt, prewakes, 1);
+    if (!ev_is_active(&rt->prewake_poll))
+        ev_idle_start(loop, &rt->prewake_poll);
+}
+
+int umbp_prewake(umbp_runtime_t *rt)
+{
+    if (!rt)
+        return -EINVAL;
+    if (atomic_load_explicit(&rt->closing, memory_order_acquire))
+        return UMBP_E_NOT_ATTEMPTED;
+    if (rt->may_spin)
+        ev_async_send(rt->loop, &rt->prewake);
+    return 0;
 }
 
 static const mailbox_handler handlers[ACTOR_COUNT] = {
@@ -161,6 +196,11 @@ static int create_actors(struct umbp_runtime *rt)
     ev_async_init(&rt->stop_async, on_stop);
     rt->stop_async.data = rt;
     ev_async_start(rt->loop, &rt->stop_async);
+    ev_async_init(&rt->prewake, on_prewake);
+    rt->prewake.data = rt;
+    ev_async_start(rt->loop, &rt->prewake);
+    ev_idle_init(&rt->prewake_poll, on_prewake_poll);
+    rt->prewake_poll.data = rt;
     evictor_init(rt);
     copy_timer_init(rt);
     if ((rc = store_actor_init(rt)) < 0 || (rc = lease_actor_init(rt)) < 0)

@@ -151,6 +151,8 @@ def child(args):
     rt = umbp.Runtime(opts)
     if args.head_blocks is not None:
         rt.kv_head_blocks = args.head_blocks
+    if args.no_prewake:  # an A/B of the loop's prewake: store/load submit without it
+        umbp.runtime._prewake = lambda p: 0
     out["head_blocks"] = rt.kv_head_blocks
     kv = rt.register_kv_caches(caches, layout="flash_attn")
     out["register_s"] = time.perf_counter() - t
@@ -438,6 +440,8 @@ def run_case(args, mode, warm, decode_too):
         cmd.append("--store-first")
     if args.head_blocks is not None:
         cmd += ["--head-blocks", str(args.head_blocks)]
+    if args.no_prewake:
+        cmd.append("--no-prewake")
     for o in args.opt or []:
         cmd += ["--opt", o]
     try:
@@ -528,9 +532,10 @@ def metrics(res):
 
 
 def parse_case(text):
-    """NAME:OPT=V,OPT=V (head=N sets --head-blocks) -> (name, opts, head)."""
+    """NAME:OPT=V,OPT=V (head=N sets --head-blocks, prewake=0 --no-prewake)
+    -> (name, opts, head, prewake)."""
     name, _, rest = text.partition(":")
-    opts, head = [], None
+    opts, head, prewake = [], None, True
     for kv in filter(None, rest.split(",")):
         k, eq, v = kv.partition("=")
         if not eq:
@@ -539,9 +544,13 @@ def parse_case(text):
             if not v.isdigit():
                 raise SystemExit("--case %r: head must be a block count >= 0, got %r" % (text, v))
             head = int(v)
+        elif k == "prewake":
+            if v not in ("0", "1"):
+                raise SystemExit("--case %r: prewake must be 0 or 1, got %r" % (text, v))
+            prewake = v == "1"
         else:
             opts.append(kv)
-    return name or "case", opts, head
+    return name or "case", opts, head, prewake
 
 
 def run_ab(args, cases):
@@ -550,11 +559,12 @@ def run_ab(args, cases):
     run.  Prints each case's report, then one table of every run."""
     rows = []
     for r in range(args.runs):
-        for name, opts, head in cases:
+        for name, opts, head, prewake in cases:
             a = argparse.Namespace(**vars(args))
             a.opt = list(args.opt or []) + opts
             if head is not None:
                 a.head_blocks = head
+            a.no_prewake = args.no_prewake or not prewake
             print(f"### case {name}, run {r + 1}")
             res = run_case(a, args.mode, 16, args.decode)
             report(res)
@@ -586,9 +596,12 @@ def main():
     ap.add_argument("--head-blocks", type=int, metavar="N",
                     help="Runtime.kv_head_blocks: a head of N blocks submitted first (0: one op; "
                          "default: the package's)")
+    ap.add_argument("--no-prewake", action="store_true",
+                    help="store_blocks / load_blocks without umbp_prewake (an A/B baseline)")
     ap.add_argument("--opt", action="append", metavar="NAME=VALUE", help="a runtime option (repeatable)")
     ap.add_argument("--case", action="append", metavar="NAME:OPT=V,...",
-                    help="an A/B case: runtime options for it (head=N sets --head-blocks); "
+                    help="an A/B case: runtime options for it (head=N sets --head-blocks, "
+                         "prewake=0 --no-prewake); "
                          "repeatable, run alternated --runs times, one mode (not both)")
     ap.add_argument("--runs", type=int, default=1, help="--case: runs of every case, alternated")
     ap.add_argument("--timeout", type=int, default=300)

@@ -38,17 +38,18 @@ def test_cases_alternate_with_their_options_and_the_table_holds_each_run(bench, 
     seen = []
 
     def run_case(args, mode, warm, decode):
-        seen.append((list(args.opt), args.head_blocks, decode))
+        seen.append((list(args.opt), args.head_blocks, args.no_prewake, decode))
         return _result(args, mode, 2.05e-3 if args.head_blocks == 64 else 2.06e-3)
 
     bench.run_case = run_case
     args = argparse.Namespace(opt=["log_level=warn"], head_blocks=None, runs=2, mode="embedded",
-                              decode=True)
+                              decode=True, no_prewake=False)
     bench.run_ab(args, [bench.parse_case("base:"),
-                        bench.parse_case("few:gpu_max_ctas=16,gpu_threads_per_cta=32,head=64")])
-    few = (["log_level=warn", "gpu_max_ctas=16", "gpu_threads_per_cta=32"], 64, True)
-    assert seen == [(["log_level=warn"], None, True), few] * 2
-    assert args.opt == ["log_level=warn"] and args.head_blocks is None  # cases copy the args
+                        bench.parse_case("few:gpu_max_ctas=16,gpu_threads_per_cta=32,head=64,prewake=0")])
+    few = (["log_level=warn", "gpu_max_ctas=16", "gpu_threads_per_cta=32"], 64, True, True)
+    assert seen == [(["log_level=warn"], None, False, True), few] * 2
+    # cases copy the args
+    assert args.opt == ["log_level=warn"] and args.head_blocks is None and not args.no_prewake
     out = capsys.readouterr().out
     table = out[out.index("| case | run |"):].splitlines()
     assert table[0] == ("| case | run | first store | first restore | store median | restore median "
@@ -60,8 +61,10 @@ def test_cases_alternate_with_their_options_and_the_table_holds_each_run(bench, 
 
 
 def test_a_case_names_its_options(bench):
-    assert bench.parse_case("base:") == ("base", [], None)
-    assert bench.parse_case("x:a=1,head=8,b=c") == ("x", ["a=1", "b=c"], 8)
+    assert bench.parse_case("base:") == ("base", [], None, True)
+    assert bench.parse_case("x:a=1,head=8,b=c,prewake=0") == ("x", ["a=1", "b=c"], 8, False)
+    with pytest.raises(SystemExit, match="prewake must be 0 or 1"):
+        bench.parse_case("x:prewake=no")
     with pytest.raises(SystemExit, match="not NAME=VALUE"):
         bench.parse_case("x:gpu_max_ctas")
     with pytest.raises(SystemExit, match="head must be a block count"):
@@ -74,7 +77,8 @@ def test_a_case_without_a_decode_leaves_its_cells_empty(bench, capsys):
     bench.run_case = lambda args, mode, warm, decode: (
         _result(args, mode, 2.06e-3) if args.head_blocks is None else
         {k: v for k, v in _result(args, mode, 0).items() if not k.startswith("decode")})
-    args = argparse.Namespace(opt=None, head_blocks=None, runs=1, mode="embedded", decode=True)
+    args = argparse.Namespace(opt=None, head_blocks=None, runs=1, mode="embedded", decode=True,
+                              no_prewake=False)
     bench.run_ab(args, [bench.parse_case("a:"), bench.parse_case("b:head=8")])
     rows = capsys.readouterr().out.split("| case | run |")[1].splitlines()
     assert rows[3].startswith("| b | 1 | 0.800× |") and rows[3].endswith("|  |  |  |")

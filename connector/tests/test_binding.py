@@ -3,6 +3,7 @@ memory, so CPU torch tensors stand in for GPU KV caches): runtime options,
 KV store/load in every layout with poisoned destinations and exact bytes,
 per-key statuses, host put/get, lookups, events and stats."""
 import errno
+import time
 
 import numpy as np
 import pytest
@@ -223,6 +224,38 @@ def test_registration_warms_the_submit_path_and_submits_nothing(rt, monkeypatch)
     keys = _keys(3, 33)
     with rt.store_blocks(kv2, keys, [0, 1, 2]) as job:
         assert job.wait(10000) and job.num_ok == 3
+
+
+def test_store_and_load_prewake_the_loop_before_building_the_batch(rt, monkeypatch):
+    """store_blocks / load_blocks call umbp_prewake before they convert
+    anything (the loop thread's wake-up overlaps the conversions), then
+    submit the batch."""
+    kv, raws = _split_cache(rt, 8)
+    order = []
+    real_prewake, real_keys = umbp.runtime._prewake, umbp.runtime.keys_array
+    monkeypatch.setattr(umbp.runtime, "_prewake",
+                        lambda p: (order.append("prewake"), real_prewake(p))[1])
+    monkeypatch.setattr(umbp.runtime, "keys_array",
+                        lambda k: (order.append("keys"), real_keys(k))[1])
+    keys = _keys(2, 77)
+    with rt.store_blocks(kv, keys, [0, 1]) as job:
+        assert job.wait(10000) and job.num_ok == 2
+    with rt.load_blocks(kv, keys, [2, 3]) as job:
+        assert job.wait(10000) and job.num_ok == 2
+    assert order == ["prewake", "keys"] * 2
+
+
+@pytest.mark.parametrize("poll_wait, expect", [("on", 1), ("off", 0)])
+def test_prewake_sets_the_loop_polling_where_it_may(poll_wait, expect):
+    """Runtime.prewake() (umbp_prewake): the loop thread counts it where
+    poll_wait is on; where it is off nothing is sent at all."""
+    with umbp.Runtime(host_options(poll_wait=poll_wait)) as r:
+        assert r.stats()["prewakes"] == 0
+        r.prewake()
+        end = time.monotonic() + 10
+        while r.stats()["prewakes"] < expect and time.monotonic() < end:
+            time.sleep(0.001)
+        assert r.stats()["prewakes"] == expect
 
 
 # ---- a large batch goes out as a head, then the rest (kv_head_blocks) ------

@@ -59,6 +59,7 @@ _FUNCS = {
     "umbp_kv_load": (_int, [_vp, _u64, _vp, _sz, _vp, _vpp]),
     "umbp_op_test": (_int, [_vp]),
     "umbp_op_wait": (_int, [_vp, _int]),
+    "umbp_prewake": (_int, [_vp]),
     "umbp_op_num_keys": (_sz, [_vp]),
     "umbp_op_key_status": (_int, [_vp, _sz]),
     "umbp_op_statuses": (_int, [_vp, _vp, _sz]),

@@ -39,6 +39,7 @@ _LOOKUP_MISS_RCS = frozenset((E_TIMEOUT, E_NOT_ATTEMPTED, -errno.EAGAIN))
 
 _op_statuses = _lib.umbp_op_statuses
 _op_wait = _lib.umbp_op_wait
+_prewake = _lib.umbp_prewake
 _op_release = _lib.umbp_op_release
 _kv_store = _lib.umbp_kv_store
 _kv_load = _lib.umbp_kv_load
@@ -442,8 +443,17 @@ class Runtime:
                             "got %r" % (n,))
         self._head_blocks = int(n)
 
+    def prewake(self):
+        """A batch is about to be submitted: where poll_wait is on, the
+        loop thread wakes now and polls for it (at most 1 ms) instead of
+        waking when it arrives (umbp_prewake).  store_blocks and load_blocks
+        do this themselves before they build the batch; call it earlier where
+        more work comes first."""
+        _prewake(self._p())
+
     def _kv_submit(self, fn, what, kv, keys, block_ids, first_layer, num_layers, wait_event):
         p = self._p()
+        _prewake(p)  # its wake-up overlaps the conversions below
         if kv.handle is None or kv._rt() is not self:
             raise UmbpError(-errno.ENOENT, "%s: the KV cache is not registered with this runtime"
                             % what)

@@ -356,6 +356,16 @@ UMBP_API int umbp_op_test(umbp_op_t *op);
  * complete.  0 when complete, UMBP_E_INPROGRESS if the wait timed out. */
 UMBP_API int umbp_op_wait(umbp_op_t *op, int timeout_ms);
 
+/* A batch is about to be submitted (its caller builds it first, in Python or
+ * in an engine's hook): where poll_wait is on, the runtime's loop thread
+ * wakes now and polls for the batch, at most 1 ms, instead of waking when the
+ * batch arrives.  A sleeping loop thread took 30-90 us to wake on an H200
+ * host (a VM), on the critical path of the batch's first copy.  Returns 0
+ * (also where poll_wait is off, which makes it a no-op), -EINVAL without a
+ * runtime, UMBP_E_NOT_ATTEMPTED once the runtime is closing.  Never blocks;
+ * any thread. */
+UMBP_API int umbp_prewake(umbp_runtime_t *rt);
+
 /* Number of keys in the op's batch and per-key status (valid once complete;
  * UMBP_E_INPROGRESS before).  -EINVAL for an index out of range. */
 UMBP_API size_t umbp_op_num_keys(const umbp_op_t *op);
@@ -403,6 +413,7 @@ typedef struct umbp_stats {
      *   of the leases). */
     uint64_t kv_transfers;
     uint64_t kv_prepare_ns, kv_launch_ns, kv_gpu_ns, kv_finish_ns;
+    uint64_t prewakes; /* umbp_prewake calls that set the loop thread polling */
 } umbp_stats_t;
 
 /* Snapshot of the counters (bounded by lookup_timeout_ms). */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpu.h" /* gpu/ private layer: device alloc and copies for the test */
 #include "rt.h"  /* the runtime's copy engine, to read the shape it was given */
@@ -346,6 +347,39 @@ Test(kv_host, waiters_poll_through_kv_transfers)
     expect_spin("\"capacity_bytes\":\"64MiB\",\"poll_wait\":\"on\",\"gpu_wait_poll\":false",
                 50 * us, 50 * us);
     expect_spin("\"capacity_bytes\":\"64MiB\",\"poll_wait\":\"off\"", 0, 0);
+}
+
+/* umbp_prewake sets the loop thread polling (counted) where poll_wait is on,
+ * sends nothing where it is off, and refuses no runtime. */
+static uint64_t prewakes_seen(umbp_runtime_t *rt, uint64_t want)
+{
+    umbp_stats_t st = {0};
+    for (int i = 0; i < 10000; i++) { /* the loop takes it asynchronously */
+        cr_assert_eq(umbp_get_stats(rt, &st), 0);
+        if (st.prewakes >= want)
+            break;
+        usleep(1000);
+    }
+    return st.prewakes;
+}
+
+Test(kv_host, prewake_sets_the_loop_polling)
+{
+    cr_expect_eq(umbp_prewake(NULL), -EINVAL);
+    umbp_runtime_t *rt = NULL;
+    cr_assert_eq(umbp_runtime_create("{\"capacity_bytes\":\"16MiB\",\"poll_wait\":\"on\"}", &rt),
+                 0, "%s", umbp_last_error());
+    cr_expect_eq(prewakes_seen(rt, 0), 0);
+    cr_expect_eq(umbp_prewake(rt), 0);
+    cr_expect_eq(prewakes_seen(rt, 1), 1);
+    cr_expect_eq(umbp_prewake(rt), 0);
+    cr_expect_eq(prewakes_seen(rt, 2), 2);
+    umbp_runtime_destroy(rt);
+    cr_assert_eq(umbp_runtime_create("{\"capacity_bytes\":\"16MiB\",\"poll_wait\":\"off\"}", &rt),
+                 0, "%s", umbp_last_error());
+    cr_expect_eq(umbp_prewake(rt), 0);
+    cr_expect_eq(prewakes_seen(rt, 0), 0, "poll_wait off: no prewake sent");
+    umbp_runtime_destroy(rt);
 }
 
 /* The first registration sizes the ops a process's first batches take (the
