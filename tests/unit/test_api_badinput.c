@@ -120,6 +120,7 @@ Test(api, control_calls_bad_arguments)
     cr_assert_eq(umbp_flush(NULL, 0), -EINVAL);
     cr_assert_eq(umbp_flush(NULL, -1), -EINVAL);
     cr_assert_eq(umbp_get_stats(NULL, &s), -EINVAL);
+    cr_assert_eq(umbp_prewake(NULL), -EINVAL);
     umbp_runtime_t *rt = small_rt(NULL);
     cr_assert_eq(umbp_get_stats(rt, NULL), -EINVAL);
     umbp_event_t ev[4];
