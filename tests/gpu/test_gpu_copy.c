@@ -641,6 +641,71 @@ out:
     umbp_gpu_engine_destroy(eng);
 }
 
+/* What the hint tests run on: a host-backend engine with one copy method for
+ * both directions and the given flags, the first spec's model (16 blocks,
+ * 4 KiB chunks: whole lines), its layout and RIG_OBJS pool objects. */
+enum { RIG_OBJS = 4 };
+
+struct rig {
+    const struct gpu_ops *o;
+    umbp_gpu_engine_t *eng;
+    struct model m;
+    umbp_kv_layout_t *lay;
+    uint8_t *pool;
+    umbp_kv_block_io_t io[RIG_OBJS];
+    umbp_kv_xfer_desc_t d;
+};
+
+static int rig_open(struct rig *r, umbp_gpu_method_t method, uint32_t flags, const char *what)
+{
+    memset(r, 0, sizeof(*r));
+    r->o = gpu_backend_ops(UMBP_GPU_BACKEND_HOST);
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = UMBP_GPU_BACKEND_HOST;
+    cfg.store_method = cfg.restore_method = method;
+    cfg.staging_bytes = 1 << 20;
+    cfg.flags = flags;
+    int rc = umbp_gpu_engine_create(&cfg, &r->eng);
+    CHECK(rc == 0, "%s: engine: %s", what, umbp_gpu_strerror(rc));
+    if (rc < 0)
+        return rc;
+    rc = model_init(&r->m, &specs[0], 16, r->o);
+    if (rc == 0)
+        rc = umbp_kv_layout_create(r->eng, r->m.t, r->m.ntensors, &r->lay);
+    if (rc == 0)
+        rc = umbp_gpu_host_alloc(r->eng, RIG_OBJS * r->m.obj_size, (void **)&r->pool);
+    CHECK(rc == 0, "%s: setup: %s", what, umbp_gpu_strerror(rc));
+    for (size_t i = 0; rc == 0 && i < RIG_OBJS; i++)
+        r->io[i] = (umbp_kv_block_io_t){.block = 3 + i * 2, .host = r->pool + i * r->m.obj_size};
+    r->d = (umbp_kv_xfer_desc_t){.layout = r->lay, .blocks = r->io, .num_blocks = RIG_OBJS};
+    return rc;
+}
+
+/* One store (dir 0) or restore (dir 1) of the rig's objects, waited for. */
+static int rig_run(struct rig *r, int dir, umbp_gpu_method_t method, const char *what)
+{
+    umbp_gpu_xfer_t *x = NULL;
+    int rc = dir ? umbp_gpu_restore(r->eng, &r->d, &x) : umbp_gpu_store(r->eng, &r->d, &x);
+    if (rc == 0) {
+        CHECK(umbp_gpu_xfer_method(x) == method, "%s: method %d", what, (int)method);
+        rc = umbp_gpu_xfer_wait(x, 30000);
+        umbp_gpu_xfer_release(x);
+    }
+    CHECK(rc == 0, "%s: %s: %s", what, dir ? "restore" : "store", umbp_gpu_strerror(rc));
+    return rc;
+}
+
+static void rig_close(struct rig *r)
+{
+    if (!r->eng)
+        return;
+    umbp_gpu_host_free(r->eng, r->pool);
+    umbp_kv_layout_destroy(r->lay);
+    model_free(&r->m, r->o);
+    umbp_gpu_engine_destroy(r->eng);
+}
+
 /* The discard hint reaches a staged restore's scatter, and only it: on the
  * host backend a discarded line is poisoned (0xD5), so with
  * UMBP_GPU_L2_DISCARD_STAGING the restore slot's first object reads 0xD5
@@ -648,76 +713,44 @@ out:
  * Either way the blocks restored hold the objects' bytes. */
 static void test_discard_reaches_the_slot(int on)
 {
-    const struct spec *s = &specs[0]; /* 4 KiB chunks: whole lines */
-    umbp_gpu_config_t cfg;
-    umbp_gpu_config_default(&cfg);
-    cfg.backend = UMBP_GPU_BACKEND_HOST;
-    cfg.store_method = cfg.restore_method = UMBP_GPU_METHOD_STAGED;
-    cfg.staging_bytes = 1 << 20;
-    cfg.flags = on ? UMBP_GPU_L2_DISCARD_STAGING : 0;
-    umbp_gpu_engine_t *eng = NULL;
-    int rc = umbp_gpu_engine_create(&cfg, &eng);
-    CHECK(rc == 0, "discard %d: engine: %s", on, umbp_gpu_strerror(rc));
-    if (rc < 0)
-        return;
-    const struct gpu_ops *o = gpu_backend_ops(UMBP_GPU_BACKEND_HOST);
-    struct model m;
-    umbp_kv_layout_t *lay = NULL;
-    uint8_t *pool = NULL, *back = NULL;
-    enum { NSEL = 4 };
-    rc = model_init(&m, s, 16, o);
-    if (rc == 0)
-        rc = umbp_kv_layout_create(eng, m.t, m.ntensors, &lay);
-    if (rc == 0)
-        rc = umbp_gpu_host_alloc(eng, NSEL * m.obj_size, (void **)&pool);
-    if (rc == 0 && (back = malloc(m.tensor_bytes * m.ntensors)) == NULL)
+    char what[32];
+    snprintf(what, sizeof(what), "discard %d", on);
+    struct rig r;
+    uint8_t *back = NULL;
+    int rc = rig_open(&r, UMBP_GPU_METHOD_STAGED, on ? UMBP_GPU_L2_DISCARD_STAGING : 0, what);
+    if (rc == 0 && (back = malloc(r.m.tensor_bytes * r.m.ntensors)) == NULL)
         rc = -ENOMEM;
-    CHECK(rc == 0, "discard %d: setup: %s", on, umbp_gpu_strerror(rc));
     if (rc < 0)
         goto out;
-    umbp_kv_block_io_t io[NSEL];
-    for (size_t i = 0; i < NSEL; i++)
-        io[i] = (umbp_kv_block_io_t){.block = 3 + i * 2, .host = pool + i * m.obj_size};
-    umbp_kv_xfer_desc_t d = {.layout = lay, .blocks = io, .num_blocks = NSEL};
-    const uint8_t *slot[2] = {(uint8_t *)eng->lane[LANE_STORE].staging,
-                              (uint8_t *)eng->lane[LANE_RESTORE].staging};
-    umbp_gpu_xfer_t *x = NULL;
+    const uint8_t *slot[2] = {(uint8_t *)r.eng->lane[LANE_STORE].staging,
+                              (uint8_t *)r.eng->lane[LANE_RESTORE].staging};
     size_t poisoned[2] = {0, 0};
-    for (int dir = 0; dir < 2; dir++) {
-        fill_random(pool, NSEL * m.obj_size);
-        rc = dir ? umbp_gpu_restore(eng, &d, &x) : umbp_gpu_store(eng, &d, &x);
-        if (rc == 0) {
-            CHECK(umbp_gpu_xfer_method(x) == UMBP_GPU_METHOD_STAGED, "discard %d: staged", on);
-            rc = umbp_gpu_xfer_wait(x, 30000);
-            umbp_gpu_xfer_release(x);
-        }
-        CHECK(rc == 0, "discard %d: %s: %s", on, dir ? "restore" : "store", umbp_gpu_strerror(rc));
-        for (size_t k = 0; k < m.obj_size; k++)
+    for (int dir = 0; rc == 0 && dir < 2; dir++) {
+        fill_random(r.pool, RIG_OBJS * r.m.obj_size);
+        rc = rig_run(&r, dir, UMBP_GPU_METHOD_STAGED, what);
+        for (size_t k = 0; k < r.m.obj_size; k++)
             poisoned[dir] += slot[dir][k] == 0xD5;
     }
-    CHECK(poisoned[0] != m.obj_size, "discard %d: a store's slot keeps its bytes", on);
-    CHECK(poisoned[1] == (on ? m.obj_size : 0) || (!on && poisoned[1] < m.obj_size / 64),
-          "discard %d: the restore slot's first object: %zu of %zu bytes poisoned", on,
-          poisoned[1], (size_t)m.obj_size);
-    for (uint32_t i = 0; rc == 0 && i < m.ntensors; i++)
-        rc = gpu_memcpy_sync(o, back + i * m.tensor_bytes, m.dev[i], m.tensor_bytes);
+    CHECK(poisoned[0] != r.m.obj_size, "%s: a store's slot keeps its bytes", what);
+    CHECK(poisoned[1] == (on ? r.m.obj_size : 0) || (!on && poisoned[1] < r.m.obj_size / 64),
+          "%s: the restore slot's first object: %zu of %zu bytes poisoned", what, poisoned[1],
+          (size_t)r.m.obj_size);
+    for (uint32_t i = 0; rc == 0 && i < r.m.ntensors; i++)
+        rc = gpu_memcpy_sync(r.o, back + i * r.m.tensor_bytes, r.m.dev[i], r.m.tensor_bytes);
     int ok = rc == 0;
-    for (size_t i = 0; i < NSEL && ok; i++)
-        for (uint32_t l = 0; l < s->layers && ok; l++)
+    for (size_t i = 0; i < RIG_OBJS && ok; i++)
+        for (uint32_t l = 0; l < specs[0].layers && ok; l++)
             for (uint32_t kv = 0; kv < 2 && ok; kv++) {
                 uint32_t t = 0;
                 uint64_t off = 0;
-                model_chunk(&m, l, io[i].block, kv, &t, &off);
-                ok = memcmp(pool + i * m.obj_size + model_obj_off(&m, l, kv),
-                            back + t * m.tensor_bytes + off, m.chunk) == 0;
+                model_chunk(&r.m, l, r.io[i].block, kv, &t, &off);
+                ok = memcmp(r.pool + i * r.m.obj_size + model_obj_off(&r.m, l, kv),
+                            back + t * r.m.tensor_bytes + off, r.m.chunk) == 0;
             }
-    CHECK(ok, "discard %d: every restored byte is the object's", on);
+    CHECK(ok, "%s: every restored byte is the object's", what);
 out:
     free(back);
-    umbp_gpu_host_free(eng, pool);
-    umbp_kv_layout_destroy(lay);
-    model_free(&m, o);
-    umbp_gpu_engine_destroy(eng);
+    rig_close(&r);
 }
 
 /* The streaming-store hint (UMBP_GPU_EVICT_FIRST_RESTORE) reaches every
@@ -725,56 +758,20 @@ out:
  * backend cannot act on it, so it records the hints its kernels were given. */
 static void test_evict_first_reaches_restores(int on)
 {
-    const struct spec *s = &specs[0];
     const umbp_gpu_method_t methods[] = {UMBP_GPU_METHOD_KERNEL, UMBP_GPU_METHOD_STAGED};
-    const struct gpu_ops *o = gpu_backend_ops(UMBP_GPU_BACKEND_HOST);
     for (size_t mi = 0; mi < 2; mi++) {
-        umbp_gpu_config_t cfg;
-        umbp_gpu_config_default(&cfg);
-        cfg.backend = UMBP_GPU_BACKEND_HOST;
-        cfg.store_method = cfg.restore_method = methods[mi];
-        cfg.staging_bytes = 1 << 20;
-        cfg.flags = on ? UMBP_GPU_EVICT_FIRST_RESTORE : 0;
-        umbp_gpu_engine_t *eng = NULL;
-        int rc = umbp_gpu_engine_create(&cfg, &eng);
-        CHECK(rc == 0, "evict-first %d: engine: %s", on, umbp_gpu_strerror(rc));
-        if (rc < 0)
-            return;
-        struct model m;
-        umbp_kv_layout_t *lay = NULL;
-        uint8_t *pool = NULL;
-        enum { NSEL = 4 };
-        rc = model_init(&m, s, 16, o);
-        if (rc == 0)
-            rc = umbp_kv_layout_create(eng, m.t, m.ntensors, &lay);
-        if (rc == 0)
-            rc = umbp_gpu_host_alloc(eng, NSEL * m.obj_size, (void **)&pool);
-        CHECK(rc == 0, "evict-first %d: setup: %s", on, umbp_gpu_strerror(rc));
-        umbp_kv_block_io_t io[NSEL];
-        for (size_t i = 0; rc == 0 && i < NSEL; i++)
-            io[i] = (umbp_kv_block_io_t){.block = 1 + i * 3, .host = pool + i * m.obj_size};
-        umbp_kv_xfer_desc_t d = {.layout = lay, .blocks = io, .num_blocks = NSEL};
+        char what[48];
+        snprintf(what, sizeof(what), "evict-first %d, method %d", on, (int)methods[mi]);
+        struct rig r;
+        int rc = rig_open(&r, methods[mi], on ? UMBP_GPU_EVICT_FIRST_RESTORE : 0, what);
         for (int dir = 0; rc == 0 && dir < 2; dir++) {
-            umbp_gpu_xfer_t *x = NULL;
             atomic_store(&gpu_host_hints_seen, 0);
-            rc = dir ? umbp_gpu_restore(eng, &d, &x) : umbp_gpu_store(eng, &d, &x);
-            if (rc == 0) {
-                CHECK(umbp_gpu_xfer_method(x) == methods[mi], "evict-first %d: method %d", on,
-                      (int)methods[mi]);
-                rc = umbp_gpu_xfer_wait(x, 30000);
-                umbp_gpu_xfer_release(x);
-            }
-            CHECK(rc == 0, "evict-first %d: %s: %s", on, dir ? "restore" : "store",
-                  umbp_gpu_strerror(rc));
+            rc = rig_run(&r, dir, methods[mi], what);
             uint32_t seen = atomic_load(&gpu_host_hints_seen);
             CHECK(!!(seen & GPU_HINT_EVICT_FIRST_GPU) == (on && dir),
-                  "evict-first %d, method %d: a %s's kernels got hints %#x", on, (int)methods[mi],
-                  dir ? "restore" : "store", seen);
+                  "%s: a %s's kernels got hints %#x", what, dir ? "restore" : "store", seen);
         }
-        umbp_gpu_host_free(eng, pool);
-        umbp_kv_layout_destroy(lay);
-        model_free(&m, o);
-        umbp_gpu_engine_destroy(eng);
+        rig_close(&r);
     }
 }
 
