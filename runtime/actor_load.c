@@ -126,6 +126,8 @@ static bool ranges_fit(const struct umbp_op *op, size_t k)
 static void get_acquired(void *arg, int rc)
 {
     struct umbp_op *op = arg;
+    if (!op->tier_done_ns)
+        op->tier_done_ns = umbp_now_ns();
     struct umbp_runtime *rt = op->rt;
     size_t ncopy = 0;
     for (size_t k = 0; k < op->n; k++) {
@@ -171,6 +173,7 @@ static void get_copied(struct umbp_runtime *rt, struct umbp_op *op)
 
 static void get_arrive(struct umbp_runtime *rt, struct umbp_op *op)
 {
+    op->arrive_ns = umbp_now_ns();
     int h = rt->stopping ? UMBP_E_NOT_ATTEMPTED : tier_health(rt->tier);
     uint64_t now = umbp_now_ns();
     if (h == 0 && now >= op->deadline_ns) { /* queued past timeout_ms */

@@ -116,6 +116,8 @@ static void stats_fill(struct umbp_runtime *rt, struct umbp_op *op)
     s->kv_launch_ns = LOAD(kv_launch_ns);
     s->kv_gpu_ns = LOAD(kv_gpu_ns);
     s->kv_finish_ns = LOAD(kv_finish_ns);
+    s->kv_queue_ns = LOAD(kv_queue_ns);
+    s->kv_tier_ns = LOAD(kv_tier_ns);
     s->prewakes = LOAD(prewakes);
     op->rc = 0;
     op_complete(op);

@@ -252,6 +252,8 @@ static void put_copied(struct umbp_runtime *rt, struct umbp_op *op)
 static void put_reserved(void *arg, int rc)
 {
     struct umbp_op *op = arg;
+    if (!op->tier_done_ns) /* a put that waited for space reserves again */
+        op->tier_done_ns = umbp_now_ns();
     struct umbp_runtime *rt = op->rt;
     size_t ncopy = 0;
     for (size_t k = 0; k < op->n; k++) {
@@ -299,6 +301,7 @@ static void put_reserve_round(struct umbp_runtime *rt, struct umbp_op *op)
 
 static void put_arrive(struct umbp_runtime *rt, struct umbp_op *op)
 {
+    op->arrive_ns = umbp_now_ns();
     op->arrival = ++rt->arrivals;
     puts_append(rt, op);
     mover_choose(op);

@@ -50,6 +50,7 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     op->xfer = NULL;
     op->gpu_rc = 0;
     op->kv_launch_ns = op->kv_launched_ns = op->kv_done_ns = 0;
+    op->arrive_ns = op->tier_done_ns = 0;
     op->cancelled = op->cut_by_release = op->cut_by_loss = false;
     atomic_store_explicit(&op->cancel, false, memory_order_relaxed);
     atomic_store_explicit(&op->write_expired, false, memory_order_relaxed);
@@ -175,6 +176,10 @@ void op_complete(struct umbp_op *op)
             CNT_ADD(rt, kv_launch_ns, op->kv_launched_ns - op->kv_launch_ns);
             CNT_ADD(rt, kv_gpu_ns, op->kv_done_ns - op->kv_launched_ns);
             CNT_ADD(rt, kv_finish_ns, umbp_now_ns() - op->kv_done_ns);
+            if (op->arrive_ns && op->tier_done_ns) {
+                CNT_ADD(rt, kv_queue_ns, op->arrive_ns - op->submit_ns);
+                CNT_ADD(rt, kv_tier_ns, op->tier_done_ns - op->arrive_ns);
+            }
         }
     }
     /* seq_cst store pairs with the waiter's seq_cst increment of `waiters`

@@ -144,6 +144,8 @@ struct umbp_op {
     /* where its time went (umbp_stats_t kv_*): the first GPU submission's
      * start and end, and when the waiter saw the last one finish */
     uint64_t kv_launch_ns, kv_launched_ns, kv_done_ns;
+    uint64_t arrive_ns;       /* the store or load actor took it */
+    uint64_t tier_done_ns;    /* its first reserve or acquire returned */
     /* A large KV store is split into child ops (gpu_store_slice_blocks keys
      * each) so the store actor reserves and publishes one slice while the GPU
      * copies another; the caller holds the parent, whose statuses the children fill
@@ -321,6 +323,7 @@ struct rt_counters {
     _Atomic uint64_t puts_waited_for_space, ops_timed_out, mailbox_full;
     _Atomic uint64_t events_dropped;
     _Atomic uint64_t kv_transfers, kv_prepare_ns, kv_launch_ns, kv_gpu_ns, kv_finish_ns;
+    _Atomic uint64_t kv_queue_ns, kv_tier_ns;
     _Atomic uint64_t prewakes;
 };
 #define CNT_ADD(rt, f, v) atomic_fetch_add_explicit(&(rt)->cnt.f, (v), memory_order_relaxed)

@@ -212,8 +212,9 @@ def child(args):
 
     # where the runtime's time went (umbp_stats_t kv_*), summed over the
     # steady rounds (store, restore) and for the first calls on their own
-    phase_names = ("kv_transfers", "kv_prepare_ns", "kv_launch_ns", "kv_gpu_ns", "kv_finish_ns")
-    phases = {"store": [0] * 5, "restore": [0] * 5, "first store": [0] * 5, "first restore": [0] * 5}
+    phase_names = ("kv_transfers", "kv_prepare_ns", "kv_launch_ns", "kv_gpu_ns", "kv_finish_ns",
+                   "kv_queue_ns", "kv_tier_ns")
+    phases = {k: [0] * len(phase_names) for k in ("store", "restore", "first store", "first restore")}
 
     def phased(what, fn):
         a = rt.stats()
@@ -482,8 +483,10 @@ def report(res):
     for what, p in (res.get("phases") or {}).items():
         if p[0]:
             calls_ = 1 if what.startswith("first") else len(st)
+            split = (f" (queue {p[5] / p[0] / 1e3:.0f} us, tier {p[6] / p[0] / 1e3:.0f} us)"
+                     if len(p) > 6 else "")
             print(f"{what}, mean per GPU transfer ({p[0] / calls_:.0f} a call): prepare "
-                  f"{p[1] / p[0] / 1e3:.0f} us, launch {p[2] / p[0] / 1e3:.0f} us, gpu "
+                  f"{p[1] / p[0] / 1e3:.0f} us{split}, launch {p[2] / p[0] / 1e3:.0f} us, gpu "
                   f"{p[3] / p[0] / 1e3:.0f} us, finish {p[4] / p[0] / 1e3:.0f} us")
     if res.get("calls"):
         fs = res.get("first_submit") or [0, 0]

@@ -101,7 +101,7 @@ STATS_FIELDS = (
     "leases_expired", "puts_waited_for_space", "ops_timed_out",
     "mailbox_full", "events_dropped",
     "kv_transfers", "kv_prepare_ns", "kv_launch_ns", "kv_gpu_ns", "kv_finish_ns",
-    "prewakes",
+    "kv_queue_ns", "kv_tier_ns", "prewakes",
 )
 
 

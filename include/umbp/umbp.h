@@ -410,9 +410,12 @@ typedef struct umbp_stats {
      *   (queueing, reservations or leases); launch: inside the copy engine's
      *   submit; gpu: from then until the runtime saw the transfer finish;
      *   finish: from then until the op completed (publish, or the release
-     *   of the leases). */
+     *   of the leases).  Two parts of prepare: queue, from submission until
+     *   the loop thread took the batch (its wake-up, other work before it);
+     *   tier, from then until the tier had reserved or leased its keys. */
     uint64_t kv_transfers;
     uint64_t kv_prepare_ns, kv_launch_ns, kv_gpu_ns, kv_finish_ns;
+    uint64_t kv_queue_ns, kv_tier_ns;
     uint64_t prewakes; /* umbp_prewake calls that set the loop thread polling */
 } umbp_stats_t;
 

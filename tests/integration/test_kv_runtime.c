@@ -349,6 +349,41 @@ Test(kv_host, waiters_poll_through_kv_transfers)
     expect_spin("\"capacity_bytes\":\"64MiB\",\"poll_wait\":\"off\"", 0, 0);
 }
 
+/* Where a GPU transfer's time went (umbp_stats_t kv_*): a store and a load of
+ * 32 blocks are one transfer each, and the two parts of prepare (the wait for
+ * the loop thread, the tier's reservation or leases) are set and fit in it. */
+static void expect_phases(const umbp_stats_t *a, const umbp_stats_t *b, const char *what)
+{
+#define DELTA(f) ((unsigned long long)(b->f - a->f))
+    cr_expect_eq(DELTA(kv_transfers), 1, "%s: transfers %llu", what, DELTA(kv_transfers));
+    cr_expect(DELTA(kv_prepare_ns) > 0 && DELTA(kv_gpu_ns) > 0, "%s: prepare %llu gpu %llu", what,
+              DELTA(kv_prepare_ns), DELTA(kv_gpu_ns));
+    cr_expect(DELTA(kv_queue_ns) > 0 && DELTA(kv_tier_ns) > 0, "%s: queue %llu tier %llu", what,
+              DELTA(kv_queue_ns), DELTA(kv_tier_ns));
+    cr_expect(DELTA(kv_queue_ns) + DELTA(kv_tier_ns) <= DELTA(kv_prepare_ns),
+              "%s: queue %llu + tier %llu within prepare %llu", what, DELTA(kv_queue_ns),
+              DELTA(kv_tier_ns), DELTA(kv_prepare_ns));
+#undef DELTA
+}
+
+Test(kv_host, transfer_phases_are_counted_and_add_up)
+{
+    struct fixture f;
+    setup(&f, UMBP_GPU_BACKEND_HOST, "host");
+    umbp_op_t *op = NULL;
+    umbp_stats_t st[3];
+    cr_assert_eq(umbp_get_stats(f.rt, &st[0]), 0);
+    cr_assert_eq(umbp_kv_store(f.rt, f.kv, f.blocks, STORED, NULL, &op), 0);
+    wait_all(op, 0);
+    cr_assert_eq(umbp_get_stats(f.rt, &st[1]), 0);
+    cr_assert_eq(umbp_kv_load(f.rt, f.kv, f.blocks, STORED, NULL, &op), 0);
+    wait_all(op, 0);
+    cr_assert_eq(umbp_get_stats(f.rt, &st[2]), 0);
+    expect_phases(&st[0], &st[1], "store");
+    expect_phases(&st[1], &st[2], "load");
+    teardown_fixture(&f);
+}
+
 /* umbp_prewake sets the loop thread polling (counted) where poll_wait is on,
  * sends nothing where it is off, and refuses no runtime. */
 static uint64_t prewakes_seen(umbp_runtime_t *rt, uint64_t want)
