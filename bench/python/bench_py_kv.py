@@ -40,6 +40,12 @@ with --runs N runs each case N times, alternated, and ends with one table of
 every run's ratios and decode slowdowns, e.g.
   --mode embedded --decode --graph --case base: \
       --case few:gpu_max_ctas=16,gpu_threads_per_cta=32 --runs 2
+Besides runtime options a case takes head=N, prewake=0 and three diagnostics of
+the first call: busy=MS (GPU work just before the first store), pinwarm=1 (a
+pinned copy each way just before it), idle=MS (sleep before every steady store
+and restore, and before an extra pinned copy, the baseline after the same idle).
+Each report also prints the steady rounds' ratios one by one, with their
+minimum, 10th percentile and median and the first call's rank among them.
 Prints "SKIP: ..." and exits 0 without CUDA.  Environment: UMBP_LIBRARY, UMBP_SERVER as for the tests.
 """
 import argparse
@@ -112,6 +118,17 @@ class Pinned:
             self.h2.copy_(self.d2, non_blocking=True)
         torch.cuda.synchronize()
         return time.perf_counter() - t
+
+
+def gpu_busy(torch, dev, ms):
+    """About ms milliseconds of matrix products on the GPU, then a sync."""
+    a = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    while time.perf_counter() - t < ms / 1e3:
+        for _ in range(8):
+            a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize()
 
 
 def child(args):
@@ -224,6 +241,11 @@ def child(args):
             phases[what][i] += b[f] - a[f]
         return dt
 
+    if args.busy_ms:  # as in an engine, whose first store follows a forward pass
+        gpu_busy(torch, dev, args.busy_ms)
+    if args.pin_warm:  # a diagnostic: the link just moved the same bytes both ways
+        pin.d2h()
+        pin.h2d()
     keys = fresh_keys()
     out["first_store"] = phased("first store", lambda: rt.store_blocks(kv, keys, A))
     poison(B)
@@ -231,19 +253,27 @@ def child(args):
     verify(A, B, "first restore")
     out["first_submit"] = calls["submit"][:2]  # the caller's submit of the first store, restore
 
-    st, rs, bh, bs, bb = [], [], [], [], []
+    st, rs, bh, bs, bb, bhi = [], [], [], [], [], []
     for r in range(args.rounds):
         for c in caches:  # new contents in A each round
             c[:, :nblk].view(torch.int16).random_(-32768, 32767)
         keys = fresh_keys()
+        if args.idle_ms:  # as long idle before each store as the first one has
+            torch.cuda.synchronize()
+            time.sleep(args.idle_ms / 1e3)
         st.append(phased("store", lambda: rt.store_blocks(kv, keys, A)))
         poison(B)
+        if args.idle_ms:  # a request that comes to an idle engine: its restore first
+            time.sleep(args.idle_ms / 1e3)
         rs.append(phased("restore", lambda: rt.load_blocks(kv, keys, B)))
         verify(A, B, f"restore {r}")
+        if args.idle_ms:  # the baseline after the same idle
+            time.sleep(args.idle_ms / 1e3)
+            bhi.append(pin.h2d())
         bh.append(pin.h2d())
         bs.append(pin.d2h())
         bb.append(pin.both())
-    out.update(store=st, restore=rs, base_h2d=bh, base_d2h=bs, base_both=bb, phases=phases,
+    out.update(store=st, restore=rs, base_h2d=bh, base_h2d_idle=bhi, base_d2h=bs, base_both=bb, phases=phases,
                calls={k: statistics.median(v) for k, v in calls.items()},
                # the steady rounds' submits alone (after the first two): store, restore
                steady_submit=[statistics.median(calls["submit"][2::2] or [0]),
@@ -443,6 +473,12 @@ def run_case(args, mode, warm, decode_too):
         cmd += ["--head-blocks", str(args.head_blocks)]
     if args.no_prewake:
         cmd.append("--no-prewake")
+    if args.busy_ms:
+        cmd += ["--busy-ms", str(args.busy_ms)]
+    if args.idle_ms:
+        cmd += ["--idle-ms", str(args.idle_ms)]
+    if args.pin_warm:
+        cmd.append("--pin-warm")
     for o in args.opt or []:
         cmd += ["--opt", o]
     try:
@@ -488,6 +524,19 @@ def report(res):
             print(f"{what}, mean per GPU transfer ({p[0] / calls_:.0f} a call): prepare "
                   f"{p[1] / p[0] / 1e3:.0f} us{split}, launch {p[2] / p[0] / 1e3:.0f} us, gpu "
                   f"{p[3] / p[0] / 1e3:.0f} us, finish {p[4] / p[0] / 1e3:.0f} us")
+    # is a first call slower than the steady ones, or one draw of the same
+    # spread?  Ratios of the steady rounds to the best pinned copy
+    for what, xs, base, first in (("store", st, bs, res["first_store"]),
+                                  ("restore", rs, bh, res["first_restore"])):
+        q = sorted(base / x for x in xs)
+        print(f"steady {what}s, ratio min / p10 / median: {q[0]:.3f} / "
+              f"{q[len(q) // 10]:.3f} / {statistics.median(q):.3f}; the first "
+              f"{base / first:.3f}, under {sum(base / x > base / first for x in xs)} of {len(xs)}; "
+              f"by round: {' '.join('%.3f' % (base / x) for x in xs)}")
+    if res.get("base_h2d_idle"):
+        q = statistics.median(res["base_h2d_idle"])
+        print(f"pinned copy after the same idle, median: {gbs(n, q):.1f} GB/s, "
+              f"{bh / q:.3f} of the best")
     if res.get("calls"):
         fs = res.get("first_submit") or [0, 0]
         ss = res.get("steady_submit") or [0, 0]
@@ -535,10 +584,11 @@ def metrics(res):
 
 
 def parse_case(text):
-    """NAME:OPT=V,OPT=V (head=N sets --head-blocks, prewake=0 --no-prewake)
-    -> (name, opts, head, prewake)."""
+    """NAME:OPT=V,OPT=V (head=N sets --head-blocks, prewake=0 --no-prewake,
+    busy=MS --busy-ms, idle=MS --idle-ms, pinwarm=1 --pin-warm)
+    -> (name, opts, head, prewake, extra)."""
     name, _, rest = text.partition(":")
-    opts, head, prewake = [], None, True
+    opts, head, prewake, extra = [], None, True, {}
     for kv in filter(None, rest.split(",")):
         k, eq, v = kv.partition("=")
         if not eq:
@@ -551,9 +601,17 @@ def parse_case(text):
             if v not in ("0", "1"):
                 raise SystemExit("--case %r: prewake must be 0 or 1, got %r" % (text, v))
             prewake = v == "1"
+        elif k == "pinwarm":
+            if v not in ("0", "1"):
+                raise SystemExit("--case %r: pinwarm must be 0 or 1, got %r" % (text, v))
+            extra["pin_warm"] = v == "1"
+        elif k in ("busy", "idle"):
+            if not v.isdigit():
+                raise SystemExit("--case %r: %s must be milliseconds >= 0, got %r" % (text, k, v))
+            extra[k + "_ms"] = int(v)
         else:
             opts.append(kv)
-    return name or "case", opts, head, prewake
+    return name or "case", opts, head, prewake, extra
 
 
 def run_ab(args, cases):
@@ -562,8 +620,10 @@ def run_ab(args, cases):
     run.  Prints each case's report, then one table of every run."""
     rows = []
     for r in range(args.runs):
-        for name, opts, head, prewake in cases:
+        for name, opts, head, prewake, extra in cases:
             a = argparse.Namespace(**vars(args))
+            for k, v in extra.items():
+                setattr(a, k, v)
             a.opt = list(args.opt or []) + opts
             if head is not None:
                 a.head_blocks = head
@@ -601,10 +661,21 @@ def main():
                          "default: the package's)")
     ap.add_argument("--no-prewake", action="store_true",
                     help="store_blocks / load_blocks without umbp_prewake (an A/B baseline)")
+    ap.add_argument("--busy-ms", type=int, default=0, metavar="MS",
+                    help="MS ms of GPU matrix products just before the first store, as an "
+                         "engine's forward pass precedes its first store (default 0: the first "
+                         "store follows the registration's idle GPU)")
+    ap.add_argument("--pin-warm", action="store_true",
+                    help="a pinned copy of the prefix's bytes each way just before the first "
+                         "store (a diagnostic: is a first call slow because the link was idle?)")
+    ap.add_argument("--idle-ms", type=int, default=0, metavar="MS",
+                    help="sleep MS ms (CPU and GPU idle) before every steady store and restore, "
+                         "as the first store is and a restore for a request to an idle engine")
     ap.add_argument("--opt", action="append", metavar="NAME=VALUE", help="a runtime option (repeatable)")
     ap.add_argument("--case", action="append", metavar="NAME:OPT=V,...",
                     help="an A/B case: runtime options for it (head=N sets --head-blocks, "
-                         "prewake=0 --no-prewake); "
+                         "prewake=0 --no-prewake, busy=MS --busy-ms, idle=MS --idle-ms, "
+                         "pinwarm=1 --pin-warm); "
                          "repeatable, run alternated --runs times, one mode (not both)")
     ap.add_argument("--runs", type=int, default=1, help="--case: runs of every case, alternated")
     ap.add_argument("--timeout", type=int, default=300)

@@ -38,16 +38,19 @@ def test_cases_alternate_with_their_options_and_the_table_holds_each_run(bench, 
     seen = []
 
     def run_case(args, mode, warm, decode):
-        seen.append((list(args.opt), args.head_blocks, args.no_prewake, decode))
+        seen.append((list(args.opt), args.head_blocks, args.no_prewake, decode,
+                     getattr(args, "busy_ms", 0), getattr(args, "idle_ms", 0)))
         return _result(args, mode, 2.05e-3 if args.head_blocks == 64 else 2.06e-3)
 
     bench.run_case = run_case
     args = argparse.Namespace(opt=["log_level=warn"], head_blocks=None, runs=2, mode="embedded",
-                              decode=True, no_prewake=False)
+                              decode=True, no_prewake=False, busy_ms=0, idle_ms=0,
+                              pin_warm=False)
     bench.run_ab(args, [bench.parse_case("base:"),
-                        bench.parse_case("few:gpu_max_ctas=16,gpu_threads_per_cta=32,head=64,prewake=0")])
-    few = (["log_level=warn", "gpu_max_ctas=16", "gpu_threads_per_cta=32"], 64, True, True)
-    assert seen == [(["log_level=warn"], None, False, True), few] * 2
+                        bench.parse_case("few:gpu_max_ctas=16,gpu_threads_per_cta=32,head=64,prewake=0,"
+                                         "busy=50,idle=300")])
+    few = (["log_level=warn", "gpu_max_ctas=16", "gpu_threads_per_cta=32"], 64, True, True, 50, 300)
+    assert seen == [(["log_level=warn"], None, False, True, 0, 0), few] * 2
     # cases copy the args
     assert args.opt == ["log_level=warn"] and args.head_blocks is None and not args.no_prewake
     out = capsys.readouterr().out
@@ -61,8 +64,12 @@ def test_cases_alternate_with_their_options_and_the_table_holds_each_run(bench, 
 
 
 def test_a_case_names_its_options(bench):
-    assert bench.parse_case("base:") == ("base", [], None, True)
-    assert bench.parse_case("x:a=1,head=8,b=c,prewake=0") == ("x", ["a=1", "b=c"], 8, False)
+    assert bench.parse_case("base:") == ("base", [], None, True, {})
+    assert bench.parse_case("x:a=1,head=8,b=c,prewake=0") == ("x", ["a=1", "b=c"], 8, False, {})
+    assert bench.parse_case("x:busy=50,idle=0,pinwarm=1") == (
+        "x", [], None, True, {"busy_ms": 50, "idle_ms": 0, "pin_warm": True})
+    with pytest.raises(SystemExit, match="busy must be milliseconds"):
+        bench.parse_case("x:busy=-1")
     with pytest.raises(SystemExit, match="prewake must be 0 or 1"):
         bench.parse_case("x:prewake=no")
     with pytest.raises(SystemExit, match="not NAME=VALUE"):
