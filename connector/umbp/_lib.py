@@ -25,7 +25,7 @@ import glob
 import os
 import threading
 
-from . import _ffi
+from . import _deps, _ffi
 
 _c_int_p = ctypes.POINTER(ctypes.c_int)
 _vp = ctypes.c_void_p
@@ -105,7 +105,7 @@ def candidates():
 
 
 def _load():
-    tried = []
+    tried, why = [], []
     for path in candidates():
         if not os.path.exists(path):
             tried.append("%s (absent)" % path)
@@ -114,6 +114,9 @@ def _load():
             return ctypes.CDLL(path), path
         except OSError as e:
             tried.append("%s (%s)" % (path, e))
+            w = _deps.load_failure(path, str(e))
+            if w is not None and w not in why:
+                why.append(w)
     found = ctypes.util.find_library("umbp")
     if found:
         try:
@@ -122,6 +125,10 @@ def _load():
             tried.append("find_library: %s (%s)" % (found, e))
     else:
         tried.append("ctypes.util.find_library('umbp') (not found)")
+    if why:  # found, but this host lacks what it links
+        raise ImportError("umbp: libumbp.so was found but cannot load: " + "; ".join(why)
+                          + ". docs/operations.md (Runtime libraries) lists what to install. "
+                          "Tried: " + "; ".join(tried))
     raise ImportError("umbp: cannot load libumbp.so; tried: " + "; ".join(tried)
                       + ". Set UMBP_LIBRARY to its path, or install the wheel that bundles it "
                       "(pip wheel --no-build-isolation ./connector; docs/python.md)")
