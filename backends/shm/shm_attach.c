@@ -288,22 +288,57 @@ out:
     return rc;
 }
 
+/* The last non-empty line of the spawned server's log (what it said before
+ * it died: the dynamic loader's "error while loading shared libraries: ..."
+ * on a host without a library it links, or the server's own error), as
+ * printable text of at most len - 1 bytes; "" when there is none. */
+static void log_tail(const char *sock, char *out, size_t len)
+{
+    char lp[SHM_PATH_MAX + 16], buf[512];
+    out[0] = '\0';
+    snprintf(lp, sizeof(lp), "%s.log", sock);
+    int fd = open(lp, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    off_t end = lseek(fd, 0, SEEK_END);
+    off_t from = end > (off_t)sizeof(buf) - 1 ? end - (off_t)sizeof(buf) + 1 : 0;
+    ssize_t n = end > 0 ? pread(fd, buf, sizeof(buf) - 1, from) : 0;
+    close(fd);
+    if (n <= 0)
+        return;
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
+        n--;
+    ssize_t b = n;
+    while (b > 0 && buf[b - 1] != '\n')
+        b--;
+    size_t k = 0;
+    for (ssize_t i = b; i < n && k + 1 < len; i++)
+        out[k++] = buf[i] >= 0x20 && buf[i] < 0x7f ? buf[i] : '?';
+    out[k] = '\0';
+}
+
 /* Polls the socket until the spawned server answers. */
 static int wait_server(const struct shm_tier *st, pid_t pid, uint64_t deadline, int *fd,
                        char *err, size_t errlen)
 {
+    char said[256];
     for (;;) {
         if (connect_once(st->path, fd) == 0)
             return 0;
         if (pid > 0 && kill(pid, 0) < 0 && errno == ESRCH) {
-            snprintf(err, errlen, "auto_start: umbp-server (pid %d) exited during startup; "
-                     "its log is %s.log", (int)pid, st->path);
+            log_tail(st->path, said, sizeof(said));
+            snprintf(err, errlen, "auto_start: umbp-server (pid %d) exited during startup%s%s; "
+                     "its log is %s.log", (int)pid, said[0] ? ", saying: " : "", said,
+                     st->path);
             return -ECONNREFUSED;
         }
         if (now_ms() >= deadline) {
+            log_tail(st->path, said, sizeof(said));
             snprintf(err, errlen, "auto_start: umbp-server (pid %d) did not answer at %s "
-                     "within startup_timeout_ms=%lld; its log is %s.log", (int)pid, st->path,
-                     (long long)st->cfg.startup_timeout_ms, st->path);
+                     "within startup_timeout_ms=%lld%s%s%s; its log is %s.log", (int)pid,
+                     st->path, (long long)st->cfg.startup_timeout_ms,
+                     said[0] ? " (its log's last line: " : "", said, said[0] ? ")" : "",
+                     st->path);
             return -ETIMEDOUT;
         }
         sleep_ms(10);

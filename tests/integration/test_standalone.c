@@ -924,13 +924,33 @@ Test(standalone, no_server_fails_naming_the_socket)
                        srv.sock, umbp_last_error());
     cr_assert_not_null(strstr(umbp_last_error(), "auto_start"), "message: %s", umbp_last_error());
     /* auto_start with a binary that does not exist names server_path */
-    char extra[256];
+    char extra[768];
     snprintf(extra, sizeof(extra), ", \"auto_start\": true, \"server_path\": \"%s/none\", "
              "\"startup_timeout_ms\": 3000", dir);
     rc = sa_try_create(&rt, extra);
     cr_assert_lt(rc, 0);
     cr_log_info("bad server_path: %s", umbp_last_error());
     cr_assert_not_null(strstr(umbp_last_error(), "server_path"), "message: %s", umbp_last_error());
+    /* a server that dies at once (as one whose shared libraries this host
+     * lacks does, in the dynamic loader): the error quotes its last words */
+    char script[512];
+    snprintf(script, sizeof(script), "%s/dies", dir);
+    FILE *f = fopen(script, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "#!/bin/sh\necho 'starting' >&2\n"
+               "echo 'umbp-server: error while loading shared libraries: libumbp_fake.so.1: "
+               "cannot open shared object file: No such file or directory' >&2\nexit 127\n");
+    fclose(f);
+    cr_assert_eq(chmod(script, 0755), 0);
+    snprintf(extra, sizeof(extra), ", \"auto_start\": true, \"server_path\": \"%s\", "
+             "\"startup_timeout_ms\": 3000", script);
+    rc = sa_try_create(&rt, extra);
+    cr_assert_lt(rc, 0);
+    cr_log_info("a server that dies: %s", umbp_last_error());
+    cr_assert_not_null(strstr(umbp_last_error(), "libumbp_fake.so.1: cannot open shared object "
+                              "file"), "message: %s", umbp_last_error());
+    cr_assert_null(strstr(umbp_last_error(), "starting"), "not the last line: %s",
+                   umbp_last_error());
     tu_server_cleanup(&srv);
 }
 
