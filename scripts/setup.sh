@@ -17,6 +17,7 @@ packages=(
   clang libclang-rt-14-dev
   python3 python3-numpy python3-pytest python3-torch python3-setuptools
   python3-wheel python3-pip python3-prometheus-client
+  patchelf
 )
 if [[ "${UMBP_WITH_HIP:-0}" == 1 ]]; then
   packages+=(hipcc libamdhip64-dev)

@@ -134,7 +134,7 @@ NO_LIBRARY_ENV = ("UMBP_LIBRARY", "UMBP_BUILD_DIR", "LD_LIBRARY_PATH", "PYTHONPA
 def test_wheel_bundles_the_library(tmp_path):
     """The documented install: `pip wheel ./connector` runs CMake (here in the
     configured build/, reused as CI does) and the platform wheel carries
-    libumbp.so, umbp-server and umbp."""
+    libumbp.so, umbp-server and umbp, and the libraries they link."""
     _need_pip()
     build = os.path.join(REPO, "build")
     if not os.path.exists(os.path.join(build, "CMakeCache.txt")):
@@ -145,6 +145,7 @@ def test_wheel_bundles_the_library(tmp_path):
     site = _install(tmp_path, whl)
     for name in ("libumbp.so", "umbp-server", "umbp"):
         assert (site / "umbp" / "_lib" / name).is_file(), name
+    _check_self_contained(site / "umbp" / "_lib")
     e = {k: v for k, v in os.environ.items() if k not in NO_LIBRARY_ENV}
     e["PYTHONPATH"] = os.pathsep.join([str(site), HARNESS])
     r = subprocess.run([sys.executable, "-c", WHEEL_PROBE, str(site)], capture_output=True,
@@ -156,6 +157,34 @@ def test_wheel_bundles_the_library(tmp_path):
         r = subprocess.run([str(site / "bin" / cmd), "--help"], capture_output=True, text=True,
                            env=e, timeout=60)
         assert usage in r.stdout + r.stderr, (cmd, r.stdout, r.stderr)
+
+
+def _check_self_contained(lib):
+    """Every library the three binaries load, but the C and C++ runtimes,
+    resolves to the wheel's own copy (DT_RPATH $ORIGIN), with nothing on
+    LD_LIBRARY_PATH: a host needs no package of umbp's (docs/operations.md);
+    UCX's transport modules sit beside libucs."""
+    from umbp import _deps
+    if shutil.which("ldd") is None:
+        pytest.skip("no ldd")
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    seen = set()
+    for name in ("libumbp.so", "umbp-server", "umbp"):
+        out = subprocess.run(["ldd", str(lib / name)], capture_output=True, text=True, env=env,
+                             check=True).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) < 3 or parts[1] != "=>":
+                continue
+            so, where = parts[0], parts[2]
+            assert where != "not", (name, line)
+            if so in _deps.BASE_LIBRARIES:
+                continue
+            assert os.path.dirname(where) == str(lib), "%s loads %s from %s" % (name, so, where)
+            seen.add(so)
+    assert {"libev.so.4", "libsodium.so.23", "libjson-c.so.5"} <= seen, seen
+    if "libucs.so.0" in seen:
+        assert sorted(os.listdir(lib / "ucx")), "no UCX transport modules beside libucs"
 
 
 def test_cmake_install_bundles_the_library(tmp_path):

@@ -1,10 +1,12 @@
 """The shared libraries that libumbp.so, umbp-server, umbp and umbp-master
 link besides the C and C++ runtimes, and the Debian / Ubuntu packages that
 hold them (the same names on Debian 12 and Ubuntu 22.04 and 24.04).  The
-wheel carries umbp's own binaries, not these: the host installs them
+wheel carries copies of them (connector/setup.py); cmake --install and a
+UMBP_BUNDLE_DEPS=0 wheel do not, and their hosts install these packages
 (docs/operations.md, "Runtime libraries").  umbp._lib names the package when
-a dlopen fails for want of one; test_import checks the built binaries'
-DT_NEEDED entries against this table and docs/operations.md against it.
+a dlopen fails for want of one; setup.py reads BASE_LIBRARIES (what it does
+not bundle); test_import checks the built binaries' DT_NEEDED entries
+against this table and docs/operations.md against it.
 """
 import os
 import re
