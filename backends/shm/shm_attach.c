@@ -288,11 +288,21 @@ out:
     return rc;
 }
 
-/* The last non-empty line of the spawned server's log (what it said before
- * it died: the dynamic loader's "error while loading shared libraries: ..."
- * on a host without a library it links, or the server's own error), as
- * printable text of at most len - 1 bytes; "" when there is none. */
-static void log_tail(const char *sock, char *out, size_t len)
+/* The log's size now: what a server spawned next writes starts there. */
+static off_t log_size(const char *sock)
+{
+    char lp[SHM_PATH_MAX + 16];
+    struct stat sb;
+    snprintf(lp, sizeof(lp), "%s.log", sock);
+    return stat(lp, &sb) == 0 ? sb.st_size : 0;
+}
+
+/* The last non-empty line the spawned server wrote to its log past offset
+ * start (what it said before it died: the dynamic loader's "error while
+ * loading shared libraries: ..." on a host without a library it links, or
+ * the server's own error; never an earlier server's line), as printable
+ * text of at most len - 1 bytes; "" when there is none. */
+static void log_tail(const char *sock, off_t start, char *out, size_t len)
 {
     char lp[SHM_PATH_MAX + 16], buf[512];
     out[0] = '\0';
@@ -302,7 +312,9 @@ static void log_tail(const char *sock, char *out, size_t len)
         return;
     off_t end = lseek(fd, 0, SEEK_END);
     off_t from = end > (off_t)sizeof(buf) - 1 ? end - (off_t)sizeof(buf) + 1 : 0;
-    ssize_t n = end > 0 ? pread(fd, buf, sizeof(buf) - 1, from) : 0;
+    if (from < start)
+        from = start;
+    ssize_t n = end > from ? pread(fd, buf, (size_t)(end - from), from) : 0;
     close(fd);
     if (n <= 0)
         return;
@@ -318,22 +330,22 @@ static void log_tail(const char *sock, char *out, size_t len)
 }
 
 /* Polls the socket until the spawned server answers. */
-static int wait_server(const struct shm_tier *st, pid_t pid, uint64_t deadline, int *fd,
-                       char *err, size_t errlen)
+static int wait_server(const struct shm_tier *st, pid_t pid, off_t log_start, uint64_t deadline,
+                       int *fd, char *err, size_t errlen)
 {
     char said[256];
     for (;;) {
         if (connect_once(st->path, fd) == 0)
             return 0;
         if (pid > 0 && kill(pid, 0) < 0 && errno == ESRCH) {
-            log_tail(st->path, said, sizeof(said));
+            log_tail(st->path, log_start, said, sizeof(said));
             snprintf(err, errlen, "auto_start: umbp-server (pid %d) exited during startup%s%s; "
                      "its log is %s.log", (int)pid, said[0] ? ", saying: " : "", said,
                      st->path);
             return -ECONNREFUSED;
         }
         if (now_ms() >= deadline) {
-            log_tail(st->path, said, sizeof(said));
+            log_tail(st->path, log_start, said, sizeof(said));
             snprintf(err, errlen, "auto_start: umbp-server (pid %d) did not answer at %s "
                      "within startup_timeout_ms=%lld%s%s%s; its log is %s.log", (int)pid,
                      st->path, (long long)st->cfg.startup_timeout_ms,
@@ -354,10 +366,11 @@ static int auto_start(const struct shm_tier *st, uint64_t deadline, int *fd, cha
     if (rc < 0 || (rc = lock_start(st, deadline, &lock, err, errlen)) < 0)
         return rc;
     pid_t pid = 0;
+    off_t log_start = log_size(st->path);
     if (connect_once(st->path, fd) == 0) /* another creator started it meanwhile */
         rc = 0;
     else if ((rc = spawn_server(st, dir, deadline, &pid, err, errlen)) == 0 &&
-             (rc = wait_server(st, pid, deadline, fd, err, errlen)) == 0)
+             (rc = wait_server(st, pid, log_start, deadline, fd, err, errlen)) == 0)
         umbp_log(UMBP_LOG_INFO, "auto_start: started umbp-server (pid %d) at %s", (int)pid,
                  st->path);
     close(lock); /* releases the flock */

@@ -951,6 +951,19 @@ Test(standalone, no_server_fails_naming_the_socket)
                               "file"), "message: %s", umbp_last_error());
     cr_assert_null(strstr(umbp_last_error(), "starting"), "not the last line: %s",
                    umbp_last_error());
+    /* one that dies saying nothing: the log's earlier lines are another
+     * server's, never quoted as this one's */
+    f = fopen(script, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "#!/bin/sh\nexit 1\n");
+    fclose(f);
+    rc = sa_try_create(&rt, extra);
+    cr_assert_lt(rc, 0);
+    cr_log_info("a server that dies silently: %s", umbp_last_error());
+    cr_assert_null(strstr(umbp_last_error(), "libumbp_fake"), "an earlier server's line quoted: %s",
+                   umbp_last_error());
+    cr_assert_not_null(strstr(umbp_last_error(), "auto_start: umbp-server"), "message: %s",
+                       umbp_last_error());
     tu_server_cleanup(&srv);
 }
 
