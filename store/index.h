@@ -42,7 +42,9 @@ struct dram_obj {
 
 struct dram_index;
 
-int dram_index_create(struct dram_index **out);
+/* A table that holds `expect` objects without growing (0: the smallest;
+ * at most 2^23 slots, 128 MiB, are made up front), its pages touched. */
+int dram_index_create(struct dram_index **out, size_t expect);
 /* Frees the table and every object still in it. */
 void dram_index_destroy(struct dram_index *ix);
 
@@ -59,6 +61,8 @@ struct dram_obj *dram_index_find(const struct dram_index *ix,
 struct dram_obj *dram_index_find_oid(const struct dram_index *ix,
                                      const umbp_key_t *key, uint64_t oid);
 size_t dram_index_count(const struct dram_index *ix);
+/* Slots of the table (a power of two; grows when 70% full). */
+size_t dram_index_slots(const struct dram_index *ix);
 
 /* LRU list: push at the head (most recent), evict from the tail. */
 void dram_lru_push_head(struct dram_index *ix, struct dram_obj *obj);

@@ -51,7 +51,9 @@ static uint64_t add_sat(uint64_t a, uint64_t b)
     return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
-int dram_leases_create(struct dram_leases **out)
+static int leases_grow(struct dram_leases *l);
+
+int dram_leases_create(struct dram_leases **out, uint32_t expect)
 {
     struct dram_leases *l = calloc(1, sizeof(*l));
 
@@ -60,6 +62,14 @@ int dram_leases_create(struct dram_leases **out)
     l->free_head = NIL;
     l->active = (struct lease_list){ NIL, NIL, 0 };
     l->expired = (struct lease_list){ NIL, NIL, 0 };
+    /* A process's first restore of a 10,000-token prefix otherwise grew
+     * the table from 64 to 1,024 slots on the loop thread while the copy
+     * waited (70-90 us on an H200 host's VM, docs/benchmarks.md). */
+    while (l->cap < expect)
+        if (leases_grow(l) < 0) {
+            dram_leases_destroy(l);
+            return -ENOMEM;
+        }
     *out = l;
     return 0;
 }
@@ -220,3 +230,5 @@ size_t dram_leases_expired(const struct dram_leases *l)
 {
     return l->expired.n;
 }
+
+size_t dram_leases_capacity(const struct dram_leases *l) { return l->cap; }

@@ -34,7 +34,10 @@ struct dram_lease_info {
 
 struct dram_leases;
 
-int dram_leases_create(struct dram_leases **out);
+/* A table with room for `expect` leases at once before it grows (0: it
+ * grows from 64 at the first lease); its slots are written, so their pages
+ * are in. */
+int dram_leases_create(struct dram_leases **out, uint32_t expect);
 void dram_leases_destroy(struct dram_leases *l);
 
 /* Opens an ACTIVE lease on obj ending at deadline_ns; its expired record
@@ -51,5 +54,7 @@ void dram_lease_forget(struct dram_leases *l, uint64_t now_ns);
 
 size_t dram_leases_active(const struct dram_leases *l);
 size_t dram_leases_expired(const struct dram_leases *l);
+/* Slots of the table, used or not (it doubles when all are used). */
+size_t dram_leases_capacity(const struct dram_leases *l);
 
 #endif /* UMBP_DRAM_LEASE_H */

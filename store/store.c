@@ -179,6 +179,21 @@ static void lru_touch(struct dram_store *s, struct dram_obj *obj)
 
 /* ---- lifetime ----------------------------------------------------------- */
 
+/* The index and the lease table start at the size a full pool of KV block
+ * objects needs (one object per 64 KiB of capacity, the size below which
+ * no model's block object falls, at least 4,096) and room for 4,096 leases
+ * at once (six 10,000-token restores in flight), so neither grows while a
+ * pool fills: growing the index rehashed up to 5,700 entries on the loop
+ * thread in the middle of a store (about 0.5 ms on an H200 host's VM). */
+#define STORE_PRESIZE_OBJECT_BYTES (64u << 10)
+#define STORE_PRESIZE_LEASES 4096u
+
+static size_t store_expected_objects(uint64_t usable)
+{
+    uint64_t n = usable / STORE_PRESIZE_OBJECT_BYTES;
+    return n < 4096 ? 4096 : (size_t)n;
+}
+
 int dram_store_create(const struct dram_store_params *p, struct dram_store **out, char *err,
                       size_t errlen)
 {
@@ -199,7 +214,8 @@ int dram_store_create(const struct dram_store_params *p, struct dram_store **out
     uint64_t usable = p->capacity & ~(uint64_t)(DRAM_ALLOC_ALIGN - 1);
     if (usable > s->pool->size)
         usable = s->pool->size;
-    if (dram_index_create(&s->index) < 0 || dram_leases_create(&s->leases) < 0)
+    if (dram_index_create(&s->index, store_expected_objects(usable)) < 0 ||
+        dram_leases_create(&s->leases, STORE_PRESIZE_LEASES) < 0)
         goto nomem;
     if (s->pool->persistent) {
         if ((rc = store_open_journal(s, p, usable, err, errlen)) < 0) {
@@ -811,6 +827,13 @@ void dram_store_usage(const struct dram_store *s, struct umbp_tier_usage *out)
 uint64_t dram_store_largest_free(const struct dram_store *s)
 {
     return dram_alloc_largest_free(s->alloc);
+}
+
+void dram_store_table_sizes(const struct dram_store *s, size_t *index_slots,
+                            size_t *lease_slots)
+{
+    *index_slots = dram_index_slots(s->index);
+    *lease_slots = dram_leases_capacity(s->leases);
 }
 
 void dram_store_for_each_published(const struct dram_store *s,

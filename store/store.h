@@ -148,5 +148,9 @@ void dram_store_for_each_published(const struct dram_store *s,
                                    void *ctx);
 void dram_store_usage(const struct dram_store *s, struct umbp_tier_usage *out);
 uint64_t dram_store_largest_free(const struct dram_store *s);
+/* Slots of the object index and of the lease table now (tests: they are
+ * made at the size a full pool of KV objects needs, store.c). */
+void dram_store_table_sizes(const struct dram_store *s, size_t *index_slots,
+                            size_t *lease_slots);
 
 #endif /* UMBP_DRAM_STORE_H */

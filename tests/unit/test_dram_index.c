@@ -46,6 +46,36 @@ static struct dram_obj *new_obj(const umbp_key_t *key, uint64_t oid,
 
 #define N_KEYS 100000
 
+/* Made for `expect` objects, the table holds them without growing; made
+ * for none, it starts at its minimum and grows. */
+Test(dram_index, presized_table_holds_what_it_expects)
+{
+    enum { N = 10000 };
+    struct dram_index *ix, *small;
+    static struct dram_obj *objs[N];
+
+    rng_state = 11;
+    cr_assert_eq(dram_index_create(&ix, N), 0);
+    cr_assert_eq(dram_index_create(&small, 0), 0);
+    size_t slots = dram_index_slots(ix);
+    cr_assert_geq(slots * 7, (size_t)N * 10, "%zu slots for %d objects", slots, N);
+    cr_assert_eq(dram_index_slots(small), 64);
+    for (size_t i = 0; i < N; i++) {
+        umbp_key_t k = random_key();
+        objs[i] = new_obj(&k, i + 1, DRAM_OBJ_PUBLISHED);
+        cr_assert_eq(dram_index_insert(ix, objs[i]), 0);
+        struct dram_obj *o = new_obj(&k, i + 1, DRAM_OBJ_PUBLISHED);
+        cr_assert_eq(dram_index_insert(small, o), 0);
+    }
+    cr_assert_eq(dram_index_slots(ix), slots, "grew from %zu to %zu slots", slots,
+                 dram_index_slots(ix));
+    cr_assert_gt(dram_index_slots(small), 64);
+    for (size_t i = 0; i < N; i++)
+        cr_assert_eq(dram_index_find(ix, &objs[i]->key), objs[i]);
+    dram_index_destroy(ix);
+    dram_index_destroy(small);
+}
+
 Test(dram_index, insert_find_remove_with_growth, .timeout = 60)
 {
     struct dram_index *ix;
@@ -56,7 +86,7 @@ Test(dram_index, insert_find_remove_with_growth, .timeout = 60)
 
     cr_assert(keys && objs && gone);
     rng_state = 7;
-    cr_assert_eq(dram_index_create(&ix), 0);
+    cr_assert_eq(dram_index_create(&ix, 0), 0);
     for (size_t i = 0; i < N_KEYS; i++) {
         keys[i] = random_key();
         objs[i] = new_obj(&keys[i], i + 1, DRAM_OBJ_PUBLISHED);
@@ -110,7 +140,7 @@ Test(dram_index, find_skips_doomed_and_find_oid_sees_all)
     umbp_key_t k = random_key(), other = random_key();
     struct dram_obj *a = new_obj(&k, 1, DRAM_OBJ_PUBLISHED), *b, *c;
 
-    cr_assert_eq(dram_index_create(&ix), 0);
+    cr_assert_eq(dram_index_create(&ix, 0), 0);
     cr_assert_eq(dram_index_insert(ix, a), 0);
     cr_assert_eq(dram_index_find(ix, &k), a);
     a->state = DRAM_OBJ_DOOMED;
@@ -155,7 +185,7 @@ Test(dram_index, lru_order)
     struct dram_index *ix;
     struct dram_obj *o[4];
 
-    cr_assert_eq(dram_index_create(&ix), 0);
+    cr_assert_eq(dram_index_create(&ix, 0), 0);
     assert_lru(ix, NULL, 0);
     for (int i = 0; i < 4; i++) {
         umbp_key_t k = random_key();
@@ -192,7 +222,7 @@ Test(dram_index, churn_keeps_probe_runs_intact, .timeout = 60)
     struct dram_obj *objs[N];
 
     rng_state = 99;
-    cr_assert_eq(dram_index_create(&ix), 0);
+    cr_assert_eq(dram_index_create(&ix, 0), 0);
     for (int i = 0; i < N; i++) {
         keys[i] = random_key();
         objs[i] = new_obj(&keys[i], i + 1, DRAM_OBJ_PUBLISHED);

@@ -279,6 +279,38 @@ Test(dram_store, a_quota_held_by_leases_refuses_with_edquot)
     dram_store_destroy(s);
 }
 
+/* The index and the lease table start at the size a full pool of KV
+ * objects needs: filling a pool with the objects it expects and leasing
+ * 4,096 of them at once grows neither (growing rehashed the index, or
+ * reallocated the leases, on the loop thread while a store or restore
+ * waited: docs/benchmarks.md). */
+Test(dram_store, tables_start_at_the_size_a_full_pool_needs)
+{
+    struct dram_store *s = plain_store(64 * MiB);
+    enum { N = 4096 };
+    size_t ix0, ls0, ix1, ls1;
+    dram_store_table_sizes(s, &ix0, &ls0);
+    cr_assert_geq(ls0, N, "lease table of %zu slots", ls0);
+    static struct dram_store_region r[N];
+    for (uint64_t i = 0; i < N; i++) {
+        umbp_key_t k = tu_key_id(5, i);
+        cr_assert_eq(dram_store_reserve(s, &k, 16 * KiB, &r[i]), 0, "reserve %llu",
+                     (unsigned long long)i);
+        cr_assert_eq(dram_store_publish(s, &k, r[i].token), 0);
+    }
+    for (uint64_t i = 0; i < N; i++) {
+        umbp_key_t k = tu_key_id(5, i);
+        cr_assert_eq(dram_store_acquire(s, &k, umbp_now_ns(), 1000000000ull, &r[i]), 0);
+    }
+    dram_store_table_sizes(s, &ix1, &ls1);
+    cr_assert_eq(ix1, ix0, "the index grew from %zu to %zu slots", ix0, ix1);
+    cr_assert_eq(ls1, ls0, "the lease table grew from %zu to %zu slots", ls0, ls1);
+    uint64_t freed = 0;
+    for (uint64_t i = 0; i < N; i++)
+        cr_assert_eq(dram_store_release(s, r[i].token, &freed), 0);
+    dram_store_destroy(s);
+}
+
 /* A reservation made with a writer deadline: orphaned, its key is free at
  * once and its region is not handed out before the deadline, in this
  * store and in the next one that adopts the pool (the journal's hold
