@@ -7,7 +7,8 @@
  * store's device-to-host ones on the full-duplex link; before lanes, a store
  * and a restore submitted together ran one after the other (0.53x of two
  * pinned copies run together on an H200).  Within a lane, kstream carries
- * kernels, block-table uploads and the DMA method's copies;
+ * kernels and the DMA method's copies, tstream a restore's block-table
+ * upload (kstream waits for it);
  * cstream[0..copy_streams) carry the staged method's
  * copy-engine transfers, so that the gather of group g+1 overlaps the DMA of
  * group g (the DMAs of one group may be spread over several streams; on an
@@ -16,7 +17,8 @@
  * runs beside the pipeline.  All are non-blocking, lowest-priority streams
  * of the engine's own.  A caller's wait_event is waited for on kstream, the
  * stream that touches GPU blocks first in every method (zstream waits for
- * kstream's table upload, recorded after that wait).
+ * kstream's table_ready, recorded after that wait and after the table
+ * upload on tstream; the upload touches only the engine's own memory).
  *
  * Staging.  One device buffer of GPU_STAGING_SLOTS slots.  Each slot has a
  * "filled" and a "free" event; whoever fills a slot waits for its "free"
@@ -221,6 +223,10 @@ static int create_device_state(struct umbp_gpu_engine *eng)
         if (rc == 0)
             rc = gpu_stream_create(o, &L->zstream);
         if (rc == 0)
+            rc = gpu_stream_create(o, &L->tstream);
+        if (rc == 0)
+            rc = gpu_event_create(o, &L->table_up);
+        if (rc == 0)
             rc = gpu_event_create(o, &L->table_ready);
         if (rc == 0)
             rc = gpu_event_create(o, &L->zero_copy_done);
@@ -285,6 +291,8 @@ static int sync_lanes(struct umbp_gpu_engine *eng)
         }
         r = gpu_stream_sync(eng->ops, L->zstream);
         rc = rc ? rc : r;
+        r = gpu_stream_sync(eng->ops, L->tstream);
+        rc = rc ? rc : r;
     }
     return rc;
 }
@@ -320,7 +328,9 @@ static void release_device_state(struct umbp_gpu_engine *eng)
     for (int d = 0; d < 2; d++) {
         struct gpu_lane *L = &eng->lane[d];
         gpu_event_destroy(o, L->table_ready);
+        gpu_event_destroy(o, L->table_up);
         gpu_event_destroy(o, L->zero_copy_done);
+        gpu_stream_destroy(o, L->tstream);
         gpu_stream_destroy(o, L->zstream);
         for (int c = 0; c < GPU_COPY_STREAMS_MAX; c++)
             gpu_stream_destroy(o, L->cstream[c]);
@@ -770,7 +780,7 @@ int umbp_gpu_engine_warm(umbp_gpu_engine_t *eng, size_t blocks, unsigned xfers)
         /* The first copy of each kind a stream makes (pinned host to
          * device; batched, device to device) sets up driver state. */
         if (rc == 0 && x != NULL && x->cap > 0)
-            rc = gpu_memcpy_async(o, x->dtab, x->htab, sizeof(*x->htab), L->kstream);
+            rc = gpu_memcpy_async(o, x->dtab, x->htab, sizeof(*x->htab), L->tstream);
         if (rc == 0 && L->staging != NULL && eng->slot_bytes >= 3 * 4096) {
             void *dst[2] = {L->staging + 4096, L->staging + 8192};
             const void *src[2] = {L->staging, L->staging + 64};
@@ -852,7 +862,14 @@ static int launch(struct umbp_gpu_engine *eng, const struct plan *p,
 
 /*
  * The block table a transfer's kernels read.  A restore's is uploaded to
- * the device on its lane's kstream.  A store's is read in place, from the
+ * the device on its lane's tstream, which is idle when the upload is
+ * issued, so the upload reaches the copy engine before the transfer's DMAs
+ * (issued after it); kstream waits for it.  Uploaded on kstream, it was
+ * queued when kstream got to it, behind the previous transfer's scatters,
+ * and by then the DMAs of this transfer's first groups were ahead of it:
+ * on an H200 host the tail of a 10,000-token restore started scattering
+ * 1.1 ms after its first DMA, and its fifth group's DMA waited 27 us for a
+ * slot (the DMAs' idle gaps: 51 us a restore, now 26).  A store's is read in place, from the
  * pinned and mapped host table (one 16-byte read per warp and chunk): an
  * upload is a host-to-device copy, and the copy engine runs those in the
  * order they were queued, so a store's upload queued after a restore's DMAs
@@ -870,8 +887,14 @@ static int upload_table(struct umbp_gpu_engine *eng, const struct plan *p,
 {
     if (n == 0 || !p->restore)
         return 0;
-    return gpu_memcpy_async(eng->ops, x->dtab, x->htab, (size_t)n * sizeof(*x->htab),
-                            lane_of(eng, p)->kstream);
+    const struct gpu_lane *L = lane_of(eng, p);
+    int rc = gpu_memcpy_async(eng->ops, x->dtab, x->htab, (size_t)n * sizeof(*x->htab),
+                              L->tstream);
+    if (rc == 0)
+        rc = gpu_event_record(eng->ops, L->table_up, L->tstream);
+    if (rc == 0)
+        rc = gpu_stream_wait_event(eng->ops, L->kstream, L->table_up);
+    return rc;
 }
 
 /* Zero-copy: the kernel reads or writes the mapped host objects itself. */

@@ -57,6 +57,12 @@ struct gpu_lane {
      * transfer.  cstream[0] joins the others at the end of every group. */
     gpu_stream_t cstream[GPU_COPY_STREAMS_MAX];
     gpu_stream_t zstream;  /* STAGED with kernel_share_pct: the zero-copy part */
+    /* A restore's block-table upload, and the event kstream waits for
+     * after it: on an idle stream of its own the upload is queued to the
+     * copy engine before the transfer's DMAs, not behind them (engine.c:
+     * upload_table) */
+    gpu_stream_t tstream;
+    gpu_event_t table_up;
     gpu_event_t table_ready, zero_copy_done; /* kstream -> zstream -> the end */
     /* The lane's half of the staging buffer: GPU_STAGING_SLOTS slots of
      * eng->slot_bytes, used in turn (a store's pipeline never waits for a
