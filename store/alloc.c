@@ -1,8 +1,9 @@
 /*
  * alloc.c - best-fit allocator with immediate coalescing for the dram pool.
  *
- * The range [0, capacity) is cut into blocks, each described by a malloc'd
- * struct dram_block kept outside the pool.  Invariants:
+ * The range [0, capacity) is cut into blocks, each described by a struct
+ * dram_block kept outside the pool (from records.h, so a block taken while
+ * the pool fills does not fault in a heap page).  Invariants:
  *   - every block is on the address list (prev/next), which tiles the range
  *     exactly: the first block starts at 0, each next one where its
  *     predecessor ends, the last one ends at capacity;
@@ -19,6 +20,7 @@
 #include <stdlib.h>
 
 #include "alloc.h"
+#include "records.h"
 
 struct dram_block {
     uint64_t off, len;
@@ -29,6 +31,7 @@ struct dram_block {
 };
 
 struct dram_alloc {
+    struct dram_records *recs;    /* the blocks' records (records.h) */
     uint64_t capacity, used;
     size_t nfree;
     struct dram_block *first;     /* address list */
@@ -205,7 +208,7 @@ static void block_unlink(struct dram_alloc *a, struct dram_block *b)
         a->first = b->next;
     if (b->next)
         b->next->prev = b->prev;
-    free(b);
+    dram_records_put(a->recs, b);
 }
 
 /* Puts `tail` on the address list right after b, carved off b's end. */
@@ -231,10 +234,9 @@ int dram_alloc_create(uint64_t capacity, struct dram_alloc **out)
     if (capacity == 0)
         return -EINVAL;
     a = calloc(1, sizeof(*a));
-    b = calloc(1, sizeof(*b));
-    if (!a || !b) {
-        free(a);
-        free(b);
+    if (!a || dram_records_create(sizeof(*b), &a->recs) < 0 ||
+        !(b = dram_records_get(a->recs))) {
+        dram_alloc_destroy(a);
         return -ENOMEM;
     }
     a->capacity = capacity;
@@ -249,7 +251,7 @@ int dram_alloc_create(uint64_t capacity, struct dram_alloc **out)
 static int append_block(struct dram_alloc *a, struct dram_block **last, uint64_t off,
                         uint64_t len, bool is_free)
 {
-    struct dram_block *b = calloc(1, sizeof(*b));
+    struct dram_block *b = dram_records_get(a->recs);
     if (!b)
         return -ENOMEM;
     b->off = off;
@@ -285,8 +287,10 @@ int dram_alloc_create_used(uint64_t capacity, const struct dram_alloc_range *use
         end = used[i].off + len;
     }
     struct dram_alloc *a = calloc(1, sizeof(*a));
-    if (!a)
+    if (!a || dram_records_create(sizeof(struct dram_block), &a->recs) < 0) {
+        free(a);
         return -ENOMEM;
+    }
     a->capacity = capacity;
     struct dram_block *last = NULL;
     uint64_t at = 0;
@@ -310,16 +314,18 @@ int dram_alloc_create_used(uint64_t capacity, const struct dram_alloc_range *use
 
 void dram_alloc_destroy(struct dram_alloc *a)
 {
-    struct dram_block *b, *next;
-
     if (!a)
         return;
-    for (b = a->first; b; b = next) {
-        next = b->next;
-        free(b);
-    }
+    dram_records_destroy(a->recs); /* every block */
     free(a);
 }
+
+int dram_alloc_prefill(struct dram_alloc *a, size_t blocks)
+{
+    return dram_records_prefill(a->recs, blocks);
+}
+
+size_t dram_alloc_records(const struct dram_alloc *a) { return dram_records_made(a->recs); }
 
 int dram_alloc_get(struct dram_alloc *a, uint64_t size, uint64_t *off)
 {
@@ -334,7 +340,7 @@ int dram_alloc_get(struct dram_alloc *a, uint64_t size, uint64_t *off)
     b = best_fit(a->free_root, len);
     if (!b)
         return -ENOSPC;
-    if (b->len > len && !(tail = calloc(1, sizeof(*tail))))
+    if (b->len > len && !(tail = dram_records_get(a->recs)))
         return -ENOMEM;
     free_remove(a, b);
     if (tail) {

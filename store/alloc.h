@@ -26,6 +26,11 @@ static inline uint64_t dram_alloc_round(uint64_t size)
 /* Manages [0, capacity rounded down to DRAM_ALLOC_ALIGN).  -EINVAL if that
  * is 0, -ENOMEM. */
 int dram_alloc_create(uint64_t capacity, struct dram_alloc **out);
+/* Makes the records of `blocks` blocks now (touched), so that splitting
+ * the free space into that many does not fault in memory; -ENOMEM. */
+int dram_alloc_prefill(struct dram_alloc *a, size_t blocks);
+/* Block records made so far, in use or free (tests). */
+size_t dram_alloc_records(const struct dram_alloc *a);
 /* One allocation, for dram_alloc_create_used. */
 struct dram_alloc_range {
     uint64_t off, size;

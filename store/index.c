@@ -8,7 +8,7 @@
  * when it would exceed 70% full; it starts large enough for the number of
  * objects its owner expects, with its pages touched, so that neither a
  * rehash (about 0.1 us an entry) nor a page fault per first touch lands on
- * a store's critical path while the pool fills.  Objects are malloc'd and never move, so
+ * a store's critical path while the pool fills.  Objects never move, so
  * the LRU list and the tier's leases can point at them.
  * Single-threaded: the tier's loop thread owns it.
  */
@@ -72,6 +72,14 @@ void dram_index_destroy(struct dram_index *ix)
         return;
     for (size_t i = 0; i <= ix->mask; i++)
         free(ix->slots[i].obj);
+    free(ix->slots);
+    free(ix);
+}
+
+void dram_index_destroy_table(struct dram_index *ix)
+{
+    if (!ix)
+        return;
     free(ix->slots);
     free(ix);
 }

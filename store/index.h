@@ -45,10 +45,13 @@ struct dram_index;
 /* A table that holds `expect` objects without growing (0: the smallest;
  * at most 2^23 slots, 128 MiB, are made up front), its pages touched. */
 int dram_index_create(struct dram_index **out, size_t expect);
-/* Frees the table and every object still in it. */
+/* Frees the table and every object still in it (free()). */
 void dram_index_destroy(struct dram_index *ix);
+/* Frees the table only: its objects are the caller's (the store's come
+ * from records.h). */
+void dram_index_destroy_table(struct dram_index *ix);
 
-/* Takes ownership of obj (malloc'd) and sets obj->hash.  The caller checks
+/* Holds obj (dram_index_destroy frees it with free()) and sets obj->hash.  The caller checks
  * first that no live entry has the key.  -ENOMEM if the table cannot grow. */
 int dram_index_insert(struct dram_index *ix, struct dram_obj *obj);
 /* Drops obj from the table (not from the LRU list); ownership returns to

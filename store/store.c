@@ -23,6 +23,7 @@
 #include "index.h"
 #include "journal.h"
 #include "lease.h"
+#include "records.h"
 #include "store.h"
 
 struct dram_store {
@@ -31,6 +32,7 @@ struct dram_store {
     struct dram_alloc *alloc;
     struct dram_index *index;
     struct dram_leases *leases;
+    struct dram_records *objs; /* every struct dram_obj (records.h) */
     uint64_t next_oid;
     uint64_t num_objects, num_pending, num_leased;
     uint64_t evictions, evicted_bytes, leases_expired;
@@ -194,6 +196,16 @@ static size_t store_expected_objects(uint64_t usable)
     return n < 4096 ? 4096 : (size_t)n;
 }
 
+/* The object and allocator records made (and touched) at creation: as many
+ * as the expected objects, up to 2^18 (about 50 MiB; a 16 GiB pool's
+ * worth), past which they are made 256 at a time (records.h). */
+#define STORE_PREFILL_MAX (1u << 18)
+
+static size_t store_prefill(size_t expect)
+{
+    return expect < STORE_PREFILL_MAX ? expect : STORE_PREFILL_MAX;
+}
+
 int dram_store_create(const struct dram_store_params *p, struct dram_store **out, char *err,
                       size_t errlen)
 {
@@ -214,8 +226,11 @@ int dram_store_create(const struct dram_store_params *p, struct dram_store **out
     uint64_t usable = p->capacity & ~(uint64_t)(DRAM_ALLOC_ALIGN - 1);
     if (usable > s->pool->size)
         usable = s->pool->size;
-    if (dram_index_create(&s->index, store_expected_objects(usable)) < 0 ||
-        dram_leases_create(&s->leases, STORE_PRESIZE_LEASES) < 0)
+    size_t expect = store_expected_objects(usable);
+    if (dram_index_create(&s->index, expect) < 0 ||
+        dram_leases_create(&s->leases, STORE_PRESIZE_LEASES) < 0 ||
+        dram_records_create(sizeof(struct dram_obj), &s->objs) < 0 ||
+        dram_records_prefill(s->objs, store_prefill(expect)) < 0)
         goto nomem;
     if (s->pool->persistent) {
         if ((rc = store_open_journal(s, p, usable, err, errlen)) < 0) {
@@ -228,6 +243,9 @@ int dram_store_create(const struct dram_store_params *p, struct dram_store **out
         if (dram_alloc_create(usable, &s->alloc) < 0)
             goto nomem;
     }
+    /* an object's block, and one free block between objects at most */
+    if (dram_alloc_prefill(s->alloc, store_prefill(expect) + 1) < 0)
+        goto nomem;
     *out = s;
     return 0;
 nomem:
@@ -241,14 +259,12 @@ void dram_store_destroy(struct dram_store *s)
     if (!s)
         return;
     dram_journal_close(s->journal);
-    /* HELD objects are in no index: free them here (their journal records
-     * stay PENDING for the next owner) */
-    for (size_t i = 0; i < s->nheap; i++)
-        if (s->heap[i]->state == DRAM_OBJ_HELD)
-            free(s->heap[i]);
+    /* every object, HELD ones too (their journal records stay PENDING for
+     * the next owner), goes with the records */
     free(s->heap);
     dram_leases_destroy(s->leases);
-    dram_index_destroy(s->index);
+    dram_index_destroy_table(s->index);
+    dram_records_destroy(s->objs);
     dram_alloc_destroy(s->alloc);
     dram_pool_destroy(s->pool);
     free(s);
@@ -304,7 +320,7 @@ static size_t valid_records(struct dram_store *s, struct dram_journal_rec *r, si
 static int adopt_pending(struct dram_store *s, const struct dram_journal_rec *r,
                          uint64_t now_ns)
 {
-    struct dram_obj *obj = calloc(1, sizeof(*obj));
+    struct dram_obj *obj = dram_records_get(s->objs);
     if (!obj)
         return -ENOMEM;
     uint64_t until = r->hold_s ? (uint64_t)r->hold_s * 1000000000ull : now_ns + s->adopt_grace_ns;
@@ -315,7 +331,7 @@ static int adopt_pending(struct dram_store *s, const struct dram_journal_rec *r,
     *obj = (struct dram_obj){.key = r->key, .oid = r->oid, .off = r->off, .size = r->size,
                              .state = DRAM_OBJ_HELD, .slot = r->slot, .until_ns = until};
     if (heap_push(s, obj) < 0) {
-        free(obj);
+        dram_records_put(s->objs, obj);
         return -ENOMEM;
     }
     s->ns[0].used += dram_alloc_round(r->size);
@@ -335,13 +351,13 @@ static int adopt_one(struct dram_store *s, const struct dram_journal_rec *r,
         s->adoption.dropped++;
         return 0;
     }
-    struct dram_obj *obj = calloc(1, sizeof(*obj));
+    struct dram_obj *obj = dram_records_get(s->objs);
     if (!obj)
         return -ENOMEM;
     *obj = (struct dram_obj){.key = r->key, .oid = r->oid, .off = r->off, .size = r->size,
                              .state = DRAM_OBJ_PUBLISHED, .slot = r->slot};
     if (dram_index_insert(s->index, obj) < 0) {
-        free(obj);
+        dram_records_put(s->objs, obj);
         return -ENOMEM;
     }
     if (r->oid >= s->next_oid)
@@ -471,7 +487,7 @@ static uint64_t obj_free(struct dram_store *s, struct dram_obj *obj)
     dram_alloc_put(s->alloc, obj->off);
     if (obj->state != DRAM_OBJ_HELD)
         dram_index_remove(s->index, obj);
-    free(obj);
+    dram_records_put(s->objs, obj);
     return bytes;
 }
 
@@ -553,12 +569,12 @@ int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64
         if (n->used + len > n->quota)
             return -EDQUOT; /* the rest is leased or pending */
     }
-    struct dram_obj *obj = calloc(1, sizeof(*obj));
+    struct dram_obj *obj = dram_records_get(s->objs);
     if (!obj)
         return -ENOMEM;
     int rc = dram_alloc_get(s->alloc, size, &obj->off);
     if (rc < 0) {
-        free(obj);
+        dram_records_put(s->objs, obj);
         return rc;
     }
     obj->key = *key;
@@ -570,13 +586,13 @@ int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64
     obj->until_ns = until_ns;
     if (dram_index_insert(s->index, obj) < 0) {
         dram_alloc_put(s->alloc, obj->off);
-        free(obj);
+        dram_records_put(s->objs, obj);
         return -ENOMEM;
     }
     if (until_ns && heap_push(s, obj) < 0) {
         dram_index_remove(s->index, obj);
         dram_alloc_put(s->alloc, obj->off);
-        free(obj);
+        dram_records_put(s->objs, obj);
         return -ENOMEM;
     }
     n->used += len;
@@ -829,11 +845,14 @@ uint64_t dram_store_largest_free(const struct dram_store *s)
     return dram_alloc_largest_free(s->alloc);
 }
 
-void dram_store_table_sizes(const struct dram_store *s, size_t *index_slots,
-                            size_t *lease_slots)
+void dram_store_tables(const struct dram_store *s, struct dram_store_tables *out)
 {
-    *index_slots = dram_index_slots(s->index);
-    *lease_slots = dram_leases_capacity(s->leases);
+    *out = (struct dram_store_tables){
+        .index_slots = dram_index_slots(s->index),
+        .lease_slots = dram_leases_capacity(s->leases),
+        .object_records = dram_records_made(s->objs),
+        .block_records = dram_alloc_records(s->alloc),
+    };
 }
 
 void dram_store_for_each_published(const struct dram_store *s,

@@ -148,9 +148,12 @@ void dram_store_for_each_published(const struct dram_store *s,
                                    void *ctx);
 void dram_store_usage(const struct dram_store *s, struct umbp_tier_usage *out);
 uint64_t dram_store_largest_free(const struct dram_store *s);
-/* Slots of the object index and of the lease table now (tests: they are
- * made at the size a full pool of KV objects needs, store.c). */
-void dram_store_table_sizes(const struct dram_store *s, size_t *index_slots,
-                            size_t *lease_slots);
+/* The sizes of the store's tables now (tests: they are made at the size a
+ * full pool of KV objects needs, store.c): slots of the index and of the
+ * lease table, object and allocator-block records made. */
+struct dram_store_tables {
+    size_t index_slots, lease_slots, object_records, block_records;
+};
+void dram_store_tables(const struct dram_store *s, struct dram_store_tables *out);
 
 #endif /* UMBP_DRAM_STORE_H */

@@ -279,18 +279,21 @@ Test(dram_store, a_quota_held_by_leases_refuses_with_edquot)
     dram_store_destroy(s);
 }
 
-/* The index and the lease table start at the size a full pool of KV
- * objects needs: filling a pool with the objects it expects and leasing
- * 4,096 of them at once grows neither (growing rehashed the index, or
- * reallocated the leases, on the loop thread while a store or restore
- * waited: docs/benchmarks.md). */
+/* The index, the lease table and the records of objects and allocator
+ * blocks are made at creation at the size a full pool of KV objects needs:
+ * filling a pool with the objects it expects and leasing 4,096 of them at
+ * once grows none of them (growing rehashed the index, reallocated the
+ * leases, or faulted in new heap pages, on the loop thread while a store or
+ * restore waited: docs/benchmarks.md). */
 Test(dram_store, tables_start_at_the_size_a_full_pool_needs)
 {
     struct dram_store *s = plain_store(64 * MiB);
     enum { N = 4096 };
-    size_t ix0, ls0, ix1, ls1;
-    dram_store_table_sizes(s, &ix0, &ls0);
-    cr_assert_geq(ls0, N, "lease table of %zu slots", ls0);
+    struct dram_store_tables t0, t1;
+    dram_store_tables(s, &t0);
+    cr_assert_geq(t0.lease_slots, N, "lease table of %zu slots", t0.lease_slots);
+    cr_assert_geq(t0.object_records, N, "%zu object records", t0.object_records);
+    cr_assert_geq(t0.block_records, N + 1, "%zu block records", t0.block_records);
     static struct dram_store_region r[N];
     for (uint64_t i = 0; i < N; i++) {
         umbp_key_t k = tu_key_id(5, i);
@@ -302,9 +305,15 @@ Test(dram_store, tables_start_at_the_size_a_full_pool_needs)
         umbp_key_t k = tu_key_id(5, i);
         cr_assert_eq(dram_store_acquire(s, &k, umbp_now_ns(), 1000000000ull, &r[i]), 0);
     }
-    dram_store_table_sizes(s, &ix1, &ls1);
-    cr_assert_eq(ix1, ix0, "the index grew from %zu to %zu slots", ix0, ix1);
-    cr_assert_eq(ls1, ls0, "the lease table grew from %zu to %zu slots", ls0, ls1);
+    dram_store_tables(s, &t1);
+    cr_assert_eq(t1.index_slots, t0.index_slots, "the index grew from %zu to %zu slots",
+                 t0.index_slots, t1.index_slots);
+    cr_assert_eq(t1.lease_slots, t0.lease_slots, "the lease table grew from %zu to %zu slots",
+                 t0.lease_slots, t1.lease_slots);
+    cr_assert_eq(t1.object_records, t0.object_records, "object records grew from %zu to %zu",
+                 t0.object_records, t1.object_records);
+    cr_assert_eq(t1.block_records, t0.block_records, "block records grew from %zu to %zu",
+                 t0.block_records, t1.block_records);
     uint64_t freed = 0;
     for (uint64_t i = 0; i < N; i++)
         cr_assert_eq(dram_store_release(s, r[i].token, &freed), 0);
