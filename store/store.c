@@ -183,17 +183,18 @@ static void lru_touch(struct dram_store *s, struct dram_obj *obj)
 
 /* The index and the lease table start at the size a full pool of KV block
  * objects needs (one object per 64 KiB of capacity, the size below which
- * no model's block object falls, at least 4,096) and room for 4,096 leases
- * at once (six 10,000-token restores in flight), so neither grows while a
- * pool fills: growing the index rehashed up to 5,700 entries on the loop
- * thread in the middle of a store (about 0.5 ms on an H200 host's VM). */
+ * no model's block object falls; at least 64) and room for as many leases
+ * at once, up to 4,096 (six 10,000-token restores in flight), so neither
+ * grows while a pool fills: growing the index rehashed up to 5,700 entries
+ * on the loop thread in the middle of a store (about 0.5 ms on an H200
+ * host's VM).  A small pool (tests, fuzzers) makes little up front. */
 #define STORE_PRESIZE_OBJECT_BYTES (64u << 10)
 #define STORE_PRESIZE_LEASES 4096u
 
 static size_t store_expected_objects(uint64_t usable)
 {
     uint64_t n = usable / STORE_PRESIZE_OBJECT_BYTES;
-    return n < 4096 ? 4096 : (size_t)n;
+    return n < 64 ? 64 : (size_t)n;
 }
 
 /* The object and allocator records made (and touched) at creation: as many
@@ -228,7 +229,8 @@ int dram_store_create(const struct dram_store_params *p, struct dram_store **out
         usable = s->pool->size;
     size_t expect = store_expected_objects(usable);
     if (dram_index_create(&s->index, expect) < 0 ||
-        dram_leases_create(&s->leases, STORE_PRESIZE_LEASES) < 0 ||
+        dram_leases_create(&s->leases, expect < STORE_PRESIZE_LEASES
+                                            ? (uint32_t)expect : STORE_PRESIZE_LEASES) < 0 ||
         dram_records_create(sizeof(struct dram_obj), &s->objs) < 0 ||
         dram_records_prefill(s->objs, store_prefill(expect)) < 0)
         goto nomem;

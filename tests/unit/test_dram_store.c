@@ -280,14 +280,14 @@ Test(dram_store, a_quota_held_by_leases_refuses_with_edquot)
 }
 
 /* The index, the lease table and the records of objects and allocator
- * blocks are made at creation at the size a full pool of KV objects needs:
- * filling a pool with the objects it expects and leasing 4,096 of them at
- * once grows none of them (growing rehashed the index, reallocated the
+ * blocks are made at creation at the size a full pool of KV objects needs
+ * (one per 64 KiB): filling a pool with the objects it expects and leasing
+ * 4,096 of them at once grows none of them (growing rehashed the index, reallocated the
  * leases, or faulted in new heap pages, on the loop thread while a store or
  * restore waited: docs/benchmarks.md). */
 Test(dram_store, tables_start_at_the_size_a_full_pool_needs)
 {
-    struct dram_store *s = plain_store(64 * MiB);
+    struct dram_store *s = plain_store(256 * MiB); /* 4,096 objects of 64 KiB */
     enum { N = 4096 };
     struct dram_store_tables t0, t1;
     dram_store_tables(s, &t0);
@@ -297,7 +297,7 @@ Test(dram_store, tables_start_at_the_size_a_full_pool_needs)
     static struct dram_store_region r[N];
     for (uint64_t i = 0; i < N; i++) {
         umbp_key_t k = tu_key_id(5, i);
-        cr_assert_eq(dram_store_reserve(s, &k, 16 * KiB, &r[i]), 0, "reserve %llu",
+        cr_assert_eq(dram_store_reserve(s, &k, 64 * KiB, &r[i]), 0, "reserve %llu",
                      (unsigned long long)i);
         cr_assert_eq(dram_store_publish(s, &k, r[i].token), 0);
     }
