@@ -869,8 +869,8 @@ static int launch(struct umbp_gpu_engine *eng, const struct plan *p,
  * and by then the DMAs of this transfer's first groups were ahead of it:
  * on an H200 host the tail of a 10,000-token restore started scattering
  * 1.1 ms after its first DMA, and its fifth group's DMA waited 27 us for a
- * slot (the DMAs' idle gaps: 51 us a restore, now 26).  A store's is read in place, from the
- * pinned and mapped host table (one 16-byte read per warp and chunk): an
+ * slot (the DMAs' idle gaps: 51 us a restore, now 26).  A store's is read
+ * in place, from the pinned and mapped host table (one 16-byte read per warp and chunk): an
  * upload is a host-to-device copy, and the copy engine runs those in the
  * order they were queued, so a store's upload queued after a restore's DMAs
  * waited for all of them.  On an H200 host a 10,000-token store sliced

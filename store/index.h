@@ -51,8 +51,9 @@ void dram_index_destroy(struct dram_index *ix);
  * from records.h). */
 void dram_index_destroy_table(struct dram_index *ix);
 
-/* Holds obj (dram_index_destroy frees it with free()) and sets obj->hash.  The caller checks
- * first that no live entry has the key.  -ENOMEM if the table cannot grow. */
+/* Holds obj (dram_index_destroy frees it with free()) and sets obj->hash.
+ * The caller checks first that no live entry has the key.  -ENOMEM if the
+ * table cannot grow. */
 int dram_index_insert(struct dram_index *ix, struct dram_obj *obj);
 /* Drops obj from the table (not from the LRU list); ownership returns to
  * the caller. */

@@ -198,8 +198,8 @@ static size_t store_expected_objects(uint64_t usable)
 }
 
 /* The object and allocator records made (and touched) at creation: as many
- * as the expected objects, up to 2^18 (about 50 MiB; a 16 GiB pool's
- * worth), past which they are made 256 at a time (records.h). */
+ * as the expected objects, up to 2^18 (208 bytes an object: about 52 MiB, a
+ * 16 GiB pool's worth), past which they are made 256 at a time (records.h). */
 #define STORE_PREFILL_MAX (1u << 18)
 
 static size_t store_prefill(size_t expect)
@@ -245,7 +245,8 @@ int dram_store_create(const struct dram_store_params *p, struct dram_store **out
         if (dram_alloc_create(usable, &s->alloc) < 0)
             goto nomem;
     }
-    /* an object's block, and one free block between objects at most */
+    /* a block per object and the free one after them; the free gaps of a
+     * fragmented pool take block records as they come (256 at a time) */
     if (dram_alloc_prefill(s->alloc, store_prefill(expect) + 1) < 0)
         goto nomem;
     *out = s;

@@ -67,6 +67,28 @@ Test(dram_records, prefill_makes_records_up_front)
     dram_records_destroy(r); /* the odd ones and got[N] are still in use */
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+/* A record is poisoned once put back, so a read through a stale pointer is
+ * an ASan report, as it was when records were malloc'd and freed; a record
+ * got again is not.  Only in the sanitizer build, where poisoning exists. */
+Test(dram_records, a_record_put_back_is_poisoned_under_asan)
+{
+    struct dram_records *r;
+    cr_assert_eq(dram_records_create(sizeof(struct rec), &r), 0);
+    struct rec *x = dram_records_get(r);
+    cr_assert_not_null(x);
+    cr_assert_not(__asan_address_is_poisoned(&x->b), "a record in use is poisoned");
+    dram_records_put(r, x);
+    cr_assert(__asan_address_is_poisoned(&x->b), "a record put back is not poisoned");
+    cr_assert(__asan_address_is_poisoned(&x->name[39]), "its last bytes are not poisoned");
+    struct rec *y = dram_records_get(r);
+    cr_assert_eq(y, x);
+    cr_assert_not(__asan_address_is_poisoned(&y->name[39]), "a record got again is poisoned");
+    dram_records_destroy(r);
+}
+#endif
+
 Test(dram_records, zero_size_is_refused)
 {
     struct dram_records *r = NULL;
