@@ -63,6 +63,14 @@ void umbp_set_answer(const char *fmt, ...)
 
 const char *umbp_last_error(void) { return last_error; }
 
+void umbp_touch_pages(void *p, size_t len)
+{
+    volatile char *c = p;
+
+    for (size_t i = 0; i < len; i += 4096)
+        c[i] = 0;
+}
+
 uint64_t umbp_now_ns(void)
 {
     struct timespec ts;

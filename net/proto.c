@@ -798,7 +798,7 @@ void proto_buf_consume(struct proto_buf *b, size_t bytes)
 }
 
 /* Room for `extra` more bytes; capacity doubles. */
-static int buf_reserve(struct proto_buf *b, size_t extra)
+int proto_buf_reserve(struct proto_buf *b, size_t extra)
 {
     size_t need = b->len + extra, cap = b->cap ? b->cap : 4096;
     uint8_t *data;
@@ -851,7 +851,7 @@ int proto_buf_move(struct proto_buf *to, struct proto_buf *from)
         *from = t;
         return 0;
     }
-    if (buf_reserve(to, from->len))
+    if (proto_buf_reserve(to, from->len))
         return -ENOMEM;
     memcpy(to->data + to->len, from->data, from->len);
     to->len += from->len;
@@ -865,7 +865,7 @@ int proto_begin(struct proto_buf *b, uint16_t type, uint64_t seq, uint32_t n, ui
 
     if (b->open || !begin_allowed(type_info(type), seq, n, arg))
         return -EINVAL;
-    if (buf_reserve(b, PROTO_HDR_SIZE + PROTO_BODY_HDR_SIZE))
+    if (proto_buf_reserve(b, PROTO_HDR_SIZE + PROTO_BODY_HDR_SIZE))
         return -ENOMEM;
     h = b->data + b->len;
     put_u32(h, 0); /* len: proto_end fills it in */
@@ -928,7 +928,7 @@ int proto_record_slot(struct proto_buf *b, enum rec_kind kind, uint8_t **out)
     have = b->len - b->frame - PROTO_HDR_SIZE - PROTO_BODY_HDR_SIZE;
     if (t->kind != kind || have + t->rec_size > (uint64_t)open_n(b) * t->rec_size)
         return proto_put_fail(b, -EINVAL);
-    if (buf_reserve(b, t->rec_size))
+    if (proto_buf_reserve(b, t->rec_size))
         return proto_put_fail(b, -ENOMEM);
     *out = b->data + b->len;
     b->len += t->rec_size;

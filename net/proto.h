@@ -404,6 +404,9 @@ struct proto_buf {
 };
 
 void proto_buf_free(struct proto_buf *b);
+/* Room for `extra` more bytes without a realloc (capacity doubles from 4
+ * KiB): 0 or -ENOMEM.  What lies past len is the caller's to write. */
+int proto_buf_reserve(struct proto_buf *b, size_t extra);
 /* Drops the first `bytes` (already written to the socket); never drops
  * into an open frame. */
 void proto_buf_consume(struct proto_buf *b, size_t bytes);

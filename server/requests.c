@@ -470,6 +470,8 @@ static int handle_hello(struct srv_session *ss, const struct proto_frame *f, cha
     int rc = welcome(ss, f);
     if (rc)
         return rc;
+    if (h.role == PROTO_ROLE_WORKER)
+        session_warm(ss);
     if (h.flags & PROTO_HELLO_EVENTS)
         srv_events_subscribe(ss);
     umbp_log(UMBP_LOG_INFO, SESSION_FMT ": %s, dp %u tp %u, engine '%s', namespace '%s'%s",

@@ -36,6 +36,11 @@ const struct umbp_option srv_options[] = {
      "empty = both private to the server's user (0700, 0600)"},
     {"max_sessions", UMBP_OPT_INT, OFF(max_sessions), "1024", 1, SRV_MAX_SESSIONS, 0, NULL,
      "server: connected clients at most; more are refused (and counted)"},
+    {"session_warm_keys", UMBP_OPT_INT, OFF(session_warm_keys), "1024", 0, 65536, 0, NULL,
+     "server: at an engine worker's HELLO its session makes room, pages touched, for this "
+     "many reservations, as many leases and a reply of this many keys, so that its first "
+     "store and restore grow no table and fault no page in (about 290 KiB a session at "
+     "1024); 0 = everything grows on demand"},
     {"handshake_timeout_ms", UMBP_OPT_INT, OFF(handshake_timeout_ms), "5000", 10, 3600000, 0,
      NULL,
      "server: a client that has not sent its whole HELLO this long after connecting is "

@@ -33,6 +33,7 @@ struct srv_options {
     char allowed_gids[512];
     char socket_group[64];
     int64_t max_sessions;
+    int64_t session_warm_keys;
     int64_t handshake_timeout_ms;
     int64_t frame_timeout_ms;
     char namespace_quotas[2048];

@@ -53,15 +53,18 @@ static void place(struct srv_track *t, const struct srv_track_slot *e)
     t->slots[i] = *e;
 }
 
-static int grow(struct srv_track *t)
+/* A table of cap slots (a power of two over the old one), its pages
+ * touched before any entry moves in. */
+static int resize(struct srv_track *t, size_t cap)
 {
     struct srv_track_slot *old = t->slots;
     size_t old_cap = t->cap;
-    struct srv_track_slot *s = calloc(old_cap * 2, sizeof(*s));
+    struct srv_track_slot *s = calloc(cap, sizeof(*s));
     if (!s)
         return -ENOMEM;
+    umbp_touch_pages(s, cap * sizeof(*s));
     t->slots = s;
-    t->cap = old_cap * 2;
+    t->cap = cap;
     for (size_t i = 0; i < old_cap; i++)
         if (old[i].token)
             place(t, &old[i]);
@@ -69,11 +72,19 @@ static int grow(struct srv_track *t)
     return 0;
 }
 
+int track_presize(struct srv_track *t, size_t tokens)
+{
+    size_t cap = t->cap;
+    while (tokens * 2 > cap) /* at most half full, as track_add keeps it */
+        cap *= 2;
+    return cap > t->cap ? resize(t, cap) : 0;
+}
+
 int track_add(struct srv_track *t, uint64_t token, const umbp_key_t *key)
 {
     if (token == 0)
         return -EINVAL;
-    if ((t->n + 1) * 2 > t->cap && grow(t) < 0)
+    if ((t->n + 1) * 2 > t->cap && resize(t, t->cap * 2) < 0)
         return -ENOMEM;
     struct srv_track_slot e = {.token = token};
     if (t->keep_keys)

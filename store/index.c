@@ -36,16 +36,6 @@ struct dram_index {
     struct dram_obj *lru_head, *lru_tail;
 };
 
-/* calloc'd memory of this size comes from fresh zero pages, each faulted
- * in at its first write: write one byte per page now instead. */
-static void touch_pages(void *p, size_t len)
-{
-    volatile char *c = p;
-
-    for (size_t i = 0; i < len; i += 4096)
-        c[i] = 0;
-}
-
 int dram_index_create(struct dram_index **out, size_t expect)
 {
     struct dram_index *ix = calloc(1, sizeof(*ix));
@@ -60,7 +50,7 @@ int dram_index_create(struct dram_index **out, size_t expect)
         free(ix);
         return -ENOMEM;
     }
-    touch_pages(ix->slots, n * sizeof(*ix->slots));
+    umbp_touch_pages(ix->slots, n * sizeof(*ix->slots)); /* no fault under a request */
     ix->mask = n - 1;
     *out = ix;
     return 0;

@@ -404,6 +404,12 @@ void umbp_log(enum umbp_log_level lvl, const char *fmt, ...)
 uint64_t umbp_now_ns(void); /* CLOCK_MONOTONIC */
 /* Hash of a key for index tables (xxh3 of the bytes). */
 uint64_t umbp_key_hash(const umbp_key_t *key);
+/* Writes one byte per page of [p, p + len) (zeros: the bytes must be the
+ * caller's to overwrite), so that each page's first-touch fault - the
+ * kernel zeroing it, a few microseconds - happens now and not under a later
+ * request.  For tables and buffers made ahead from calloc or malloc, which
+ * hand out pages nobody touched yet. */
+void umbp_touch_pages(void *p, size_t len);
 
 #ifdef __cplusplus
 }

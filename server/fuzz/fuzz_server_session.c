@@ -47,7 +47,7 @@ static void setup(void)
     snprintf(dir, sizeof(dir), "/tmp/umbp-fuzz-%d", (int)getpid());
     FZ_CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
     snprintf(json, sizeof(json), "{\"socket_dir\": \"%s\", \"capacity_bytes\": \"2MiB\", "
-             "\"log_level\": \"error\", \"lease_ttl_ms\": 600000}", dir);
+             "\"log_level\": \"error\", \"lease_ttl_ms\": 600000, \"session_warm_keys\": 16}", dir);
     if (umbp_server_create(json, &srv, err, sizeof(err)) < 0) {
         fprintf(stderr, "umbp_server_create: %s\n", err);
         abort();

@@ -32,7 +32,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fdpass.h"
 #include "proto.h"
+#include "server.h"
 #include "server_config.h"
 #include "srv.h" /* track.c, tested directly below */
 #include "sync_client.h"
@@ -1793,5 +1795,152 @@ Test(server, token_table_matches_a_model)
     }
     cr_assert_eq(t.n, 0);
     cr_assert(!track_take(&t, 0, NULL));
+    track_fini(&t);
+}
+
+/* ---- a worker's session made ready at HELLO (session_warm) ------------------------ */
+
+/* Runs the server's loop until the session has answered HELLO (HELLO_OK
+ * read back, its pool descriptor closed). */
+static void hello_in_process(struct umbp_server *s, int fd, uint8_t role)
+{
+    struct proto_buf b = {0};
+    struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION, .role = role,
+                            .write_deadline_ms = role == PROTO_ROLE_WORKER ? 1000 : 0};
+    cr_assert_eq(proto_begin(&b, PROTO_HELLO, 1, 1, 0), 0);
+    cr_assert_eq(proto_put_hello(&b, &h), 0);
+    cr_assert_eq(proto_end(&b), 0);
+    cr_assert_eq(send(fd, b.data, b.len, MSG_NOSIGNAL), (ssize_t)b.len);
+    proto_buf_free(&b);
+    uint8_t buf[4096];
+    for (int i = 0; i < 1000; i++) {
+        ev_run(s->loop, EVRUN_NOWAIT);
+        int pool_fd = -1;
+        ssize_t n = proto_recv_with_fd(fd, buf, sizeof(buf), &pool_fd);
+        if (pool_fd >= 0)
+            close(pool_fd);
+        if (n > 0)
+            return;
+    }
+    cr_assert_fail("no answer to HELLO");
+}
+
+/* Whether every page of [p, p + len) is resident. */
+static bool resident(const void *p, size_t len)
+{
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)4095, e = (uintptr_t)p + len;
+    size_t pages = (e - a + 4095) / 4096;
+    unsigned char *v = malloc(pages);
+    cr_assert_eq(mincore((void *)a, e - a, v), 0, "mincore: %s", strerror(errno));
+    bool all = true;
+    for (size_t i = 0; i < pages; i++)
+        all = all && (v[i] & 1);
+    free(v);
+    return all;
+}
+
+/* A worker's first requests must not grow its token tables or buffers
+ * (page faults and rehashes under the first store and restore: 200-300 us
+ * each on the H200 host's first restore); an admin session makes nothing
+ * ahead.  Fails with session_warm undone. */
+static struct umbp_server *server_in_process(char *dir, size_t len, const char *extra)
+{
+    char json[512], err[512];
+    snprintf(dir, len, "/tmp/umbp-test-warm-%d", (int)getpid());
+    cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    snprintf(json, sizeof(json), "{\"socket_dir\": \"%s\", \"capacity_bytes\": \"2MiB\", "
+             "\"log_level\": \"error\"%s}", dir, extra);
+    struct umbp_server *s;
+    cr_assert_eq(umbp_server_create(json, &s, err, sizeof(err)), 0, "%s", err);
+    return s;
+}
+
+static void server_in_process_end(struct umbp_server *s, char *dir)
+{
+    for (int i = 0; i < 1000 && s->svc.nconns; i++)
+        ev_run(s->loop, EVRUN_NOWAIT);
+    cr_expect_eq(s->svc.nconns, 0);
+    umbp_server_destroy(s);
+    rmdir(dir);
+}
+
+Test(server, a_worker_session_is_ready_for_its_first_requests)
+{
+    char dir[64];
+    struct umbp_server *s = server_in_process(dir, sizeof(dir), "");
+    int w[2], a[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, w), 0);
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, a), 0);
+    struct srv_session *worker = session_open(s, w[0], getpid(), geteuid(), getegid());
+    struct srv_session *admin = session_open(s, a[0], getpid(), geteuid(), getegid());
+    cr_assert(worker && admin);
+    hello_in_process(s, w[1], PROTO_ROLE_WORKER);
+    hello_in_process(s, a[1], PROTO_ROLE_ADMIN);
+
+    const size_t keys = 1024; /* session_warm_keys' default */
+    const struct srv_track *tr[] = {&worker->reservations, &worker->leases};
+    for (int i = 0; i < 2; i++) {
+        cr_expect_geq(tr[i]->cap, 2 * keys, "%s table: %zu slots",
+                      i ? "lease" : "reservation", tr[i]->cap);
+        cr_expect(resident(tr[i]->slots, tr[i]->cap * sizeof(*tr[i]->slots)),
+                  "%s table not touched", i ? "lease" : "reservation");
+    }
+    const struct proto_buf *bufs[] = {&worker->reply, &worker->conn.out};
+    for (int i = 0; i < 2; i++) {
+        cr_expect_geq(bufs[i]->cap - bufs[i]->len, keys * PROTO_REGION_ITEM_SIZE,
+                      "%s: room for %zu bytes",
+                      i ? "output" : "reply", bufs[i]->cap - bufs[i]->len);
+        if (bufs[i]->cap)
+            cr_expect(resident(bufs[i]->data, bufs[i]->cap), "%s not touched",
+                      i ? "output" : "reply");
+    }
+    cr_expect(resident(worker->conn.in, keys * PROTO_TOKEN_ITEM_SIZE), "input not touched");
+    cr_expect_lt(admin->reservations.cap, 2 * keys, "an admin session warmed");
+    cr_expect_eq(admin->reply.cap, 0, "an admin session warmed");
+
+    /* the tables made ahead hold what they were made for without growing */
+    struct srv_track_slot *slots = worker->leases.slots;
+    for (uint64_t t = 1; t <= keys; t++)
+        cr_assert_eq(track_add(&worker->leases, t << 32 | t, NULL), 0);
+    cr_expect(worker->leases.slots == slots, "the lease table grew");
+    for (uint64_t t = 1; t <= keys; t++)
+        cr_assert(track_take(&worker->leases, t << 32 | t, NULL), "token %llu lost",
+                  (unsigned long long)t);
+    close(w[1]);
+    close(a[1]);
+    server_in_process_end(s, dir);
+
+    /* session_warm_keys 0: a worker makes nothing ahead either */
+    s = server_in_process(dir, sizeof(dir), ", \"session_warm_keys\": 0");
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, w), 0);
+    worker = session_open(s, w[0], getpid(), geteuid(), getegid());
+    cr_assert(worker);
+    hello_in_process(s, w[1], PROTO_ROLE_WORKER);
+    cr_expect_lt(worker->leases.cap, 2 * keys, "warmed with session_warm_keys 0");
+    cr_expect_eq(worker->reply.cap, 0, "warmed with session_warm_keys 0");
+    close(w[1]);
+    server_in_process_end(s, dir);
+}
+
+/* track_presize on a table that holds tokens keeps every one. */
+Test(server, presizing_a_token_table_keeps_what_it_holds)
+{
+    struct srv_track t;
+    cr_assert_eq(track_init(&t, true), 0);
+    for (uint64_t i = 1; i <= 20; i++) {
+        umbp_key_t k = tu_key_id(7, i);
+        cr_assert_eq(track_add(&t, i * 0x100000001ull, &k), 0);
+    }
+    cr_assert_eq(track_presize(&t, 5000), 0);
+    cr_assert_geq(t.cap, 10000);
+    size_t cap = t.cap;
+    cr_assert_eq(track_presize(&t, 100), 0);
+    cr_assert_eq(t.cap, cap, "presizing to less shrank the table");
+    for (uint64_t i = 1; i <= 20; i++) {
+        umbp_key_t k = tu_key_id(7, i);
+        cr_assert(track_take(&t, i * 0x100000001ull, &k), "token %llu lost",
+                  (unsigned long long)i);
+    }
+    cr_assert_eq(t.n, 0);
     track_fini(&t);
 }

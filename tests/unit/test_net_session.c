@@ -591,6 +591,30 @@ Test(net_session, the_handshake)
     net_session_destroy(&s);
 }
 
+/* A connection up - adopted after the caller's own handshake, or after
+ * HELLO_OK - has room for a large request and its reply, so the first
+ * ones grow no buffer (a realloc and page faults under the first store or
+ * restore).  Fails with warm() undone. */
+Test(net_session, a_connection_up_has_room_for_its_first_requests)
+{
+    struct net_session s;
+    struct owner o;
+    setup(&s, &o, 0);
+    cr_expect_geq(s.out.cap - s.out.len, 64 * 1024, "adopted: output room %zu", s.out.cap);
+    cr_expect_geq(s.in_cap - s.in_len, 64 * 1024, "adopted: input room %zu", s.in_cap);
+    net_session_destroy(&s);
+
+    setup(&s, &o, 0);
+    net_session_lost(&s, T0, "the server closed the connection");
+    proto_buf_free(&s.out); /* as a session that never warmed */
+    uint64_t now = T0 + next_retry_ms(&s, T0) * MS;
+    net_session_tick(&s, now);
+    reconnect(&s, now);
+    cr_expect_geq(s.out.cap - s.out.len, 64 * 1024, "after HELLO_OK: output room %zu",
+                  s.out.cap);
+    net_session_destroy(&s);
+}
+
 Test(net_session, calls_queued_behind_hello)
 {
     struct net_session s;
