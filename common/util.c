@@ -65,10 +65,12 @@ const char *umbp_last_error(void) { return last_error; }
 
 void umbp_touch_pages(void *p, size_t len)
 {
-    volatile char *c = p;
+    /* the first byte of the range, then the start of each later page: every
+     * page the range overlaps, however it is aligned */
+    uintptr_t a = (uintptr_t)p, end = a + len;
 
-    for (size_t i = 0; i < len; i += 4096)
-        c[i] = 0;
+    for (; a < end; a = (a | 4095u) + 1)
+        *(volatile char *)a = 0;
 }
 
 uint64_t umbp_now_ns(void)
