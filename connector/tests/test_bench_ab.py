@@ -68,6 +68,10 @@ def test_a_case_names_its_options(bench):
     assert bench.parse_case("x:a=1,head=8,b=c,prewake=0") == ("x", ["a=1", "b=c"], 8, False, {})
     assert bench.parse_case("x:busy=50,idle=0,pinwarm=1") == (
         "x", [], None, True, {"busy_ms": 50, "idle_ms": 0, "pin_warm": True})
+    # the benchmark's own torch operations left cold before the first calls
+    assert bench.parse_case("x:coldops=1") == ("x", [], None, True, {"cold_bench_ops": True})
+    with pytest.raises(SystemExit, match="coldops must be 0 or 1"):
+        bench.parse_case("x:coldops=yes")
     with pytest.raises(SystemExit, match="busy must be milliseconds"):
         bench.parse_case("x:busy=-1")
     with pytest.raises(SystemExit, match="prewake must be 0 or 1"):
