@@ -158,7 +158,7 @@ static int check_config(umbp_gpu_config_t *c)
 static umbp_gpu_method_t auto_method(const struct umbp_gpu_engine *eng, int restore,
                                      uint64_t dma_bytes)
 {
-    if (eng->ops->kind == UMBP_GPU_BACKEND_HOST)
+    if (eng->ops->synchronous)
         return UMBP_GPU_METHOD_KERNEL; /* a memcpy either way; staging adds one */
     if (!restore && dma_bytes < STAGED_STORE_MIN_BYTES)
         return UMBP_GPU_METHOD_KERNEL;
@@ -1196,7 +1196,7 @@ static int submit(umbp_gpu_engine_t *eng, const umbp_kv_xfer_desc_t *d, int rest
 
     x->bytes = p.sel_bytes * p.n;
     atomic_store(&x->status, UMBP_E_INPROGRESS);
-    if (d->wait_event != NULL && o->kind != UMBP_GPU_BACKEND_HOST)
+    if (d->wait_event != NULL && !o->synchronous)
         rc = gpu_stream_wait_event(o, lane_of(eng, &p)->kstream, d->wait_event);
     issued = true;
     if (rc == 0) {
@@ -1293,7 +1293,7 @@ int umbp_gpu_xfer_wait(umbp_gpu_xfer_t *x, int timeout_ms)
 
 void *umbp_gpu_xfer_event(umbp_gpu_xfer_t *x)
 {
-    if (x == NULL || x->eng->ops->kind == UMBP_GPU_BACKEND_HOST)
+    if (x == NULL || x->eng->ops->synchronous)
         return NULL;
     return x->done;
 }

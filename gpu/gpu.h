@@ -18,6 +18,7 @@
 #ifndef UMBP_GPU_PRIVATE_H
 #define UMBP_GPU_PRIVATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -31,6 +32,11 @@ typedef void *gpu_event_t;
 struct gpu_ops {
     const char *name;
     umbp_gpu_backend_t kind;
+    /* Every operation is done when its call returns (the host backend,
+     * gpu_host.c): streams order nothing and every event is complete, so
+     * the engine skips them.  false for a device, and for gpu_host_async.c,
+     * which keeps streams apart as a device does. */
+    bool synchronous;
 
     int (*device_count)(int *n); /* -ENODEV (with the reason) if none */
     int (*device_enter)(int dev, int *prev);
@@ -77,6 +83,12 @@ const struct gpu_ops *gpu_backend_ops(umbp_gpu_backend_t b);
 
 /* Records the message umbp_gpu_last_error() returns on this thread. */
 void gpu_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The host backends (gpu_host.c; gpu_host_async.c, its device thread and
+ * stream queues, chosen with UMBP_GPU_HOST_ASYNC=1) and what they share. */
+extern const struct gpu_ops gpu_host_ops, gpu_host_async_ops;
+int gpu_host_memcpy_sync(void *dst, const void *src, size_t n);
+int gpu_host_memset_sync(void *dst, int v, size_t n);
 
 /* The host backend's copy "kernel": the same chunk walk as copy_kernel.inc,
  * with memcpy (copy_host.c).  Also the reference the tests trust least. */

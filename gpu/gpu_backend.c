@@ -10,11 +10,11 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu.h"
 
-extern const struct gpu_ops gpu_host_ops;
 #ifdef UMBP_GPU_HAVE_CUDA
 extern const struct gpu_ops gpu_cuda_ops;
 #endif
@@ -37,8 +37,12 @@ const char *umbp_gpu_last_error(void) { return last_error; }
 const struct gpu_ops *gpu_backend_ops(umbp_gpu_backend_t b)
 {
     switch (b) {
-    case UMBP_GPU_BACKEND_HOST:
-        return &gpu_host_ops;
+    case UMBP_GPU_BACKEND_HOST: {
+        /* a test knob: the host backend with a device thread that keeps
+         * streams apart as a GPU does (gpu_host_async.c) */
+        const char *a = getenv("UMBP_GPU_HOST_ASYNC");
+        return a && strcmp(a, "1") == 0 ? &gpu_host_async_ops : &gpu_host_ops;
+    }
 #ifdef UMBP_GPU_HAVE_CUDA
     case UMBP_GPU_BACKEND_CUDA:
         return &gpu_cuda_ops;

@@ -111,12 +111,12 @@ static int host_memcpy_async(void *dst, const void *src, size_t n, gpu_stream_t 
     memcpy(dst, src, n);
     return 0;
 }
-static int host_memcpy_sync(void *dst, const void *src, size_t n)
+int gpu_host_memcpy_sync(void *dst, const void *src, size_t n)
 {
     memcpy(dst, src, n);
     return 0;
 }
-static int host_memset_sync(void *dst, int v, size_t n)
+int gpu_host_memset_sync(void *dst, int v, size_t n)
 {
     memset(dst, v, n);
     return 0;
@@ -132,6 +132,7 @@ static int host_launch_copy(const struct gpu_copy_args *a, unsigned ctas, unsign
 const struct gpu_ops gpu_host_ops = {
     .name = "host",
     .kind = UMBP_GPU_BACKEND_HOST,
+    .synchronous = true,
     .device_count = host_device_count,
     .device_enter = host_device_enter,
     .device_leave = host_device_leave,
@@ -157,7 +158,7 @@ const struct gpu_ops gpu_host_ops = {
     .stream_wait_event = host_stream_wait_event,
     .memcpy_async = host_memcpy_async,
     .memcpy_batch_async = NULL,
-    .memcpy_sync = host_memcpy_sync,
-    .memset_sync = host_memset_sync,
+    .memcpy_sync = gpu_host_memcpy_sync,
+    .memset_sync = gpu_host_memset_sync,
     .launch_copy = host_launch_copy,
 };
