@@ -82,6 +82,10 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   build-tsan/bench/bench_alloc 20000 | tail -1
   build-tsan/bench/bench_lookup 200 | tail -1
   build-tsan/bench/bench_putget 64 1 | tail -1
+  # the GPU KV path (caller, loop, waiter, engine, two engines and a server)
+  # on the host backend with a device thread (gpu/gpu_host_async.c)
+  UMBP_GPU_HOST_ASYNC=1 build-tsan/bench/bench_kv_engines 2 host 1 2 4 4 2>/dev/null |
+    grep "every byte verified"
   # key derivation on the caller's parallel-for (runtime/par.c) and its helpers
   UMBP_PAR_THREADS=2 build-tsan/bench/bench_py_baseline 50 | tail -1
   # standalone: the server and its clients (lookups, put/get, 8 clients'
