@@ -20,7 +20,8 @@
  *
  * CUDA's semantics kept: an event's query and sync, and a stream's wait on
  * it, refer to its latest record at the time of the call (an event never
- * recorded is complete); freeing or unregistering memory, and destroying
+ * recorded is complete), that record and no later one (records on two
+ * streams may run out of order); freeing or unregistering memory, and destroying
  * an event or a stream, wait until the device is idle (cudaFree and
  * cudaFreeHost synchronize the device).  Synchronous copies and memsets run
  * at once (the engine's streams are non-blocking: nothing orders them).
@@ -42,10 +43,21 @@
 
 enum ha_kind { HA_COPY, HA_KERNEL, HA_RECORD, HA_WAIT };
 
+/* An event's records are numbered 1, 2, ... as they are queued.  Records on
+ * different streams may run out of that order: `done` is the last of the
+ * records that all ran, `later` the ones after it that ran already
+ * (ascending), so a wait for record g is satisfied by g itself, never by a
+ * later record that ran first. */
+struct ha_done {
+    uint64_t gen;
+    struct ha_done *next;
+};
+
 struct ha_event {
-    uint64_t recorded;   /* records queued */
-    uint64_t done;       /* the latest record that ran */
-    struct timespec t;   /* when it ran */
+    uint64_t recorded;     /* records queued */
+    uint64_t done;         /* records 1..done have all run */
+    struct ha_done *later; /* records after done+1 that ran */
+    struct timespec t;     /* when the last one ran */
 };
 
 struct ha_item {
@@ -72,11 +84,48 @@ static struct ha_stream *streams;
 static pthread_once_t started = PTHREAD_ONCE_INIT;
 static unsigned seed;
 
+/* Under mu: whether record gen of ev ran (0: never recorded, complete). */
+static bool reached(const struct ha_event *ev, uint64_t gen)
+{
+    if (gen <= ev->done)
+        return true;
+    for (const struct ha_done *d = ev->later; d && d->gen <= gen; d = d->next)
+        if (d->gen == gen)
+            return true;
+    return false;
+}
+
+/* Under mu: record gen of ev ran. */
+static void record_ran(struct ha_event *ev, uint64_t gen)
+{
+    clock_gettime(CLOCK_MONOTONIC, &ev->t);
+    if (gen == ev->done + 1) {
+        ev->done = gen;
+        while (ev->later && ev->later->gen == ev->done + 1) {
+            struct ha_done *d = ev->later;
+            ev->later = d->next;
+            ev->done = d->gen;
+            free(d);
+        }
+        return;
+    }
+    struct ha_done *d = malloc(sizeof(*d)), **p = &ev->later;
+    if (!d) {
+        fprintf(stderr, "gpu host-async backend: no memory to note an event record\n");
+        abort();
+    }
+    while (*p && (*p)->gen < gen)
+        p = &(*p)->next;
+    d->gen = gen;
+    d->next = *p;
+    *p = d;
+}
+
 static bool runnable(const struct ha_stream *s)
 {
     if (!s->head || s->running)
         return false;
-    return s->head->kind != HA_WAIT || s->head->ev->done >= s->head->gen;
+    return s->head->kind != HA_WAIT || reached(s->head->ev, s->head->gen);
 }
 
 static void run(struct ha_item *it)
@@ -119,11 +168,8 @@ static void *device_thread(void *arg)
             usleep(r % 200);
         run(it);
         pthread_mutex_lock(&mu);
-        if (it->kind == HA_RECORD) {
-            if (it->gen > it->ev->done)
-                it->ev->done = it->gen;
-            clock_gettime(CLOCK_MONOTONIC, &it->ev->t);
-        }
+        if (it->kind == HA_RECORD)
+            record_ran(it->ev, it->gen);
         s->head = it->next;
         if (!s->head)
             s->tail = NULL;
@@ -272,24 +318,27 @@ static int ha_event_create(gpu_event_t *e)
 
 static void ha_event_destroy(gpu_event_t e)
 {
-    device_idle(); /* no queued record or wait may still name it */
-    free(e);
+    device_idle(); /* no queued record or wait may still name it: every record ran */
+    free(e);        /* so `later` is empty */
 }
 
-static int ha_event_record(gpu_event_t e, gpu_stream_t s)
+/* A record of e on s, or a wait of s for e's latest record. */
+static int push_event(enum ha_kind kind, gpu_event_t e, gpu_stream_t s)
 {
-    struct ha_item *it = item(HA_RECORD);
+    struct ha_item *it = item(kind);
     if (!it)
         return -ENOMEM;
     it->ev = e;
     return push(s, it);
 }
 
+static int ha_event_record(gpu_event_t e, gpu_stream_t s) { return push_event(HA_RECORD, e, s); }
+
 static int ha_event_query(gpu_event_t e)
 {
     struct ha_event *ev = e;
     pthread_mutex_lock(&mu);
-    int rc = ev->done >= ev->recorded ? 0 : UMBP_E_INPROGRESS;
+    int rc = reached(ev, ev->recorded) ? 0 : UMBP_E_INPROGRESS;
     pthread_mutex_unlock(&mu);
     return rc;
 }
@@ -299,7 +348,7 @@ static int ha_event_sync(gpu_event_t e)
     struct ha_event *ev = e;
     pthread_mutex_lock(&mu);
     uint64_t want = ev->recorded;
-    while (ev->done < want)
+    while (!reached(ev, want))
         pthread_cond_wait(&progress, &mu);
     pthread_mutex_unlock(&mu);
     return 0;
@@ -317,11 +366,7 @@ static int ha_event_elapsed_ms(float *ms, gpu_event_t a, gpu_event_t b)
 
 static int ha_stream_wait_event(gpu_stream_t s, gpu_event_t e)
 {
-    struct ha_item *it = item(HA_WAIT);
-    if (!it)
-        return -ENOMEM;
-    it->ev = e;
-    return push(s, it);
+    return push_event(HA_WAIT, e, s);
 }
 
 static int ha_memcpy_async(void *dst, const void *src, size_t n, gpu_stream_t s)

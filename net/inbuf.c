@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 
 #include "inbuf.h"
+#include "umbp/tier.h" /* umbp_touch_pages */
 
 int proto_out_send(int sock, const struct proto_buf *b, size_t *off)
 {
@@ -27,6 +28,12 @@ int proto_out_send(int sock, const struct proto_buf *b, size_t *off)
         return n < 0 ? -errno : -EPIPE;
     }
     return 0;
+}
+
+void proto_out_warm(struct proto_buf *b, size_t bytes)
+{
+    if (proto_buf_reserve(b, bytes) == 0)
+        umbp_touch_pages(b->data + b->len, b->cap - b->len);
 }
 
 int proto_in_room(uint8_t **buf, size_t len, size_t *cap, size_t initial)

@@ -18,6 +18,12 @@
  * 0, or -errno when the peer is gone (-EPIPE for a zero-length send). */
 int proto_out_send(int sock, const struct proto_buf *b, size_t *off);
 
+/* Room for `bytes` more in b (proto_buf_reserve), every page of the room
+ * touched, so that the first frames written there fault no page in: what a
+ * connection makes ready when it comes up.  Without memory nothing changes
+ * (b grows when written, as it would anyway). */
+void proto_out_warm(struct proto_buf *b, size_t bytes);
+
 /* ---- input buffers ----------------------------------------------------------- */
 
 /* The two shapes every reader of frames keeps its input in.

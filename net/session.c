@@ -241,8 +241,7 @@ void net_session_connected(struct net_session *s, uint64_t now)
  * Without memory they grow when needed instead. */
 static void warm(struct net_session *s)
 {
-    if (proto_buf_reserve(&s->out, OUT_WARM) == 0)
-        umbp_touch_pages(s->out.data + s->out.len, s->out.cap - s->out.len);
+    proto_out_warm(&s->out, OUT_WARM);
     if (s->in)
         umbp_touch_pages(s->in + s->in_len, s->in_cap - s->in_len);
 }

@@ -190,13 +190,6 @@ static void session_end(struct net_conn *c)
 
 void session_close(struct srv_session *ss) { net_conn_close(&ss->conn); }
 
-/* Room for `bytes` past what b holds, touched. */
-static void warm_buf(struct proto_buf *b, size_t bytes)
-{
-    if (proto_buf_reserve(b, bytes) == 0)
-        umbp_touch_pages(b->data + b->len, b->cap - b->len);
-}
-
 void session_warm(struct srv_session *ss)
 {
     struct net_conn *c = &ss->conn;
@@ -207,8 +200,8 @@ void session_warm(struct srv_session *ss)
     (void)track_presize(&ss->reservations, keys);
     (void)track_presize(&ss->leases, keys);
     /* the replies of RESERVE and ACQUIRE: a region a key */
-    warm_buf(&ss->reply, hdr + keys * PROTO_REGION_ITEM_SIZE);
-    warm_buf(&c->out, hdr + keys * PROTO_REGION_ITEM_SIZE);
+    proto_out_warm(&ss->reply, hdr + keys * PROTO_REGION_ITEM_SIZE);
+    proto_out_warm(&c->out, hdr + keys * PROTO_REGION_ITEM_SIZE);
     /* the input past what came with the HELLO (bytes behind it may follow),
      * as much as a PUBLISH or RELEASE of that many keys takes */
     size_t in = hdr + keys * PROTO_TOKEN_ITEM_SIZE, room = c->in_cap - c->in_len;

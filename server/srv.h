@@ -240,11 +240,11 @@ static inline size_t session_backlog(const struct srv_session *ss)
  * and N leases in its token tables, and in its reply and output buffers
  * for a reply of N regions, every page of them touched, and of its input
  * buffer as much as a request of N tokens takes, so that its first
- * requests fault no memory in and grow no table.  Unwarmed, the first restore of a 10,000-token
- * prefix on an H200 host spent 199-300 us in the server's ACQUIRE against
- * 101-183 warmed (steady 89-162), and a 2-vCPU VM's first store paid
- * 200-300 us in two of its RESERVEs.  Without memory nothing changes:
- * they grow when needed, as they would anyway. */
+ * requests fault no memory in and grow no table.  Unwarmed, the first
+ * restore of a 10,000-token prefix on an H200 host spent 199-300 us in the
+ * server's ACQUIRE against 101-183 warmed (steady 89-162), and a 2-vCPU
+ * VM's first store paid 200-300 us in two of its RESERVEs.  Without memory
+ * nothing changes: they grow when needed, as they would anyway. */
 void session_warm(struct srv_session *ss);
 /* A sliced frame's reply is complete in `reply`: it, then the EVENTS held
  * for the session meanwhile, go to `out`.  0, -ENOMEM. */

@@ -1045,6 +1045,64 @@ static void run_backend(umbp_gpu_backend_t b, int big)
     }
 }
 
+/* The asynchronous host backend keeps an event's records apart: a stream
+ * waiting for record 1 (on stream a, behind a copy) is not released by
+ * record 2 of the same event on stream b, which may run first.  With a
+ * model that counted "the latest record that ran", c's copy read x before
+ * a wrote it in about half the rounds. */
+static void test_host_async_event_records(void)
+{
+    const struct gpu_ops *o = &gpu_host_async_ops;
+    enum { N = 256 << 10, ROUNDS = 64 };
+    gpu_stream_t a = NULL, b = NULL, c = NULL;
+    gpu_event_t e = NULL;
+    uint8_t *src = malloc(N), *x = malloc(N), *y = malloc(N);
+    int rc = src && x && y ? 0 : -ENOMEM;
+    if (rc == 0)
+        rc = gpu_stream_create(o, &a);
+    if (rc == 0)
+        rc = gpu_stream_create(o, &b);
+    if (rc == 0)
+        rc = gpu_stream_create(o, &c);
+    if (rc == 0)
+        rc = gpu_event_create(o, &e);
+    int bad = 0;
+    for (int r = 0; rc == 0 && r < ROUNDS; r++) {
+        fill_random(src, N);
+        memset(x, 0x11, N);
+        memset(y, 0x22, N);
+        rc = gpu_memcpy_async(o, x, src, N, a);
+        if (rc == 0)
+            rc = gpu_event_record(o, e, a);       /* record 1 */
+        if (rc == 0)
+            rc = gpu_stream_wait_event(o, c, e);  /* waits for record 1 */
+        if (rc == 0)
+            rc = gpu_memcpy_async(o, y, x, N, c);
+        if (rc == 0)
+            rc = gpu_event_record(o, e, b);       /* record 2, free to run first */
+        if (rc == 0)
+            rc = gpu_stream_sync(o, c);
+        if (rc == 0)
+            rc = gpu_stream_sync(o, a);
+        if (rc == 0)
+            rc = gpu_stream_sync(o, b);
+        bad += rc == 0 && memcmp(y, src, N) != 0;
+        CHECK(rc != 0 || gpu_event_query(o, e) == 0, "host-async: both records complete");
+    }
+    CHECK(rc == 0, "host-async: event rounds: %d", rc);
+    CHECK(bad == 0, "host-async: a wait for record 1 released before it ran (%d of %d rounds)",
+          bad, ROUNDS);
+    if (e)
+        gpu_event_destroy(o, e);
+    if (c)
+        gpu_stream_destroy(o, c);
+    if (b)
+        gpu_stream_destroy(o, b);
+    if (a)
+        gpu_stream_destroy(o, a);
+    free(src), free(x), free(y);
+}
+
 int main(int argc, char **argv)
 {
     const char *which = "host";
@@ -1071,6 +1129,7 @@ int main(int argc, char **argv)
         test_discard_reaches_the_slot(0);
         test_evict_first_reaches_restores(1);
         test_evict_first_reaches_restores(0);
+        test_host_async_event_records();
         run_backend(UMBP_GPU_BACKEND_HOST, 0);
     } else {
         umbp_gpu_backend_t found = UMBP_GPU_BACKEND_AUTO;

@@ -1054,6 +1054,9 @@ Test(server, bad_options_are_refused_by_name)
         {"\"namespace_quotas\": \"justaname\"", "namespace_quotas"},
         {"\"metrics_port\": 65536", "metrics_port"},
         {"\"max_sessions\": 0", "max_sessions"},
+        {"\"session_warm_keys\": -1", "session_warm_keys"},
+        {"\"session_warm_keys\": 65537", "session_warm_keys"},
+        {"\"session_warm_keys\": \"many\"", "session_warm_keys"},
         {"\"lookup_instance\": \"a/b\"", "lookup_instance"},
         {"\"no_such_option\": 1", "no_such_option"},
         /* a node's options (node.c): refused as the rdma tier refuses them */
