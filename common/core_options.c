@@ -83,6 +83,11 @@ const struct umbp_option umbp_core_options[] = {
      "at the first umbp_kv_register, allocate the block tables of this many GPU transfers, "
      "load the copy kernel, and size the per-key arrays of the first this-many ops, so the "
      "first stores and restores of a process run at full speed (0: on first use)"},
+    {"gpu_warm_store", UMBP_OPT_BOOL, OFF(gpu_warm_store), "true", 0, 0, 0, NULL,
+     "at the first umbp_kv_register, store one block of the new cache under a random key "
+     "and abort it before it is published, so the first real store does not pay the store "
+     "path's first-time costs (no object, event or counter results; it never waits for "
+     "space)"},
     {"gpu_store_method", UMBP_OPT_STRING, OFF(gpu_store_method), "auto", 0, 0, 8, gpu_methods,
      "how the GPU copy engine stores: auto (staged for large DMAs, else kernel), kernel "
      "(zero-copy writes to host memory), staged (gather on the GPU, then the copy engine), "

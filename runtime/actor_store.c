@@ -110,7 +110,8 @@ static void put_finish(struct umbp_runtime *rt, struct umbp_op *op)
     size_t failed = 0;
     for (size_t k = 0; k < op->n; k++)
         failed += op->status[k] != 0;
-    CNT_ADD(rt, puts_failed, failed);
+    if (!op->warm)
+        CNT_ADD(rt, puts_failed, failed);
     puts_remove(rt, op);
     op_complete(op);
     flush_check(rt);
@@ -169,6 +170,11 @@ static void put_after_round(struct umbp_runtime *rt, struct umbp_op *op)
         put_finish(rt, op);
         return;
     }
+    if (op->warm) { /* a warm-up neither waits for space nor makes it */
+        fail_todo(op, -ENOSPC);
+        put_finish(rt, op);
+        return;
+    }
     uint64_t now = umbp_now_ns();
     /* another round if this one's eviction freed space, or if anything
      * freed space since this op last reserved (the evictor, a release):
@@ -221,16 +227,18 @@ static void put_published(void *arg, int rc)
 
 /* The round's bytes are in place, or not: keys whose move failed (the
  * deadline cut it, the GPU or the tier failed) drop their reservations and
- * fail; the others are published together. */
+ * fail; the others are published together.  A warm-up (op->warm) drops
+ * every reservation: its key never becomes an object, and it reports how
+ * its copy went. */
 static void put_copied(struct umbp_runtime *rt, struct umbp_op *op)
 {
     move_finished(op);
-    if (op->cancelled && !op->cut_by_release && !op->cut_by_loss)
+    if (op->cancelled && !op->cut_by_release && !op->cut_by_loss && !op->warm)
         CNT_ADD(rt, ops_timed_out, 1);
     size_t nfail = 0;
     for (size_t k = 0; k < op->n; k++) {
         int rc = op->state[k] == KEY_COPYING ? move_key_rc(op, k) : 0;
-        if (rc < 0) {
+        if (rc < 0 || (op->warm && op->state[k] == KEY_COPYING)) {
             op->req_ptrs[nfail++] = &op->reqs[k];
             op->state[k] = KEY_DONE;
             op->status[k] = rc;

@@ -46,6 +46,7 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     op->prev = op->next = NULL;
     op->kv_layout = NULL;
     op->kv_xfer = false;
+    op->warm = false;
     op->parent = NULL;
     op->xfer = NULL;
     op->gpu_rc = 0;
@@ -170,7 +171,7 @@ void op_complete(struct umbp_op *op)
         for (size_t i = 0; i < op->n; i++)
             ok += op->status[i] == 0;
         op->num_ok = ok;
-        if (op->kv_done_ns) { /* a GPU transfer ran: where its time went */
+        if (op->kv_done_ns && !op->warm) { /* a GPU transfer ran: where its time went */
             CNT_ADD(rt, kv_transfers, 1);
             CNT_ADD(rt, kv_prepare_ns, op->kv_launch_ns - op->submit_ns);
             CNT_ADD(rt, kv_launch_ns, op->kv_launched_ns - op->kv_launch_ns);

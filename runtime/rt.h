@@ -154,6 +154,7 @@ struct umbp_op {
     size_t parent_base;       /* index of this child's first key in parent */
     _Atomic uint32_t children_left;
     struct umbp_op *gnext;    /* GPU waiter queue */
+    bool warm;                /* a registration's warm-up store: aborted, not published */
     bool kv_xfer;             /* a KV transfer (or its parent): waiters poll
                                  through it (op_wait_ns) */
 
@@ -263,6 +264,8 @@ struct kv_state {
     size_t n, cap;
     uint64_t next_handle;
     bool warmed;                   /* umbp_gpu_engine_warm ran (gpu_warm_transfers) */
+    bool warm_stored;              /* the warm-up store was started (gpu_warm_store) */
+    int warm_store_rc;             /* and how it went: its key's status (1: not run) */
     /* waiter thread: waits for transfers, posts their ops back */
     pthread_t thread;
     bool thread_started;

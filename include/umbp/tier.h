@@ -117,6 +117,7 @@ struct umbp_core_config {
     bool gpu_l2_discard_staging;     /* UMBP_GPU_L2_DISCARD_STAGING */
     bool gpu_evict_first_restore;    /* UMBP_GPU_EVICT_FIRST_RESTORE */
     bool gpu_wait_poll;              /* waiters poll through KV transfers */
+    bool gpu_warm_store;             /* a store aborted before publish at registration */
     char poll_wait[8];               /* auto, on, off */
 };
 

@@ -67,8 +67,9 @@ static void setup(struct fixture *f, umbp_gpu_backend_t b, const char *name)
     setup_cfg(f, b, name, "\"capacity_bytes\":\"64MiB\"");
 }
 
-static void setup_cfg(struct fixture *f, umbp_gpu_backend_t b, const char *name,
-                      const char *extra)
+/* The runtime, then (fixture_register) the cache: filled, registered. */
+static void fixture_create(struct fixture *f, umbp_gpu_backend_t b, const char *name,
+                           const char *extra)
 {
     memset(f, 0, sizeof(*f));
     f->ops = gpu_backend_ops(b);
@@ -76,6 +77,10 @@ static void setup_cfg(struct fixture *f, umbp_gpu_backend_t b, const char *name,
     char cfg[256];
     snprintf(cfg, sizeof(cfg), "{%s,\"gpu_backend\":\"%s\"}", extra, name);
     cr_assert_eq(umbp_runtime_create(cfg, &f->rt), 0, "%s", umbp_last_error());
+}
+
+static void fixture_register(struct fixture *f)
+{
     umbp_kv_tensor_t t[L];
     for (int l = 0; l < L; l++) {
         cr_assert_eq(gpu_dev_alloc(f->ops, LAYER_BYTES, &f->dev[l]), 0);
@@ -98,6 +103,13 @@ static void setup_cfg(struct fixture *f, umbp_gpu_backend_t b, const char *name,
     cr_assert_eq(umbp_kv_object_size(f->rt, f->kv), 2 * L * CHUNK);
     for (int i = 0; i < STORED; i++)
         f->blocks[i] = (umbp_kv_block_t){key_of(i), (uint64_t)i};
+}
+
+static void setup_cfg(struct fixture *f, umbp_gpu_backend_t b, const char *name,
+                      const char *extra)
+{
+    fixture_create(f, b, name, extra);
+    fixture_register(f);
 }
 
 static void teardown_fixture(struct fixture *f)
@@ -419,7 +431,9 @@ Test(kv_host, prewake_sets_the_loop_polling)
 
 /* The first registration sizes the ops a process's first batches take (the
  * top gpu_warm_transfers of the free list) for at least 1,024 keys, so that
- * a first 600-block batch grows nothing; gpu_warm_transfers 0 leaves them. */
+ * a first 600-block batch grows nothing; gpu_warm_transfers 0 leaves them.
+ * (Without the warm-up store, whose op may still be on its way back to the
+ * free list when registration returns.) */
 static size_t warmed_ops(const char *extra, size_t keys)
 {
     struct fixture f;
@@ -434,12 +448,98 @@ static size_t warmed_ops(const char *extra, size_t keys)
     return n;
 }
 
+#define NO_WARM_STORE ",\"gpu_warm_store\":false"
+
 Test(kv_host, registration_sizes_the_first_ops)
 {
-    cr_expect_eq(warmed_ops("\"capacity_bytes\":\"64MiB\"", 1024), 16,
+    cr_expect_eq(warmed_ops("\"capacity_bytes\":\"64MiB\"" NO_WARM_STORE, 1024), 16,
                  "the top 16 ops (gpu_warm_transfers' default) hold 1,024 keys");
-    cr_expect_eq(warmed_ops("\"capacity_bytes\":\"64MiB\",\"gpu_warm_transfers\":3", 1024), 3);
-    cr_expect_eq(warmed_ops("\"capacity_bytes\":\"64MiB\",\"gpu_warm_transfers\":0", 1024), 0);
+    cr_expect_eq(warmed_ops("\"capacity_bytes\":\"64MiB\",\"gpu_warm_transfers\":3" NO_WARM_STORE, 1024),
+                 3);
+    cr_expect_eq(warmed_ops("\"capacity_bytes\":\"64MiB\",\"gpu_warm_transfers\":0" NO_WARM_STORE, 1024),
+                 0);
+}
+
+/* The first registration stores block 0 once under a random key and aborts
+ * it (gpu_warm_store): the copy ran (status 0), and nothing of it is left:
+ * no object, no pool bytes, no event, no counter; a second registration
+ * does not repeat it, and gpu_warm_store false skips it. */
+Test(kv_host, registration_warms_the_store_path_and_leaves_nothing)
+{
+    struct fixture f;
+    setup_cfg(&f, UMBP_GPU_BACKEND_HOST, "host",
+              "\"capacity_bytes\":\"64MiB\",\"enable_events\":true");
+    struct umbp_runtime *rt = (struct umbp_runtime *)f.rt;
+    cr_expect_eq(rt->kv.warm_store_rc, 0, "the warm-up store ran and copied: %d",
+                 rt->kv.warm_store_rc);
+    umbp_stats_t st;
+    cr_assert_eq(umbp_get_stats(f.rt, &st), 0);
+    cr_expect_eq(st.num_objects, 0, "the warm-up key was published");
+    cr_expect_eq(st.used_bytes, 0, "the warm-up reservation was kept");
+    cr_expect_eq(st.puts_ok + st.puts_failed + st.puts_existing, 0);
+    cr_expect_eq(st.kv_transfers, 0);
+    umbp_event_t ev[4];
+    uint64_t lost = 0;
+    cr_expect_eq(umbp_events_drain(f.rt, ev, 4, &lost), 0, "an event for the warm-up key");
+    cr_expect_eq(lost, 0);
+    /* the cache itself is as it was: a store reads the GPU's bytes only */
+    poison_and_download(&f, true);
+    for (int l = 0; l < L; l++)
+        cr_expect_eq(memcmp(f.back[l], f.orig[l], LAYER_BYTES), 0, "layer %d changed", l);
+    rt->kv.warm_store_rc = 7;
+    umbp_kv_tensor_t t = {0};
+    t.base = f.dev[0];
+    t.ndim = 5;
+    int64_t shape[5] = {2, NB, BS, H, D};
+    memcpy(t.shape, shape, sizeof(shape));
+    umbp_kv_tensor_set_contiguous(&t);
+    t.elem_size = ESZ;
+    t.block_dim = 1;
+    t.layer_dim = -1;
+    umbp_kv_handle_t h2;
+    cr_assert_eq(umbp_kv_register(f.rt, &t, 1, &h2), 0, "%s", umbp_last_error());
+    cr_expect_eq(rt->kv.warm_store_rc, 7, "a second registration warmed again");
+    teardown_fixture(&f);
+
+    setup_cfg(&f, UMBP_GPU_BACKEND_HOST, "host",
+              "\"capacity_bytes\":\"64MiB\",\"gpu_warm_store\":false");
+    cr_expect_eq(((struct umbp_runtime *)f.rt)->kv.warm_store_rc, 1, "gpu_warm_store false");
+    teardown_fixture(&f);
+}
+
+/* A warm-up that finds the pool full of published objects fails with
+ * -ENOSPC at once, instead of evicting one of them or waiting for space. */
+Test(kv_host, the_warm_up_store_never_evicts)
+{
+    struct fixture f;
+    /* no eviction in the background: the pool fills to its last byte */
+    fixture_create(&f, UMBP_GPU_BACKEND_HOST, "host",
+                   "\"capacity_bytes\":\"4MiB\",\"dram_high_watermark\":1.0,"
+                   "\"dram_low_watermark\":0.99");
+    static uint8_t obj[2 * L * CHUNK];
+    memset(obj, 0x5A, sizeof(obj));
+    umbp_stats_t before, after;
+    for (int i = 0;; i++) { /* until no object of this size fits */
+        umbp_key_t k = key_of(100000 + i);
+        umbp_range_t r = {.ptr = obj, .len = sizeof(obj), .offset = 0};
+        umbp_put_item_t it = {k, sizeof(obj), &r, 1};
+        umbp_op_t *op = NULL;
+        cr_assert_eq(umbp_put(f.rt, &it, 1, &op), 0, "%s", umbp_last_error());
+        wait_all(op, 0);
+        cr_assert_eq(umbp_get_stats(f.rt, &before), 0);
+        cr_assert(i < 1000, "4 MiB never filled");
+        if (before.capacity_bytes - before.used_bytes < sizeof(obj))
+            break;
+    }
+    fixture_register(&f);
+    int rc = ((struct umbp_runtime *)f.rt)->kv.warm_store_rc;
+    cr_expect_eq(rc, -ENOSPC, "%d %s", rc, umbp_strerror(rc));
+    cr_assert_eq(umbp_get_stats(f.rt, &after), 0);
+    cr_expect_eq(after.evictions, before.evictions, "the warm-up evicted");
+    cr_expect_eq(after.num_objects, before.num_objects);
+    cr_expect_eq(after.used_bytes, before.used_bytes);
+    cr_expect_eq(after.puts_failed, before.puts_failed);
+    teardown_fixture(&f);
 }
 
 /* with polling waiters and a polling loop, as on machines of 8+ cores */

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "gpu.h" /* gpu/ private layer: the host backend's "device" memory */
+#include "rt.h"  /* the runtime's record of its warm-up store */
 #include "server_fixture.h"
 #include "test_util.h"
 #include "umbp/gpu.h"
@@ -339,6 +340,29 @@ Test(standalone, kv_store_in_one_process_load_in_another)
     int rc = kv_wait(op);
     cr_assert_eq(rc, 0, "kv load: %d (%s)", rc, umbp_strerror(rc));
     check_reversed_restore(&k, -1, -1);
+    kv_close(&k);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* The first registration's warm-up store (gpu_warm_store) goes through the
+ * server, RESERVE to ABORT: it copied (status 0), and the server holds
+ * nothing of it, neither an object nor a pending reservation nor its bytes;
+ * another process's lookup of every key it could have used finds nothing,
+ * since there is none to find. */
+Test(standalone, the_warm_up_store_leaves_the_server_as_it_was)
+{
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    int rc = ((struct umbp_runtime *)k.rt)->kv.warm_store_rc;
+    cr_expect_eq(rc, 0, "the warm-up store: %d (%s)", rc, umbp_strerror(rc));
+    umbp_stats_t st;
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0, "%s", umbp_last_error());
+    cr_expect_eq(st.num_objects, 0, "the warm-up key was published");
+    cr_expect_eq(st.num_pending, 0, "the warm-up reservation is still held");
+    cr_expect_eq(st.used_bytes, 0, "the warm-up reservation's bytes are still allocated");
+    cr_expect_eq(st.puts_ok + st.puts_failed + st.puts_existing + st.kv_transfers, 0);
     kv_close(&k);
     tu_check_leaks();
     tu_server_cleanup(&srv);

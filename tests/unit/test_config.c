@@ -171,6 +171,7 @@ static const struct {
     {"gpu_store_slice_blocks", "128"},
     {"gpu_load_head_blocks", "32"},
     {"gpu_warm_transfers", "16"},
+    {"gpu_warm_store", "true"},
     {"gpu_store_method", "auto"},
     {"gpu_restore_method", "auto"},
     {"gpu_l2_discard_staging", "true"},
