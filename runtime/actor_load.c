@@ -19,6 +19,10 @@ enum { KEY_HELD = KEY_DONE + 1 }; /* leased, not copied (bad range), release */
 
 static void get_finish(struct umbp_runtime *rt, struct umbp_op *op)
 {
+    if (op->warm) { /* umbp_kv_warm_load: nothing counted or remembered */
+        op_complete(op);
+        return;
+    }
     uint64_t q_ms = (uint64_t)rt->core->load_failure_quarantine_ms;
     uint64_t now = umbp_now_ns();
     for (size_t k = 0; k < op->n; k++) {
@@ -137,6 +141,9 @@ static void get_acquired(void *arg, int rc)
         if (s != 0) {
             op->state[k] = KEY_DONE;
             op->status[k] = s;
+        } else if (op->warm) { /* a warm-up copies nothing: the lease goes back */
+            op->state[k] = KEY_HELD;
+            op->status[k] = -ENOENT;
         } else if (op->kv_layout &&
                    op->reqs[k].region.size != umbp_kv_layout_object_size(op->kv_layout)) {
             op->state[k] = KEY_HELD; /* stored under another layout */

@@ -577,6 +577,12 @@ int umbp_kv_load(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t 
     return kv_submit(rt, kv, blocks, n, false, opts, false, op);
 }
 
+int umbp_kv_warm_load(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
+                      size_t n, const umbp_kv_xfer_opts_t *opts, umbp_op_t **op)
+{
+    return kv_submit(rt, kv, blocks, n, false, opts, true, op);
+}
+
 void gpu_dispatch(struct umbp_op *op, enum msg_type then)
 {
     struct umbp_runtime *rt = op->rt;

@@ -154,7 +154,8 @@ struct umbp_op {
     size_t parent_base;       /* index of this child's first key in parent */
     _Atomic uint32_t children_left;
     struct umbp_op *gnext;    /* GPU waiter queue */
-    bool warm;                /* a registration's warm-up store: aborted, not published */
+    bool warm;                /* a warm-up: a store aborted, not published (gpu_warm_store);
+                                 a load that copies nothing (umbp_kv_warm_load); counts nothing */
     bool kv_xfer;             /* a KV transfer (or its parent): waiters poll
                                  through it (op_wait_ns) */
 

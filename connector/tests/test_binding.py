@@ -206,8 +206,9 @@ def test_statuses_of_misses_and_whole_batch_errors(rt):
 
 def test_registration_warms_the_submit_path_and_submits_nothing(rt, monkeypatch):
     """The first register_kv_caches runs store_blocks' and load_blocks' Python
-    once with batches of no blocks, which C refuses before doing anything: no
-    op, no put or get, no transfer; a later registration does not run it."""
+    with batches of no blocks, which C refuses before doing anything, and
+    warm-up loads that copy and count nothing: no put or get counted, no
+    transfer; a later registration does not run it."""
     calls = []
     real = umbp.Runtime._warm_submit
     monkeypatch.setattr(umbp.Runtime, "_warm_submit",
@@ -224,6 +225,37 @@ def test_registration_warms_the_submit_path_and_submits_nothing(rt, monkeypatch)
     keys = _keys(3, 33)
     with rt.store_blocks(kv2, keys, [0, 1, 2]) as job:
         assert job.wait(10000) and job.num_ok == 3
+
+
+def test_registration_runs_a_split_batch_through_warm_loads(rt, monkeypatch):
+    """With 256 blocks or more, the warm-up is a whole batch as an engine
+    submits it: 8 heads (32 + 224 blocks, split into two ops), twice, through
+    umbp_kv_warm_load, of random keys; the cache's bytes are untouched and
+    nothing is counted."""
+    seen = []
+    real = umbp.runtime._kv_warm_load
+    monkeypatch.setattr(umbp.runtime, "_kv_warm_load",
+                        lambda p, h, blocks, n, opts, op: (seen.append(n),
+                                                           real(p, h, blocks, n, opts, op))[1])
+    before = rt.stats()
+    kv, raws = _split_cache(rt, 300)
+    orig = [r.clone() for r in raws]
+    after = rt.stats()
+    assert seen == [32, 224, 32, 224], seen
+    for k in ("num_objects", "num_leased", "gets_ok", "gets_miss", "gets_failed",
+              "kv_transfers", "bytes_read"):
+        assert after[k] == before[k], (k, before[k], after[k])
+    for r, o in zip(raws, orig):
+        assert torch.equal(r, o)
+    # a real store and restore of the same cache afterwards
+    keys = _keys(3, 35)
+    assert rt.store_blocks(kv, keys, [0, 1, 2]).wait(10000)
+    for r in raws:
+        r[:, 3:6].fill_(POISON)
+    job = rt.load_blocks(kv, keys, [3, 4, 5])
+    assert job.wait(10000) and job.num_ok == 3
+    for r, o in zip(raws, orig):
+        assert torch.equal(r[:, 3:6], o[:, 0:3])
 
 
 def test_store_and_load_prewake_the_loop_before_building_the_batch(rt, monkeypatch):

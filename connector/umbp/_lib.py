@@ -57,6 +57,7 @@ _FUNCS = {
     "umbp_kv_object_size": (_u64, [_vp, _u64]),
     "umbp_kv_store": (_int, [_vp, _u64, _vp, _sz, _vp, _vpp]),
     "umbp_kv_load": (_int, [_vp, _u64, _vp, _sz, _vp, _vpp]),
+    "umbp_kv_warm_load": (_int, [_vp, _u64, _vp, _sz, _vp, _vpp]),
     "umbp_op_test": (_int, [_vp]),
     "umbp_op_wait": (_int, [_vp, _int]),
     "umbp_prewake": (_int, [_vp]),

@@ -347,6 +347,20 @@ UMBP_API int umbp_kv_store(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_k
 UMBP_API int umbp_kv_load(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
                  size_t n, const umbp_kv_xfer_opts_t *opts, umbp_op_t **op);
 
+/*
+ * A warm-up of the load path, for a binding that runs its own submit, wait
+ * and status code once before an engine's first batch (the Python package
+ * does, at registration): as umbp_kv_load, with the same checks and an op
+ * of the same kind, but no key is ever copied (one the tier holds is given
+ * back at once and fails -ENOENT like an absent one), so no byte of the
+ * cache is written, and nothing is counted in umbp_stats_t nor quarantined.
+ * The tier sees the request as any (a server counts its ACQUIRE).  Keys no
+ * engine uses (random ones) are the usual batch.
+ */
+UMBP_API int umbp_kv_warm_load(umbp_runtime_t *rt, umbp_kv_handle_t kv,
+                               const umbp_kv_block_t *blocks, size_t n,
+                               const umbp_kv_xfer_opts_t *opts, umbp_op_t **op);
+
 /* ---- completion ------------------------------------------------------- */
 
 /* 0 when complete (whatever the per-key results), UMBP_E_INPROGRESS if not. */

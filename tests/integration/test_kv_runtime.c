@@ -507,6 +507,42 @@ Test(kv_host, registration_warms_the_store_path_and_leaves_nothing)
     teardown_fixture(&f);
 }
 
+/* umbp_kv_warm_load copies nothing: keys the pool holds fail -ENOENT like
+ * absent ones, the poisoned cache stays poisoned, nothing is counted, and
+ * the leases went back (a real load of the same keys then restores them). */
+Test(kv_host, a_warm_load_copies_and_counts_nothing)
+{
+    struct fixture f;
+    setup(&f, UMBP_GPU_BACKEND_HOST, "host");
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(f.rt, f.kv, f.blocks, STORED, NULL, &op), 0);
+    wait_all(op, 0);
+    poison_and_download(&f, false);
+    umbp_stats_t a, b;
+    cr_assert_eq(umbp_get_stats(f.rt, &a), 0);
+    umbp_kv_block_t mixed[2 * STORED]; /* the stored keys, then as many absent ones */
+    for (int i = 0; i < 2 * STORED; i++)
+        mixed[i] = (umbp_kv_block_t){key_of(i), (uint64_t)i};
+    cr_assert_eq(umbp_kv_warm_load(NULL, f.kv, mixed, 2, NULL, &op), -EINVAL);
+    cr_assert_eq(umbp_kv_warm_load(f.rt, f.kv, mixed, 2 * STORED, NULL, &op), 0, "%s",
+                 umbp_last_error());
+    wait_all(op, -ENOENT);
+    mixed[1].key = mixed[0].key;
+    cr_expect_eq(umbp_kv_warm_load(f.rt, f.kv, mixed, 2, NULL, &op), UMBP_E_DUPLICATE_KEY,
+                 "a warm-up's batch is checked as a load's");
+    cr_assert_eq(umbp_get_stats(f.rt, &b), 0);
+    cr_expect_eq(b.gets_ok + b.gets_miss + b.gets_failed, a.gets_ok + a.gets_miss + a.gets_failed,
+                 "a warm-up was counted");
+    cr_expect_eq(b.kv_transfers, a.kv_transfers);
+    cr_expect_eq(b.num_leased, 0, "a warm-up's lease was kept");
+    poison_and_download(&f, true);
+    for (int l = 0; l < L; l++)
+        cr_expect(is_poison(f.back[l], LAYER_BYTES), "layer %d was written by a warm-up", l);
+    cr_assert_eq(umbp_kv_load(f.rt, f.kv, f.blocks, STORED, NULL, &op), 0);
+    wait_all(op, 0);
+    teardown_fixture(&f);
+}
+
 /* A warm-up that finds the pool full of published objects fails with
  * -ENOSPC at once, instead of evicting one of them or waiting for space. */
 Test(kv_host, the_warm_up_store_never_evicts)
