@@ -347,9 +347,8 @@ Test(standalone, kv_store_in_one_process_load_in_another)
 
 /* The first registration's warm-up store (gpu_warm_store) goes through the
  * server, RESERVE to ABORT: it copied (status 0), and the server holds
- * nothing of it, neither an object nor a pending reservation nor its bytes;
- * another process's lookup of every key it could have used finds nothing,
- * since there is none to find. */
+ * nothing of it, neither an object nor a pending reservation nor its bytes.
+ * A warm-up load of stored keys copies nothing and gives its leases back. */
 Test(standalone, the_warm_up_store_leaves_the_server_as_it_was)
 {
     start_server(NULL);
@@ -363,6 +362,29 @@ Test(standalone, the_warm_up_store_leaves_the_server_as_it_was)
     cr_expect_eq(st.num_pending, 0, "the warm-up reservation is still held");
     cr_expect_eq(st.used_bytes, 0, "the warm-up reservation's bytes are still allocated");
     cr_expect_eq(st.puts_ok + st.puts_failed + st.puts_existing + st.kv_transfers, 0);
+
+    /* a warm-up load (umbp_kv_warm_load) of keys the server holds: their
+     * leases go back, nothing is copied into the poisoned cache */
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    cr_assert_eq(kv_wait(op), 0);
+    for (int l = 0; l < L; l++)
+        memset(k.dev[l], TU_POISON, LAYER_BYTES);
+    cr_assert_eq(umbp_kv_warm_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s",
+                 umbp_last_error());
+    cr_assert_eq(umbp_op_wait(op, TU_WAIT_MS), 0);
+    for (int i = 0; i < KV_BLOCKS; i++)
+        cr_expect_eq(umbp_op_key_status(op, i), -ENOENT, "key %d", i);
+    umbp_op_release(op);
+    for (int l = 0; l < L; l++)
+        for (size_t o = 0; o < LAYER_BYTES; o++)
+            cr_assert_eq(((uint8_t *)k.dev[l])[o], TU_POISON, "layer %d byte %zu written", l, o);
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_eq(st.num_leased, 0, "a warm-up's lease is still held");
+    cr_expect_eq(st.gets_ok + st.gets_miss + st.gets_failed, 0);
     kv_close(&k);
     tu_check_leaks();
     tu_server_cleanup(&srv);
