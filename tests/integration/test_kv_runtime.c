@@ -79,6 +79,23 @@ static void fixture_create(struct fixture *f, umbp_gpu_backend_t b, const char *
     cr_assert_eq(umbp_runtime_create(cfg, &f->rt), 0, "%s", umbp_last_error());
 }
 
+/* One layer's tensor (2, NB, BS, H, D) at base, as the fixture registers it. */
+static umbp_kv_tensor_t layer_tensor(void *base)
+{
+    umbp_kv_tensor_t t;
+    memset(&t, 0, sizeof(t));
+    t.base = base;
+    t.ndim = 5;
+    int64_t shape[5] = {2, NB, BS, H, D};
+    memcpy(t.shape, shape, sizeof(shape));
+    umbp_kv_tensor_set_contiguous(&t);
+    t.elem_size = ESZ;
+    t.block_dim = 1;
+    t.kv_dim = 0;
+    t.layer_dim = -1;
+    return t;
+}
+
 static void fixture_register(struct fixture *f)
 {
     umbp_kv_tensor_t t[L];
@@ -88,16 +105,7 @@ static void fixture_register(struct fixture *f)
         f->back[l] = malloc(LAYER_BYTES);
         fill(f->orig[l], LAYER_BYTES, (uint64_t)l + 1);
         cr_assert_eq(gpu_memcpy_sync(f->ops, f->dev[l], f->orig[l], LAYER_BYTES), 0);
-        memset(&t[l], 0, sizeof(t[l]));
-        t[l].base = f->dev[l];
-        t[l].ndim = 5;
-        int64_t shape[5] = {2, NB, BS, H, D};
-        memcpy(t[l].shape, shape, sizeof(shape));
-        umbp_kv_tensor_set_contiguous(&t[l]);
-        t[l].elem_size = ESZ;
-        t[l].block_dim = 1;
-        t[l].kv_dim = 0;
-        t[l].layer_dim = -1;
+        t[l] = layer_tensor(f->dev[l]);
     }
     cr_assert_eq(umbp_kv_register(f->rt, t, L, &f->kv), 0, "%s", umbp_last_error());
     cr_assert_eq(umbp_kv_object_size(f->rt, f->kv), 2 * L * CHUNK);
@@ -234,14 +242,7 @@ static void run_partial_and_errors(umbp_gpu_backend_t b, const char *name)
     cr_assert_eq(umbp_kv_load(NULL, f.kv, f.blocks, 1, NULL, &op), -EINVAL);
     umbp_kv_handle_t h2;
     cr_assert_eq(umbp_kv_register(f.rt, NULL, 1, &h2), -EINVAL);
-    umbp_kv_tensor_t badt;
-    memset(&badt, 0, sizeof(badt));
-    badt.base = f.dev[0];
-    badt.ndim = 5;
-    int64_t shape[5] = {2, NB, BS, H, D};
-    memcpy(badt.shape, shape, sizeof(shape));
-    umbp_kv_tensor_set_contiguous(&badt);
-    badt.elem_size = ESZ;
+    umbp_kv_tensor_t badt = layer_tensor(f.dev[0]);
     badt.block_dim = 7; /* no such dimension */
     badt.kv_dim = 0;
     badt.layer_dim = -1;
@@ -487,15 +488,7 @@ Test(kv_host, registration_warms_the_store_path_and_leaves_nothing)
     for (int l = 0; l < L; l++)
         cr_expect_eq(memcmp(f.back[l], f.orig[l], LAYER_BYTES), 0, "layer %d changed", l);
     rt->kv.warm_store_rc = 7;
-    umbp_kv_tensor_t t = {0};
-    t.base = f.dev[0];
-    t.ndim = 5;
-    int64_t shape[5] = {2, NB, BS, H, D};
-    memcpy(t.shape, shape, sizeof(shape));
-    umbp_kv_tensor_set_contiguous(&t);
-    t.elem_size = ESZ;
-    t.block_dim = 1;
-    t.layer_dim = -1;
+    umbp_kv_tensor_t t = layer_tensor(f.dev[0]);
     umbp_kv_handle_t h2;
     cr_assert_eq(umbp_kv_register(f.rt, &t, 1, &h2), 0, "%s", umbp_last_error());
     cr_expect_eq(rt->kv.warm_store_rc, 7, "a second registration warmed again");
