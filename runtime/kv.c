@@ -271,6 +271,8 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
  * evicts for it in this runtime (a server makes room for a reservation as
  * for any other, at most one object), and a failure is logged, not
  * returned: the first real store then pays what this would have. */
+#define WARM_STORE_WAIT_MS 1000
+
 static void kv_warm_store(struct umbp_runtime *rt, umbp_kv_handle_t h)
 {
     umbp_kv_block_t b = {.block = 0};
@@ -279,7 +281,9 @@ static void kv_warm_store(struct umbp_runtime *rt, umbp_kv_handle_t h)
     umbp_op_t *op;
     int rc = kv_submit(rt, h, &b, 1, true, NULL, true, &op);
     if (rc == 0) {
-        if ((rc = umbp_op_wait(op, -1)) == 0)
+        /* a server stopped just now holds registration up a second at most;
+         * the op, released in flight, still ends by its own deadline */
+        if ((rc = umbp_op_wait(op, WARM_STORE_WAIT_MS)) == 0)
             rc = umbp_op_key_status(op, 0);
         umbp_op_release(op);
     }

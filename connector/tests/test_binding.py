@@ -3,6 +3,7 @@ memory, so CPU torch tensors stand in for GPU KV caches): runtime options,
 KV store/load in every layout with poisoned destinations and exact bytes,
 per-key statuses, host put/get, lookups, events and stats."""
 import errno
+import signal
 import time
 
 import numpy as np
@@ -364,6 +365,44 @@ def test_a_split_batch_refuses_what_one_op_refuses(rt):
     assert type(job) is umbp.Job and job.wait(10000) and job.ok.all()
     for r in raws:
         assert torch.equal(r[:, 40:80], r[:, :40])
+
+
+def test_registration_beside_a_stopped_server(server):
+    """The server stopped (SIGSTOP) while an engine registers: the C warm-up
+    store and the binding's warm-up loads each give up within a second, so
+    registration returns (bounded here at 30 s, the time printed), and once
+    the server runs again the cache stores and restores byte-exact."""
+    r = umbp.Runtime({"mode": "standalone", "socket_dir": server[1], "gpu_backend": "host",
+                      "timeout_ms": 10000})
+    try:
+        stop_process(server[0])
+        t0 = time.monotonic()
+        try:
+            kv, raws = _split_cache(r, 300)
+        finally:
+            server[0].send_signal(signal.SIGCONT)
+        took = time.monotonic() - t0
+        print("registration beside a stopped server: %.2f s" % took)
+        assert took < 30
+        keys = _keys(3, 36)
+        ok = False
+        for _ in range(100):  # until the session is healthy again
+            job = r.store_blocks(kv, keys, [0, 1, 2])
+            ok = job.wait(20000) and job.num_ok == 3
+            job.release()
+            if ok:
+                break
+            time.sleep(0.05)
+        assert ok
+        orig = [x.clone() for x in raws]
+        for x in raws:
+            x[:, 3:6].fill_(POISON)
+        with r.load_blocks(kv, keys, [3, 4, 5]) as job:
+            assert job.wait(20000) and job.num_ok == 3
+        for x, o in zip(raws, orig):
+            assert torch.equal(x[:, 3:6], o[:, 0:3])
+    finally:
+        r.close()
 
 
 def test_a_split_batch_through_a_real_server(server):

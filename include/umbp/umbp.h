@@ -306,7 +306,10 @@ struct umbp_kv_tensor; /* umbp/gpu.h */
  * Registers KV tensors (num_tensors of one layer each, or one cross-layer
  * tensor) and returns a handle.  The first call creates the GPU copy engine
  * and pins the pool for it, which is slow (every page): call it at startup.
- * Shape errors name the tensor and dimension in umbp_last_error().  -ENODEV
+ * It also warms the transfer path (gpu_warm_transfers) and runs one store of
+ * the cache's block 0 that is never published (gpu_warm_store: the block is
+ * only read; it waits for it a second at most, and its failure is logged,
+ * not returned).  Shape errors name the tensor and dimension in umbp_last_error().  -ENODEV
  * when no GPU backend finds a device.  The tensors must outlive the handle.
  */
 UMBP_API int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors,

@@ -242,14 +242,14 @@ static uint8_t expected_byte(int layer, size_t off) { return (uint8_t)(tu_splitm
 
 static umbp_key_t kv_key(int i) { return tu_key_id(0x4b56, (uint64_t)i); }
 
-/* A host "GPU" KV cache: layers filled from the pattern, or poisoned. */
-static int kv_open(struct kv_side *k, bool fill)
+/* A host "GPU" KV cache's layers, filled from the pattern or poisoned, and
+ * their tensors (k->rt made, nothing registered yet). */
+static int kv_layers(struct kv_side *k, bool fill, umbp_kv_tensor_t *t)
 {
     memset(k, 0, sizeof(*k));
     k->ops = gpu_backend_ops(UMBP_GPU_BACKEND_HOST);
     if (!k->ops || sa_try_create(&k->rt, ", \"gpu_backend\": \"host\"") != 0)
         return -1;
-    umbp_kv_tensor_t t[L];
     for (int l = 0; l < L; l++) {
         if (gpu_dev_alloc(k->ops, LAYER_BYTES, &k->dev[l]) != 0)
             return -1;
@@ -267,6 +267,14 @@ static int kv_open(struct kv_side *k, bool fill)
         t[l].kv_dim = 0;
         t[l].layer_dim = -1;
     }
+    return 0;
+}
+
+static int kv_open(struct kv_side *k, bool fill)
+{
+    umbp_kv_tensor_t t[L];
+    if (kv_layers(k, fill, t) < 0)
+        return -1;
     return umbp_kv_register(k->rt, t, L, &k->kv);
 }
 
@@ -385,6 +393,49 @@ Test(standalone, the_warm_up_store_leaves_the_server_as_it_was)
     cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
     cr_expect_eq(st.num_leased, 0, "a warm-up's lease is still held");
     cr_expect_eq(st.gets_ok + st.gets_miss + st.gets_failed, 0);
+    kv_close(&k);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* A server stopped (SIGSTOP) while an engine registers its cache: the
+ * warm-up store cannot finish, registration still returns (its wait is
+ * bounded at a second; the time is logged, not asserted) and succeeds, and
+ * once the server runs again the cache stores and restores. */
+Test(standalone, registration_beside_a_stopped_server)
+{
+    start_server(NULL);
+    struct kv_side k;
+    umbp_kv_tensor_t t[L];
+    cr_assert_eq(kv_layers(&k, true, t), 0, "KV setup: %s", umbp_last_error());
+    tu_server_signal(&srv, SIGSTOP);
+    uint64_t t0 = tu_now_ms();
+    int rc = umbp_kv_register(k.rt, t, L, &k.kv);
+    cr_log_info("registration beside a stopped server: %llu ms",
+                (unsigned long long)(tu_now_ms() - t0));
+    tu_server_signal(&srv, SIGCONT);
+    cr_assert_eq(rc, 0, "%s", umbp_last_error());
+    cr_expect_neq(((struct umbp_runtime *)k.rt)->kv.warm_store_rc, 0,
+                  "the warm-up store finished against a stopped server");
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
+    umbp_op_t *op;
+    rc = UMBP_E_NOT_ATTEMPTED;
+    for (int i = 0; i < 200 && rc != 0; i++) { /* until the session is healthy again */
+        cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s",
+                     umbp_last_error());
+        if ((rc = kv_wait(op)) != 0)
+            tu_sleep_ms(50);
+    }
+    cr_assert_eq(rc, 0, "store after SIGCONT: %d (%s)", rc, umbp_strerror(rc));
+    for (int l = 0; l < L; l++)
+        memset(k.dev[l], TU_POISON, LAYER_BYTES);
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i].block = (uint64_t)(NB - 1 - i);
+    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    cr_assert_eq(kv_wait(op), 0);
+    check_reversed_restore(&k, -1, -1);
     kv_close(&k);
     tu_check_leaks();
     tu_server_cleanup(&srv);
