@@ -184,7 +184,8 @@ static void get_arrive(struct umbp_runtime *rt, struct umbp_op *op)
     int h = rt->stopping ? UMBP_E_NOT_ATTEMPTED : tier_health(rt->tier);
     uint64_t now = umbp_now_ns();
     if (h == 0 && now >= op->deadline_ns) { /* queued past timeout_ms */
-        CNT_ADD(rt, ops_timed_out, 1);
+        if (!op->warm)
+            CNT_ADD(rt, ops_timed_out, 1);
         h = UMBP_E_TIMEOUT;
     }
     bool quarantine = rt->core->load_failure_quarantine_ms > 0;

@@ -275,7 +275,8 @@ static void put_reserved(void *arg, int rc)
         } else if (s == UMBP_TIER_EXISTS) {
             op->state[k] = KEY_DONE;
             op->status[k] = 0;
-            CNT_ADD(rt, puts_existing, 1);
+            if (!op->warm)
+                CNT_ADD(rt, puts_existing, 1);
         } else if (s != -ENOSPC) {
             op->state[k] = KEY_DONE;
             op->status[k] = s;

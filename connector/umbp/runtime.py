@@ -430,7 +430,7 @@ class Runtime:
                 job = self._kv_submit(_kv_warm_load, "warm-up", kv, keys, ids, 0, 0, None)
                 done = job.wait(1000)  # a server stopped just now: a second at most
                 if done:
-                    job.num_ok
+                    job.num_ok  # the statuses' read, as an engine's first batch does
                 job.release()
                 if not done:
                     return

@@ -309,8 +309,9 @@ struct umbp_kv_tensor; /* umbp/gpu.h */
  * It also warms the transfer path (gpu_warm_transfers) and runs one store of
  * the cache's block 0 that is never published (gpu_warm_store: the block is
  * only read; it waits for it a second at most, and its failure is logged,
- * not returned).  Shape errors name the tensor and dimension in umbp_last_error().  -ENODEV
- * when no GPU backend finds a device.  The tensors must outlive the handle.
+ * not returned).  Shape errors name the tensor and dimension in
+ * umbp_last_error().  -ENODEV when no GPU backend finds a device.  The
+ * tensors must outlive the handle.
  */
 UMBP_API int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors,
                      uint32_t num_tensors, umbp_kv_handle_t *out);

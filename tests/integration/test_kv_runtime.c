@@ -533,6 +533,13 @@ Test(kv_host, a_warm_load_copies_and_counts_nothing)
         cr_expect(is_poison(f.back[l], LAYER_BYTES), "layer %d was written by a warm-up", l);
     cr_assert_eq(umbp_kv_load(f.rt, f.kv, f.blocks, STORED, NULL, &op), 0);
     wait_all(op, 0);
+    poison_and_download(&f, true);
+    for (int l = 0; l < L; l++)
+        for (int i = 0; i < STORED; i++)
+            for (int kv = 0; kv < 2; kv++)
+                cr_assert(memcmp(chunk(f.back[l], (size_t)i, kv), chunk(f.orig[l], (size_t)i, kv),
+                                 CHUNK) == 0, "layer %d block %d %s after the warm-up", l, i,
+                          kv ? "V" : "K");
     teardown_fixture(&f);
 }
 

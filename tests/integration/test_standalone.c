@@ -398,6 +398,33 @@ Test(standalone, the_warm_up_store_leaves_the_server_as_it_was)
     tu_server_cleanup(&srv);
 }
 
+/* After a server came back: stores KV_BLOCKS blocks (retrying while the
+ * session recovers, 20 s at most), then restores them reversed into the
+ * poisoned cache and checks every byte. */
+static void kv_round_trip_once_healthy(struct kv_side *k)
+{
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
+    umbp_op_t *op;
+    int rc = UMBP_E_NOT_ATTEMPTED;
+    for (int i = 0; i < 400 && rc != 0; i++) {
+        cr_assert_eq(umbp_kv_store(k->rt, k->kv, b, KV_BLOCKS, NULL, &op), 0, "%s",
+                     umbp_last_error());
+        if ((rc = kv_wait(op)) != 0)
+            tu_sleep_ms(50);
+    }
+    cr_assert_eq(rc, 0, "store once the server is back: %d (%s)", rc, umbp_strerror(rc));
+    for (int l = 0; l < L; l++)
+        memset(k->dev[l], TU_POISON, LAYER_BYTES);
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i].block = (uint64_t)(NB - 1 - i);
+    cr_assert_eq(umbp_kv_load(k->rt, k->kv, b, KV_BLOCKS, NULL, &op), 0, "%s",
+                 umbp_last_error());
+    cr_assert_eq(kv_wait(op), 0);
+    check_reversed_restore(k, -1, -1);
+}
+
 /* A server stopped (SIGSTOP) while an engine registers its cache: the
  * warm-up store cannot finish, registration still returns (its wait is
  * bounded at a second; the time is logged, not asserted) and succeeds, and
@@ -417,25 +444,31 @@ Test(standalone, registration_beside_a_stopped_server)
     cr_assert_eq(rc, 0, "%s", umbp_last_error());
     cr_expect_neq(((struct umbp_runtime *)k.rt)->kv.warm_store_rc, 0,
                   "the warm-up store finished against a stopped server");
-    umbp_kv_block_t b[KV_BLOCKS];
-    for (int i = 0; i < KV_BLOCKS; i++)
-        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
-    umbp_op_t *op;
-    rc = UMBP_E_NOT_ATTEMPTED;
-    for (int i = 0; i < 200 && rc != 0; i++) { /* until the session is healthy again */
-        cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s",
-                     umbp_last_error());
-        if ((rc = kv_wait(op)) != 0)
-            tu_sleep_ms(50);
-    }
-    cr_assert_eq(rc, 0, "store after SIGCONT: %d (%s)", rc, umbp_strerror(rc));
-    for (int l = 0; l < L; l++)
-        memset(k.dev[l], TU_POISON, LAYER_BYTES);
-    for (int i = 0; i < KV_BLOCKS; i++)
-        b[i].block = (uint64_t)(NB - 1 - i);
-    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
-    cr_assert_eq(kv_wait(op), 0);
-    check_reversed_restore(&k, -1, -1);
+    kv_round_trip_once_healthy(&k);
+    kv_close(&k);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* The server killed (SIGKILL) before an engine registers: the warm-up store
+ * fails at once and registration still succeeds; a new server (a new pool)
+ * then takes the cache's blocks and gives them back byte-exact. */
+Test(standalone, registration_after_the_server_was_killed)
+{
+    start_server(NULL);
+    struct kv_side k;
+    umbp_kv_tensor_t t[L];
+    cr_assert_eq(kv_layers(&k, true, t), 0, "KV setup: %s", umbp_last_error());
+    tu_server_stop(&srv); /* SIGKILL */
+    uint64_t t0 = tu_now_ms();
+    int rc = umbp_kv_register(k.rt, t, L, &k.kv);
+    cr_log_info("registration after a server kill: %llu ms",
+                (unsigned long long)(tu_now_ms() - t0));
+    cr_assert_eq(rc, 0, "%s", umbp_last_error());
+    cr_expect_lt(((struct umbp_runtime *)k.rt)->kv.warm_store_rc, 0,
+                 "the warm-up store succeeded without a server");
+    start_server(NULL);
+    kv_round_trip_once_healthy(&k);
     kv_close(&k);
     tu_check_leaks();
     tu_server_cleanup(&srv);
