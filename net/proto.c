@@ -44,6 +44,7 @@ enum arg_rule {
     ARG_ANY,    /* a status or a count: any value */
     ARG_RESYNC, /* PROTO_RESYNC_* bits */
     ARG_WAIT,   /* a bound in ms, 1 .. PROTO_WAIT_MAX_MS */
+    ARG_HOLD,   /* a hold in ms, <= PROTO_HOLD_MAX_MS */
 };
 
 /* Per type: record kind, arg rule, unsolicited (seq 0).  A type added to
@@ -53,7 +54,7 @@ enum arg_rule {
 #define SPEC_HELLO_ERR REC_ERROR, ARG_ANY, false
 #define SPEC_LOOKUP REC_KEY, ARG_LOOKUP, false
 #define SPEC_LOOKUP_R REC_U8, ARG_ZERO, false
-#define SPEC_RESERVE REC_RESERVE, ARG_ZERO, false
+#define SPEC_RESERVE REC_RESERVE, ARG_HOLD, false
 #define SPEC_RESERVE_R REC_REGION, ARG_ZERO, false
 #define SPEC_PUBLISH REC_TOKEN, ARG_ZERO, false
 #define SPEC_PUBLISH_R REC_STATUS, ARG_ZERO, false
@@ -87,6 +88,7 @@ enum arg_rule {
 #define SPEC_NODES_R REC_NODE_INFO, ARG_ANY, false
 #define SPEC_SUSPECT REC_STATUS, ARG_ZERO, false /* a u32 node ref per record */
 #define SPEC_WAITING REC_NONE, ARG_WAIT, false
+#define SPEC_PUBLISH_AS REC_RENAME, ARG_ZERO, false
 
 #define DIR_C false
 #define DIR_S true
@@ -176,6 +178,12 @@ static int check_arg(const struct type_info *t, uint32_t arg, char *err, size_t 
             return 0;
         net_seterr(err, errlen, "%s.arg: a wait of %u ms is not in 1 .. %u", t->name, arg,
                PROTO_WAIT_MAX_MS);
+        return -EPROTO;
+    case ARG_HOLD:
+        if (arg <= PROTO_HOLD_MAX_MS)
+            return 0;
+        net_seterr(err, errlen, "%s.arg: a hold of %u ms exceeds %u", t->name, arg,
+               PROTO_HOLD_MAX_MS);
         return -EPROTO;
     case ARG_RESYNC:
         if (!(arg & ~(PROTO_RESYNC_FIRST | PROTO_RESYNC_LAST)))
@@ -650,6 +658,18 @@ int proto_get_token_item(const struct proto_frame *f, uint32_t i,
     return 0;
 }
 
+int proto_get_rename_item(const struct proto_frame *f, uint32_t i,
+                          struct proto_rename_item *out)
+{
+    const uint8_t *p;
+
+    if (proto_record_at(f, i, REC_RENAME, &p))
+        return -EINVAL;
+    dec_key_u64(p, &out->from, &out->token);
+    memcpy(out->key.bytes, p + PROTO_TOKEN_ITEM_SIZE, UMBP_KEY_SIZE);
+    return 0;
+}
+
 int proto_get_region_item(const struct proto_frame *f, uint32_t i,
                           struct proto_region_item *out)
 {
@@ -1018,6 +1038,18 @@ int proto_put_token_item(struct proto_buf *b, const struct proto_token_item *it)
     if (rc)
         return rc;
     enc_key_u64(p, &it->key, it->token);
+    return 0;
+}
+
+int proto_put_rename_item(struct proto_buf *b, const struct proto_rename_item *it)
+{
+    uint8_t *p;
+    int rc = proto_record_slot(b, REC_RENAME, &p);
+
+    if (rc)
+        return rc;
+    enc_key_u64(p, &it->from, it->token);
+    memcpy(p + PROTO_TOKEN_ITEM_SIZE, it->key.bytes, UMBP_KEY_SIZE);
     return 0;
 }
 

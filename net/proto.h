@@ -59,11 +59,13 @@
 #define PROTO_MAGIC 0x554d4250u /* "UMBP" as a big-endian u32 ("PBMU" in a dump) */
 /* 2: HELLO.arg carries a worker's write deadline; 3: the TCP handshake
  * (AUTH_*) and umbp-master's frames (REGISTER .. NODES_R, role node);
- * 4: WAITING (a server that is a node holds a request for the cluster) */
-#define PROTO_VERSION 4
+ * 4: WAITING (a server that is a node holds a request for the cluster);
+ * 5: PUBLISH_AS and RESERVE.arg (reservations made ahead, a hold in ms) */
+#define PROTO_VERSION 5
 #define PROTO_HDR_SIZE 16
 #define PROTO_BODY_HDR_SIZE 8
 #define PROTO_MAX_RECORDS 65536u       /* per frame; larger batches are split */
+#define PROTO_MAX_RENAME_RECORDS 32768u /* PUBLISH_AS: 72-byte records */
 #define PROTO_MAX_BODY (4u << 20)      /* >= 8 + PROTO_MAX_RECORDS * 40 */
 #define PROTO_NAME_MAX 64              /* engine id, namespace: NUL-padded */
 #define PROTO_ERRMSG_MAX 192
@@ -114,7 +116,9 @@
     X(SUSPECT, 38, 4, PROTO_MAX_NODES_FRAME, C)                                   \
     /* the request of this seq waits for the cluster: its reply comes within    \
      * arg ms (a server that is its host's node; not a reply) */                 \
-    X(WAITING, 39, 0, 0, S)
+    X(WAITING, 39, 0, 0, S)                                                       \
+    /* publish a reservation under another key (one made ahead of its key) */     \
+    X(PUBLISH_AS, 40, PROTO_RENAME_ITEM_SIZE, PROTO_MAX_RENAME_RECORDS, C) /* PUBLISH_R */
 
 enum proto_type {
 #define X(name, val, rec, max, dir) PROTO_##name = val,
@@ -186,6 +190,25 @@ struct proto_token_item {
     uint64_t token;
 };
 #define PROTO_TOKEN_ITEM_SIZE (UMBP_KEY_SIZE + 8)
+
+/* PUBLISH_AS item: the reservation (its key and token, as RESERVE made
+ * it) and the key its object is published under.  from == key is a plain
+ * PUBLISH.  Replied by PUBLISH_R: 0, UMBP_TIER_EXISTS (the key was already
+ * present or being written: the reservation is dropped, first writer wins),
+ * or a negative code. */
+struct proto_rename_item {
+    umbp_key_t from;
+    uint64_t token;
+    umbp_key_t key;
+};
+#define PROTO_RENAME_ITEM_SIZE (UMBP_KEY_SIZE + 8 + UMBP_KEY_SIZE)
+
+/* RESERVE.arg: a hold in ms.  0: the client writes into each region it is
+ * granted for at most its write deadline (HELLO.arg) from the grant.  h > 0:
+ * reservations made ahead, before the client knows their keys: it starts
+ * writing into one at most h ms after the grant, and then writes for at
+ * most its write deadline; the server keeps the region that long. */
+#define PROTO_HOLD_MAX_MS 600000u
 
 /* RESERVE_R and ACQUIRE_R item: the outcome for one key, in request order.
  * status 0: [offset, offset + size) of the pool is the object's region and
@@ -372,6 +395,8 @@ int proto_get_reserve_item(const struct proto_frame *f, uint32_t i,
                            struct proto_reserve_item *out);
 int proto_get_token_item(const struct proto_frame *f, uint32_t i,
                          struct proto_token_item *out);
+int proto_get_rename_item(const struct proto_frame *f, uint32_t i,
+                          struct proto_rename_item *out);
 int proto_get_region_item(const struct proto_frame *f, uint32_t i,
                           struct proto_region_item *out);
 int proto_get_event_item(const struct proto_frame *f, uint32_t i,
@@ -439,6 +464,7 @@ int proto_put_hello(struct proto_buf *b, const struct proto_hello *h);
 int proto_put_welcome(struct proto_buf *b, const struct proto_welcome *w);
 int proto_put_reserve_item(struct proto_buf *b, const struct proto_reserve_item *it);
 int proto_put_token_item(struct proto_buf *b, const struct proto_token_item *it);
+int proto_put_rename_item(struct proto_buf *b, const struct proto_rename_item *it);
 int proto_put_region_item(struct proto_buf *b, const struct proto_region_item *it);
 int proto_put_event_item(struct proto_buf *b, const struct proto_event_item *it);
 int proto_put_error(struct proto_buf *b, const struct proto_error *e);

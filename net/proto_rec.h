@@ -136,7 +136,7 @@ static inline void wr_string(struct wr *w, const char *s, size_t cap)
 /* What the records of a type are; each kind has one accessor and one put. */
 enum rec_kind {
     REC_NONE, REC_HELLO, REC_WELCOME, REC_ERROR, REC_KEY, REC_U8, REC_STATUS,
-    REC_RESERVE, REC_TOKEN, REC_REGION, REC_EVENT, REC_STATS, REC_SESSION,
+    REC_RESERVE, REC_TOKEN, REC_REGION, REC_EVENT, REC_STATS, REC_SESSION, REC_RENAME,
     /* proto_master.c */
     REC_AUTH, REC_REGISTER, REC_NODE_EVENT, REC_ACK, REC_LOCATION, REC_NODE_INFO,
 };
@@ -155,6 +155,7 @@ enum rec_kind {
      : (k) == REC_EVENT   ? PROTO_EVENT_ITEM_SIZE                                \
      : (k) == REC_STATS   ? PROTO_STATS_SIZE                                     \
      : (k) == REC_SESSION ? PROTO_SESSION_ITEM_SIZE                              \
+     : (k) == REC_RENAME  ? PROTO_RENAME_ITEM_SIZE                               \
      : (k) == REC_AUTH    ? PROTO_AUTH_SIZE                                      \
      : (k) == REC_REGISTER ? PROTO_REGISTER_SIZE                                 \
      : (k) == REC_NODE_EVENT ? PROTO_NODE_EVENT_SIZE                             \

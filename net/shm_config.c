@@ -38,6 +38,15 @@ const struct umbp_option shm_options[] = {
     {"role", UMBP_OPT_STRING, OFF(role), "worker", 0, 0, 16, roles,
      "standalone: worker (maps the pool, every call) or lookup (an engine's scheduler: "
      "lookups only, no pool)"},
+    {"reserve_ahead_bytes", UMBP_OPT_SIZE, OFF(reserve_ahead_bytes), "128MiB", 0,
+     (double)(64ull << 30), 0, NULL,
+     "standalone: pool space a worker keeps reserved ahead for its KV stores' objects "
+     "(at most 1/32 of the pool, 4096 objects), so a store's first reservation needs no "
+     "round trip to the server; 0 = off"},
+    {"reserve_ahead_hold_ms", UMBP_OPT_INT, OFF(reserve_ahead_hold_ms), "30000", 1000, 600000,
+     0, NULL,
+     "standalone: how long a reservation made ahead is kept before it is given back and "
+     "made again (the server keeps its region this long plus the write deadline)"},
     {.name = NULL},
 };
 

@@ -28,6 +28,8 @@ struct shm_config {
     char engine_id[64];              /* shown by `umbp stat`; "" = pid */
     char name_space[64];             /* tenant for quotas; "" = default */
     char role[16];                   /* worker | lookup */
+    uint64_t reserve_ahead_bytes;    /* spares of the KV object size; 0 off */
+    int64_t reserve_ahead_hold_ms;   /* how long one is kept unwritten */
 };
 
 extern const struct umbp_option shm_options[];

@@ -119,6 +119,8 @@ static void stats_fill(struct umbp_runtime *rt, struct umbp_op *op)
     s->kv_queue_ns = LOAD(kv_queue_ns);
     s->kv_tier_ns = LOAD(kv_tier_ns);
     s->prewakes = LOAD(prewakes);
+    s->reserved_ahead = u.reserved_ahead;
+    s->reserved_ahead_used = u.reserved_ahead_used;
     op->rc = 0;
     op_complete(op);
 }

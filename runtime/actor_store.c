@@ -215,11 +215,16 @@ static void put_published(void *arg, int rc)
             continue;
         int s = rc < 0 ? rc : op->reqs[k].status;
         op->state[k] = KEY_DONE;
-        op->status[k] = s;
-        if (s == 0) {
+        if (s == UMBP_TIER_EXISTS) { /* a reservation made ahead of its key, and
+                                        another put stored the key first */
+            s = 0;
+            if (!op->warm)
+                CNT_ADD(rt, puts_existing, 1);
+        } else if (s == 0) {
             CNT_ADD(rt, puts_ok, 1);
             CNT_ADD(rt, bytes_written, op->reqs[k].size);
         }
+        op->status[k] = s;
     }
     evictor_kick(rt);
     put_after_round(rt, op);
@@ -305,6 +310,8 @@ static void put_reserve_round(struct umbp_runtime *rt, struct umbp_op *op)
             op->req_ptrs[m++] = &op->reqs[k];
         }
     op->space_gen = rt->space_freed_gen;
+    if (op->kv_xfer && m) /* a KV store: objects of one size, stored often */
+        tier_reserve_ahead(rt->tier, op->req_ptrs[0]->size);
     tier_reserve(rt->tier, op->req_ptrs, m, put_reserved, op);
 }
 

@@ -42,6 +42,12 @@ static inline void tier_reserve(struct umbp_tier *t, struct umbp_tier_req *const
     t->ops->reserve(t, r, n, done, arg);
 }
 
+static inline void tier_reserve_ahead(struct umbp_tier *t, uint64_t size)
+{
+    if (t->ops->reserve_ahead)
+        t->ops->reserve_ahead(t, size);
+}
+
 static inline void tier_publish(struct umbp_tier *t, struct umbp_tier_req *const *r, size_t n,
                                 umbp_tier_done_fn done, void *arg)
 {

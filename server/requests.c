@@ -200,8 +200,9 @@ static int handle_reserve(struct net_conn *c, const struct proto_frame *f)
     struct umbp_server *s = ss->srv;
     struct srv_batch *b = &ss->batch;
     /* the client writes into what it is granted for at most its declared
-     * deadline from now (session.c, store.h) */
-    uint64_t until = umbp_now_ns() + ss->write_deadline_ns;
+     * deadline from now (session.c, store.h), or, for reservations made
+     * ahead of their keys, from the end of the hold it asked for (arg) */
+    uint64_t until = umbp_now_ns() + ss->write_deadline_ns + (uint64_t)f->arg * 1000000ull;
     int rc = batch_begin(ss, f, PROTO_RESERVE_R);
 
     for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
@@ -240,6 +241,27 @@ static int handle_publish(struct net_conn *c, const struct proto_frame *f)
         int st = -ENOENT;
         if (track_take(&ss->reservations, it.token, &it.key))
             st = srv_store_publish(&s->st, &it.key, it.token);
+        s->c.publishes += st == 0;
+        rc = proto_put_status(b->out, st);
+    }
+    return batch_end(ss, f, rc);
+}
+
+/* A reservation made ahead (RESERVE.arg) published under the key it was
+ * written for. */
+static int handle_publish_as(struct net_conn *c, const struct proto_frame *f)
+{
+    struct srv_session *ss = to_session(c);
+    struct umbp_server *s = ss->srv;
+    const struct srv_batch *b = &ss->batch;
+    int rc = batch_begin(ss, f, PROTO_PUBLISH_R);
+
+    for (uint32_t i = b->from; rc == 0 && i < b->to; i++) {
+        struct proto_rename_item it;
+        proto_get_rename_item(f, i, &it);
+        int st = -ENOENT;
+        if (track_take(&ss->reservations, it.token, &it.from))
+            st = srv_store_publish_as(&s->st, &it.from, it.token, &it.key);
         s->c.publishes += st == 0;
         rc = proto_put_status(b->out, st);
     }
@@ -490,7 +512,8 @@ static int handle_hello(struct srv_session *ss, const struct proto_frame *f, cha
 static const struct net_role roles[PROTO_ROLE_ADMIN + 1] = {
     [PROTO_ROLE_WORKER] = {.name = "worker", .handlers = {
         LOOKUP_ROLE_HANDLERS, [PROTO_RESERVE] = handle_reserve,
-        [PROTO_PUBLISH] = handle_publish, [PROTO_ABORT] = handle_abort,
+        [PROTO_PUBLISH] = handle_publish, [PROTO_PUBLISH_AS] = handle_publish_as,
+        [PROTO_ABORT] = handle_abort,
         [PROTO_ACQUIRE] = handle_acquire, [PROTO_RELEASE] = handle_release,
         [PROTO_CLEAR] = handle_clear}},
     [PROTO_ROLE_LOOKUP] = {.name = "lookup", .handlers = {LOOKUP_ROLE_HANDLERS}},

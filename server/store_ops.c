@@ -31,6 +31,12 @@ static int dram_publish(void *ctx, const umbp_key_t *key, uint64_t token)
     return dram_store_publish(ctx, key, token);
 }
 
+static int dram_publish_as(void *ctx, const umbp_key_t *from, uint64_t token,
+                           const umbp_key_t *key)
+{
+    return dram_store_publish_as(ctx, from, token, key);
+}
+
 static void dram_abort(void *ctx, const umbp_key_t *key, uint64_t token)
 {
     dram_store_abort(ctx, key, token);
@@ -76,6 +82,7 @@ const struct srv_store_ops srv_dram_store_ops = {
     .lookup = dram_lookup,
     .reserve = dram_reserve,
     .publish = dram_publish,
+    .publish_as = dram_publish_as,
     .abort = dram_abort,
     .orphan = dram_orphan,
     .acquire = dram_acquire,

@@ -38,6 +38,10 @@ struct srv_store_ops {
                    uint64_t until_ns, struct srv_region *r);
     /* 0, or -ENOENT when token is not a pending reservation of key. */
     int (*publish)(void *ctx, const umbp_key_t *key, uint64_t token);
+    /* The pending reservation of `from` becomes the object of key: 0,
+     * UMBP_TIER_EXISTS (key present or pending: the reservation is
+     * dropped), -ENOENT. */
+    int (*publish_as)(void *ctx, const umbp_key_t *from, uint64_t token, const umbp_key_t *key);
     /* Drops the pending reservation, if it is one. */
     void (*abort)(void *ctx, const umbp_key_t *key, uint64_t token);
     /* The writer's session ended without publishing: the key is free now,
@@ -77,6 +81,12 @@ static inline int srv_store_reserve(const struct srv_store *st, const umbp_key_t
                                     struct srv_region *r)
 {
     return st->ops->reserve(st->ctx, key, size, ns, until_ns, r);
+}
+
+static inline int srv_store_publish_as(const struct srv_store *st, const umbp_key_t *from,
+                                       uint64_t token, const umbp_key_t *key)
+{
+    return st->ops->publish_as(st->ctx, from, token, key);
 }
 
 static inline int srv_store_publish(const struct srv_store *st, const umbp_key_t *key,

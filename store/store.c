@@ -666,6 +666,33 @@ int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t tok
     return 0;
 }
 
+/* A reservation made ahead of its key (a placeholder `from`) becomes the
+ * object of `key`: out of the table under one key, in under the other, its
+ * journal record rewritten while still PENDING (a crash in between leaves a
+ * PENDING record, which an adopter only frees), then published. */
+int dram_store_publish_as(struct dram_store *s, const umbp_key_t *from, uint64_t token,
+                          const umbp_key_t *key)
+{
+    if (!memcmp(from, key, sizeof(*key)))
+        return dram_store_publish(s, key, token);
+    struct dram_obj *obj = find_pending(s, from, token);
+    if (!obj)
+        return -ENOENT;
+    if (dram_index_find(s->index, key)) {
+        dram_store_abort(s, from, token);
+        return UMBP_TIER_EXISTS;
+    }
+    /* the insert cannot grow the table (it held obj a moment ago), so it
+     * cannot fail */
+    dram_index_remove(s->index, obj);
+    obj->key = *key;
+    (void)dram_index_insert(s->index, obj);
+    if (obj->slot != DRAM_JOURNAL_NONE)
+        dram_journal_set_pending(s->journal, obj->slot, key, obj->off, obj->size, obj->oid,
+                                 obj->until_ns ? dram_journal_hold_s(obj->until_ns) : 0);
+    return dram_store_publish(s, key, token);
+}
+
 uint64_t dram_store_abort(struct dram_store *s, const umbp_key_t *key, uint64_t token)
 {
     struct dram_obj *obj = find_pending(s, key, token);

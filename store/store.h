@@ -106,6 +106,12 @@ void dram_store_writer_counts(const struct dram_store *s, uint64_t *held,
                               uint64_t *reservations_expired);
 /* 0, or -ENOENT when token is not a pending reservation of key. */
 int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t token);
+/* Publishes the pending reservation of `from` named by token as the object
+ * of `key` (from == key: dram_store_publish).  0; UMBP_TIER_EXISTS when key
+ * is already present or pending (the reservation is dropped: first writer
+ * wins); -ENOENT when token is not a pending reservation of from. */
+int dram_store_publish_as(struct dram_store *s, const umbp_key_t *from, uint64_t token,
+                          const umbp_key_t *key);
 /* Drops the pending reservation of key named by token, if it is one;
  * returns the pool bytes freed. */
 uint64_t dram_store_abort(struct dram_store *s, const umbp_key_t *key, uint64_t token);

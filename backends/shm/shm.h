@@ -6,7 +6,8 @@
  * Files: shm_tier.c (the vtable and the members), shm_calls.c (frames out,
  * replies in, undoing late grants), shm_conn.c (the tier's side of the
  * connection: HELLO, HELLO_OK, EVENTS, what it logs when the server goes
- * and comes back), shm_attach.c (creation: find or start the server, the
+ * and comes back), shm_ahead.c (reservations made ahead of their keys),
+ * shm_attach.c (creation: find or start the server, the
  * blocking handshake).  The connection itself - the FIFO of calls,
  * deadlines, orphans, reconnecting with backoff, the socket_dir watch - is
  * a client session of net/ (net/session.h) on the runtime's loop
@@ -48,6 +49,7 @@ enum shm_kind {
     SHM_LOOKUP,
     SHM_RESERVE,
     SHM_PUBLISH,
+    SHM_PUBLISH_AS, /* some reservations made ahead (shm_ahead.c) */
     SHM_ACQUIRE,
     SHM_RELEASE,
     SHM_CLEAR,
@@ -77,6 +79,27 @@ struct shm_call {
 struct shm_map {
     void *addr;
     uint64_t size, pool_id;
+};
+
+/* A reservation made ahead of its key (shm_ahead.c). */
+struct shm_spare {
+    uint64_t id;              /* its placeholder key's counter (never 0) */
+    void *addr;               /* its region in the mapping of its session */
+    uint64_t token;
+    uint64_t usable_until_ns; /* handed out only before this */
+};
+
+struct shm_ahead {
+    uint64_t size;            /* the object size of the spares; 0: none hinted */
+    size_t want;              /* spares to keep; v has room for want */
+    struct shm_spare *v;      /* [0, n) in the order granted, oldest first */
+    size_t n;
+    uint64_t epoch;           /* the session that granted them */
+    bool filling;             /* a RESERVE for spares is outstanding */
+    uint8_t prefix[UMBP_KEY_SIZE - 8]; /* placeholder keys: prefix, then the id */
+    uint64_t next_id;
+    ev_timer timer;           /* refills (when the session is idle), retiring */
+    uint64_t taken, filled;   /* spares handed out, spares granted */
 };
 
 struct shm_tier {
@@ -109,6 +132,7 @@ struct shm_tier {
                                  wake-up (poll_wait, as the runtime's own) */
     bool may_spin;
     uint64_t fast_stats_until_ns; /* a reserve met a full pool: poll faster */
+    struct shm_ahead ahead;
 };
 
 static inline struct shm_tier *to_shm_tier(struct umbp_tier *t)
@@ -180,6 +204,26 @@ void shm_on_stats_timer(struct ev_loop *loop, ev_timer *w, int revents);
 /* Fire-and-forget frames: ABORT of (key, token) pairs. */
 void shm_send_abort(struct shm_tier *st, const umbp_key_t *keys, const uint64_t *tokens,
                     size_t n);
+
+/* ---- shm_ahead.c: reservations made ahead of their keys (loop thread) ---- */
+
+void shm_ahead_init(struct shm_tier *st);
+/* The tier's reserve_ahead member: keep spares for objects of size bytes
+ * (the first size hinted only; nothing when reserve_ahead_bytes is 0). */
+void shm_ahead_hint(struct umbp_tier *t, uint64_t size);
+/* Grants reqs[0..n) from the spares and returns true when all n can be
+ * (their size, enough usable spares, this session's); else false, nothing
+ * changed.  A granted region's aux[1] is the spare's id (0: an ordinary
+ * reservation): publish and abort name it by its placeholder key. */
+bool shm_ahead_take(struct shm_tier *st, struct umbp_tier_req *const *reqs, size_t n);
+/* The placeholder key of spare id. */
+void shm_ahead_key(const struct shm_tier *st, uint64_t id, umbp_key_t *out);
+/* Refill soon (a new session: conn_up). */
+void shm_ahead_kick(struct shm_tier *st);
+/* Forget every spare, aborting them at the server when abort_them (stop);
+ * a lost session took them with it (conn_down). */
+void shm_ahead_drop(struct shm_tier *st, bool abort_them);
+void shm_ahead_destroy(struct shm_tier *st);
 
 /* ---- shm_conn.c: the tier's side of the connection ---------------------------- */
 

@@ -80,6 +80,7 @@ static uint16_t request_type(enum shm_kind k)
         [SHM_PUBLISH] = PROTO_PUBLISH, [SHM_ACQUIRE] = PROTO_ACQUIRE,
         [SHM_RELEASE] = PROTO_RELEASE, [SHM_CLEAR] = PROTO_CLEAR,
         [SHM_STATS] = PROTO_STATS,     [SHM_UNDO] = PROTO_RELEASE,
+        [SHM_PUBLISH_AS] = PROTO_PUBLISH_AS,
     };
     return t[k];
 }
@@ -91,6 +92,7 @@ static uint16_t reply_type(enum shm_kind k)
         [SHM_PUBLISH] = PROTO_PUBLISH_R, [SHM_ACQUIRE] = PROTO_ACQUIRE_R,
         [SHM_RELEASE] = PROTO_RELEASE_R, [SHM_CLEAR] = PROTO_CLEAR_R,
         [SHM_STATS] = PROTO_STATS_R,     [SHM_UNDO] = PROTO_RELEASE_R,
+        [SHM_PUBLISH_AS] = PROTO_PUBLISH_R,
     };
     return t[k];
 }
@@ -114,16 +116,29 @@ static int put_item(struct proto_buf *b, const struct shm_call *c, size_t i)
         struct proto_token_item it = {c->keys[i], c->tokens[i]};
         return proto_put_token_item(b, &it);
     }
+    case SHM_PUBLISH_AS: {
+        const struct umbp_tier_req *r = c->reqs[i];
+        struct proto_rename_item it = {r->key, r->region.token, r->key};
+        if (r->region.aux[1]) /* made ahead: reserved under its placeholder */
+            shm_ahead_key(c->st, r->region.aux[1], &it.from);
+        return proto_put_rename_item(b, &it);
+    }
     default:
         return -EINVAL;
     }
 }
 
+/* Items per frame: PUBLISH_AS records are larger. */
+static size_t frame_max(const struct shm_call *c)
+{
+    return c->kind == SHM_PUBLISH_AS ? PROTO_MAX_RENAME_RECORDS : PROTO_MAX_RECORDS;
+}
+
 static size_t frame_items(const struct shm_call *c, uint32_t frame)
 {
-    size_t base = (size_t)frame * PROTO_MAX_RECORDS;
+    size_t base = (size_t)frame * frame_max(c);
     size_t left = c->n > base ? c->n - base : 0;
-    return left < PROTO_MAX_RECORDS ? left : PROTO_MAX_RECORDS;
+    return left < frame_max(c) ? left : frame_max(c);
 }
 
 /* Appends the call's frames to the session's output: how many. */
@@ -133,12 +148,12 @@ static int put_frames(struct shm_tier *st, struct shm_call *c, uint32_t arg, boo
     struct proto_buf *out = &st->sess.out;
     bool items = c->kind != SHM_CLEAR && c->kind != SHM_STATS;
     c->data_frames = c->kind == SHM_STATS ? 0
-                     : items ? (uint32_t)((c->n + PROTO_MAX_RECORDS - 1) / PROTO_MAX_RECORDS)
+                     : items ? (uint32_t)((c->n + frame_max(c) - 1) / frame_max(c))
                              : 1;
     *frames = c->data_frames + (stats ? 1 : 0);
     c->reply_type = reply_type(c->kind);
     for (uint32_t f = 0; f < c->data_frames; f++) {
-        size_t cnt = frame_items(c, f), base = (size_t)f * PROTO_MAX_RECORDS;
+        size_t cnt = frame_items(c, f), base = (size_t)f * frame_max(c);
         int rc = proto_begin(out, request_type(c->kind), st->sess.next_seq++, (uint32_t)cnt,
                              arg);
         if (rc < 0)
@@ -399,7 +414,7 @@ static int apply_data(struct shm_tier *st, struct shm_call *c, const struct prot
                       char *err, size_t errlen)
 {
     size_t want = frame_items(c, c->nc.answered);
-    size_t base = (size_t)c->nc.answered * PROTO_MAX_RECORDS;
+    size_t base = (size_t)c->nc.answered * frame_max(c);
     if (f->type != c->reply_type || f->n != want) {
         snprintf(err, errlen, "%s with %u items answered a %s of %zu", proto_type_name(f->type),
                  f->n, proto_type_name(request_type(c->kind)), want);

@@ -54,6 +54,7 @@ static void conn_up(struct net_session *s, uint64_t down_ms, bool by_dir)
     st->stats_timer.repeat = STATS_PERIOD_S;
     ev_timer_again(st->base.env.loop, &st->stats_timer);
     shm_stats_request(st, true);
+    shm_ahead_kick(st);
 }
 
 static void conn_down(struct net_session *s, const char *why, bool was_connected, bool news)
@@ -61,6 +62,7 @@ static void conn_down(struct net_session *s, const char *why, bool was_connected
     struct shm_tier *st = s->owner;
     ev_timer_stop(st->base.env.loop, &st->stats_timer);
     st->stats_inflight = 0;
+    shm_ahead_drop(st, false); /* they were this session's */
     if (was_connected) {
         umbp_log(UMBP_LOG_WARN, "lost umbp-server at %s: %s; reconnecting", st->path, why);
         /* the server holds what it granted us only until our declared write

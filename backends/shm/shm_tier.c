@@ -90,6 +90,8 @@ static void shm_reserve(struct umbp_tier *t, struct umbp_tier_req *const *reqs, 
     int rc = refusal(st, SHM_RESERVE);
     if (rc)
         done(arg, rc);
+    else if (shm_ahead_take(st, reqs, n)) /* no round trip (shm_ahead.c) */
+        done(arg, 0);
     else
         submit(st, SHM_RESERVE, reqs, n, NULL, 0, done, arg);
 }
@@ -147,6 +149,9 @@ static void finish_granted(struct shm_tier *st, enum shm_kind k, int stale,
     }
     size_t m;
     struct umbp_tier_req **sel = granted(st, reqs, n, stale, &m);
+    for (size_t i = 0; k == SHM_PUBLISH && sel && i < m; i++)
+        if (sel[i]->region.aux[1]) /* one made ahead of its key (shm_ahead.c) */
+            k = SHM_PUBLISH_AS;
     if (!sel)
         done(arg, -ENOMEM);
     else
@@ -232,6 +237,8 @@ static void shm_abort(struct umbp_tier *t, struct umbp_tier_req *const *reqs, si
     for (size_t i = 0; keys && tokens && i < n; i++)
         if (reqs[i]->region.aux[0] == st->epoch) {
             keys[m] = reqs[i]->key;
+            if (reqs[i]->region.aux[1]) /* made ahead: under its placeholder */
+                shm_ahead_key(st, reqs[i]->region.aux[1], &keys[m]);
             tokens[m++] = reqs[i]->region.token;
         }
     if (!keys || !tokens)
@@ -285,6 +292,8 @@ static void shm_usage(struct umbp_tier *t, struct umbp_tier_usage *out)
         .evictions = s->evictions,
         .evicted_bytes = s->evicted_bytes,
         .leases_expired = s->leases_expired,
+        .reserved_ahead = to_shm_tier(t)->ahead.n,
+        .reserved_ahead_used = to_shm_tier(t)->ahead.taken,
     };
 }
 
@@ -317,6 +326,7 @@ static void shm_stop(struct umbp_tier *t)
     struct shm_tier *st = to_shm_tier(t);
     if (st->sess.state == NET_STOPPED)
         return;
+    shm_ahead_drop(st, true); /* the server frees them now, not at their deadline */
     shm_conn_stop_watchers(st);
     net_session_stop(&st->sess); /* closes the socket, fails every call */
 }
@@ -336,6 +346,8 @@ static void shm_destroy(struct umbp_tier *t)
         return;
     struct shm_tier *st = to_shm_tier(t);
     shm_conn_stop_watchers(st);
+    ev_timer_stop(st->base.env.loop, &st->ahead.timer);
+    shm_ahead_destroy(st);
     if (st->drv.fd >= 0)
         close(st->drv.fd);
     st->drv.fd = -1;
@@ -365,6 +377,7 @@ static int shm_create(const struct umbp_tier_env *env, const void *cfg, struct u
     st->worker = strcmp(st->cfg.role, "lookup") != 0;
     pthread_mutex_init(&st->map_lock, NULL);
     shm_conn_init(st);
+    shm_ahead_init(st);
     char dir[SHM_PATH_MAX];
     shm_config_socket_dir(&st->cfg, dir, sizeof(dir));
     if ((rc = proto_socket_path(dir, (unsigned)st->cfg.dp_rank, st->cfg.lookup_instance,
@@ -394,6 +407,7 @@ const struct umbp_tier_ops umbp_tier_shm_ops = {
     .stop = shm_stop,
     .lookup = shm_lookup,
     .reserve = shm_reserve,
+    .reserve_ahead = shm_ahead_hint,
     .publish = shm_publish,
     .abort = shm_abort,
     .acquire = shm_acquire,

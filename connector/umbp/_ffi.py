@@ -102,6 +102,7 @@ STATS_FIELDS = (
     "mailbox_full", "events_dropped",
     "kv_transfers", "kv_prepare_ns", "kv_launch_ns", "kv_gpu_ns", "kv_finish_ns",
     "kv_queue_ns", "kv_tier_ns", "prewakes",
+    "reserved_ahead", "reserved_ahead_used",
 )
 
 

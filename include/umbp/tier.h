@@ -204,6 +204,9 @@ struct umbp_tier_usage {
     /* Caller memory registered now (mem_register minus mem_deregister), for
      * tiers that implement mem_register; 0 otherwise. */
     uint64_t mem_registered_bytes, mem_registered_regions;
+    /* Tiers that reserve ahead of keys (reserve_ahead): reservations held
+     * now, and reserves answered from them (keys). */
+    uint64_t reserved_ahead, reserved_ahead_used;
 };
 
 struct umbp_tier;
@@ -271,8 +274,19 @@ struct umbp_tier_ops {
     void (*reserve)(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
                     size_t n, umbp_tier_done_fn done, void *arg);
 
+    /* optional (default: nothing).  Objects of size bytes will be reserved
+     * often (the runtime says so before each KV store's reservation): a
+     * remote tier may reserve regions of that size ahead of their keys, so
+     * that a later reserve of such objects completes without a round trip
+     * (shm: backends/shm/shm_ahead.c).  Must not delay the reserve that
+     * follows. */
+    void (*reserve_ahead)(struct umbp_tier *t, uint64_t size);
+
     /* required.  Makes reserved regions visible; per-req status 0 or error
-     * (the reservation is then gone).  Emits STORED events. */
+     * (the reservation is then gone), or UMBP_TIER_EXISTS from a tier that
+     * reserves ahead of keys: another put stored the key since, the put
+     * succeeds without this object (first writer wins) and the reservation
+     * is gone.  Emits STORED events. */
     void (*publish)(struct umbp_tier *t, struct umbp_tier_req *const *reqs,
                     size_t n, umbp_tier_done_fn done, void *arg);
 

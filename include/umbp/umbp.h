@@ -435,6 +435,10 @@ typedef struct umbp_stats {
     uint64_t kv_prepare_ns, kv_launch_ns, kv_gpu_ns, kv_finish_ns;
     uint64_t kv_queue_ns, kv_tier_ns;
     uint64_t prewakes; /* umbp_prewake calls that set the loop thread polling */
+    /* standalone: reservations made ahead of their keys for KV stores,
+     * held now (counted in num_pending too), and keys stored into one
+     * (their store needed no reservation round trip); reserve_ahead_bytes */
+    uint64_t reserved_ahead, reserved_ahead_used;
 } umbp_stats_t;
 
 /* Snapshot of the counters (bounded by lookup_timeout_ms). */

@@ -31,7 +31,7 @@
 /* One accessor each; the order is irrelevant. */
 enum fz_acc {
     FZ_KEY, FZ_U8, FZ_STATUS, FZ_HELLO, FZ_WELCOME, FZ_RESERVE, FZ_TOKEN,
-    FZ_REGION, FZ_EVENT, FZ_ERROR, FZ_STATS, FZ_SESSION,
+    FZ_REGION, FZ_EVENT, FZ_ERROR, FZ_STATS, FZ_SESSION, FZ_RENAME,
     FZ_AUTH, FZ_REGISTER, FZ_NODE_EVENT, FZ_ACK, FZ_LOCATION, FZ_NODE_INFO, /* proto_master.c */
     FZ_NACC, FZ_NONE = -1,
 };
@@ -44,6 +44,7 @@ union fz_rec {
     struct proto_welcome welcome;
     struct proto_reserve_item reserve;
     struct proto_token_item token;
+    struct proto_rename_item rename;
     struct proto_region_item region;
     struct proto_event_item event;
     struct proto_error error;
@@ -69,6 +70,7 @@ static inline int fz_acc_of(uint16_t type)
     case PROTO_HELLO_OK: return FZ_WELCOME;
     case PROTO_RESERVE: return FZ_RESERVE;
     case PROTO_PUBLISH: case PROTO_ABORT: case PROTO_RELEASE: return FZ_TOKEN;
+    case PROTO_PUBLISH_AS: return FZ_RENAME;
     case PROTO_RESERVE_R: case PROTO_ACQUIRE_R: return FZ_REGION;
     case PROTO_EVENTS: return FZ_EVENT;
     case PROTO_HELLO_ERR: case PROTO_ERROR: return FZ_ERROR;
@@ -103,6 +105,7 @@ static inline int fz_get(int a, const struct proto_frame *f, uint32_t i, union f
     case FZ_WELCOME: return proto_get_welcome(f, &r->welcome, err, errlen);
     case FZ_RESERVE: return proto_get_reserve_item(f, i, &r->reserve);
     case FZ_TOKEN: return proto_get_token_item(f, i, &r->token);
+    case FZ_RENAME: return proto_get_rename_item(f, i, &r->rename);
     case FZ_REGION: return proto_get_region_item(f, i, &r->region);
     case FZ_EVENT: return proto_get_event_item(f, i, &r->event);
     case FZ_ERROR: return proto_get_error(f, &r->error);
@@ -128,6 +131,7 @@ static inline int fz_put(int a, struct proto_buf *b, const union fz_rec *r)
     case FZ_WELCOME: return proto_put_welcome(b, &r->welcome);
     case FZ_RESERVE: return proto_put_reserve_item(b, &r->reserve);
     case FZ_TOKEN: return proto_put_token_item(b, &r->token);
+    case FZ_RENAME: return proto_put_rename_item(b, &r->rename);
     case FZ_REGION: return proto_put_region_item(b, &r->region);
     case FZ_EVENT: return proto_put_event_item(b, &r->event);
     case FZ_ERROR: return proto_put_error(b, &r->error);

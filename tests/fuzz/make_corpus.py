@@ -26,7 +26,7 @@ T = dict(HELLO=1, HELLO_OK=2, HELLO_ERR=3, LOOKUP=4, LOOKUP_R=5, RESERVE=6,
          RESERVE_R=7, PUBLISH=8, PUBLISH_R=9, ABORT=10, ACQUIRE=11, ACQUIRE_R=12,
          RELEASE=13, RELEASE_R=14, CLEAR=15, CLEAR_R=16, STATS=17, STATS_R=18,
          PING=19, PONG=20, EVENTS=21, ERROR=22, SESSIONS=23, SESSIONS_R=24,
-         WAITING=39)
+         WAITING=39, PUBLISH_AS=40)
 
 EPROTO = 71
 ENOENT = 2
@@ -100,6 +100,10 @@ def server_seeds():
         "lookup_empty": frame("LOOKUP", 3, []),
         "reserve": frame("RESERVE", 4, [key_u64(i, (i + 1) * 4096) for i in range(4)]),
         "publish": frame("PUBLISH", 5, [key_u64(i, 100 + i) for i in range(2)]),
+        "reserve_ahead": frame("RESERVE", 13, [key_u64(i, 65536) for i in range(8, 12)],
+                               arg=30000),
+        "publish_as": frame("PUBLISH_AS", 14, [key_u64(8 + i, 100 + i) + key(20 + i)
+                                               for i in range(2)]),
         "abort": frame("ABORT", 6, [key_u64(9, 77)]),
         "acquire": frame("ACQUIRE", 7, [key(i) for i in range(2)], arg=30000),
         "release": frame("RELEASE", 8, [key_u64(i, 200 + i) for i in range(2)]),
@@ -109,7 +113,8 @@ def server_seeds():
         "sessions": frame("SESSIONS", 12, []),
     }
     s["stream"] = b"".join(s[k] for k in ("hello_worker", "lookup_touch", "reserve",
-                                          "publish", "acquire", "release", "ping"))
+                                          "publish", "reserve_ahead", "publish_as",
+                                          "acquire", "release", "ping"))
     return s
 
 

@@ -353,9 +353,17 @@ Test(standalone, kv_store_in_one_process_load_in_another)
     tu_server_cleanup(&srv);
 }
 
+static bool server_idle(const umbp_stats_t *s, void *arg);
+static void kv_round_trip_once_healthy(struct kv_side *k);
+
+/* One KV object: every layer's K and V chunk of a block. */
+#define KV_OBJ ((uint64_t)L * 2 * CHUNK)
+
 /* The first registration's warm-up store (gpu_warm_store) goes through the
  * server, RESERVE to ABORT: it copied (status 0), and the server holds
- * nothing of it, neither an object nor a pending reservation nor its bytes.
+ * nothing of it, neither an object nor a pending reservation nor its bytes
+ * (beyond the reservations made ahead for the cache's stores, which the
+ * stats count apart).
  * A warm-up load of stored keys copies nothing and gives its leases back. */
 Test(standalone, the_warm_up_store_leaves_the_server_as_it_was)
 {
@@ -367,8 +375,9 @@ Test(standalone, the_warm_up_store_leaves_the_server_as_it_was)
     umbp_stats_t st;
     cr_assert_eq(umbp_get_stats(k.rt, &st), 0, "%s", umbp_last_error());
     cr_expect_eq(st.num_objects, 0, "the warm-up key was published");
-    cr_expect_eq(st.num_pending, 0, "the warm-up reservation is still held");
-    cr_expect_eq(st.used_bytes, 0, "the warm-up reservation's bytes are still allocated");
+    cr_expect_eq(st.num_pending, st.reserved_ahead, "the warm-up reservation is still held");
+    cr_expect_eq(st.used_bytes, st.reserved_ahead * KV_OBJ,
+                 "the warm-up reservation's bytes are still allocated");
     cr_expect_eq(st.puts_ok + st.puts_failed + st.puts_existing + st.kv_transfers, 0);
 
     /* a warm-up load (umbp_kv_warm_load) of keys the server holds: their
@@ -393,6 +402,167 @@ Test(standalone, the_warm_up_store_leaves_the_server_as_it_was)
     cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
     cr_expect_eq(st.num_leased, 0, "a warm-up's lease is still held");
     cr_expect_eq(st.gets_ok + st.gets_miss + st.gets_failed, 0);
+    kv_close(&k);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* ---- reservations made ahead (reserve_ahead_bytes, backends/shm/shm_ahead.c) ---- */
+
+/* The server's 64 MiB pool: 1/32 of it in spares of KV_OBJ bytes. */
+#define AHEAD_WANT ((64 * MiB / 32) / KV_OBJ)
+
+static bool ahead_full(const umbp_stats_t *s, void *arg)
+{
+    (void)arg;
+    return s->reserved_ahead == AHEAD_WANT && s->num_pending == AHEAD_WANT;
+}
+
+static void store_blocks(struct kv_side *k, int n)
+{
+    umbp_kv_block_t b[NB];
+    for (int i = 0; i < n; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(k->rt, k->kv, b, (size_t)n, NULL, &op), 0, "%s",
+                 umbp_last_error());
+    int rc = kv_wait(op);
+    cr_assert_eq(rc, 0, "kv store: %d (%s)", rc, umbp_strerror(rc));
+}
+
+/* A KV cache's registration makes the worker reserve AHEAD_WANT regions
+ * ahead of their keys; a store of KV_BLOCKS blocks takes them (no RESERVE
+ * of its own), publishes them under its keys, and another process restores
+ * them byte-exact.  Storing the same keys again through new spares finds
+ * them present at publish: counted as existing, the spares' regions freed.
+ * The spares are refilled when the session is idle, and given back at
+ * destroy: the server then holds the objects and nothing pending. */
+Test(standalone, kv_stores_use_reservations_made_ahead)
+{
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st),
+              "spares: %llu held, %llu pending at the server (want %llu)",
+              (unsigned long long)st.reserved_ahead, (unsigned long long)st.num_pending,
+              (unsigned long long)AHEAD_WANT);
+    cr_assert_eq(st.reserved_ahead_used, 0);
+
+    store_blocks(&k, KV_BLOCKS);
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_eq(st.reserved_ahead_used, KV_BLOCKS, "the store did not use the spares");
+    cr_expect_eq(st.puts_ok, KV_BLOCKS);
+    cr_expect_eq(st.num_objects, KV_BLOCKS, "the spares were not published under the keys");
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st), "not refilled: %llu held",
+              (unsigned long long)st.reserved_ahead);
+
+    store_blocks(&k, KV_BLOCKS); /* the same keys again */
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_eq(st.reserved_ahead_used, 2 * KV_BLOCKS);
+    cr_expect_eq(st.puts_existing, KV_BLOCKS, "a repeat was not reported as existing");
+    cr_expect_eq(st.puts_ok, KV_BLOCKS);
+    cr_expect_eq(st.num_objects, KV_BLOCKS);
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
+    cr_expect_eq(st.used_bytes, (KV_BLOCKS + AHEAD_WANT) * KV_OBJ,
+                 "a repeat's region was not freed");
+    kv_close(&k);
+
+    cr_assert_eq(kv_open(&k, false), 0, "KV setup: %s", umbp_last_error());
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)(NB - 1 - i)};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    cr_assert_eq(kv_wait(op), 0);
+    check_reversed_restore(&k, -1, -1);
+    kv_close(&k);
+    umbp_runtime_t *rt = sa_create(NULL); /* no KV cache: no spares of its own */
+    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st),
+              "spares of destroyed runtimes still pending: %llu",
+              (unsigned long long)st.num_pending);
+    cr_expect_eq(st.num_objects, KV_BLOCKS);
+    cr_expect_eq(st.used_bytes, KV_BLOCKS * KV_OBJ);
+    tu_destroy(rt);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* reserve_ahead_bytes 0: no spares, stores reserve as before. */
+Test(standalone, reserve_ahead_off)
+{
+    setenv("UMBP_RESERVE_AHEAD_BYTES", "0", 1);
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    store_blocks(&k, KV_BLOCKS);
+    umbp_stats_t st;
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_eq(st.reserved_ahead + st.reserved_ahead_used + st.num_pending, 0);
+    cr_expect_eq(st.num_objects, KV_BLOCKS);
+    kv_close(&k);
+    unsetenv("UMBP_RESERVE_AHEAD_BYTES");
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* A spare is handed out only well inside its hold: with a hold of one
+ * second (and a write deadline of two), spares are given back and made
+ * again four times a second.  After 5 s, longer than the server keeps any
+ * spare of the first fill, a store still takes spares (fresh ones: an old
+ * one's region would be gone and its publish fail) and round-trips
+ * byte-exact. */
+Test(standalone, reservations_made_ahead_are_renewed_within_their_hold)
+{
+    setenv("UMBP_RESERVE_AHEAD_HOLD_MS", "1000", 1);
+    setenv("UMBP_TIMEOUT_MS", "1000", 1);
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
+    tu_sleep_ms(5000);
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
+    store_blocks(&k, KV_BLOCKS);
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_eq(st.reserved_ahead_used, KV_BLOCKS, "no usable spare after 5 s");
+    cr_expect_eq(st.num_objects, KV_BLOCKS);
+    for (int l = 0; l < L; l++)
+        memset(k.dev[l], TU_POISON, LAYER_BYTES);
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)(NB - 1 - i)};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    cr_assert_eq(kv_wait(op), 0);
+    check_reversed_restore(&k, -1, -1);
+    kv_close(&k);
+    unsetenv("UMBP_RESERVE_AHEAD_HOLD_MS");
+    unsetenv("UMBP_TIMEOUT_MS");
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* Spares die with their session: the server killed (SIGKILL) and started
+ * again (a new pool), the worker's old spares are never handed out; it
+ * makes new ones in the new session and a store through them round-trips
+ * byte-exact. */
+Test(standalone, reservations_made_ahead_die_with_the_server)
+{
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
+    tu_server_stop(&srv); /* SIGKILL */
+    start_server(NULL);
+    kv_round_trip_once_healthy(&k);
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st), "no spares in the new "
+              "session: %llu held", (unsigned long long)st.reserved_ahead);
+    uint64_t used = st.reserved_ahead_used;
+    kv_round_trip_once_healthy(&k);
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_gt(st.reserved_ahead_used, used, "the new session's spares were not used");
     kv_close(&k);
     tu_check_leaks();
     tu_server_cleanup(&srv);

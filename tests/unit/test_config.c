@@ -195,6 +195,8 @@ static const struct {
     {"engine_id", ""},
     {"namespace", ""},
     {"role", "worker"},
+    {"reserve_ahead_bytes", "134217728"},
+    {"reserve_ahead_hold_ms", "30000"},
     {"loopback_map_one_in", "0"},
     /* the rdma tier (distributed mode), where UCX is */
     {"master_address", ""},

@@ -367,3 +367,48 @@ Test(dram_store, writer_deadlines_hold_regions_across_an_adoption)
     cr_assert_eq(dram_store_publish(s, &k2, r2.token), -ENOENT);
     dram_store_destroy(s);
 }
+
+/* A reservation made under a placeholder key and published as another key
+ * (dram_store_publish_as, the server's PUBLISH_AS): the object is the new
+ * key's, bytes and all, in the store and in the journal (a restarted store
+ * adopts it under the new key, never under the placeholder); a key already
+ * present makes it UMBP_TIER_EXISTS and frees the placeholder's region; a
+ * wrong token or placeholder is -ENOENT and changes nothing. */
+Test(dram_store, publish_as_renames_in_the_store_and_the_journal)
+{
+    struct dram_store *s = must_open(8 * MiB);
+    umbp_key_t ph = tu_key_id(0xa4ead, 1), ph2 = tu_key_id(0xa4ead, 2);
+    umbp_key_t k = tu_key_id(77, 5), dup = tu_key_id(77, 6);
+    struct dram_store_region r, r2;
+    cr_assert_eq(dram_store_reserve_until(s, &ph, obj_size(5), 0, umbp_now_ns() + 60000000000ull,
+                                          &r), 0);
+    tu_fill_from_key(&k, 0, base_of(s) + r.offset, obj_size(5));
+    cr_assert_eq(dram_store_publish_as(s, &ph, r.token + 1, &k), -ENOENT, "a wrong token");
+    cr_assert_eq(dram_store_publish_as(s, &ph2, r.token, &k), -ENOENT, "a wrong placeholder");
+    cr_assert(!dram_store_lookup(s, &k, false));
+    cr_assert_eq(dram_store_publish_as(s, &ph, r.token, &k), 0);
+    cr_assert(dram_store_lookup(s, &k, false));
+    cr_assert(!dram_store_lookup(s, &ph, false), "the placeholder is visible");
+    cr_assert_eq(dram_store_publish(s, &ph, r.token), -ENOENT, "published twice");
+    expect_obj(s, 5);
+
+    put_obj(s, 6, true);
+    struct umbp_tier_usage u0, u1;
+    dram_store_usage(s, &u0);
+    cr_assert_eq(dram_store_reserve(s, &ph2, obj_size(6), &r2), 0);
+    cr_assert_eq(dram_store_publish_as(s, &ph2, r2.token, &dup), UMBP_TIER_EXISTS);
+    dram_store_usage(s, &u1);
+    cr_assert_eq(u1.used_bytes, u0.used_bytes, "the repeat's region was not freed");
+    cr_assert_eq(u1.num_pending, 0);
+    cr_assert_eq(u1.num_objects, 2);
+    expect_obj(s, 6);
+
+    dram_store_destroy(s); /* as a killed server leaves it: the journal stays */
+    s = must_open(8 * MiB);
+    struct dram_store_adoption a;
+    dram_store_adoption(s, &a);
+    cr_assert_eq(a.objects, 2);
+    expect_obj(s, 5);
+    cr_assert(!dram_store_lookup(s, &ph, false), "adopted under the placeholder");
+    dram_store_destroy(s);
+}

@@ -343,6 +343,31 @@ static void check_tokens(const struct proto_frame *f)
 }
 
 static void build_publish(struct proto_buf *b) { build_tokens(b, PROTO_PUBLISH); }
+
+/* PUBLISH_AS: placeholder key i + 100, token, key i. */
+static void build_publish_as(struct proto_buf *b)
+{
+    cr_assert_eq(proto_begin(b, PROTO_PUBLISH_AS, 5, NKEYS, 0), 0);
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        struct proto_rename_item it = {key(i + 100), 0x0123456789abcdefull ^ i, key(i)};
+        cr_assert_eq(proto_put_rename_item(b, &it), 0);
+    }
+    cr_assert_eq(proto_end(b), 0);
+}
+
+static void check_publish_as(const struct proto_frame *f)
+{
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        struct proto_rename_item it;
+        umbp_key_t from = key(i + 100), want = key(i);
+        cr_assert_eq(proto_get_rename_item(f, i, &it), 0);
+        cr_assert(tu_key_eq(&it.from, &from));
+        cr_assert(tu_key_eq(&it.key, &want));
+        cr_assert_eq(it.token, 0x0123456789abcdefull ^ i);
+    }
+    struct proto_token_item wrong;
+    cr_assert_eq(proto_get_token_item(f, 0, &wrong), -EINVAL, "a rename record is not a token");
+}
 static void build_abort(struct proto_buf *b) { build_tokens(b, PROTO_ABORT); }
 static void build_release(struct proto_buf *b) { build_tokens(b, PROTO_RELEASE); }
 
@@ -700,6 +725,7 @@ static const struct sample samples[] = {
     {PROTO_RESERVE, false, build_reserve, check_reserve},
     {PROTO_RESERVE_R, true, build_reserve_r, check_regions},
     {PROTO_PUBLISH, false, build_publish, check_tokens},
+    {PROTO_PUBLISH_AS, false, build_publish_as, check_publish_as},
     {PROTO_PUBLISH_R, true, build_publish_r, check_statuses},
     {PROTO_ABORT, false, build_abort, check_tokens},
     {PROTO_ACQUIRE, false, build_acquire, check_acquire},
@@ -786,7 +812,7 @@ Test(proto_roundtrip, pipelined_frames_parse_one_after_another)
         seen++;
     }
     cr_assert_eq(off, b.len);
-    cr_assert_eq(seen, 18);
+    cr_assert_eq(seen, 19);
     proto_buf_free(&b);
 }
 
@@ -908,7 +934,7 @@ Test(proto_malformed, len_over_max_body)
 
 Test(proto_malformed, unknown_type)
 {
-    static const uint16_t bad[] = {0, 40, 99, 0xffff};
+    static const uint16_t bad[] = {0, 41, 99, 0xffff};
     uint8_t p[24];
 
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -1006,6 +1032,15 @@ Test(proto_malformed, arg_outside_its_rule)
     assert_err_names("WAITING.arg");
     raw_frame(p, 8, PROTO_WAITING, 0, 3, 0, PROTO_WAIT_MAX_MS);
     cr_assert_eq(parse_err(p, 24, true), 24, "%s", err);
+    /* RESERVE.arg: a hold of at most PROTO_HOLD_MAX_MS (0 = none) */
+    raw_frame(p, 8, PROTO_RESERVE, 0, 4, 0, PROTO_HOLD_MAX_MS + 1);
+    cr_assert_eq(parse_err(p, 24, false), -EPROTO);
+    cr_assert_str_eq(err, "RESERVE.arg: a hold of 600001 ms exceeds 600000");
+    raw_frame(p, 8, PROTO_RESERVE, 0, 4, 0, PROTO_HOLD_MAX_MS);
+    cr_assert_eq(parse_err(p, 24, false), 24, "%s", err);
+    raw_frame(p, 8, PROTO_PUBLISH_AS, 0, 4, 0, 1);
+    cr_assert_eq(parse_err(p, 24, false), -EPROTO);
+    cr_assert_str_eq(err, "PUBLISH_AS.arg: must be 0, got 1");
 }
 
 Test(proto_malformed, unsolicited_frames_carry_seq_0)

@@ -1,0 +1,282 @@
+/*
+ * shm_ahead.c - reservations made ahead of their keys ("spares"), so that a
+ * store's first reservation costs no round trip to the server.
+ *
+ * A standalone store cannot copy a byte before the server has granted it a
+ * region: the RESERVE round trip (a wake-up of the server and of this
+ * loop, 100-400 us on a busy host) sits in front of the first GPU transfer
+ * of every store.  Once the runtime says which object size its KV stores
+ * use (reserve_ahead, before each KV store), this tier keeps `want` regions
+ * of that size reserved under placeholder keys (a random prefix of this
+ * tier and a counter), asked for with RESERVE.arg = reserve_ahead_hold_ms.
+ * A reserve of n objects of that size, n <= the spares held, completes
+ * inline from them; the runtime copies into the regions and publishes them
+ * with PUBLISH_AS (placeholder -> key).  A key that another put stored
+ * meanwhile comes back UMBP_TIER_EXISTS and the region is dropped.
+ *
+ * The hold.  The server keeps a spare's region for the hold plus the
+ * writer deadline this tier declared at HELLO, counted from when it
+ * received the RESERVE; the runtime writes into a region for at most that
+ * deadline after the op started (shm.h).  A spare is therefore handed out
+ * only while now < sent + hold (less a tenth): the op that takes it started
+ * earlier, so its writes end before the server may reuse the region.  Spares
+ * that will pass that point before the next check are aborted and replaced.
+ *
+ * Refills go out when the session has nothing outstanding, so they never
+ * queue in front of a store's own reservations at the server; a refill that
+ * the server answers with less (a full pool) is retried at the next check.
+ * Spares die with the session (a reconnect starts with none: the new
+ * session's epoch differs) and are aborted when the runtime stops.  At most
+ * the first object size hinted has spares (a runtime with several KV layouts
+ * of different sizes gets them for the first one).
+ *
+ * Loop thread only.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "shm.h"
+
+#define SHM_AHEAD_MAX 4096      /* spares at most, whatever the budget */
+#define SHM_AHEAD_POOL_SHARE 32 /* and at most 1/32 of the pool */
+#define SHM_AHEAD_RETRY_S 0.0005 /* a refill waits for an idle session */
+
+static double hold_s(const struct shm_tier *st)
+{
+    return (double)st->cfg.reserve_ahead_hold_ms / 1000.0;
+}
+
+/* Checks run four times per hold: a spare is retired once it would pass its
+ * usable time before the next check. */
+static double period_s(const struct shm_tier *st) { return hold_s(st) / 4; }
+
+static uint64_t s_to_ns(double s) { return (uint64_t)(s * 1e9); }
+
+void shm_ahead_key(const struct shm_tier *st, uint64_t id, umbp_key_t *out)
+{
+    memcpy(out->bytes, st->ahead.prefix, sizeof(st->ahead.prefix));
+    for (size_t i = 0; i < 8; i++)
+        out->bytes[sizeof(st->ahead.prefix) + i] = (uint8_t)(id >> (8 * i));
+}
+
+static uint64_t key_id(const struct shm_tier *st, const umbp_key_t *k)
+{
+    uint64_t id = 0;
+    for (size_t i = 0; i < 8; i++)
+        id |= (uint64_t)k->bytes[sizeof(st->ahead.prefix) + i] << (8 * i);
+    return id;
+}
+
+static void arm(struct shm_tier *st, double after_s)
+{
+    ev_timer_stop(st->base.env.loop, &st->ahead.timer);
+    ev_timer_set(&st->ahead.timer, after_s, 0);
+    ev_timer_start(st->base.env.loop, &st->ahead.timer);
+}
+
+static bool connected(const struct shm_tier *st)
+{
+    return st->sess.state == NET_CONNECTED;
+}
+
+/* Aborts spares [from, from + k) at the server and removes them. */
+static void give_back(struct shm_tier *st, size_t from, size_t k)
+{
+    struct shm_ahead *a = &st->ahead;
+    if (!k)
+        return;
+    umbp_key_t *keys = malloc(k * sizeof(*keys));
+    uint64_t *tokens = malloc(k * sizeof(*tokens));
+    if (keys && tokens && connected(st) && a->epoch == st->epoch) {
+        for (size_t i = 0; i < k; i++) {
+            shm_ahead_key(st, a->v[from + i].id, &keys[i]);
+            tokens[i] = a->v[from + i].token;
+        }
+        shm_send_abort(st, keys, tokens, k);
+    }
+    free(keys);
+    free(tokens);
+    memmove(&a->v[from], &a->v[from + k], (a->n - from - k) * sizeof(a->v[0]));
+    a->n -= k;
+}
+
+/* ---- refills ------------------------------------------------------------------------ */
+
+struct fill {
+    struct shm_tier *st;
+    uint64_t epoch, usable_until_ns;
+    size_t k;
+    struct umbp_tier_req **ptrs;
+    struct umbp_tier_req reqs[];
+};
+
+static void fill_done(void *arg, int rc)
+{
+    struct fill *f = arg;
+    struct shm_tier *st = f->st;
+    struct shm_ahead *a = &st->ahead;
+    a->filling = false;
+    size_t got = 0;
+    for (size_t i = 0; rc == 0 && i < f->k; i++) {
+        const struct umbp_tier_req *r = &f->reqs[i];
+        if (r->status != 0)
+            continue;
+        a->v[a->n++] = (struct shm_spare){
+            .id = key_id(st, &r->key),
+            .addr = r->region.addr,
+            .token = r->region.token,
+            .usable_until_ns = f->usable_until_ns,
+        };
+        got++;
+    }
+    if (got)
+        a->epoch = f->epoch; /* the session is the one that answered: current */
+    a->filled += got;
+    if (a->n > a->want) /* never more than asked: the pool may have shrunk */
+        give_back(st, a->want, a->n - a->want);
+    free(f);
+}
+
+static void fill(struct shm_tier *st)
+{
+    struct shm_ahead *a = &st->ahead;
+    size_t k = a->want - a->n;
+    struct fill *f = malloc(sizeof(*f) + k * (sizeof(f->reqs[0]) + sizeof(f->ptrs[0])));
+    if (!f)
+        return;
+    f->st = st;
+    f->epoch = st->epoch;
+    f->k = k;
+    f->ptrs = (struct umbp_tier_req **)&f->reqs[k];
+    uint64_t now = umbp_now_ns(), hold = s_to_ns(hold_s(st));
+    f->usable_until_ns = now + hold - hold / 10;
+    for (size_t i = 0; i < k; i++) {
+        f->reqs[i] = (struct umbp_tier_req){.size = a->size};
+        shm_ahead_key(st, a->next_id++, &f->reqs[i].key);
+        f->ptrs[i] = &f->reqs[i];
+    }
+    struct shm_call *c = shm_call_new(st, SHM_RESERVE, f->ptrs, k, fill_done, f);
+    if (!c) {
+        free(f);
+        return;
+    }
+    a->filling = true;
+    shm_call_send(st, c, (uint32_t)st->cfg.reserve_ahead_hold_ms, false);
+}
+
+static bool wants_fill(const struct shm_tier *st)
+{
+    const struct shm_ahead *a = &st->ahead;
+    return a->size && a->n < a->want && !a->filling && connected(st);
+}
+
+/* Spares that would pass their usable time before the next check. */
+static void retire_old(struct shm_tier *st, uint64_t now)
+{
+    struct shm_ahead *a = &st->ahead;
+    uint64_t horizon = now + s_to_ns(period_s(st)) + s_to_ns(SHM_AHEAD_RETRY_S);
+    size_t k = 0;
+    while (k < a->n && a->v[k].usable_until_ns <= horizon)
+        k++; /* filled in order: the oldest first */
+    give_back(st, 0, k);
+}
+
+static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    struct shm_tier *st = w->data;
+    (void)loop;
+    (void)revents;
+    if (!st->ahead.size || !connected(st))
+        return; /* conn_up kicks again */
+    retire_old(st, umbp_now_ns());
+    if (wants_fill(st)) {
+        if (net_session_oldest(&st->sess)) {
+            arm(st, SHM_AHEAD_RETRY_S);
+            return;
+        }
+        fill(st);
+    }
+    arm(st, period_s(st));
+}
+
+/* ---- what the tier calls ------------------------------------------------------------ */
+
+void shm_ahead_init(struct shm_tier *st)
+{
+    struct shm_ahead *a = &st->ahead;
+    ev_init(&a->timer, on_timer);
+    a->timer.data = st;
+    a->next_id = 1;
+    if (getrandom(a->prefix, sizeof(a->prefix), GRND_NONBLOCK) != (ssize_t)sizeof(a->prefix))
+        for (size_t i = 0; i < sizeof(a->prefix); i++) /* placeholders need only differ */
+            a->prefix[i] = (uint8_t)(umbp_now_ns() >> (i % 8 * 8)) ^ (uint8_t)(uintptr_t)st;
+}
+
+void shm_ahead_kick(struct shm_tier *st)
+{
+    if (st->ahead.size && connected(st))
+        arm(st, SHM_AHEAD_RETRY_S);
+}
+
+void shm_ahead_hint(struct umbp_tier *t, uint64_t size)
+{
+    struct shm_tier *st = to_shm_tier(t);
+    struct shm_ahead *a = &st->ahead;
+    if (a->size || !size || !st->worker || !st->cfg.reserve_ahead_bytes)
+        return; /* the first size only; lookup sessions map no pool */
+    const struct shm_map *m = shm_current_map(st);
+    uint64_t budget = st->cfg.reserve_ahead_bytes;
+    if (m && m->size / SHM_AHEAD_POOL_SHARE < budget)
+        budget = m->size / SHM_AHEAD_POOL_SHARE;
+    uint64_t want = budget / size;
+    if (want > SHM_AHEAD_MAX)
+        want = SHM_AHEAD_MAX;
+    if (!want || !(a->v = calloc((size_t)want, sizeof(a->v[0]))))
+        return;
+    a->size = size;
+    a->want = (size_t)want;
+    shm_ahead_kick(st);
+}
+
+bool shm_ahead_take(struct shm_tier *st, struct umbp_tier_req *const *reqs, size_t n)
+{
+    struct shm_ahead *a = &st->ahead;
+    if (!n || n > a->n || a->epoch != st->epoch || !connected(st))
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (reqs[i]->size != a->size)
+            return false;
+    uint64_t now = umbp_now_ns();
+    if (a->v[a->n - n].usable_until_ns <= now) /* the oldest of the n taken */
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const struct shm_spare *s = &a->v[--a->n];
+        reqs[i]->status = 0;
+        reqs[i]->region = (struct umbp_region){
+            .addr = s->addr,
+            .size = a->size,
+            .token = s->token,
+            .aux = {st->epoch, s->id},
+        };
+    }
+    a->taken += n;
+    shm_ahead_kick(st);
+    return true;
+}
+
+void shm_ahead_drop(struct shm_tier *st, bool abort_them)
+{
+    struct shm_ahead *a = &st->ahead;
+    if (abort_them)
+        give_back(st, 0, a->n);
+    a->n = 0;
+    ev_timer_stop(st->base.env.loop, &a->timer);
+}
+
+void shm_ahead_destroy(struct shm_tier *st)
+{
+    free(st->ahead.v);
+    st->ahead.v = NULL;
+}
