@@ -41,7 +41,8 @@
 
 #define SHM_AHEAD_MAX 4096      /* spares at most, whatever the budget */
 #define SHM_AHEAD_POOL_SHARE 32 /* and at most 1/32 of the pool */
-#define SHM_AHEAD_RETRY_S 0.0005 /* a refill waits for an idle session */
+#define SHM_AHEAD_RETRY_S 0.002 /* a refill waits for an idle session */
+#define SHM_AHEAD_KICK_S 0.005  /* and comes this long after spares were taken */
 
 static double hold_s(const struct shm_tier *st)
 {
@@ -217,7 +218,7 @@ void shm_ahead_init(struct shm_tier *st)
 void shm_ahead_kick(struct shm_tier *st)
 {
     if (st->ahead.size && connected(st))
-        arm(st, SHM_AHEAD_RETRY_S);
+        arm(st, SHM_AHEAD_KICK_S);
 }
 
 void shm_ahead_hint(struct umbp_tier *t, uint64_t size)
@@ -251,8 +252,14 @@ bool shm_ahead_take(struct shm_tier *st, struct umbp_tier_req *const *reqs, size
     uint64_t now = umbp_now_ns();
     if (a->v[a->n - n].usable_until_ns <= now) /* the oldest of the n taken */
         return false;
+    /* the newest n, in the order granted: consecutive keys get regions in
+     * the order the server allocated them (mostly ascending and adjacent),
+     * so the copy engine can merge their transfers as it does for an
+     * ordinary reservation; handed out in reverse they cost twice the
+     * launch time (H200 host, docs/benchmarks.md) */
+    a->n -= n;
     for (size_t i = 0; i < n; i++) {
-        const struct shm_spare *s = &a->v[--a->n];
+        const struct shm_spare *s = &a->v[a->n + i];
         reqs[i]->status = 0;
         reqs[i]->region = (struct umbp_region){
             .addr = s->addr,
