@@ -48,7 +48,8 @@ int main(void)
     STAT(lookup_hits) STAT(evictions) STAT(evicted_bytes) STAT(leases_expired)
     STAT(puts_waited_for_space) STAT(ops_timed_out) STAT(mailbox_full) STAT(events_dropped)
     STAT(kv_transfers) STAT(kv_prepare_ns) STAT(kv_launch_ns) STAT(kv_gpu_ns) STAT(kv_finish_ns)
-    STAT(kv_queue_ns) STAT(kv_tier_ns) STAT(prewakes)
+    STAT(kv_queue_ns) STAT(kv_tier_ns) STAT(prewakes) STAT(reserved_ahead)
+    STAT(reserved_ahead_used)
     S(umbp_kv_block_t);
     F(umbp_kv_block_t, key); F(umbp_kv_block_t, block);
     S(umbp_range_t);

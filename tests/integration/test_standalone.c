@@ -568,6 +568,49 @@ Test(standalone, reservations_made_ahead_die_with_the_server)
     tu_server_cleanup(&srv);
 }
 
+/* A store through spares while the server is stopped (SIGSTOP): its
+ * copies need no server, its PUBLISH_AS waits, and the store fails by its
+ * deadline (UMBP_E_TIMEOUT) without hanging.  Once the server runs again
+ * the late reply is consumed, the spares come back, nothing else stays
+ * pending, and a round trip is byte-exact. */
+static bool only_spares_pending(const umbp_stats_t *s, void *arg)
+{
+    (void)arg;
+    return ahead_full(s, NULL) && s->num_leased == 0;
+}
+
+Test(standalone, a_store_through_spares_beside_a_stopped_server)
+{
+    setenv("UMBP_TIMEOUT_MS", "300", 1);
+    setenv("UMBP_LOOKUP_TIMEOUT_MS", "10000", 1); /* health() lets the calls out */
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
+    tu_server_signal(&srv, SIGSTOP);
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    cr_assert_eq(umbp_op_wait(op, TU_WAIT_MS), 0, "the store hung beside a stopped server");
+    cr_expect_eq(umbp_op_key_status(op, 0), UMBP_E_TIMEOUT, "%s",
+                 umbp_strerror(umbp_op_key_status(op, 0)));
+    umbp_op_release(op);
+    tu_server_signal(&srv, SIGCONT);
+    cr_assert(tu_wait_stats(k.rt, only_spares_pending, NULL, TU_WAIT_MS, &st),
+              "after SIGCONT: %llu pending, %llu spares, %llu leased",
+              (unsigned long long)st.num_pending, (unsigned long long)st.reserved_ahead,
+              (unsigned long long)st.num_leased);
+    kv_round_trip_once_healthy(&k);
+    kv_close(&k);
+    unsetenv("UMBP_TIMEOUT_MS");
+    unsetenv("UMBP_LOOKUP_TIMEOUT_MS");
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* After a server came back: stores KV_BLOCKS blocks (retrying while the
  * session recovers, 20 s at most), then restores them reversed into the
  * poisoned cache and checks every byte. */
