@@ -333,21 +333,28 @@ static void check_reversed_restore(const struct kv_side *k, int miss_a, int miss
     }
 }
 
+/* Loads keys 0 .. KV_BLOCKS - 1 reversed into k's cache and checks every
+ * byte (check_reversed_restore: the cache was poisoned first). */
+static void load_reversed_and_check(struct kv_side *k)
+{
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)(NB - 1 - i)};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_load(k->rt, k->kv, b, KV_BLOCKS, NULL, &op), 0, "%s",
+                 umbp_last_error());
+    int rc = kv_wait(op);
+    cr_assert_eq(rc, 0, "kv load: %d (%s)", rc, umbp_strerror(rc));
+    check_reversed_restore(k, -1, -1);
+}
+
 Test(standalone, kv_store_in_one_process_load_in_another)
 {
     start_server(NULL);
     cr_assert_eq(in_child(child_kv_store, NULL), 0, "the storing process failed");
     struct kv_side k;
     cr_assert_eq(kv_open(&k, false), 0, "KV setup: %s", umbp_last_error());
-    /* block i's object into block NB - 1 - i of a poisoned cache */
-    umbp_kv_block_t b[KV_BLOCKS];
-    for (int i = 0; i < KV_BLOCKS; i++)
-        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)(NB - 1 - i)};
-    umbp_op_t *op;
-    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
-    int rc = kv_wait(op);
-    cr_assert_eq(rc, 0, "kv load: %d (%s)", rc, umbp_strerror(rc));
-    check_reversed_restore(&k, -1, -1);
+    load_reversed_and_check(&k); /* block i's object into block NB - 1 - i */
     kv_close(&k);
     tu_check_leaks();
     tu_server_cleanup(&srv);
@@ -469,13 +476,7 @@ Test(standalone, kv_stores_use_reservations_made_ahead)
     kv_close(&k);
 
     cr_assert_eq(kv_open(&k, false), 0, "KV setup: %s", umbp_last_error());
-    umbp_kv_block_t b[KV_BLOCKS];
-    for (int i = 0; i < KV_BLOCKS; i++)
-        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)(NB - 1 - i)};
-    umbp_op_t *op;
-    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
-    cr_assert_eq(kv_wait(op), 0);
-    check_reversed_restore(&k, -1, -1);
+    load_reversed_and_check(&k);
     kv_close(&k);
     umbp_runtime_t *rt = sa_create(NULL); /* no KV cache: no spares of its own */
     cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st),
@@ -529,13 +530,7 @@ Test(standalone, reservations_made_ahead_are_renewed_within_their_hold)
     cr_expect_eq(st.num_objects, KV_BLOCKS);
     for (int l = 0; l < L; l++)
         memset(k.dev[l], TU_POISON, LAYER_BYTES);
-    umbp_kv_block_t b[KV_BLOCKS];
-    for (int i = 0; i < KV_BLOCKS; i++)
-        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)(NB - 1 - i)};
-    umbp_op_t *op;
-    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
-    cr_assert_eq(kv_wait(op), 0);
-    check_reversed_restore(&k, -1, -1);
+    load_reversed_and_check(&k);
     kv_close(&k);
     unsetenv("UMBP_RESERVE_AHEAD_HOLD_MS");
     unsetenv("UMBP_TIMEOUT_MS");
