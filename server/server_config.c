@@ -65,6 +65,10 @@ const struct umbp_option srv_options[] = {
      "server: TCP port of the Prometheus /metrics endpoint; 0 = off"},
     {"metrics_address", UMBP_OPT_STRING, OFF(metrics_address), "127.0.0.1", 0, 0, 64, NULL,
      "server: address (IPv4 or IPv6) the /metrics endpoint listens on"},
+    {"populate_pool", UMBP_OPT_BOOL, OFF(populate_pool), "true", 0, 0, 0, NULL,
+     "server: once serving, a background thread allocates every page of the pool "
+     "(MADV_POPULATE_WRITE, contents untouched), so engine workers' registrations do not "
+     "fault the pool in and their first transfers do not meet unallocated pages"},
     {.name = NULL},
 };
 

@@ -41,6 +41,7 @@ struct srv_options {
     int64_t adopt_grace_ms;
     int64_t metrics_port;
     char metrics_address[64];
+    bool populate_pool;
 };
 
 struct srv_quota {

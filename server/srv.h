@@ -44,6 +44,8 @@
  * Threads: the loop thread that runs umbp_server_run owns every field of
  * every struct here; only the ev_async `stop_w` is poked from outside
  * (and metrics.c's own ev_async, from its HTTP thread: see metrics.c).
+ * populate_pool's thread (server.c) reads only the pool's mapping and
+ * populate_stop, and is joined before the pool is unmapped.
  * Functions that can end a session return a negative code instead of
  * freeing it; only the libev callbacks (the tops of the call chains) call
  * session_close, so no caller ever touches a freed session.
@@ -52,6 +54,7 @@
 #define UMBP_SERVER_SRV_H
 
 #include <ev.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -186,6 +189,11 @@ struct umbp_server {
     uint64_t last_request_ns;
     uint64_t poll_recheck_ns;        /* next walk of the sessions */
     ev_prepare flush_w;              /* events out, once per loop iteration */
+    /* populate_pool: the thread that allocates the pool's pages after the
+     * server starts serving (server.c); it only reads pool and populate_stop */
+    pthread_t populate_thread;
+    bool populate_started;
+    _Atomic bool populate_stop;
     ev_idle run_w;                   /* a slice for each queued session per turn */
     struct srv_session *runq, **runq_tail;
     size_t nrunq;

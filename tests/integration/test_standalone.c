@@ -606,6 +606,53 @@ Test(standalone, a_store_through_spares_beside_a_stopped_server)
     tu_server_cleanup(&srv);
 }
 
+/* ---- populate_pool ---------------------------------------------------------------- */
+
+/* The server's shared memory resident now (RssShmem in /proc/<pid>/status). */
+static uint64_t server_shmem_bytes(void)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)srv.pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "RssShmem: %llu kB", &kib) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kib * KiB;
+}
+
+/* populate_pool (default true): once serving, the server allocates every
+ * page of its pool in the background; off, the pool stays unallocated
+ * until clients touch it.  Either way a KV cache round-trips byte-exact. */
+Test(standalone, the_server_populates_its_pool)
+{
+    start_server(NULL); /* 64 MiB */
+    uint64_t end = tu_now_ms() + TU_WAIT_MS, have = 0;
+    while ((have = server_shmem_bytes()) < 64 * MiB && tu_now_ms() < end)
+        tu_sleep_ms(20);
+    cr_assert_geq(have, 64 * MiB, "the pool was not populated: %llu bytes resident",
+                  (unsigned long long)have);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    kv_round_trip_once_healthy(&k);
+    kv_close(&k);
+    tu_server_cleanup(&srv);
+
+    start_server("{\"capacity_bytes\": \"64MiB\", \"log_level\": \"error\", "
+                 "\"populate_pool\": false}");
+    tu_sleep_ms(300);
+    have = server_shmem_bytes();
+    cr_assert_lt(have, 8 * MiB, "populate_pool=false populated %llu bytes",
+                 (unsigned long long)have);
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    kv_round_trip_once_healthy(&k);
+    kv_close(&k);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* After a server came back: stores KV_BLOCKS blocks (retrying while the
  * session recovers, 20 s at most), then restores them reversed into the
  * poisoned cache and checks every byte. */
