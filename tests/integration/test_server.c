@@ -253,13 +253,14 @@ static void lookup(struct client *cl, const umbp_key_t *k, uint32_t n, uint8_t *
         cr_assert_eq(proto_get_u8(&f, i, &present[i]), 0);
 }
 
-static void reserve(struct client *cl, const umbp_key_t *k, const uint64_t *size, uint32_t n,
-                    struct proto_region_item *out)
+/* RESERVE with arg (a hold in ms: reservations made ahead of their keys). */
+static void reserve_held(struct client *cl, const umbp_key_t *k, const uint64_t *size,
+                         uint32_t n, uint32_t hold_ms, struct proto_region_item *out)
 {
     struct proto_buf b = {0};
     struct proto_frame f;
     uint64_t seq = cl->c.next_seq++;
-    cr_assert_eq(proto_begin(&b, PROTO_RESERVE, seq, n, 0), 0);
+    cr_assert_eq(proto_begin(&b, PROTO_RESERVE, seq, n, hold_ms), 0);
     for (uint32_t i = 0; i < n; i++) {
         struct proto_reserve_item it = {.key = k[i], .size = size[i]};
         proto_put_reserve_item(&b, &it);
@@ -274,6 +275,31 @@ static void reserve(struct client *cl, const umbp_key_t *k, const uint64_t *size
         cr_assert_eq(proto_region_check(&out[i], size[i], cl->c.welcome.pool_size, true, err,
                                         sizeof(err)), 0, "%s", err);
     }
+}
+
+static void reserve(struct client *cl, const umbp_key_t *k, const uint64_t *size, uint32_t n,
+                    struct proto_region_item *out)
+{
+    reserve_held(cl, k, size, n, 0, out);
+}
+
+/* PUBLISH_AS of one reservation (from, token) as key: its status. */
+static int32_t publish_as(struct client *cl, const umbp_key_t *from, uint64_t token,
+                          const umbp_key_t *key)
+{
+    struct proto_buf b = {0};
+    struct proto_frame f;
+    uint64_t seq = cl->c.next_seq++;
+    struct proto_rename_item it = {*from, token, *key};
+    cr_assert_eq(proto_begin(&b, PROTO_PUBLISH_AS, seq, 1, 0), 0);
+    cr_assert_eq(proto_put_rename_item(&b, &it), 0);
+    cr_assert_eq(proto_end(&b), 0);
+    send_buf(cl, &b);
+    reply(cl, seq, PROTO_PUBLISH_R, &f);
+    cr_assert_eq(f.n, 1);
+    int32_t st;
+    cr_assert_eq(proto_get_status(&f, 0, &st), 0);
+    return st;
 }
 
 static void acquire(struct client *cl, const umbp_key_t *k, uint32_t n,
@@ -453,6 +479,81 @@ Test(server, abort_drops_a_reservation)
     reserve(&a, &k, &size, 1, &r);
     cr_assert_eq(r.status, 0, "the key stays reservable after an abort");
     client_close(&a);
+    srv_stop(&s);
+    rm_dir(&s);
+}
+
+/* Reservations made ahead of their keys (RESERVE.arg, PUBLISH_AS): one
+ * held past its writer's deadline (200 ms) because of its hold (3 s) is
+ * still there; only the session that made it can publish it, only with its
+ * token and placeholder; then the object is the key's, bytes and all, and
+ * the placeholder is nothing.  A second one published as a key present
+ * already is refused (1: first writer wins) and its region freed.  A hold
+ * past PROTO_HOLD_MAX_MS is malformed: ERROR naming RESERVE.arg. */
+Test(server, publish_as_names_a_reservation_made_ahead)
+{
+    write_ms = 200;
+    struct srv s;
+    srv_start(&s, "");
+    struct client a, b, c;
+    client_open(&a, s.path, PROTO_ROLE_WORKER, 0, "eng-a");
+    client_open(&b, s.path, PROTO_ROLE_WORKER, 0, "eng-b");
+    umbp_key_t ph = tu_key_id(0xa4, 1), ph2 = tu_key_id(0xa4, 2), k = tu_key_id(0xa5, 1);
+    uint64_t size = 64 * KiB;
+    struct proto_region_item r, r2, g;
+    reserve_held(&a, &ph, &size, 1, 3000, &r);
+    cr_assert_eq(r.status, 0);
+    tu_fill_from_key(&k, 0, a.pool + r.offset, size);
+    tu_sleep_ms(1000); /* past the write deadline, inside the hold */
+    struct proto_stats st = stats(&a);
+    cr_assert_eq(st.num_pending, 1, "the hold was not honoured");
+    cr_assert_eq(st.reservations_expired, 0);
+    cr_assert_eq(publish_as(&b, &ph, r.token, &k), -ENOENT, "another session's reservation");
+    cr_assert_eq(publish_as(&a, &ph, r.token + 1, &k), -ENOENT, "a wrong token");
+    cr_assert_eq(publish_as(&a, &ph2, r.token, &k), -ENOENT, "a wrong placeholder");
+    cr_assert_eq(publish_as(&a, &ph, r.token, &k), 0);
+    cr_assert_eq(publish_as(&a, &ph, r.token, &k), -ENOENT, "published twice");
+    uint8_t present[2];
+    umbp_key_t both[2] = {k, ph};
+    lookup(&b, both, 2, present);
+    cr_assert(present[0] && !present[1], "key %d placeholder %d", present[0], present[1]);
+    acquire(&b, &k, 1, &g);
+    cr_assert_eq(g.status, 0);
+    cr_assert_eq(g.size, size);
+    cr_assert_eq(tu_check_from_key(&k, 0, b.pool + g.offset, size), SIZE_MAX,
+                 "the object's bytes are not the ones written into the reservation");
+    int32_t rs;
+    tokens(&b, PROTO_RELEASE, &k, &g, 1, &rs);
+    cr_assert_eq(rs, 0);
+
+    reserve_held(&a, &ph2, &size, 1, 3000, &r2);
+    cr_assert_eq(r2.status, 0);
+    memset(a.pool + r2.offset, 0x5a, size); /* another writer's bytes */
+    cr_assert_eq(publish_as(&a, &ph2, r2.token, &k), UMBP_TIER_EXISTS);
+    st = stats(&a);
+    cr_assert_eq(st.num_pending, 0, "the refused reservation is still held");
+    cr_assert_eq(st.num_objects, 1);
+    acquire(&b, &k, 1, &g);
+    cr_assert_eq(tu_check_from_key(&k, 0, b.pool + g.offset, size), SIZE_MAX,
+                 "the first writer's object changed");
+    tokens(&b, PROTO_RELEASE, &k, &g, 1, &rs);
+
+    client_open(&c, s.path, PROTO_ROLE_WORKER, 0, "eng-c");
+    struct proto_buf pb = {0};
+    struct proto_reserve_item it = {ph, size};
+    cr_assert_eq(proto_begin(&pb, PROTO_RESERVE, c.c.next_seq++, 1, PROTO_HOLD_MAX_MS), 0);
+    proto_put_reserve_item(&pb, &it);
+    cr_assert_eq(proto_end(&pb), 0);
+    uint8_t *arg = pb.data + PROTO_HDR_SIZE + 4; /* the body's arg: one past the bound */
+    arg[0] = (uint8_t)((PROTO_HOLD_MAX_MS + 1) & 0xff);
+    arg[1] = (uint8_t)((PROTO_HOLD_MAX_MS + 1) >> 8 & 0xff);
+    arg[2] = (uint8_t)((PROTO_HOLD_MAX_MS + 1) >> 16 & 0xff);
+    arg[3] = (uint8_t)((PROTO_HOLD_MAX_MS + 1) >> 24);
+    send_buf(&c, &pb);
+    expect_error_then_eof(&c, "RESERVE.arg");
+    client_close(&c);
+    client_close(&a);
+    client_close(&b);
     srv_stop(&s);
     rm_dir(&s);
 }

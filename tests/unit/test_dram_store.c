@@ -396,6 +396,7 @@ Test(dram_store, publish_as_renames_in_the_store_and_the_journal)
     struct umbp_tier_usage u0, u1;
     dram_store_usage(s, &u0);
     cr_assert_eq(dram_store_reserve(s, &ph2, obj_size(6), &r2), 0);
+    memset(base_of(s) + r2.offset, 0x5a, obj_size(6)); /* the second writer's bytes */
     cr_assert_eq(dram_store_publish_as(s, &ph2, r2.token, &dup), UMBP_TIER_EXISTS);
     dram_store_usage(s, &u1);
     cr_assert_eq(u1.used_bytes, u0.used_bytes, "the repeat's region was not freed");
