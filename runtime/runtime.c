@@ -56,7 +56,8 @@ static void on_drain_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct umbp_runtime *rt = w->data;
     size_t inflight = atomic_load(&rt->inflight);
-    if (inflight && umbp_now_ns() < rt->drain_deadline_ns)
+    bool tier_busy = tier_drain(rt->tier); /* the tier's own calls (shm: a refill) */
+    if ((inflight || tier_busy) && umbp_now_ns() < rt->drain_deadline_ns)
         return;
     /* A remote tier completes what it still has outstanding now (its ops
      * fail and finish inline); no tier call comes after this. */

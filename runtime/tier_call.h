@@ -82,6 +82,11 @@ static inline void tier_stop(struct umbp_tier *t)
         t->ops->stop(t);
 }
 
+static inline bool tier_drain(struct umbp_tier *t)
+{
+    return t->ops->drain ? t->ops->drain(t) : false;
+}
+
 static inline uint64_t tier_evict(struct umbp_tier *t, uint64_t target, uint64_t want_free_run,
                                   size_t max_objects, bool *more)
 {

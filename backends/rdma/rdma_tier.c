@@ -1309,6 +1309,12 @@ static void serve_release(void *ctx, uint64_t lease)
 
 /* ---- life ------------------------------------------------------------------------------------- */
 
+static bool rdma_drain(struct umbp_tier *t)
+{
+    struct rdma_tier *rt = to_rdma(t);
+    return rt->local->ops->drain ? rt->local->ops->drain(rt->local) : false;
+}
+
 static void rdma_stop(struct umbp_tier *t)
 {
     struct rdma_tier *rt = to_rdma(t);
@@ -1477,6 +1483,7 @@ const struct umbp_tier_ops umbp_tier_rdma_ops = {
     .create = rdma_create,
     .destroy = rdma_destroy,
     .stop = rdma_stop,
+    .drain = rdma_drain,
     .lookup = rdma_lookup,
     .reserve = rdma_reserve,
     .publish = rdma_publish,

@@ -96,6 +96,7 @@ struct shm_ahead {
     size_t n;
     uint64_t epoch;           /* the session that granted them */
     bool filling;             /* a RESERVE for spares is outstanding */
+    bool draining;            /* the runtime shuts down: no refill from now on */
     uint8_t prefix[UMBP_KEY_SIZE - 8]; /* placeholder keys: prefix, then the id */
     uint64_t next_id;
     ev_timer timer;           /* refills (when the session is idle), retiring */
@@ -220,6 +221,9 @@ bool shm_ahead_take(struct shm_tier *st, struct umbp_tier_req *const *reqs, size
 void shm_ahead_key(const struct shm_tier *st, uint64_t id, umbp_key_t *out);
 /* Refill soon (a new session: conn_up). */
 void shm_ahead_kick(struct shm_tier *st);
+/* The tier's drain member: no refill from now on; true while one is
+ * unanswered (the runtime waits for it, so that stop aborts its spares). */
+bool shm_ahead_drain(struct shm_tier *st);
 /* Forget every spare, aborting them at the server when abort_them (stop);
  * a lost session took them with it (conn_down). */
 void shm_ahead_drop(struct shm_tier *st, bool abort_them);

@@ -26,7 +26,11 @@
  * queue in front of a store's own reservations at the server; a refill that
  * the server answers with less (a full pool) is retried at the next check.
  * Spares die with the session (a reconnect starts with none: the new
- * session's epoch differs) and are aborted when the runtime stops.  At most
+ * session's epoch differs) and are aborted when the runtime stops; a runtime
+ * that begins to shut down starts no refill and waits (its drain, up to
+ * timeout_ms) for the answer to one under way, so that the spares it grants
+ * are aborted too: a session closed with the RESERVE unanswered would leave
+ * the server to grant it to nobody and hold the regions to their deadline.  At most
  * the first object size hinted has spares (a runtime with several KV layouts
  * of different sizes gets them for the first one).
  *
@@ -72,6 +76,8 @@ static uint64_t key_id(const struct shm_tier *st, const umbp_key_t *k)
 
 static void arm(struct shm_tier *st, double after_s)
 {
+    if (st->ahead.draining)
+        return;
     ev_timer_stop(st->base.env.loop, &st->ahead.timer);
     ev_timer_set(&st->ahead.timer, after_s, 0);
     ev_timer_start(st->base.env.loop, &st->ahead.timer);
@@ -271,6 +277,14 @@ bool shm_ahead_take(struct shm_tier *st, struct umbp_tier_req *const *reqs, size
     a->taken += n;
     shm_ahead_kick(st);
     return true;
+}
+
+bool shm_ahead_drain(struct shm_tier *st)
+{
+    struct shm_ahead *a = &st->ahead;
+    a->draining = true;
+    ev_timer_stop(st->base.env.loop, &a->timer);
+    return a->filling && connected(st);
 }
 
 void shm_ahead_drop(struct shm_tier *st, bool abort_them)

@@ -320,6 +320,13 @@ static int shm_mapped_memory(struct umbp_tier *t, void **addr, size_t *len)
     return rc;
 }
 
+/* Runtime shutdown begins, loop thread: refills of spares stop; the
+ * runtime waits while one is unanswered. */
+static bool shm_drain(struct umbp_tier *t)
+{
+    return shm_ahead_drain(to_shm_tier(t));
+}
+
 /* Runtime shutdown, loop thread: nothing stays outstanding. */
 static void shm_stop(struct umbp_tier *t)
 {
@@ -405,6 +412,7 @@ const struct umbp_tier_ops umbp_tier_shm_ops = {
     .create = shm_create,
     .destroy = shm_destroy,
     .stop = shm_stop,
+    .drain = shm_drain,
     .lookup = shm_lookup,
     .reserve = shm_reserve,
     .reserve_ahead = shm_ahead_hint,

@@ -261,6 +261,16 @@ struct umbp_tier_ops {
      * and stops its watchers; no call arrives after it. */
     void (*stop)(struct umbp_tier *t);
 
+    /* optional (default: nothing outstanding); loop thread, when the runtime
+     * begins to shut down and then at each tick of its drain, until it
+     * returns false or timeout_ms has passed; stop comes after.  From the
+     * first call on the tier starts no work of its own (not asked by the
+     * runtime); true while some of it is still unanswered, so that stop
+     * finds it answered and can undo it (shm: a refill of reservations
+     * made ahead, whose regions the server would otherwise grant to a
+     * session that is gone and hold until their deadline). */
+    bool (*drain)(struct umbp_tier *t);
+
     /* required.  present[i] = 1 if reqs[i]->key is published.  Must not
      * change LRU order unless touch is set. */
     void (*lookup)(struct umbp_tier *t, struct umbp_tier_req *const *reqs,

@@ -664,6 +664,66 @@ Test(standalone, a_store_through_spares_beside_a_stopped_server)
     tu_server_cleanup(&srv);
 }
 
+/* A runtime destroyed while a refill of its spares is unanswered waits for
+ * the answer (timeout_ms at most) and gives the spares back: the server
+ * keeps nothing of them.  Closed at once instead, the session would leave
+ * the server to grant the RESERVE to a session that is gone, and to hold
+ * those regions for the hold plus the write deadline (40 s here), in use
+ * for nothing - the flake of kv_stores_use_reservations_made_ahead, whose
+ * second runtime is destroyed soon after its registration's fill.
+ *
+ * The fill goes out 5 ms after the registration's warm-up store named the
+ * object size, when the session is idle; the server is stopped before it
+ * can answer, the runtime is destroyed from another thread, and the server
+ * resumed 300 ms later.  An attempt counts when the destroy returned after
+ * the resume (the fill was in flight: a STATS call outstanding at the stop,
+ * every 200 ms, keeps it from going out); without the wait none does. */
+struct destroy_during_fill {
+    struct kv_side *k;
+    atomic_bool resumed;
+    bool after_resume;
+};
+
+static void *destroy_in_thread(void *p)
+{
+    struct destroy_during_fill *d = p;
+    kv_close(d->k);
+    d->after_resume = atomic_load(&d->resumed);
+    return NULL;
+}
+
+Test(standalone, a_runtime_destroyed_during_a_refill_gives_the_spares_back)
+{
+    start_server(NULL);
+    int counted = 0;
+    for (int attempt = 0; attempt < 4 && !counted; attempt++) {
+        struct kv_side k;
+        cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+        tu_server_signal(&srv, SIGSTOP);
+        tu_sleep_ms(100); /* the fill is sent, unanswered */
+        struct destroy_during_fill d = {.k = &k};
+        atomic_init(&d.resumed, false);
+        pthread_t th;
+        cr_assert_eq(pthread_create(&th, NULL, destroy_in_thread, &d), 0);
+        tu_sleep_ms(300);
+        atomic_store(&d.resumed, true);
+        tu_server_signal(&srv, SIGCONT);
+        pthread_join(th, NULL);
+        counted += d.after_resume;
+    }
+    cr_assert(counted, "every runtime was destroyed before the server answered its refill");
+    umbp_runtime_t *rt = sa_create(NULL);
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st), "%llu pending",
+              (unsigned long long)st.num_pending);
+    cr_expect_eq(st.used_bytes, 0, "%llu bytes in use: the refill's regions are held",
+                 (unsigned long long)st.used_bytes);
+    cr_expect_eq(st.num_objects, 0);
+    tu_destroy(rt);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* ---- populate_pool ---------------------------------------------------------------- */
 
 /* The server's shared memory resident now (RssShmem in /proc/<pid>/status). */
