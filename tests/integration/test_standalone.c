@@ -523,9 +523,13 @@ Test(standalone, reservations_made_ahead_are_renewed_within_their_hold)
     umbp_stats_t st;
     cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
     tu_sleep_ms(5000);
-    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
-    store_blocks(&k, KV_BLOCKS);
-    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    /* a store that comes between a renewal's give-back and its refill (a
+     * round trip, every 750 ms here) reserves as before: try again */
+    for (int i = 0; i < 4 && st.reserved_ahead_used == 0; i++) {
+        cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
+        store_blocks(&k, KV_BLOCKS);
+        cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    }
     cr_expect_eq(st.reserved_ahead_used, KV_BLOCKS, "no usable spare after 5 s");
     cr_expect_eq(st.num_objects, KV_BLOCKS);
     for (int l = 0; l < L; l++)
@@ -720,6 +724,41 @@ Test(standalone, a_runtime_destroyed_during_a_refill_gives_the_spares_back)
                  (unsigned long long)st.used_bytes);
     cr_expect_eq(st.num_objects, 0);
     tu_destroy(rt);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* A refill answered after its deadline: the fill's call times out beside a
+ * stopped server (timeout_ms 300), and when the server runs again its late
+ * answer's regions are aborted (the tier's path for late replies) and new
+ * spares are made.  The server then holds this runtime's spares and nothing
+ * else - not the late ones, which it would otherwise keep for their hold
+ * plus the write deadline (31 s here, longer than the 20 s waited) - stores
+ * round-trip byte-exact, and nothing is in use once the runtime is gone. */
+Test(standalone, a_refill_answered_late_is_undone)
+{
+    setenv("UMBP_TIMEOUT_MS", "300", 1);
+    setenv("UMBP_LOOKUP_TIMEOUT_MS", "10000", 1); /* health() lets the calls out */
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    tu_server_signal(&srv, SIGSTOP);
+    tu_sleep_ms(800); /* the fill went out 5 ms after the warm-up store and expired */
+    tu_server_signal(&srv, SIGCONT);
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(k.rt, only_spares_pending, NULL, 20000, &st),
+              "after SIGCONT: %llu pending at the server, %llu spares held",
+              (unsigned long long)st.num_pending, (unsigned long long)st.reserved_ahead);
+    cr_expect_eq(st.used_bytes, AHEAD_WANT * KV_OBJ);
+    kv_round_trip_once_healthy(&k);
+    kv_close(&k);
+    umbp_runtime_t *rt = sa_create(NULL);
+    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st));
+    cr_expect_eq(st.num_objects, KV_BLOCKS);
+    cr_expect_eq(st.used_bytes, KV_BLOCKS * KV_OBJ);
+    tu_destroy(rt);
+    unsetenv("UMBP_TIMEOUT_MS");
+    unsetenv("UMBP_LOOKUP_TIMEOUT_MS");
     tu_check_leaks();
     tu_server_cleanup(&srv);
 }
