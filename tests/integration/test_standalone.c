@@ -625,24 +625,40 @@ Test(standalone, reservations_made_ahead_die_with_the_server)
     tu_server_cleanup(&srv);
 }
 
-/* A store through spares while the server is stopped (SIGSTOP): its
- * copies need no server, its PUBLISH_AS waits, and the store fails by its
- * deadline (UMBP_E_TIMEOUT) without hanging.  Once the server runs again
- * the late reply is consumed, the spares come back, nothing else stays
- * pending, and a round trip is byte-exact. */
+/* The spares are held, and the server holds nothing else pending or leased. */
 static bool only_spares_pending(const umbp_stats_t *s, void *arg)
 {
     (void)arg;
     return ahead_full(s, NULL) && s->num_leased == 0;
 }
 
-Test(standalone, a_store_through_spares_beside_a_stopped_server)
+/* A server and a KV cache whose calls expire after 300 ms (timeout_ms),
+ * while health() lets them out (lookup_timeout_ms 10 s); the test ends with
+ * close_with_short_deadlines. */
+static void open_with_short_deadlines(struct kv_side *k)
 {
     setenv("UMBP_TIMEOUT_MS", "300", 1);
-    setenv("UMBP_LOOKUP_TIMEOUT_MS", "10000", 1); /* health() lets the calls out */
+    setenv("UMBP_LOOKUP_TIMEOUT_MS", "10000", 1);
     start_server(NULL);
+    cr_assert_eq(kv_open(k, true), 0, "KV setup: %s", umbp_last_error());
+}
+
+static void close_with_short_deadlines(struct kv_side *k)
+{
+    kv_close(k);
+    unsetenv("UMBP_TIMEOUT_MS");
+    unsetenv("UMBP_LOOKUP_TIMEOUT_MS");
+}
+
+/* A store through spares while the server is stopped (SIGSTOP): its
+ * copies need no server, its PUBLISH_AS waits, and the store fails by its
+ * deadline (UMBP_E_TIMEOUT) without hanging.  Once the server runs again
+ * the late reply is consumed, the spares come back, nothing else stays
+ * pending, and a round trip is byte-exact. */
+Test(standalone, a_store_through_spares_beside_a_stopped_server)
+{
     struct kv_side k;
-    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    open_with_short_deadlines(&k);
     umbp_stats_t st;
     cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
     tu_server_signal(&srv, SIGSTOP);
@@ -661,9 +677,7 @@ Test(standalone, a_store_through_spares_beside_a_stopped_server)
               (unsigned long long)st.num_pending, (unsigned long long)st.reserved_ahead,
               (unsigned long long)st.num_leased);
     kv_round_trip_once_healthy(&k);
-    kv_close(&k);
-    unsetenv("UMBP_TIMEOUT_MS");
-    unsetenv("UMBP_LOOKUP_TIMEOUT_MS");
+    close_with_short_deadlines(&k);
     tu_check_leaks();
     tu_server_cleanup(&srv);
 }
@@ -737,11 +751,8 @@ Test(standalone, a_runtime_destroyed_during_a_refill_gives_the_spares_back)
  * round-trip byte-exact, and nothing is in use once the runtime is gone. */
 Test(standalone, a_refill_answered_late_is_undone)
 {
-    setenv("UMBP_TIMEOUT_MS", "300", 1);
-    setenv("UMBP_LOOKUP_TIMEOUT_MS", "10000", 1); /* health() lets the calls out */
-    start_server(NULL);
     struct kv_side k;
-    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    open_with_short_deadlines(&k);
     tu_server_signal(&srv, SIGSTOP);
     tu_sleep_ms(800); /* the fill went out 5 ms after the warm-up store and expired */
     tu_server_signal(&srv, SIGCONT);
@@ -751,14 +762,12 @@ Test(standalone, a_refill_answered_late_is_undone)
               (unsigned long long)st.num_pending, (unsigned long long)st.reserved_ahead);
     cr_expect_eq(st.used_bytes, AHEAD_WANT * KV_OBJ);
     kv_round_trip_once_healthy(&k);
-    kv_close(&k);
+    close_with_short_deadlines(&k);
     umbp_runtime_t *rt = sa_create(NULL);
     cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st));
     cr_expect_eq(st.num_objects, KV_BLOCKS);
     cr_expect_eq(st.used_bytes, KV_BLOCKS * KV_OBJ);
     tu_destroy(rt);
-    unsetenv("UMBP_TIMEOUT_MS");
-    unsetenv("UMBP_LOOKUP_TIMEOUT_MS");
     tu_check_leaks();
     tu_server_cleanup(&srv);
 }
