@@ -45,8 +45,9 @@ const struct umbp_option shm_options[] = {
      "round trip to the server; 0 = off"},
     {"reserve_ahead_hold_ms", UMBP_OPT_INT, OFF(reserve_ahead_hold_ms), "30000", 1000, 600000,
      0, NULL,
-     "standalone: how long a reservation made ahead is kept before it is given back and "
-     "made again (the server keeps its region this long plus the write deadline)"},
+     "standalone: how long the server keeps a reservation made ahead (plus the write "
+     "deadline); a worker hands one out only within 9/10 of it, and replaces it after "
+     "about half"},
     {.name = NULL},
 };
 

@@ -91,7 +91,8 @@ struct shm_spare {
 
 struct shm_ahead {
     uint64_t size;            /* the object size of the spares; 0: none hinted */
-    size_t want;              /* spares to keep; v has room for want */
+    size_t want;              /* spares to keep */
+    size_t cap;               /* v's room: 2 want (replacements while renewing) */
     struct shm_spare *v;      /* [0, n) in the order granted, oldest first */
     size_t n;
     uint64_t epoch;           /* the session that granted them */

@@ -20,7 +20,11 @@
  * deadline after the op started (shm.h).  A spare is therefore handed out
  * only while now < sent + hold (less a tenth): the op that takes it started
  * earlier, so its writes end before the server may reuse the region.  Spares
- * that will pass that point before the next check are aborted and replaced.
+ * that would pass that point before the check after next are replaced a
+ * check early: their replacements are asked for while they are still
+ * usable, and they are aborted once the replacements are granted, so a
+ * store never finds the spares gone for a round trip; any that would pass
+ * it before the next check (replacements not granted yet) are aborted then.
  *
  * Refills go out when the session has nothing outstanding, so they never
  * queue in front of a store's own reservations at the server; a refill that
@@ -53,8 +57,9 @@ static double hold_s(const struct shm_tier *st)
     return (double)st->cfg.reserve_ahead_hold_ms / 1000.0;
 }
 
-/* Checks run four times per hold: a spare is retired once it would pass its
- * usable time before the next check. */
+/* Checks run four times per hold: a spare is replaced once it would pass its
+ * usable time before the check after next, and retired once it would pass it
+ * before the next. */
 static double period_s(const struct shm_tier *st) { return hold_s(st) / 4; }
 
 static uint64_t s_to_ns(double s) { return (uint64_t)(s * 1e9); }
@@ -126,6 +131,7 @@ static void fill_done(void *arg, int rc)
     struct shm_ahead *a = &st->ahead;
     a->filling = false;
     size_t got = 0;
+    /* room: k <= cap - n when sent, and n only fell since (one fill at a time) */
     for (size_t i = 0; rc == 0 && i < f->k; i++) {
         const struct umbp_tier_req *r = &f->reqs[i];
         if (r->status != 0)
@@ -141,15 +147,16 @@ static void fill_done(void *arg, int rc)
     if (got)
         a->epoch = f->epoch; /* the session is the one that answered: current */
     a->filled += got;
-    if (a->n > a->want) /* never more than asked: the pool may have shrunk */
-        give_back(st, a->want, a->n - a->want);
+    if (a->n > a->want) /* the replaced ones: the oldest */
+        give_back(st, 0, a->n - a->want);
     free(f);
 }
 
-static void fill(struct shm_tier *st)
+/* Asks for k spares: want - n missing, plus replacements for some soon too
+ * old (n + k <= cap = 2 want). */
+static void fill(struct shm_tier *st, size_t k)
 {
     struct shm_ahead *a = &st->ahead;
-    size_t k = a->want - a->n;
     struct fill *f = malloc(sizeof(*f) + k * (sizeof(f->reqs[0]) + sizeof(f->ptrs[0])));
     if (!f)
         return;
@@ -173,21 +180,27 @@ static void fill(struct shm_tier *st)
     shm_call_send(st, c, (uint32_t)st->cfg.reserve_ahead_hold_ms, false);
 }
 
-static bool wants_fill(const struct shm_tier *st)
+/* How many of the oldest spares pass their usable time within checks
+ * checks from now (filled in order: the oldest first). */
+static size_t too_old(const struct shm_tier *st, uint64_t now, int checks)
 {
     const struct shm_ahead *a = &st->ahead;
-    return a->size && a->n < a->want && !a->filling && connected(st);
-}
-
-/* Spares that would pass their usable time before the next check. */
-static void retire_old(struct shm_tier *st, uint64_t now)
-{
-    struct shm_ahead *a = &st->ahead;
-    uint64_t horizon = now + s_to_ns(period_s(st)) + s_to_ns(SHM_AHEAD_RETRY_S);
+    uint64_t horizon = now + s_to_ns(checks * period_s(st)) + s_to_ns(SHM_AHEAD_RETRY_S);
     size_t k = 0;
     while (k < a->n && a->v[k].usable_until_ns <= horizon)
-        k++; /* filled in order: the oldest first */
-    give_back(st, 0, k);
+        k++;
+    return k;
+}
+
+/* Spares to ask for now: the missing ones and replacements for those the
+ * next check would retire; 0 while a refill is outstanding. */
+static size_t to_fill(const struct shm_tier *st, uint64_t now)
+{
+    const struct shm_ahead *a = &st->ahead;
+    if (!a->size || a->filling || !connected(st))
+        return 0;
+    size_t k = (a->n < a->want ? a->want - a->n : 0) + too_old(st, now, 2);
+    return a->n + k <= a->cap ? k : a->cap - a->n;
 }
 
 static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
@@ -197,13 +210,15 @@ static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     if (!st->ahead.size || !connected(st))
         return; /* conn_up kicks again */
-    retire_old(st, umbp_now_ns());
-    if (wants_fill(st)) {
+    uint64_t now = umbp_now_ns();
+    give_back(st, 0, too_old(st, now, 1)); /* not replaced in time */
+    size_t k = to_fill(st, now);
+    if (k) {
         if (net_session_oldest(&st->sess)) {
             arm(st, SHM_AHEAD_RETRY_S);
             return;
         }
-        fill(st);
+        fill(st, k);
     }
     arm(st, period_s(st));
 }
@@ -240,10 +255,11 @@ void shm_ahead_hint(struct umbp_tier *t, uint64_t size)
     uint64_t want = budget / size;
     if (want > SHM_AHEAD_MAX)
         want = SHM_AHEAD_MAX;
-    if (!want || !(a->v = calloc((size_t)want, sizeof(a->v[0]))))
+    if (!want || !(a->v = calloc(2 * (size_t)want, sizeof(a->v[0]))))
         return;
     a->size = size;
     a->want = (size_t)want;
+    a->cap = 2 * (size_t)want;
     shm_ahead_kick(st);
 }
 

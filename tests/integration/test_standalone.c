@@ -523,8 +523,10 @@ Test(standalone, reservations_made_ahead_are_renewed_within_their_hold)
     umbp_stats_t st;
     cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
     tu_sleep_ms(5000);
-    /* a store that comes between a renewal's give-back and its refill (a
-     * round trip, every 750 ms here) reserves as before: try again */
+    /* spares are replaced a check (250 ms here) before they would be
+     * retired; a store on a host stalled longer than that can find none
+     * and reserve as before: try again (the replacement itself is tested
+     * by spares_are_replaced_before_they_are_retired) */
     for (int i = 0; i < 4 && st.reserved_ahead_used == 0; i++) {
         cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
         store_blocks(&k, KV_BLOCKS);
@@ -538,6 +540,55 @@ Test(standalone, reservations_made_ahead_are_renewed_within_their_hold)
     kv_close(&k);
     unsetenv("UMBP_RESERVE_AHEAD_HOLD_MS");
     unsetenv("UMBP_TIMEOUT_MS");
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* Spares are replaced a check before they would be retired, so a store
+ * never finds them gone for a refill's round trip.  With a hold of 8 s
+ * checks come every 2 s and the first fill's spares are usable until 7.2 s
+ * after it: replacements are asked at the check of 4 s (the old ones given
+ * back once they are granted); retiring them without replacements would
+ * come at the check of 6 s, then a refill.  The server is stopped from 5 s
+ * to past a store at 6.5 s: the store takes spares only if their
+ * replacements came before the stop (1 s of slack each way).  Its publish
+ * cannot be answered, so it fails by its deadline; after SIGCONT a round
+ * trip is byte-exact and nothing else stays in use. */
+Test(standalone, spares_are_replaced_before_they_are_retired)
+{
+    setenv("UMBP_RESERVE_AHEAD_HOLD_MS", "8000", 1);
+    setenv("UMBP_TIMEOUT_MS", "1000", 1);
+    setenv("UMBP_LOOKUP_TIMEOUT_MS", "10000", 1); /* health() lets the calls out */
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
+    uint64_t t0 = tu_now_ms(); /* just after the first fill */
+    tu_sleep_ms(5000);
+    tu_server_signal(&srv, SIGSTOP);
+    tu_sleep_ms((unsigned)(t0 + 6500 - tu_now_ms()));
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    cr_assert_eq(umbp_op_wait(op, TU_WAIT_MS), 0, "the store hung beside a stopped server");
+    umbp_op_release(op);
+    tu_server_signal(&srv, SIGCONT);
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0, "%s", umbp_last_error());
+    cr_expect_eq(st.reserved_ahead_used, KV_BLOCKS,
+                 "the store found no spare: they were retired before their replacements came");
+    kv_round_trip_once_healthy(&k);
+    kv_close(&k);
+    unsetenv("UMBP_RESERVE_AHEAD_HOLD_MS");
+    unsetenv("UMBP_TIMEOUT_MS");
+    unsetenv("UMBP_LOOKUP_TIMEOUT_MS");
+    umbp_runtime_t *rt = sa_create(NULL);
+    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st));
+    cr_expect_eq(st.num_objects, KV_BLOCKS);
+    cr_expect_eq(st.used_bytes, KV_BLOCKS * KV_OBJ);
+    tu_destroy(rt);
     tu_check_leaks();
     tu_server_cleanup(&srv);
 }
