@@ -89,14 +89,22 @@ struct shm_spare {
     uint64_t usable_until_ns; /* handed out only before this */
 };
 
-struct shm_ahead {
-    uint64_t size;            /* the object size of the spares; 0: none hinted */
-    size_t want;              /* spares to keep */
-    size_t cap;               /* v's room: 2 want (replacements while renewing) */
+/* The spares of one object size. */
+struct shm_ahead_size {
+    uint64_t size;            /* the object size */
+    size_t want;              /* spares to keep: its share of the budget */
+    size_t cap;               /* v's room: 2 want at its largest (replacements) */
     struct shm_spare *v;      /* [0, n) in the order granted, oldest first */
     size_t n;
     uint64_t epoch;           /* the session that granted them */
-    bool filling;             /* a RESERVE for spares is outstanding */
+};
+
+#define SHM_AHEAD_SIZES 4     /* object sizes with spares, the first hinted */
+
+struct shm_ahead {
+    struct shm_ahead_size s[SHM_AHEAD_SIZES];
+    unsigned nsizes;          /* sizes hinted and given a share, in order */
+    bool filling;             /* a RESERVE for spares is outstanding (one at a time) */
     bool draining;            /* the runtime shuts down: no refill from now on */
     uint8_t prefix[UMBP_KEY_SIZE - 8]; /* placeholder keys: prefix, then the id */
     uint64_t next_id;
@@ -211,7 +219,8 @@ void shm_send_abort(struct shm_tier *st, const umbp_key_t *keys, const uint64_t 
 
 void shm_ahead_init(struct shm_tier *st);
 /* The tier's reserve_ahead member: keep spares for objects of size bytes
- * (the first size hinted only; nothing when reserve_ahead_bytes is 0). */
+ * too (the first SHM_AHEAD_SIZES sizes hinted share the budget evenly;
+ * nothing when reserve_ahead_bytes is 0). */
 void shm_ahead_hint(struct umbp_tier *t, uint64_t size);
 /* Grants reqs[0..n) from the spares and returns true when all n can be
  * (their size, enough usable spares, this session's); else false, nothing
@@ -225,6 +234,8 @@ void shm_ahead_kick(struct shm_tier *st);
 /* The tier's drain member: no refill from now on; true while one is
  * unanswered (the runtime waits for it, so that stop aborts its spares). */
 bool shm_ahead_drain(struct shm_tier *st);
+/* Spares held, every size. */
+uint64_t shm_ahead_held(const struct shm_tier *st);
 /* Forget every spare, aborting them at the server when abort_them (stop);
  * a lost session took them with it (conn_down). */
 void shm_ahead_drop(struct shm_tier *st, bool abort_them);

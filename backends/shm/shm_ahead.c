@@ -7,8 +7,9 @@
  * loop, 100-400 us on a busy host) sits in front of the first GPU transfer
  * of every store.  Once the runtime says which object size its KV stores
  * use (reserve_ahead, before each KV store), this tier keeps `want` regions
- * of that size reserved under placeholder keys (a random prefix of this
- * tier and a counter), asked for with RESERVE.arg = reserve_ahead_hold_ms.
+ * of that size (its share of reserve_ahead_bytes) reserved under placeholder
+ * keys (a random prefix of this tier and a counter), asked for with
+ * RESERVE.arg = reserve_ahead_hold_ms.
  * A reserve of n objects of that size, n <= the spares held, completes
  * inline from them; the runtime copies into the regions and publishes them
  * with PUBLISH_AS (placeholder -> key).  A key that another put stored
@@ -34,9 +35,14 @@
  * that begins to shut down starts no refill and waits (its drain, up to
  * timeout_ms) for the answer to one under way, so that the spares it grants
  * are aborted too: a session closed with the RESERVE unanswered would leave
- * the server to grant it to nobody and hold the regions to their deadline.  At most
- * the first object size hinted has spares (a runtime with several KV layouts
- * of different sizes gets them for the first one).
+ * the server to grant it to nobody and hold the regions to their deadline.
+ *
+ * Several sizes.  A runtime with KV caches of different object sizes (a
+ * hybrid model: attention groups and Mamba state, one registration each)
+ * hints each; the first SHM_AHEAD_SIZES sizes share the budget evenly (a
+ * new size shrinks the others' shares, their excess given back at once),
+ * later ones reserve as before.  One refill is outstanding at a time, for
+ * the first size that needs one; the next follows as soon as it is answered.
  *
  * Loop thread only.
  */
@@ -93,31 +99,64 @@ static bool connected(const struct shm_tier *st)
     return st->sess.state == NET_CONNECTED;
 }
 
-/* Aborts spares [from, from + k) at the server and removes them. */
-static void give_back(struct shm_tier *st, size_t from, size_t k)
+/* Aborts spares [from, from + k) of z at the server and removes them. */
+static void give_back(struct shm_tier *st, struct shm_ahead_size *z, size_t from, size_t k)
 {
-    struct shm_ahead *a = &st->ahead;
     if (!k)
         return;
     umbp_key_t *keys = malloc(k * sizeof(*keys));
     uint64_t *tokens = malloc(k * sizeof(*tokens));
-    if (keys && tokens && connected(st) && a->epoch == st->epoch) {
+    if (keys && tokens && connected(st) && z->epoch == st->epoch) {
         for (size_t i = 0; i < k; i++) {
-            shm_ahead_key(st, a->v[from + i].id, &keys[i]);
-            tokens[i] = a->v[from + i].token;
+            shm_ahead_key(st, z->v[from + i].id, &keys[i]);
+            tokens[i] = z->v[from + i].token;
         }
         shm_send_abort(st, keys, tokens, k);
     }
     free(keys);
     free(tokens);
-    memmove(&a->v[from], &a->v[from + k], (a->n - from - k) * sizeof(a->v[0]));
-    a->n -= k;
+    memmove(&z->v[from], &z->v[from + k], (z->n - from - k) * sizeof(z->v[0]));
+    z->n -= k;
+}
+
+/* How many of z's oldest spares pass their usable time within `checks`
+ * checks from now (filled in order: the oldest first). */
+static size_t too_old(const struct shm_tier *st, const struct shm_ahead_size *z, uint64_t now,
+                      int checks)
+{
+    uint64_t horizon = now + s_to_ns(checks * period_s(st)) + s_to_ns(SHM_AHEAD_RETRY_S);
+    size_t k = 0;
+    while (k < z->n && z->v[k].usable_until_ns <= horizon)
+        k++;
+    return k;
+}
+
+/* Spares of z to ask for now: the missing ones and replacements for those
+ * the next check would retire. */
+static size_t to_fill(const struct shm_tier *st, const struct shm_ahead_size *z, uint64_t now)
+{
+    size_t k = (z->n < z->want ? z->want - z->n : 0) + too_old(st, z, now, 2);
+    return z->n + k <= z->cap ? k : z->cap - z->n;
+}
+
+/* The first size that needs a refill now, and how many; NULL when none
+ * does or one is outstanding. */
+static struct shm_ahead_size *next_fill(struct shm_tier *st, uint64_t now, size_t *k)
+{
+    struct shm_ahead *a = &st->ahead;
+    if (a->filling || !connected(st))
+        return NULL;
+    for (unsigned i = 0; i < a->nsizes; i++)
+        if ((*k = to_fill(st, &a->s[i], now)) > 0)
+            return &a->s[i];
+    return NULL;
 }
 
 /* ---- refills ------------------------------------------------------------------------ */
 
 struct fill {
     struct shm_tier *st;
+    struct shm_ahead_size *z;
     uint64_t epoch, usable_until_ns;
     size_t k;
     struct umbp_tier_req **ptrs;
@@ -129,6 +168,7 @@ static void fill_done(void *arg, int rc)
     struct fill *f = arg;
     struct shm_tier *st = f->st;
     struct shm_ahead *a = &st->ahead;
+    struct shm_ahead_size *z = f->z;
     a->filling = false;
     size_t got = 0;
     /* room: k <= cap - n when sent, and n only fell since (one fill at a time) */
@@ -136,7 +176,7 @@ static void fill_done(void *arg, int rc)
         const struct umbp_tier_req *r = &f->reqs[i];
         if (r->status != 0)
             continue;
-        a->v[a->n++] = (struct shm_spare){
+        z->v[z->n++] = (struct shm_spare){
             .id = key_id(st, &r->key),
             .addr = r->region.addr,
             .token = r->region.token,
@@ -145,29 +185,37 @@ static void fill_done(void *arg, int rc)
         got++;
     }
     if (got)
-        a->epoch = f->epoch; /* the session is the one that answered: current */
+        z->epoch = f->epoch; /* the session is the one that answered: current */
     a->filled += got;
-    if (a->n > a->want) /* the replaced ones: the oldest */
-        give_back(st, 0, a->n - a->want);
+    if (z->n > z->want) /* the replaced ones: the oldest */
+        give_back(st, z, 0, z->n - z->want);
     free(f);
+    /* another size's turn now; this one's (less granted: a full pool) waits
+     * for the next check */
+    uint64_t now = umbp_now_ns();
+    for (unsigned i = 0; rc == 0 && i < a->nsizes; i++)
+        if (&a->s[i] != z && to_fill(st, &a->s[i], now)) {
+            arm(st, SHM_AHEAD_RETRY_S);
+            break;
+        }
 }
 
-/* Asks for k spares: want - n missing, plus replacements for some soon too
- * old (n + k <= cap = 2 want). */
-static void fill(struct shm_tier *st, size_t k)
+/* Asks for k spares of z. */
+static void fill(struct shm_tier *st, struct shm_ahead_size *z, size_t k)
 {
     struct shm_ahead *a = &st->ahead;
     struct fill *f = malloc(sizeof(*f) + k * (sizeof(f->reqs[0]) + sizeof(f->ptrs[0])));
     if (!f)
         return;
     f->st = st;
+    f->z = z;
     f->epoch = st->epoch;
     f->k = k;
     f->ptrs = (struct umbp_tier_req **)&f->reqs[k];
     uint64_t now = umbp_now_ns(), hold = s_to_ns(hold_s(st));
     f->usable_until_ns = now + hold - hold / 10;
     for (size_t i = 0; i < k; i++) {
-        f->reqs[i] = (struct umbp_tier_req){.size = a->size};
+        f->reqs[i] = (struct umbp_tier_req){.size = z->size};
         shm_ahead_key(st, a->next_id++, &f->reqs[i].key);
         f->ptrs[i] = &f->reqs[i];
     }
@@ -180,45 +228,25 @@ static void fill(struct shm_tier *st, size_t k)
     shm_call_send(st, c, (uint32_t)st->cfg.reserve_ahead_hold_ms, false);
 }
 
-/* How many of the oldest spares pass their usable time within checks
- * checks from now (filled in order: the oldest first). */
-static size_t too_old(const struct shm_tier *st, uint64_t now, int checks)
-{
-    const struct shm_ahead *a = &st->ahead;
-    uint64_t horizon = now + s_to_ns(checks * period_s(st)) + s_to_ns(SHM_AHEAD_RETRY_S);
-    size_t k = 0;
-    while (k < a->n && a->v[k].usable_until_ns <= horizon)
-        k++;
-    return k;
-}
-
-/* Spares to ask for now: the missing ones and replacements for those the
- * next check would retire; 0 while a refill is outstanding. */
-static size_t to_fill(const struct shm_tier *st, uint64_t now)
-{
-    const struct shm_ahead *a = &st->ahead;
-    if (!a->size || a->filling || !connected(st))
-        return 0;
-    size_t k = (a->n < a->want ? a->want - a->n : 0) + too_old(st, now, 2);
-    return a->n + k <= a->cap ? k : a->cap - a->n;
-}
-
 static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
 {
     struct shm_tier *st = w->data;
+    struct shm_ahead *a = &st->ahead;
     (void)loop;
     (void)revents;
-    if (!st->ahead.size || !connected(st))
+    if (!a->nsizes || !connected(st))
         return; /* conn_up kicks again */
     uint64_t now = umbp_now_ns();
-    give_back(st, 0, too_old(st, now, 1)); /* not replaced in time */
-    size_t k = to_fill(st, now);
-    if (k) {
+    for (unsigned i = 0; i < a->nsizes; i++) /* not replaced in time */
+        give_back(st, &a->s[i], 0, too_old(st, &a->s[i], now, 1));
+    size_t k;
+    struct shm_ahead_size *z = next_fill(st, now, &k);
+    if (z) {
         if (net_session_oldest(&st->sess)) {
             arm(st, SHM_AHEAD_RETRY_S);
             return;
         }
-        fill(st, k);
+        fill(st, z, k);
     }
     arm(st, period_s(st));
 }
@@ -238,54 +266,79 @@ void shm_ahead_init(struct shm_tier *st)
 
 void shm_ahead_kick(struct shm_tier *st)
 {
-    if (st->ahead.size && connected(st))
+    if (st->ahead.nsizes && connected(st))
         arm(st, SHM_AHEAD_KICK_S);
+}
+
+/* Spares of size bytes when sizes sizes share budget. */
+static size_t share(uint64_t budget, unsigned sizes, uint64_t size)
+{
+    uint64_t want = budget / sizes / size;
+    return (size_t)(want < SHM_AHEAD_MAX / sizes ? want : SHM_AHEAD_MAX / sizes);
 }
 
 void shm_ahead_hint(struct umbp_tier *t, uint64_t size)
 {
     struct shm_tier *st = to_shm_tier(t);
     struct shm_ahead *a = &st->ahead;
-    if (a->size || !size || !st->worker || !st->cfg.reserve_ahead_bytes)
-        return; /* the first size only; lookup sessions map no pool */
+    for (unsigned i = 0; i < a->nsizes; i++)
+        if (a->s[i].size == size)
+            return; /* the common case: a size known */
+    if (!size || !st->worker || !st->cfg.reserve_ahead_bytes || a->nsizes == SHM_AHEAD_SIZES)
+        return; /* lookup sessions map no pool; the first sizes only */
     const struct shm_map *m = shm_current_map(st);
     uint64_t budget = st->cfg.reserve_ahead_bytes;
     if (m && m->size / SHM_AHEAD_POOL_SHARE < budget)
         budget = m->size / SHM_AHEAD_POOL_SHARE;
-    uint64_t want = budget / size;
-    if (want > SHM_AHEAD_MAX)
-        want = SHM_AHEAD_MAX;
-    if (!want || !(a->v = calloc(2 * (size_t)want, sizeof(a->v[0]))))
-        return;
-    a->size = size;
-    a->want = (size_t)want;
-    a->cap = 2 * (size_t)want;
+    unsigned sizes = a->nsizes + 1;
+    size_t want = share(budget, sizes, size);
+    struct shm_ahead_size *z = &a->s[a->nsizes];
+    if (!want || !(z->v = calloc(2 * want, sizeof(z->v[0]))))
+        return; /* over its share: reserved as before, the others keep theirs */
+    z->size = size;
+    z->want = want;
+    z->cap = 2 * want;
+    z->n = 0;
+    z->epoch = 0;
+    for (unsigned i = 0; i < a->nsizes; i++) { /* the others' shares shrink */
+        struct shm_ahead_size *o = &a->s[i];
+        o->want = share(budget, sizes, o->size);
+        if (o->n > o->want)
+            give_back(st, o, 0, o->n - o->want);
+    }
+    a->nsizes = sizes;
     shm_ahead_kick(st);
 }
 
 bool shm_ahead_take(struct shm_tier *st, struct umbp_tier_req *const *reqs, size_t n)
 {
     struct shm_ahead *a = &st->ahead;
-    if (!n || n > a->n || a->epoch != st->epoch || !connected(st))
+    if (!n || !connected(st))
         return false;
-    for (size_t i = 0; i < n; i++)
-        if (reqs[i]->size != a->size)
+    struct shm_ahead_size *z = NULL;
+    for (unsigned i = 0; i < a->nsizes && !z; i++)
+        if (a->s[i].size == reqs[0]->size)
+            z = &a->s[i];
+    if (!z || n > z->n || z->epoch != st->epoch)
+        return false;
+    for (size_t i = 1; i < n; i++)
+        if (reqs[i]->size != z->size)
             return false;
     uint64_t now = umbp_now_ns();
-    if (a->v[a->n - n].usable_until_ns <= now) /* the oldest of the n taken */
+    if (z->v[z->n - n].usable_until_ns <= now) /* the oldest of the n taken */
         return false;
     /* the newest n, in the order granted: consecutive keys get regions in
      * the order the server allocated them (mostly ascending and adjacent),
      * so the copy engine can merge their transfers as it does for an
      * ordinary reservation; handed out in reverse they cost twice the
      * launch time (H200 host, docs/benchmarks.md) */
-    a->n -= n;
+    z->n -= n;
     for (size_t i = 0; i < n; i++) {
-        const struct shm_spare *s = &a->v[a->n + i];
+        const struct shm_spare *s = &z->v[z->n + i];
         reqs[i]->status = 0;
         reqs[i]->region = (struct umbp_region){
             .addr = s->addr,
-            .size = a->size,
+            .size = z->size,
             .token = s->token,
             .aux = {st->epoch, s->id},
         };
@@ -293,6 +346,14 @@ bool shm_ahead_take(struct shm_tier *st, struct umbp_tier_req *const *reqs, size
     a->taken += n;
     shm_ahead_kick(st);
     return true;
+}
+
+uint64_t shm_ahead_held(const struct shm_tier *st)
+{
+    uint64_t n = 0;
+    for (unsigned i = 0; i < st->ahead.nsizes; i++)
+        n += st->ahead.s[i].n;
+    return n;
 }
 
 bool shm_ahead_drain(struct shm_tier *st)
@@ -306,14 +367,19 @@ bool shm_ahead_drain(struct shm_tier *st)
 void shm_ahead_drop(struct shm_tier *st, bool abort_them)
 {
     struct shm_ahead *a = &st->ahead;
-    if (abort_them)
-        give_back(st, 0, a->n);
-    a->n = 0;
+    for (unsigned i = 0; i < a->nsizes; i++) {
+        if (abort_them)
+            give_back(st, &a->s[i], 0, a->s[i].n);
+        a->s[i].n = 0;
+    }
     ev_timer_stop(st->base.env.loop, &a->timer);
 }
 
 void shm_ahead_destroy(struct shm_tier *st)
 {
-    free(st->ahead.v);
-    st->ahead.v = NULL;
+    for (unsigned i = 0; i < st->ahead.nsizes; i++) {
+        free(st->ahead.s[i].v);
+        st->ahead.s[i].v = NULL;
+    }
+    st->ahead.nsizes = 0;
 }

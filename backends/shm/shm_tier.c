@@ -292,7 +292,7 @@ static void shm_usage(struct umbp_tier *t, struct umbp_tier_usage *out)
         .evictions = s->evictions,
         .evicted_bytes = s->evicted_bytes,
         .leases_expired = s->leases_expired,
-        .reserved_ahead = to_shm_tier(t)->ahead.n,
+        .reserved_ahead = shm_ahead_held(to_shm_tier(t)),
         .reserved_ahead_used = to_shm_tier(t)->ahead.taken,
     };
 }

@@ -242,6 +242,22 @@ static uint8_t expected_byte(int layer, size_t off) { return (uint8_t)(tu_splitm
 
 static umbp_key_t kv_key(int i) { return tu_key_id(0x4b56, (uint64_t)i); }
 
+/* One layer's tensor over base: (2, NB, BS, heads, head dim), K and V
+ * first, blocks second. */
+static void kv_tensor(umbp_kv_tensor_t *t, void *base)
+{
+    memset(t, 0, sizeof(*t));
+    t->base = base;
+    t->ndim = 5;
+    int64_t shape[5] = {2, NB, BS, HD / 64, 64};
+    memcpy(t->shape, shape, sizeof(shape));
+    umbp_kv_tensor_set_contiguous(t);
+    t->elem_size = ESZ;
+    t->block_dim = 1;
+    t->kv_dim = 0;
+    t->layer_dim = -1;
+}
+
 /* A host "GPU" KV cache's layers, filled from the pattern or poisoned, and
  * their tensors (k->rt made, nothing registered yet). */
 static int kv_layers(struct kv_side *k, bool fill, umbp_kv_tensor_t *t)
@@ -256,16 +272,7 @@ static int kv_layers(struct kv_side *k, bool fill, umbp_kv_tensor_t *t)
         uint8_t *p = k->dev[l]; /* host backend: device memory is host memory */
         for (size_t o = 0; o < LAYER_BYTES; o++)
             p[o] = fill ? expected_byte(l, o) : TU_POISON;
-        memset(&t[l], 0, sizeof(t[l]));
-        t[l].base = k->dev[l];
-        t[l].ndim = 5;
-        int64_t shape[5] = {2, NB, BS, HD / 64, 64};
-        memcpy(t[l].shape, shape, sizeof(shape));
-        umbp_kv_tensor_set_contiguous(&t[l]);
-        t[l].elem_size = ESZ;
-        t[l].block_dim = 1;
-        t[l].kv_dim = 0;
-        t[l].layer_dim = -1;
+        kv_tensor(&t[l], k->dev[l]);
     }
     return 0;
 }
@@ -314,10 +321,10 @@ static int child_kv_store(void *arg)
 /* Key i (i < KV_BLOCKS) was restored into block NB - 1 - i of a poisoned
  * cache, except keys miss_a and miss_b (-1: none), which missed: every byte
  * of every layer is the key's stored byte or still the poison. */
-static void check_reversed_restore(const struct kv_side *k, int miss_a, int miss_b)
+static void check_reversed_layers(void *const *dev, int layers, int miss_a, int miss_b)
 {
-    for (int l = 0; l < L; l++) {
-        const uint8_t *p = k->dev[l];
+    for (int l = 0; l < layers; l++) {
+        const uint8_t *p = dev[l];
         for (int kvh = 0; kvh < 2; kvh++)
             for (int blk = 0; blk < NB; blk++) {
                 int i = NB - 1 - blk; /* the key restored into blk */
@@ -331,6 +338,11 @@ static void check_reversed_restore(const struct kv_side *k, int miss_a, int miss
                 }
             }
     }
+}
+
+static void check_reversed_restore(const struct kv_side *k, int miss_a, int miss_b)
+{
+    check_reversed_layers(k->dev, L, miss_a, miss_b);
 }
 
 /* Loads keys 0 .. KV_BLOCKS - 1 reversed into k's cache and checks every
@@ -588,6 +600,95 @@ Test(standalone, spares_are_replaced_before_they_are_retired)
     cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st));
     cr_expect_eq(st.num_objects, KV_BLOCKS);
     cr_expect_eq(st.used_bytes, KV_BLOCKS * KV_OBJ);
+    tu_destroy(rt);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
+/* Two KV caches of different object sizes on one runtime, as a hybrid
+ * model registers its attention groups and its Mamba state: each size gets
+ * spares of its own, an even share of the budget (the second cache's first
+ * store names its size and reserves as before; the first size's spares
+ * shrink to their share).  Later stores of both take spares and both
+ * restore byte-exact; once the runtime is gone the server holds the objects
+ * and nothing pending.  With spares for the first size only, the held
+ * count never reaches both shares. */
+#define LB 2 /* the second cache's layers: objects of KV_OBJ / 2 */
+
+static bool spares_held(const umbp_stats_t *s, void *arg)
+{
+    uint64_t want = *(const uint64_t *)arg;
+    return s->reserved_ahead == want && s->num_pending == want;
+}
+
+static void store_from(umbp_runtime_t *rt, umbp_kv_handle_t kv, int key_base)
+{
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(key_base + i), (uint64_t)i};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(rt, kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    int rc = kv_wait(op);
+    cr_assert_eq(rc, 0, "kv store of keys %d..: %d (%s)", key_base, rc, umbp_strerror(rc));
+}
+
+static void load_reversed_from(umbp_runtime_t *rt, umbp_kv_handle_t kv, int key_base)
+{
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(key_base + i), (uint64_t)(NB - 1 - i)};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_load(rt, kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    int rc = kv_wait(op);
+    cr_assert_eq(rc, 0, "kv load of keys %d..: %d (%s)", key_base, rc, umbp_strerror(rc));
+}
+
+Test(standalone, each_kv_object_size_gets_spares)
+{
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    void *dev_b[LB];
+    umbp_kv_tensor_t t[LB];
+    for (int l = 0; l < LB; l++) { /* its own memory, the pattern of layers 0 and 1 */
+        cr_assert_eq(gpu_dev_alloc(k.ops, LAYER_BYTES, &dev_b[l]), 0);
+        memcpy(dev_b[l], k.dev[l], LAYER_BYTES);
+        kv_tensor(&t[l], dev_b[l]);
+    }
+    umbp_kv_handle_t kv_b;
+    cr_assert_eq(umbp_kv_register(k.rt, t, LB, &kv_b), 0, "%s", umbp_last_error());
+
+    store_from(k.rt, k.kv, 0);   /* through the first size's spares */
+    store_from(k.rt, kv_b, 100); /* names the second size */
+    uint64_t want = (64 * MiB / 32 / 2) / KV_OBJ + (64 * MiB / 32 / 2) / (KV_OBJ / 2);
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(k.rt, spares_held, &want, 20000, &st),
+              "spares: %llu held, %llu pending at the server (want %llu: both sizes' shares)",
+              (unsigned long long)st.reserved_ahead, (unsigned long long)st.num_pending,
+              (unsigned long long)want);
+    uint64_t used = st.reserved_ahead_used;
+    store_from(k.rt, kv_b, 200);
+    store_from(k.rt, k.kv, 300);
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_eq(st.reserved_ahead_used, used + 2 * KV_BLOCKS, "a store took no spare");
+    cr_expect_eq(st.num_objects, 4 * KV_BLOCKS);
+
+    for (int l = 0; l < LB; l++)
+        memset(dev_b[l], TU_POISON, LAYER_BYTES);
+    load_reversed_from(k.rt, kv_b, 200);
+    check_reversed_layers(dev_b, LB, -1, -1);
+    for (int l = 0; l < L; l++)
+        memset(k.dev[l], TU_POISON, LAYER_BYTES);
+    load_reversed_from(k.rt, k.kv, 300);
+    check_reversed_restore(&k, -1, -1);
+
+    kv_close(&k);
+    for (int l = 0; l < LB; l++)
+        gpu_dev_free(k.ops, dev_b[l]);
+    umbp_runtime_t *rt = sa_create(NULL);
+    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st), "%llu pending",
+              (unsigned long long)st.num_pending);
+    cr_expect_eq(st.used_bytes, 2 * KV_BLOCKS * KV_OBJ + 2 * KV_BLOCKS * (KV_OBJ / 2));
     tu_destroy(rt);
     tu_check_leaks();
     tu_server_cleanup(&srv);
