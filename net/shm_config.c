@@ -41,8 +41,9 @@ const struct umbp_option shm_options[] = {
     {"reserve_ahead_bytes", UMBP_OPT_SIZE, OFF(reserve_ahead_bytes), "128MiB", 0,
      (double)(64ull << 30), 0, NULL,
      "standalone: pool space a worker keeps reserved ahead for its KV stores' objects "
-     "(at most 1/32 of the pool, 4096 objects; shared evenly by up to four object sizes), "
-     "so a store's first reservation needs no round trip to the server; 0 = off"},
+     "(at most 1/32 of the pool, 1/16 of it divided among the server's sessions, 4096 "
+     "objects; shared evenly by up to four object sizes), so a store's first reservation "
+     "needs no round trip to the server; 0 = off"},
     {"reserve_ahead_hold_ms", UMBP_OPT_INT, OFF(reserve_ahead_hold_ms), "30000", 1000, 600000,
      0, NULL,
      "standalone: how long the server keeps a reservation made ahead (plus the write "

@@ -37,6 +37,11 @@
  * are aborted too: a session closed with the RESERVE unanswered would leave
  * the server to grant it to nobody and hold the regions to their deadline.
  *
+ * The budget: reserve_ahead_bytes, at most 1/32 of the pool, and at most
+ * 1/16 of the pool divided among the sessions the server last counted: the
+ * workers of a host sharing a small pool keep about 1/16 of it in spares
+ * together, not 1/32 each (re-divided at every check, the excess given back).
+ *
  * Several sizes.  A runtime with KV caches of different object sizes (a
  * hybrid model: attention groups and Mamba state, one registration each)
  * hints each; the first SHM_AHEAD_SIZES sizes share the budget evenly (a
@@ -55,6 +60,7 @@
 
 #define SHM_AHEAD_MAX 4096      /* spares at most, whatever the budget */
 #define SHM_AHEAD_POOL_SHARE 32 /* and at most 1/32 of the pool */
+#define SHM_AHEAD_HOST_SHARE 16 /* and 1/16 of it divided among the server's sessions */
 #define SHM_AHEAD_RETRY_S 0.002 /* a refill waits for an idle session */
 #define SHM_AHEAD_KICK_S 0.005  /* and comes this long after spares were taken */
 
@@ -152,6 +158,47 @@ static struct shm_ahead_size *next_fill(struct shm_tier *st, uint64_t now, size_
     return NULL;
 }
 
+/* The bytes this worker may keep in spares: reserve_ahead_bytes, at most
+ * 1/32 of the pool, and at most 1/16 of the pool divided among the
+ * sessions the server last counted (STATS), so that the workers of a host
+ * together keep about 1/16 of a small shared pool at most, not 1/32 each. */
+static uint64_t budget(const struct shm_tier *st)
+{
+    const struct shm_map *m = shm_current_map(st);
+    uint64_t b = st->cfg.reserve_ahead_bytes;
+    if (!m)
+        return b;
+    uint64_t sessions = st->stats.sessions ? st->stats.sessions : 1;
+    if (m->size / SHM_AHEAD_POOL_SHARE < b)
+        b = m->size / SHM_AHEAD_POOL_SHARE;
+    if (m->size / SHM_AHEAD_HOST_SHARE / sessions < b)
+        b = m->size / SHM_AHEAD_HOST_SHARE / sessions;
+    return b;
+}
+
+/* Spares of size bytes when sizes sizes share budget. */
+static size_t share(uint64_t budget, unsigned sizes, uint64_t size)
+{
+    uint64_t want = budget / sizes / size;
+    return (size_t)(want < SHM_AHEAD_MAX / sizes ? want : SHM_AHEAD_MAX / sizes);
+}
+
+/* Each size's share of the budget now (never more spares than v has room
+ * for, half of it: the share when the size came); the excess given back,
+ * the oldest first. */
+static void reshare(struct shm_tier *st, unsigned sizes)
+{
+    struct shm_ahead *a = &st->ahead;
+    uint64_t b = budget(st);
+    for (unsigned i = 0; i < sizes; i++) {
+        struct shm_ahead_size *z = &a->s[i];
+        size_t want = share(b, sizes, z->size);
+        z->want = want < z->cap / 2 ? want : z->cap / 2;
+        if (z->n > z->want)
+            give_back(st, z, 0, z->n - z->want);
+    }
+}
+
 /* ---- refills ------------------------------------------------------------------------ */
 
 struct fill {
@@ -237,6 +284,7 @@ static void on_timer(struct ev_loop *loop, ev_timer *w, int revents)
     if (!a->nsizes || !connected(st))
         return; /* conn_up kicks again */
     uint64_t now = umbp_now_ns();
+    reshare(st, a->nsizes); /* the server's sessions may have changed */
     for (unsigned i = 0; i < a->nsizes; i++) /* not replaced in time */
         give_back(st, &a->s[i], 0, too_old(st, &a->s[i], now, 1));
     size_t k;
@@ -270,13 +318,6 @@ void shm_ahead_kick(struct shm_tier *st)
         arm(st, SHM_AHEAD_KICK_S);
 }
 
-/* Spares of size bytes when sizes sizes share budget. */
-static size_t share(uint64_t budget, unsigned sizes, uint64_t size)
-{
-    uint64_t want = budget / sizes / size;
-    return (size_t)(want < SHM_AHEAD_MAX / sizes ? want : SHM_AHEAD_MAX / sizes);
-}
-
 void shm_ahead_hint(struct umbp_tier *t, uint64_t size)
 {
     struct shm_tier *st = to_shm_tier(t);
@@ -286,26 +327,18 @@ void shm_ahead_hint(struct umbp_tier *t, uint64_t size)
             return; /* the common case: a size known */
     if (!size || !st->worker || !st->cfg.reserve_ahead_bytes || a->nsizes == SHM_AHEAD_SIZES)
         return; /* lookup sessions map no pool; the first sizes only */
-    const struct shm_map *m = shm_current_map(st);
-    uint64_t budget = st->cfg.reserve_ahead_bytes;
-    if (m && m->size / SHM_AHEAD_POOL_SHARE < budget)
-        budget = m->size / SHM_AHEAD_POOL_SHARE;
     unsigned sizes = a->nsizes + 1;
-    size_t want = share(budget, sizes, size);
+    /* v's room: twice the share with the server to this session alone */
+    const struct shm_map *m = shm_current_map(st);
+    uint64_t alone = st->cfg.reserve_ahead_bytes;
+    if (m && m->size / SHM_AHEAD_POOL_SHARE < alone)
+        alone = m->size / SHM_AHEAD_POOL_SHARE;
+    size_t most = share(alone, sizes, size);
     struct shm_ahead_size *z = &a->s[a->nsizes];
-    if (!want || !(z->v = calloc(2 * want, sizeof(z->v[0]))))
+    if (!most || !(z->v = calloc(2 * most, sizeof(z->v[0]))))
         return; /* over its share: reserved as before, the others keep theirs */
-    z->size = size;
-    z->want = want;
-    z->cap = 2 * want;
-    z->n = 0;
-    z->epoch = 0;
-    for (unsigned i = 0; i < a->nsizes; i++) { /* the others' shares shrink */
-        struct shm_ahead_size *o = &a->s[i];
-        o->want = share(budget, sizes, o->size);
-        if (o->n > o->want)
-            give_back(st, o, 0, o->n - o->want);
-    }
+    *z = (struct shm_ahead_size){.size = size, .cap = 2 * most, .v = z->v};
+    reshare(st, sizes); /* its share, and the others' shrink */
     a->nsizes = sizes;
     shm_ahead_kick(st);
 }

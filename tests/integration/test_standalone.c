@@ -694,6 +694,55 @@ Test(standalone, each_kv_object_size_gets_spares)
     tu_server_cleanup(&srv);
 }
 
+/* The workers of a host share a small pool's spares: a worker keeps at
+ * most 1/16 of the pool divided among the server's sessions (and 1/32 of
+ * it alone).  With five more sessions, the worker's spares shrink to at
+ * most 1/96 of the pool (given back at the next check: every 250 ms with
+ * a 1 s hold), a store still takes them, and once the others are gone the
+ * spares grow back to 1/32.  Without the division they stay at 1/32. */
+struct at_most {
+    uint64_t most;
+};
+
+static bool spares_at_most(const umbp_stats_t *s, void *arg)
+{
+    uint64_t most = ((const struct at_most *)arg)->most;
+    return s->reserved_ahead && s->reserved_ahead <= most && s->num_pending == s->reserved_ahead;
+}
+
+Test(standalone, workers_share_a_small_pools_spares)
+{
+    setenv("UMBP_RESERVE_AHEAD_HOLD_MS", "1000", 1);
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
+    umbp_runtime_t *others[5];
+    for (int i = 0; i < 5; i++)
+        others[i] = sa_create(NULL);
+    struct at_most m = {(64 * MiB / 16 / 6) / KV_OBJ};
+    cr_assert(tu_wait_stats(k.rt, spares_at_most, &m, 20000, &st),
+              "beside 5 other sessions: %llu spares held, %llu pending (at most %llu)",
+              (unsigned long long)st.reserved_ahead, (unsigned long long)st.num_pending,
+              (unsigned long long)m.most);
+    store_blocks(&k, KV_BLOCKS);
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_eq(st.reserved_ahead_used, KV_BLOCKS, "a store took no spare");
+    for (int i = 0; i < 5; i++)
+        tu_destroy(others[i]);
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, 20000, &st),
+              "alone again: %llu spares held (want %llu)", (unsigned long long)st.reserved_ahead,
+              (unsigned long long)AHEAD_WANT);
+    for (int l = 0; l < L; l++)
+        memset(k.dev[l], TU_POISON, LAYER_BYTES);
+    load_reversed_and_check(&k);
+    kv_close(&k);
+    unsetenv("UMBP_RESERVE_AHEAD_HOLD_MS");
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* A worker that fills its spares, then dies by SIGKILL (exit 137). */
 static int child_fill_spares_and_die(void *arg)
 {
