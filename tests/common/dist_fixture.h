@@ -111,8 +111,13 @@ static inline bool accepts(uint16_t port)
     return ok;
 }
 
-/* Starts umbp-master on m->port (0: a free one) with m->extra (JSON members). */
-static inline void master_start(struct master *m)
+/* Starts umbp-master on m->port (0: a free one) with m->extra (JSON members):
+ * 0 once it accepts, or -EADDRINUSE when it exited because a port it was
+ * given (listen, metrics_port) was taken meanwhile: a free port is only free
+ * when it is picked, and the other tests of a parallel run (or any
+ * connection's ephemeral port) may take it before the master binds it.
+ * Any other exit fails the test. */
+static inline int master_try_start(struct master *m)
 {
     if (!m->port)
         m->port = free_port();
@@ -121,6 +126,8 @@ static inline void master_start(struct master *m)
         snprintf(m->log, sizeof(m->log), "/tmp/" DIST_TEST_NAME ".%d.master.%u.log", getpid(),
                  m->port);
     dist_note_master_log(m->log);
+    struct stat sb;
+    size_t from = stat(m->log, &sb) == 0 ? (size_t)sb.st_size : 0; /* this start's lines */
     char json[1024];
     snprintf(json, sizeof(json),
              "{\"listen\": \"%s\", \"log_level\": \"info\", \"heartbeat_suspect_ms\": 1000, "
@@ -138,11 +145,24 @@ static inline void master_start(struct master *m)
     }
     for (int i = 0; i < 1000 && !accepts(m->port); i++) {
         int st;
-        cr_assert_eq(waitpid(m->pid, &st, WNOHANG), 0, "umbp-master exited; log:\n%s",
-                     tu_slurp(m->log));
+        if (waitpid(m->pid, &st, WNOHANG) == m->pid) {
+            m->pid = 0;
+            const char *log = tu_slurp(m->log);
+            if (strlen(log) >= from && strstr(log + from, "Address already in use"))
+                return -EADDRINUSE;
+            cr_assert_fail("umbp-master exited; log:\n%s", log);
+        }
         pause_ms(10);
     }
     cr_assert(accepts(m->port), "umbp-master does not accept on %s", m->addr);
+    return 0;
+}
+
+static inline void master_start(struct master *m)
+{
+    int rc = master_try_start(m);
+    cr_assert_eq(rc, 0, "umbp-master: a port of %s was taken before it could bind it; log:\n%s",
+                 m->addr, tu_slurp(m->log));
 }
 
 static inline void master_signal(struct master *m, int sig)

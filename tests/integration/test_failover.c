@@ -158,15 +158,27 @@ static int wait_leader(struct fo *f, int who, uint64_t min_epoch, uint64_t *epoc
 
 /* ---- the cluster ----------------------------------------------------------------------- */
 
+/* Master i on its ports of before, or fresh ones when one was taken
+ * meanwhile (nodes find the leader through the lease store, and the tests
+ * read its metrics on f->metrics[i], whatever they are). */
 static void fo_master_start(struct fo *f, int i)
 {
-    if (!f->metrics[i])
-        f->metrics[i] = redis_free_port();
-    snprintf(f->m[i].extra, sizeof(f->m[i].extra),
-             "\"lease_url\": \"%s\", \"lease_ttl_ms\": %d, \"lease_timeout_ms\": %d, "
-             "\"metrics_port\": %u",
-             f->url, TTL_MS, LEASE_TIMEOUT_MS, f->metrics[i]);
-    master_start(&f->m[i]);
+    for (int attempt = 0;; attempt++) {
+        if (!f->metrics[i])
+            f->metrics[i] = redis_free_port();
+        snprintf(f->m[i].extra, sizeof(f->m[i].extra),
+                 "\"lease_url\": \"%s\", \"lease_ttl_ms\": %d, \"lease_timeout_ms\": %d, "
+                 "\"metrics_port\": %u",
+                 f->url, TTL_MS, LEASE_TIMEOUT_MS, f->metrics[i]);
+        if (master_try_start(&f->m[i]) == 0)
+            return;
+        fo_assert(attempt < 4, "umbp-master %d: its ports were taken five times; log:\n%s", i,
+                  tu_slurp(f->m[i].log));
+        cr_log_info("master %d: a port was taken (%s, metrics %u): new ones", i, f->m[i].addr,
+                    f->metrics[i]);
+        f->m[i].port = 0;
+        f->metrics[i] = 0;
+    }
 }
 
 static void fo_node_start(struct fo *f, int i)
