@@ -437,16 +437,51 @@ static bool ahead_full(const umbp_stats_t *s, void *arg)
     return s->reserved_ahead == AHEAD_WANT && s->num_pending == AHEAD_WANT;
 }
 
-static void store_blocks(struct kv_side *k, int n)
+/* Stores blocks 0 .. n - 1 of kv under keys key_base .. key_base + n - 1. */
+static void store_from(umbp_runtime_t *rt, umbp_kv_handle_t kv, int key_base, int n)
 {
     umbp_kv_block_t b[NB];
     for (int i = 0; i < n; i++)
+        b[i] = (umbp_kv_block_t){kv_key(key_base + i), (uint64_t)i};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(rt, kv, b, (size_t)n, NULL, &op), 0, "%s", umbp_last_error());
+    int rc = kv_wait(op);
+    cr_assert_eq(rc, 0, "kv store of keys %d..: %d (%s)", key_base, rc, umbp_strerror(rc));
+}
+
+static void store_blocks(struct kv_side *k, int n) { store_from(k->rt, k->kv, 0, n); }
+
+/* Once every runtime of the test is gone: the server holds `objects`
+ * objects in `bytes` and nothing pending or leased (asked through a new
+ * runtime with no KV cache, so no spares of its own). */
+static void server_holds_only(uint64_t objects, uint64_t bytes)
+{
+    umbp_runtime_t *rt = sa_create(NULL);
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st),
+              "%llu pending, %llu leased at the server", (unsigned long long)st.num_pending,
+              (unsigned long long)st.num_leased);
+    cr_expect_eq(st.num_objects, objects);
+    cr_expect_eq(st.used_bytes, bytes, "%llu bytes in use, want %llu (regions held?)",
+                 (unsigned long long)st.used_bytes, (unsigned long long)bytes);
+    tu_destroy(rt);
+}
+
+/* A store of keys 0 .. KV_BLOCKS - 1 while the server is stopped: its
+ * copies need no server, its publish waits; it ends (by its deadline)
+ * without hanging.  Its first key's status. */
+static int store_beside_stopped_server(struct kv_side *k)
+{
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
         b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
     umbp_op_t *op;
-    cr_assert_eq(umbp_kv_store(k->rt, k->kv, b, (size_t)n, NULL, &op), 0, "%s",
+    cr_assert_eq(umbp_kv_store(k->rt, k->kv, b, KV_BLOCKS, NULL, &op), 0, "%s",
                  umbp_last_error());
-    int rc = kv_wait(op);
-    cr_assert_eq(rc, 0, "kv store: %d (%s)", rc, umbp_strerror(rc));
+    cr_assert_eq(umbp_op_wait(op, TU_WAIT_MS), 0, "the store hung beside a stopped server");
+    int rc = umbp_op_key_status(op, 0);
+    umbp_op_release(op);
+    return rc;
 }
 
 /* A KV cache's registration makes the worker reserve AHEAD_WANT regions
@@ -490,13 +525,7 @@ Test(standalone, kv_stores_use_reservations_made_ahead)
     cr_assert_eq(kv_open(&k, false), 0, "KV setup: %s", umbp_last_error());
     load_reversed_and_check(&k);
     kv_close(&k);
-    umbp_runtime_t *rt = sa_create(NULL); /* no KV cache: no spares of its own */
-    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st),
-              "spares of destroyed runtimes still pending: %llu",
-              (unsigned long long)st.num_pending);
-    cr_expect_eq(st.num_objects, KV_BLOCKS);
-    cr_expect_eq(st.used_bytes, KV_BLOCKS * KV_OBJ);
-    tu_destroy(rt);
+    server_holds_only(KV_BLOCKS, KV_BLOCKS * KV_OBJ);
     tu_check_leaks();
     tu_server_cleanup(&srv);
 }
@@ -520,11 +549,11 @@ Test(standalone, reserve_ahead_off)
 }
 
 /* A spare is handed out only well inside its hold: with a hold of one
- * second (and a write deadline of two), spares are given back and made
- * again four times a second.  After 5 s, longer than the server keeps any
- * spare of the first fill, a store still takes spares (fresh ones: an old
- * one's region would be gone and its publish fail) and round-trips
- * byte-exact. */
+ * second (and a write deadline of two), the tier checks four times a
+ * second and replaces spares about every half second.  After 5 s, longer
+ * than the server keeps any spare of the first fill, a store still takes
+ * spares (fresh ones: an old one's region would be gone and its publish
+ * fail) and round-trips byte-exact. */
 Test(standalone, reservations_made_ahead_are_renewed_within_their_hold)
 {
     setenv("UMBP_RESERVE_AHEAD_HOLD_MS", "1000", 1);
@@ -580,13 +609,8 @@ Test(standalone, spares_are_replaced_before_they_are_retired)
     tu_sleep_ms(5000);
     tu_server_signal(&srv, SIGSTOP);
     tu_sleep_ms((unsigned)(t0 + 6500 - tu_now_ms()));
-    umbp_kv_block_t b[KV_BLOCKS];
-    for (int i = 0; i < KV_BLOCKS; i++)
-        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
-    umbp_op_t *op;
-    cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
-    cr_assert_eq(umbp_op_wait(op, TU_WAIT_MS), 0, "the store hung beside a stopped server");
-    umbp_op_release(op);
+    int rc = store_beside_stopped_server(&k);
+    cr_expect_eq(rc, UMBP_E_TIMEOUT, "%s", umbp_strerror(rc));
     tu_server_signal(&srv, SIGCONT);
     cr_assert_eq(umbp_get_stats(k.rt, &st), 0, "%s", umbp_last_error());
     cr_expect_eq(st.reserved_ahead_used, KV_BLOCKS,
@@ -596,11 +620,7 @@ Test(standalone, spares_are_replaced_before_they_are_retired)
     unsetenv("UMBP_RESERVE_AHEAD_HOLD_MS");
     unsetenv("UMBP_TIMEOUT_MS");
     unsetenv("UMBP_LOOKUP_TIMEOUT_MS");
-    umbp_runtime_t *rt = sa_create(NULL);
-    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st));
-    cr_expect_eq(st.num_objects, KV_BLOCKS);
-    cr_expect_eq(st.used_bytes, KV_BLOCKS * KV_OBJ);
-    tu_destroy(rt);
+    server_holds_only(KV_BLOCKS, KV_BLOCKS * KV_OBJ);
     tu_check_leaks();
     tu_server_cleanup(&srv);
 }
@@ -619,17 +639,6 @@ static bool spares_held(const umbp_stats_t *s, void *arg)
 {
     uint64_t want = *(const uint64_t *)arg;
     return s->reserved_ahead == want && s->num_pending == want;
-}
-
-static void store_from(umbp_runtime_t *rt, umbp_kv_handle_t kv, int key_base)
-{
-    umbp_kv_block_t b[KV_BLOCKS];
-    for (int i = 0; i < KV_BLOCKS; i++)
-        b[i] = (umbp_kv_block_t){kv_key(key_base + i), (uint64_t)i};
-    umbp_op_t *op;
-    cr_assert_eq(umbp_kv_store(rt, kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
-    int rc = kv_wait(op);
-    cr_assert_eq(rc, 0, "kv store of keys %d..: %d (%s)", key_base, rc, umbp_strerror(rc));
 }
 
 static void load_reversed_from(umbp_runtime_t *rt, umbp_kv_handle_t kv, int key_base)
@@ -658,8 +667,8 @@ Test(standalone, each_kv_object_size_gets_spares)
     umbp_kv_handle_t kv_b;
     cr_assert_eq(umbp_kv_register(k.rt, t, LB, &kv_b), 0, "%s", umbp_last_error());
 
-    store_from(k.rt, k.kv, 0);   /* through the first size's spares */
-    store_from(k.rt, kv_b, 100); /* names the second size */
+    store_from(k.rt, k.kv, 0, KV_BLOCKS);   /* through the first size's spares */
+    store_from(k.rt, kv_b, 100, KV_BLOCKS); /* names the second size */
     uint64_t want = (64 * MiB / 32 / 2) / KV_OBJ + (64 * MiB / 32 / 2) / (KV_OBJ / 2);
     umbp_stats_t st;
     cr_assert(tu_wait_stats(k.rt, spares_held, &want, 20000, &st),
@@ -667,8 +676,8 @@ Test(standalone, each_kv_object_size_gets_spares)
               (unsigned long long)st.reserved_ahead, (unsigned long long)st.num_pending,
               (unsigned long long)want);
     uint64_t used = st.reserved_ahead_used;
-    store_from(k.rt, kv_b, 200);
-    store_from(k.rt, k.kv, 300);
+    store_from(k.rt, kv_b, 200, KV_BLOCKS);
+    store_from(k.rt, k.kv, 300, KV_BLOCKS);
     cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
     cr_expect_eq(st.reserved_ahead_used, used + 2 * KV_BLOCKS, "a store took no spare");
     cr_expect_eq(st.num_objects, 4 * KV_BLOCKS);
@@ -685,11 +694,7 @@ Test(standalone, each_kv_object_size_gets_spares)
     kv_close(&k);
     for (int l = 0; l < LB; l++)
         gpu_dev_free(k.ops, dev_b[l]);
-    umbp_runtime_t *rt = sa_create(NULL);
-    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st), "%llu pending",
-              (unsigned long long)st.num_pending);
-    cr_expect_eq(st.used_bytes, 2 * KV_BLOCKS * KV_OBJ + 2 * KV_BLOCKS * (KV_OBJ / 2));
-    tu_destroy(rt);
+    server_holds_only(4 * KV_BLOCKS, 2 * KV_BLOCKS * KV_OBJ + 2 * KV_BLOCKS * (KV_OBJ / 2));
     tu_check_leaks();
     tu_server_cleanup(&srv);
 }
@@ -863,15 +868,8 @@ Test(standalone, a_store_through_spares_beside_a_stopped_server)
     umbp_stats_t st;
     cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
     tu_server_signal(&srv, SIGSTOP);
-    umbp_kv_block_t b[KV_BLOCKS];
-    for (int i = 0; i < KV_BLOCKS; i++)
-        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)i};
-    umbp_op_t *op;
-    cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
-    cr_assert_eq(umbp_op_wait(op, TU_WAIT_MS), 0, "the store hung beside a stopped server");
-    cr_expect_eq(umbp_op_key_status(op, 0), UMBP_E_TIMEOUT, "%s",
-                 umbp_strerror(umbp_op_key_status(op, 0)));
-    umbp_op_release(op);
+    int rc = store_beside_stopped_server(&k);
+    cr_expect_eq(rc, UMBP_E_TIMEOUT, "%s", umbp_strerror(rc));
     tu_server_signal(&srv, SIGCONT);
     cr_assert(tu_wait_stats(k.rt, only_spares_pending, NULL, TU_WAIT_MS, &st),
               "after SIGCONT: %llu pending, %llu spares, %llu leased",
@@ -931,14 +929,7 @@ Test(standalone, a_runtime_destroyed_during_a_refill_gives_the_spares_back)
         counted += d.after_resume;
     }
     cr_assert(counted, "every runtime was destroyed before the server answered its refill");
-    umbp_runtime_t *rt = sa_create(NULL);
-    umbp_stats_t st;
-    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st), "%llu pending",
-              (unsigned long long)st.num_pending);
-    cr_expect_eq(st.used_bytes, 0, "%llu bytes in use: the refill's regions are held",
-                 (unsigned long long)st.used_bytes);
-    cr_expect_eq(st.num_objects, 0);
-    tu_destroy(rt);
+    server_holds_only(0, 0); /* the refill's regions not held */
     tu_check_leaks();
     tu_server_cleanup(&srv);
 }
@@ -964,11 +955,7 @@ Test(standalone, a_refill_answered_late_is_undone)
     cr_expect_eq(st.used_bytes, AHEAD_WANT * KV_OBJ);
     kv_round_trip_once_healthy(&k);
     close_with_short_deadlines(&k);
-    umbp_runtime_t *rt = sa_create(NULL);
-    cr_assert(tu_wait_stats(rt, server_idle, NULL, TU_WAIT_MS, &st));
-    cr_expect_eq(st.num_objects, KV_BLOCKS);
-    cr_expect_eq(st.used_bytes, KV_BLOCKS * KV_OBJ);
-    tu_destroy(rt);
+    server_holds_only(KV_BLOCKS, KV_BLOCKS * KV_OBJ);
     tu_check_leaks();
     tu_server_cleanup(&srv);
 }
