@@ -934,6 +934,41 @@ Test(standalone, a_runtime_destroyed_during_a_refill_gives_the_spares_back)
     tu_server_cleanup(&srv);
 }
 
+/* The same, but the stopped server is killed (SIGKILL, never resumed)
+ * while the destroy waits for its refill's answer: the connection drops,
+ * the refill fails, and the destroy returns (nothing hangs).  A new server
+ * on the same socket directory then serves a new runtime byte-exact, its
+ * pool holding nothing of the dead one's spares. */
+Test(standalone, a_runtime_destroyed_during_a_refill_beside_a_killed_server)
+{
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    tu_server_signal(&srv, SIGSTOP);
+    tu_sleep_ms(100); /* the fill is sent, unanswered */
+    struct destroy_during_fill d = {.k = &k};
+    atomic_init(&d.resumed, false);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, destroy_in_thread, &d), 0);
+    tu_sleep_ms(300);
+    kill(srv.pid, SIGKILL); /* not tu_server_stop: it resumes the server first */
+    while (waitpid(srv.pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    srv.pid = 0;
+    pthread_join(th, NULL); /* a destroy that hung would hang here */
+    start_server(NULL);
+    struct kv_side k2;
+    cr_assert_eq(kv_open(&k2, true), 0, "KV setup beside the new server: %s", umbp_last_error());
+    store_blocks(&k2, KV_BLOCKS);
+    for (int l = 0; l < L; l++)
+        memset(k2.dev[l], TU_POISON, LAYER_BYTES);
+    load_reversed_and_check(&k2);
+    kv_close(&k2);
+    server_holds_only(KV_BLOCKS, KV_BLOCKS * KV_OBJ);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* A refill answered after its deadline: the fill's call times out beside a
  * stopped server (timeout_ms 300), and when the server runs again its late
  * answer's regions are aborted (the tier's path for late replies) and new
