@@ -236,16 +236,19 @@ static inline void tu_sleep_ms(unsigned ms)
  * failure: its first MiB, in a static buffer the next call overwrites
  * (copy what must outlive it); "" while the file cannot be read (a log not
  * written yet). */
-static inline char *tu_slurp(const char *path)
+/* the file's bytes from offset from on (the first MiB of them) */
+static inline char *tu_slurp_from(const char *path, size_t from)
 {
     static char buf[1 << 20];
     FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    size_t n = f && fseek(f, (long)from, SEEK_SET) == 0 ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
     buf[n] = 0;
     if (f)
         fclose(f);
     return buf;
 }
+
+static inline char *tu_slurp(const char *path) { return tu_slurp_from(path, 0); }
 
 /* ---- a destination that stalls the copy that writes it ------------------------- */
 
