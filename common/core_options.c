@@ -84,7 +84,8 @@ const struct umbp_option umbp_core_options[] = {
      "load the copy kernel, and size the per-key arrays of the first this-many ops, so the "
      "first stores and restores of a process run at full speed (0: on first use)"},
     {"gpu_warm_store", UMBP_OPT_BOOL, OFF(gpu_warm_store), "true", 0, 0, 0, NULL,
-     "at the first umbp_kv_register, store one block of the new cache under a random key "
+     "at the first umbp_kv_register of each object size, store one block of the new cache "
+     "under a random key "
      "and abort it before it is published, so the first real store does not pay the store "
      "path's first-time costs (no object, event or counter results; it never waits for "
      "space)"},

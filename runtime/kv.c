@@ -259,9 +259,10 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
                      size_t n, bool store, const umbp_kv_xfer_opts_t *opts, bool warm,
                      umbp_op_t **out);
 
-/* gpu_warm_store: the whole store path once, off the critical path.  Even
- * with every table, op and kernel warmed (gpu_warm_transfers) and the
- * server's session made ready at HELLO, a process's first store of a
+/* gpu_warm_store: the whole store path once per object size
+ * (warm_store_due), off the critical path.  Even with every table, op and
+ * kernel warmed (gpu_warm_transfers) and the server's session made ready
+ * at HELLO, a process's first store of a
  * 328 MB prefix ran 1-1.5 points of the pinned copy's speed below the
  * later ones on an H200 host; one real one-block store before it removed
  * that (docs/benchmarks.md).  This one stores block 0 of the new cache (the
@@ -291,6 +292,25 @@ static void kv_warm_store(struct umbp_runtime *rt, umbp_kv_handle_t h)
     if (rc < 0)
         umbp_log(UMBP_LOG_INFO, "gpu_warm_store: the warm-up store did not run (%s); the "
                  "first store pays its first-time costs", umbp_strerror(rc));
+}
+
+/* Caller's thread, kv->lock held.  The warm-up store runs once per object
+ * size: a hybrid model registers a cache per group (attention groups, Mamba
+ * state), and each size's warm-up names it to a tier that reserves ahead
+ * (reserve_ahead), which then holds spares of that size before its first
+ * store instead of from it on.  A second cache of a known size warms
+ * nothing new. */
+static bool warm_store_due(struct kv_state *kv, const umbp_kv_layout_t *layout)
+{
+    uint64_t size = umbp_kv_layout_object_size(layout);
+    size_t cap = sizeof(kv->warm_sizes) / sizeof(kv->warm_sizes[0]);
+    for (size_t i = 0; i < kv->nwarm; i++)
+        if (kv->warm_sizes[i] == size)
+            return false;
+    if (kv->nwarm == cap)
+        return false;
+    kv->warm_sizes[kv->nwarm++] = size;
+    return true;
 }
 
 int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors, uint32_t n,
@@ -334,8 +354,7 @@ int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors, u
                      "for %zu keys; their first batches allocate instead", blocks);
         kv->warmed = true;
     }
-    bool warm_store = !kv->warm_stored && rt->core->gpu_warm_store;
-    kv->warm_stored = kv->warm_stored || warm_store;
+    bool warm_store = rt->core->gpu_warm_store && warm_store_due(kv, layout);
     kv->v[kv->n] = (struct kv_entry){++kv->next_handle, layout};
     *out = kv->v[kv->n].handle;
     kv->n++;

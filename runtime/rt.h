@@ -265,8 +265,10 @@ struct kv_state {
     size_t n, cap;
     uint64_t next_handle;
     bool warmed;                   /* umbp_gpu_engine_warm ran (gpu_warm_transfers) */
-    bool warm_stored;              /* the warm-up store was started (gpu_warm_store) */
-    int warm_store_rc;             /* and how it went: its key's status (1: not run) */
+    /* object sizes a warm-up store ran for (gpu_warm_store: once per size) */
+    uint64_t warm_sizes[8];
+    size_t nwarm;
+    int warm_store_rc;             /* how the last one went: its key's status (1: none ran) */
     /* waiter thread: waits for transfers, posts their ops back */
     pthread_t thread;
     bool thread_started;

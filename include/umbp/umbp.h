@@ -307,7 +307,8 @@ struct umbp_kv_tensor; /* umbp/gpu.h */
  * tensor) and returns a handle.  The first call creates the GPU copy engine
  * and pins the pool for it, which is slow (every page): call it at startup.
  * It also warms the transfer path (gpu_warm_transfers) and runs one store of
- * the cache's block 0 that is never published (gpu_warm_store: the block is
+ * the cache's block 0 that is never published (gpu_warm_store, at the first
+ * registration of each object size: the block is
  * only read; it waits for it a second at most, and its failure is logged,
  * not returned).  Shape errors name the tensor and dimension in
  * umbp_last_error().  -ENODEV when no GPU backend finds a device.  The

@@ -464,7 +464,8 @@ Test(kv_host, registration_sizes_the_first_ops)
 /* The first registration stores block 0 once under a random key and aborts
  * it (gpu_warm_store): the copy ran (status 0), and nothing of it is left:
  * no object, no pool bytes, no event, no counter; a second registration
- * does not repeat it, and gpu_warm_store false skips it. */
+ * repeats it only for an object size not warmed yet, and gpu_warm_store
+ * false skips it. */
 Test(kv_host, registration_warms_the_store_path_and_leaves_nothing)
 {
     struct fixture f;
@@ -487,11 +488,25 @@ Test(kv_host, registration_warms_the_store_path_and_leaves_nothing)
     poison_and_download(&f, true);
     for (int l = 0; l < L; l++)
         cr_expect_eq(memcmp(f.back[l], f.orig[l], LAYER_BYTES), 0, "layer %d changed", l);
+    /* a second cache of the same object size warms nothing new ... */
     rt->kv.warm_store_rc = 7;
-    umbp_kv_tensor_t t = layer_tensor(f.dev[0]);
+    umbp_kv_tensor_t t[L];
+    for (int l = 0; l < L; l++)
+        t[l] = layer_tensor(f.dev[l]);
     umbp_kv_handle_t h2;
-    cr_assert_eq(umbp_kv_register(f.rt, &t, 1, &h2), 0, "%s", umbp_last_error());
-    cr_expect_eq(rt->kv.warm_store_rc, 7, "a second registration warmed again");
+    cr_assert_eq(umbp_kv_register(f.rt, t, L, &h2), 0, "%s", umbp_last_error());
+    cr_expect_eq(rt->kv.warm_store_rc, 7, "a cache of a known size warmed again");
+    /* ... one of a new size (a hybrid model's other group) warms once */
+    cr_assert_eq(umbp_kv_register(f.rt, t, 1, &h2), 0, "%s", umbp_last_error());
+    cr_expect_eq(rt->kv.warm_store_rc, 0, "a cache of a new size was not warmed: %d",
+                 rt->kv.warm_store_rc);
+    rt->kv.warm_store_rc = 7;
+    cr_assert_eq(umbp_kv_register(f.rt, t, 1, &h2), 0, "%s", umbp_last_error());
+    cr_expect_eq(rt->kv.warm_store_rc, 7, "the new size warmed twice");
+    cr_assert_eq(umbp_get_stats(f.rt, &st), 0);
+    cr_expect_eq(st.num_objects + st.used_bytes + st.puts_ok + st.kv_transfers, 0,
+                 "the second warm-up left something");
+    cr_expect_eq(umbp_events_drain(f.rt, ev, 4, &lost), 0, "an event for a warm-up key");
     teardown_fixture(&f);
 
     setup_cfg(&f, UMBP_GPU_BACKEND_HOST, "host",
