@@ -321,10 +321,15 @@ static int shm_mapped_memory(struct umbp_tier *t, void **addr, size_t *len)
 }
 
 /* Runtime shutdown begins, loop thread: refills of spares stop; the
- * runtime waits while one is unanswered. */
+ * runtime waits while one is unanswered, or while a call that timed out
+ * still has replies due (an orphan: a refill's or a store's RESERVE, an
+ * ACQUIRE), so that stop finds its late grants undone rather than granted
+ * to a closed session, which the server holds to their deadline. */
 static bool shm_drain(struct umbp_tier *t)
 {
-    return shm_ahead_drain(to_shm_tier(t));
+    struct shm_tier *st = to_shm_tier(t);
+    bool filling = shm_ahead_drain(st);
+    return filling || (st->sess.orphans && st->sess.state == NET_CONNECTED);
 }
 
 /* Runtime shutdown, loop thread: nothing stays outstanding. */

@@ -267,8 +267,9 @@ struct umbp_tier_ops {
      * first call on the tier starts no work of its own (not asked by the
      * runtime); true while some of it is still unanswered, so that stop
      * finds it answered and can undo it (shm: a refill of reservations
-     * made ahead, whose regions the server would otherwise grant to a
-     * session that is gone and hold until their deadline). */
+     * made ahead, or any call that timed out with replies still due, whose
+     * regions the server would otherwise grant to a session that is gone
+     * and hold until their deadline). */
     bool (*drain)(struct umbp_tier *t);
 
     /* required.  present[i] = 1 if reqs[i]->key is published.  Must not

@@ -1000,6 +1000,36 @@ Test(standalone, a_refill_answered_late_is_undone)
     tu_server_cleanup(&srv);
 }
 
+/* A runtime destroyed after its refill timed out but before the server
+ * answered it (timeout_ms 300, the server stopped 800 ms): the destroy
+ * waits for the late answer (its drain, timeout_ms at most), so the late
+ * grant is aborted instead of going to a closed session, which the server
+ * would hold to the spares' hold plus the write deadline.  The server is
+ * resumed 100 ms into the destroy; once it returned nothing is in use.
+ * Without the wait the destroy returns at once and the server holds the
+ * whole refill. */
+Test(standalone, a_runtime_destroyed_after_its_refill_timed_out_gives_the_spares_back)
+{
+    struct kv_side k;
+    open_with_short_deadlines(&k);
+    tu_server_signal(&srv, SIGSTOP);
+    tu_sleep_ms(800); /* the fill went out 5 ms after the warm-up store and expired */
+    struct destroy_during_fill d = {.k = &k};
+    atomic_init(&d.resumed, false);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, destroy_in_thread, &d), 0);
+    tu_sleep_ms(100);
+    atomic_store(&d.resumed, true);
+    tu_server_signal(&srv, SIGCONT);
+    pthread_join(th, NULL);
+    unsetenv("UMBP_TIMEOUT_MS");
+    unsetenv("UMBP_LOOKUP_TIMEOUT_MS");
+    cr_expect(d.after_resume, "the destroy returned before the server answered");
+    server_holds_only(0, 0); /* the late refill's regions not held */
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* ---- populate_pool ---------------------------------------------------------------- */
 
 /* The server's shared memory resident now (RssShmem in /proc/<pid>/status). */
