@@ -80,8 +80,8 @@ static void slice_reserve(struct umbp_tier *t, struct umbp_tier_req *const *reqs
     bool may_evict = true;
     for (size_t i = 0; i < n; i++) {
         struct srv_region r;
-        reqs[i]->status = srv_reserve_evicting(s, 0, &reqs[i]->key, reqs[i]->size, until, &r,
-                                               &may_evict);
+        reqs[i]->status = srv_reserve_evicting(s, 0, &reqs[i]->key, reqs[i]->size, until, false,
+                                               &r, &may_evict);
         if (reqs[i]->status == 0)
             region_set(s, &r, &reqs[i]->region);
     }

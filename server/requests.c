@@ -179,11 +179,12 @@ static int handle_lookup(struct net_conn *c, const struct proto_frame *f)
  * An eviction that freed nothing (everything leased or pending) clears
  * *may_evict, so the rest of the batch does not scan the LRU list again. */
 int srv_reserve_evicting(struct umbp_server *s, unsigned ns, const umbp_key_t *key,
-                         uint64_t size, uint64_t until, struct srv_region *r, bool *may_evict)
+                         uint64_t size, uint64_t until, bool ahead, struct srv_region *r,
+                         bool *may_evict)
 {
     /* a namespace over its quota evicts its own objects inside the store
      * (-EDQUOT when they are held); -ENOSPC is the whole pool's */
-    int rc = srv_store_reserve(&s->st, key, size, ns, until, r);
+    int rc = srv_store_reserve(&s->st, key, size, ns, until, ahead, r);
     if (rc != -ENOSPC || !*may_evict)
         return rc;
     struct umbp_tier_usage u;
@@ -191,7 +192,7 @@ int srv_reserve_evicting(struct umbp_server *s, unsigned ns, const umbp_key_t *k
     uint64_t target = u.capacity_bytes > size ? u.capacity_bytes - size : 0;
     if (srv_store_evict(&s->st, target, size, SRV_EVICT_INLINE_MAX) == 0)
         *may_evict = false;
-    return srv_store_reserve(&s->st, key, size, ns, until, r);
+    return srv_store_reserve(&s->st, key, size, ns, until, ahead, r);
 }
 
 static int handle_reserve(struct net_conn *c, const struct proto_frame *f)
@@ -210,7 +211,7 @@ static int handle_reserve(struct net_conn *c, const struct proto_frame *f)
         struct srv_region r;
         struct proto_region_item out = {0};
         proto_get_reserve_item(f, i, &it);
-        out.status = srv_reserve_evicting(s, ss->ns, &it.key, it.size, until, &r,
+        out.status = srv_reserve_evicting(s, ss->ns, &it.key, it.size, until, f->arg != 0, &r,
                                           &b->may_evict);
         if (out.status == 0 && track_add(&ss->reservations, r.token, &it.key) < 0) {
             srv_store_abort(&s->st, &it.key, r.token);

@@ -50,8 +50,8 @@ const struct umbp_option srv_options[] = {
      "session; an idle client with no partial frame is never timed out"},
     {"namespace_quotas", UMBP_OPT_STRING, OFF(namespace_quotas), "", 0, 0, 2048, NULL,
      "server: per-namespace byte limits, e.g. \"ns=4GiB,ns2=512MiB\": a namespace past its "
-     "quota evicts its own least recently used objects (clients declare theirs with "
-     "the namespace option)"},
+     "quota evicts its own least recently used objects; workers' spares hold at most 1/8 "
+     "of a quota (clients declare their namespace with the namespace option)"},
     {"adopt_grace_ms", UMBP_OPT_INT, OFF(adopt_grace_ms), "30000", 0, 3600000, 0, NULL,
      "server: with a named pool (dram_shm_name) adopted after a restart, how long the "
      "regions of the dead server's unfinished puts stay out of use when their journal "

@@ -284,7 +284,8 @@ int srv_run_frame(struct net_conn *c, net_frame_fn h, const struct proto_frame *
 /* requests.c: the store's reserve, evicting for this key once when the pool
  * is full (a client's RESERVE, and a node's fetch: node.c). */
 int srv_reserve_evicting(struct umbp_server *s, unsigned ns, const umbp_key_t *key,
-                         uint64_t size, uint64_t until, struct srv_region *r, bool *may_evict);
+                         uint64_t size, uint64_t until, bool ahead, struct srv_region *r,
+                         bool *may_evict);
 /* requests.c: frees what a slice asked the cluster (node.h). */
 void srv_node_slice_done(struct srv_session *ss);
 

@@ -17,10 +17,10 @@ static bool dram_lookup(void *ctx, const umbp_key_t *key, bool touch)
 }
 
 static int dram_reserve(void *ctx, const umbp_key_t *key, uint64_t size, unsigned ns,
-                        uint64_t until_ns, struct srv_region *r)
+                        uint64_t until_ns, bool ahead, struct srv_region *r)
 {
     struct dram_store_region d;
-    int rc = dram_store_reserve_until(ctx, key, size, ns, until_ns, &d);
+    int rc = dram_store_reserve_until(ctx, key, size, ns, until_ns, ahead, &d);
     if (rc == 0)
         *r = region_of(&d);
     return rc;

@@ -33,9 +33,10 @@ struct srv_store_ops {
     bool (*lookup)(void *ctx, const umbp_key_t *key, bool touch);
     /* 0 and *r: a pending object of size bytes in namespace ns whose writer
      * is done by until_ns; UMBP_TIER_EXISTS, -EFBIG, -ENOSPC (no room now),
-     * -EDQUOT, -ENOMEM. */
+     * -EDQUOT, -ENOMEM.  ahead: made ahead of its key (a client's spare;
+     * store.h: at most a share of a namespace's quota). */
     int (*reserve)(void *ctx, const umbp_key_t *key, uint64_t size, unsigned ns,
-                   uint64_t until_ns, struct srv_region *r);
+                   uint64_t until_ns, bool ahead, struct srv_region *r);
     /* 0, or -ENOENT when token is not a pending reservation of key. */
     int (*publish)(void *ctx, const umbp_key_t *key, uint64_t token);
     /* The pending reservation of `from` becomes the object of key: 0,
@@ -77,10 +78,10 @@ static inline bool srv_store_lookup(const struct srv_store *st, const umbp_key_t
 }
 
 static inline int srv_store_reserve(const struct srv_store *st, const umbp_key_t *key,
-                                    uint64_t size, unsigned ns, uint64_t until_ns,
+                                    uint64_t size, unsigned ns, uint64_t until_ns, bool ahead,
                                     struct srv_region *r)
 {
-    return st->ops->reserve(st->ctx, key, size, ns, until_ns, r);
+    return st->ops->reserve(st->ctx, key, size, ns, until_ns, ahead, r);
 }
 
 static inline int srv_store_publish_as(const struct srv_store *st, const umbp_key_t *from,

@@ -11,6 +11,7 @@
 #define UMBP_DRAM_INDEX_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "umbp/umbp.h"
@@ -32,6 +33,7 @@ struct dram_obj {
     uint32_t readers;             /* active leases */
     uint32_t slot;                /* journal slot, or DRAM_JOURNAL_NONE */
     uint16_t ns;                  /* tenant namespace (store.c), 0 = default */
+    bool ahead;                   /* reserved ahead of its key, not published yet */
     struct dram_obj *ns_prev, *ns_next; /* the namespace's LRU list */
     enum dram_obj_state state;
     struct dram_obj *lru_prev, *lru_next; /* PUBLISHED only; head = newest */

@@ -41,6 +41,7 @@ struct dram_store {
     struct dram_store_adoption adoption;
     struct ns_state {
         uint64_t quota, used, objects, evictions;
+        uint64_t ahead;  /* bytes reserved ahead of their keys, not published */
         struct dram_obj *lru_head, *lru_tail; /* PUBLISHED objects of it */
     } ns[DRAM_STORE_MAX_NS];
     /* PENDING and HELD objects with a writer deadline, by until_ns */
@@ -480,10 +481,19 @@ void dram_store_adopt_finish(struct dram_store *s)
 
 /* ---- objects ------------------------------------------------------------ */
 
+/* obj, reserved ahead of its key, is published or freed */
+static void ahead_end(struct dram_store *s, struct dram_obj *obj)
+{
+    if (obj->ahead)
+        s->ns[obj->ns].ahead -= dram_alloc_round(obj->size);
+    obj->ahead = false;
+}
+
 /* Returns the pool bytes freed. */
 static uint64_t obj_free(struct dram_store *s, struct dram_obj *obj)
 {
     uint64_t bytes = dram_alloc_round(obj->size);
+    ahead_end(s, obj);
     s->ns[obj->ns].used -= bytes;
     if (obj->slot != DRAM_JOURNAL_NONE)
         dram_journal_drop(s->journal, obj->slot);
@@ -549,7 +559,8 @@ static uint64_t ns_evict(struct dram_store *s, unsigned n, uint64_t limit)
 }
 
 int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64_t size,
-                             unsigned ns, uint64_t until_ns, struct dram_store_region *r)
+                             unsigned ns, uint64_t until_ns, bool ahead,
+                             struct dram_store_region *r)
 {
     if (size == 0 || ns >= DRAM_STORE_MAX_NS)
         return -EINVAL;
@@ -566,6 +577,10 @@ int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64
     struct ns_state *n = &s->ns[ns];
     if (n->quota) {
         if (len > n->quota)
+            return -EDQUOT;
+        /* spares never take more than their share of a quota, so that they
+         * cannot make the namespace evict more than its stores would */
+        if (ahead && n->ahead + len > n->quota / DRAM_STORE_AHEAD_QUOTA_SHARE)
             return -EDQUOT;
         if (n->used + len > n->quota)
             ns_evict(s, ns, n->quota - len);
@@ -586,6 +601,7 @@ int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64
     obj->state = DRAM_OBJ_PENDING;
     obj->slot = DRAM_JOURNAL_NONE;
     obj->ns = (uint16_t)ns;
+    obj->ahead = ahead;
     obj->until_ns = until_ns;
     if (dram_index_insert(s->index, obj) < 0) {
         dram_alloc_put(s->alloc, obj->off);
@@ -599,6 +615,8 @@ int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64
         return -ENOMEM;
     }
     n->used += len;
+    if (ahead)
+        n->ahead += len;
     uint32_t hold_s = until_ns ? dram_journal_hold_s(until_ns) : 0;
     if (s->journal && (obj->slot = dram_journal_claim(s->journal)) != DRAM_JOURNAL_NONE)
         dram_journal_set_pending(s->journal, obj->slot, key, obj->off, size, obj->oid, hold_s);
@@ -612,7 +630,7 @@ int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64
 int dram_store_reserve_ns(struct dram_store *s, const umbp_key_t *key, uint64_t size,
                           unsigned ns, struct dram_store_region *r)
 {
-    return dram_store_reserve_until(s, key, size, ns, 0, r);
+    return dram_store_reserve_until(s, key, size, ns, 0, false, r);
 }
 
 int dram_store_reserve(struct dram_store *s, const umbp_key_t *key, uint64_t size,
@@ -655,6 +673,7 @@ int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t tok
     if (!obj)
         return -ENOENT;
     heap_remove(s, obj);
+    ahead_end(s, obj);
     obj->state = DRAM_OBJ_PUBLISHED;
     if (obj->slot != DRAM_JOURNAL_NONE)
         dram_journal_set_published(s->journal, obj->slot);

@@ -89,8 +89,13 @@ int dram_store_reserve(struct dram_store *s, const umbp_key_t *key, uint64_t siz
  * dram_store_expire_writers).  Kept in the journal as the record's hold
  * time, so a restarted owner honours it too.  -ENOSPC also while an adopted
  * pool may still be written by a writer the dead owner did not record. */
+/* ahead: a reservation made ahead of its key (a client's spare): in a
+ * namespace with a quota, such reservations hold at most 1/8 of it
+ * (DRAM_STORE_AHEAD_QUOTA_SHARE; -EDQUOT beyond, before evicting). */
+#define DRAM_STORE_AHEAD_QUOTA_SHARE 8
 int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64_t size,
-                             unsigned ns, uint64_t until_ns, struct dram_store_region *r);
+                             unsigned ns, uint64_t until_ns, bool ahead,
+                             struct dram_store_region *r);
 /* The writer's session ended without publishing or aborting: the key is
  * free again at once, the region only at its deadline (HELD), or now when
  * it has none or it passed.  Returns the pool bytes freed now. */

@@ -704,6 +704,44 @@ Test(standalone, each_kv_object_size_gets_spares)
     tu_server_cleanup(&srv);
 }
 
+/* A tenant whose quota is small next to the spares its worker asks for
+ * (namespace "t", quota 1 MiB; the worker wants 64 spares of 32 KiB, 2 MiB):
+ * the server grants spares up to 1/8 of the quota and refuses the rest
+ * without evicting, so the tenant's stores stay stored across the refills
+ * that follow.  Without the share the first refill took the whole quota,
+ * and each later one evicted an object stored just before. */
+static bool spares_at_eighth_of_quota(const umbp_stats_t *s, void *arg)
+{
+    (void)arg;
+    return s->reserved_ahead == MiB / 8 / KV_OBJ;
+}
+
+Test(standalone, a_tenants_spares_stay_within_its_quota)
+{
+    setenv("UMBP_RESERVE_AHEAD_HOLD_MS", "1000", 1); /* a refill every 250 ms */
+    setenv("UMBP_NAMESPACE", "t", 1);
+    start_server("{\"capacity_bytes\": \"64MiB\", \"log_level\": \"error\", "
+                 "\"namespace_quotas\": \"t=1MiB\"}");
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(k.rt, spares_at_eighth_of_quota, NULL, TU_WAIT_MS, &st),
+              "%llu spares held, want %llu (1/8 of the quota)",
+              (unsigned long long)st.reserved_ahead, (unsigned long long)(MiB / 8 / KV_OBJ));
+    store_blocks(&k, KV_BLOCKS);
+    tu_sleep_ms(800); /* three checks, each asking for the missing spares */
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_leq(st.reserved_ahead, MiB / 8 / KV_OBJ);
+    for (int l = 0; l < L; l++)
+        memset(k.dev[l], TU_POISON, LAYER_BYTES);
+    load_reversed_and_check(&k); /* every stored block still there */
+    kv_close(&k);
+    unsetenv("UMBP_RESERVE_AHEAD_HOLD_MS");
+    unsetenv("UMBP_NAMESPACE");
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* The workers of a host share a small pool's spares: a worker keeps at
  * most 1/16 of the pool divided among the server's sessions (and 1/32 of
  * it alone).  With five more sessions, the worker's spares shrink to at

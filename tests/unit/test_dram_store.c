@@ -279,6 +279,45 @@ Test(dram_store, a_quota_held_by_leases_refuses_with_edquot)
     dram_store_destroy(s);
 }
 
+/* Reservations made ahead of their keys (a client's spares) hold at most
+ * 1/8 of a namespace's quota: beyond it -EDQUOT before anything is
+ * evicted, so a tenant whose quota is small next to the spares a worker
+ * asks for keeps its cache (with no share, each spare evicted one of its
+ * objects).  A published spare no longer counts; an aborted one frees its
+ * share; ordinary reservations are not limited by it. */
+Test(dram_store, spares_hold_at_most_an_eighth_of_a_quota)
+{
+    struct dram_store *s = plain_store(8 * MiB);
+    dram_store_set_quota(s, 1, 1 * MiB);
+    for (uint64_t i = 0; i < 16; i++) /* the quota full of the tenant's cache */
+        put_ns(s, 1, i, 64 * KiB, 0);
+    uint64_t until = umbp_now_ns() + 60000000000ull;
+    struct dram_store_region r[3];
+    umbp_key_t sp[3];
+    for (uint64_t i = 0; i < 3; i++) {
+        sp[i] = tu_key_id(0xa4ead, i);
+        int want = i < 2 ? 0 : -EDQUOT; /* 128 KiB: two of 64 KiB */
+        cr_assert_eq(dram_store_reserve_until(s, &sp[i], 64 * KiB, 1, until, true, &r[i]), want,
+                     "spare %llu", (unsigned long long)i);
+    }
+    struct dram_store_ns_usage u;
+    dram_store_ns_usage(s, 1, &u);
+    cr_assert_eq(u.evictions, 2, "the spares evicted %llu objects, want 2",
+                 (unsigned long long)u.evictions);
+    for (uint64_t i = 2; i < 16; i++)
+        cr_assert(has(s, 1, i), "object %llu evicted for a spare", (unsigned long long)i);
+    umbp_key_t k = tu_key_id(1, 100);
+    cr_assert_eq(dram_store_publish_as(s, &sp[0], r[0].token, &k), 0);
+    dram_store_abort(s, &sp[1], r[1].token);
+    for (uint64_t i = 3; i < 5; i++) { /* the share is free again */
+        sp[2] = tu_key_id(0xa4ead, i);
+        cr_assert_eq(dram_store_reserve_until(s, &sp[2], 64 * KiB, 1, until, true, &r[2]), 0,
+                     "spare %llu after a publish and an abort", (unsigned long long)i);
+    }
+    put_ns(s, 1, 200, 512 * KiB, 0); /* an ordinary put: its own room */
+    dram_store_destroy(s);
+}
+
 /* The index, the lease table and the records of objects and allocator
  * blocks are made at creation at the size a full pool of KV objects needs
  * (one per 64 KiB): filling a pool with the objects it expects and leasing
@@ -330,8 +369,8 @@ Test(dram_store, writer_deadlines_hold_regions_across_an_adoption)
     uint64_t now = umbp_now_ns(), until = now + 3000000000ull; /* 3 s */
     umbp_key_t k = tu_key_id(91, 1), k2 = tu_key_id(91, 2);
     struct dram_store_region r, r2, again;
-    cr_assert_eq(dram_store_reserve_until(s, &k, 512 * KiB, 0, until, &r), 0);
-    cr_assert_eq(dram_store_reserve_until(s, &k2, 256 * KiB, 0, until, &r2), 0);
+    cr_assert_eq(dram_store_reserve_until(s, &k, 512 * KiB, 0, until, false, &r), 0);
+    cr_assert_eq(dram_store_reserve_until(s, &k2, 256 * KiB, 0, until, false, &r2), 0);
     cr_assert_eq(dram_store_next_writer_deadline(s), until);
     cr_assert_eq(dram_store_orphan(s, &k, r.token, now), 0, "freed before its deadline");
     uint64_t held, expired;
@@ -360,7 +399,7 @@ Test(dram_store, writer_deadlines_hold_regions_across_an_adoption)
     cr_assert_eq(u.used_bytes, 0, "held regions were not freed at their deadline");
     /* a live reservation nobody finishes: reclaimed, its publish refused */
     now = umbp_now_ns();
-    cr_assert_eq(dram_store_reserve_until(s, &k2, 4096, 0, now + 1000, &r2), 0);
+    cr_assert_eq(dram_store_reserve_until(s, &k2, 4096, 0, now + 1000, false, &r2), 0);
     cr_assert_eq(dram_store_expire_writers(s, now + 2000), 1);
     dram_store_writer_counts(s, &held, &expired);
     cr_assert_eq(expired, 1);
@@ -381,7 +420,7 @@ Test(dram_store, publish_as_renames_in_the_store_and_the_journal)
     umbp_key_t k = tu_key_id(77, 5), dup = tu_key_id(77, 6);
     struct dram_store_region r, r2;
     cr_assert_eq(dram_store_reserve_until(s, &ph, obj_size(5), 0, umbp_now_ns() + 60000000000ull,
-                                          &r), 0);
+                                          true, &r), 0);
     tu_fill_from_key(&k, 0, base_of(s) + r.offset, obj_size(5));
     cr_assert_eq(dram_store_publish_as(s, &ph, r.token + 1, &k), -ENOENT, "a wrong token");
     cr_assert_eq(dram_store_publish_as(s, &ph2, r.token, &k), -ENOENT, "a wrong placeholder");
