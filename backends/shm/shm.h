@@ -97,6 +97,8 @@ struct shm_ahead_size {
     struct shm_spare *v;      /* [0, n) in the order granted, oldest first */
     size_t n;
     uint64_t epoch;           /* the session that granted them */
+    uint64_t rest_until_ns;   /* its last refill came back short (a full pool, a
+                                 quota): none before this but at a check */
 };
 
 #define SHM_AHEAD_SIZES 4     /* object sizes with spares, the first hinted */
@@ -105,6 +107,7 @@ struct shm_ahead {
     struct shm_ahead_size s[SHM_AHEAD_SIZES];
     unsigned nsizes;          /* sizes hinted and given a share, in order */
     bool filling;             /* a RESERVE for spares is outstanding (one at a time) */
+    unsigned turn;            /* the size a refill looks at first (round robin) */
     bool draining;            /* the runtime shuts down: no refill from now on */
     uint8_t prefix[UMBP_KEY_SIZE - 8]; /* placeholder keys: prefix, then the id */
     uint64_t next_id;

@@ -46,8 +46,10 @@
  * hybrid model: attention groups and Mamba state, one registration each)
  * hints each; the first SHM_AHEAD_SIZES sizes share the budget evenly (a
  * new size shrinks the others' shares, their excess given back at once),
- * later ones reserve as before.  One refill is outstanding at a time, for
- * the first size that needs one; the next follows as soon as it is answered.
+ * later ones reserve as before.  One refill is outstanding at a time; sizes
+ * take turns, the next following as soon as one is answered, and a size
+ * whose refill came back short (a full pool, a namespace's quota) waits for
+ * a check, so that it neither starves the others nor asks every few ms.
  *
  * Loop thread only.
  */
@@ -145,16 +147,20 @@ static size_t to_fill(const struct shm_tier *st, const struct shm_ahead_size *z,
     return z->n + k <= z->cap ? k : z->cap - z->n;
 }
 
-/* The first size that needs a refill now, and how many; NULL when none
- * does or one is outstanding. */
+/* The next size that needs a refill now, and how many; NULL when none
+ * does or one is outstanding.  Sizes take turns, and one whose last refill
+ * came back short (a full pool, a quota) rests until the next check, so
+ * that it neither starves the others nor asks again every few ms. */
 static struct shm_ahead_size *next_fill(struct shm_tier *st, uint64_t now, size_t *k)
 {
     struct shm_ahead *a = &st->ahead;
     if (a->filling || !connected(st))
         return NULL;
-    for (unsigned i = 0; i < a->nsizes; i++)
-        if ((*k = to_fill(st, &a->s[i], now)) > 0)
+    for (unsigned j = 0; j < a->nsizes; j++) {
+        unsigned i = (a->turn + j) % a->nsizes;
+        if (now >= a->s[i].rest_until_ns && (*k = to_fill(st, &a->s[i], now)) > 0)
             return &a->s[i];
+    }
     return NULL;
 }
 
@@ -234,17 +240,15 @@ static void fill_done(void *arg, int rc)
     if (got)
         z->epoch = f->epoch; /* the session is the one that answered: current */
     a->filled += got;
+    uint64_t now = umbp_now_ns();
+    if (rc == 0 && got < f->k) /* less granted: asked again at a check */
+        z->rest_until_ns = now + s_to_ns(period_s(st) / 2);
     if (z->n > z->want) /* the replaced ones: the oldest */
         give_back(st, z, 0, z->n - z->want);
     free(f);
-    /* another size's turn now; this one's (less granted: a full pool) waits
-     * for the next check */
-    uint64_t now = umbp_now_ns();
-    for (unsigned i = 0; rc == 0 && i < a->nsizes; i++)
-        if (&a->s[i] != z && to_fill(st, &a->s[i], now)) {
-            arm(st, SHM_AHEAD_RETRY_S);
-            break;
-        }
+    size_t k;
+    if (rc == 0 && next_fill(st, now, &k)) /* the next size's turn now */
+        arm(st, SHM_AHEAD_RETRY_S);
 }
 
 /* Asks for k spares of z. */
@@ -272,6 +276,7 @@ static void fill(struct shm_tier *st, struct shm_ahead_size *z, size_t k)
         return;
     }
     a->filling = true;
+    a->turn = (unsigned)(z - a->s + 1) % a->nsizes;
     shm_call_send(st, c, (uint32_t)st->cfg.reserve_ahead_hold_ms, false);
 }
 

@@ -742,6 +742,60 @@ Test(standalone, a_tenants_spares_stay_within_its_quota)
     tu_server_cleanup(&srv);
 }
 
+/* Two object sizes whose refills come back short (the namespace's quota
+ * lets spares take 128 KiB, far less than either size's share): each size
+ * asks again only at a check (every 250 ms with a 1 s hold), not every few
+ * ms, and the first does not starve the second of its turn.  Counted by
+ * the keys the server says it was asked to reserve (`umbp stat`) over
+ * 600 ms idle: a few refills per check at most, each asking for fewer
+ * than 100 keys.  When a short size was asked again at once, the two sent
+ * hundreds of refills. */
+static uint64_t server_keys_reserved(void)
+{
+    char cmd[512], out[8192];
+    snprintf(cmd, sizeof(cmd), "%s --socket-dir %s stat 2>&1", UMBP_CLI_BIN,
+             tu_server_dir(&srv));
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = 0;
+    cr_assert_eq(pclose(p), 0, "umbp stat: %s", out);
+    unsigned long long keys;
+    const char *line = strstr(out, "stores:");
+    cr_assert(line && sscanf(line, "stores: %llu keys reserved", &keys) == 1, "umbp stat: %s",
+              out);
+    return keys;
+}
+
+Test(standalone, short_refills_wait_for_a_check)
+{
+    setenv("UMBP_RESERVE_AHEAD_HOLD_MS", "1000", 1);
+    setenv("UMBP_NAMESPACE", "t", 1);
+    start_server("{\"capacity_bytes\": \"64MiB\", \"log_level\": \"error\", "
+                 "\"namespace_quotas\": \"t=1MiB\"}");
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_kv_tensor_t t[LB];
+    for (int l = 0; l < LB; l++)
+        kv_tensor(&t[l], k.dev[l]); /* a second size: LB of the layers */
+    umbp_kv_handle_t kv_b;
+    cr_assert_eq(umbp_kv_register(k.rt, t, LB, &kv_b), 0, "%s", umbp_last_error());
+    tu_sleep_ms(300);
+    uint64_t before = server_keys_reserved();
+    tu_sleep_ms(600);
+    uint64_t asked = server_keys_reserved() - before;
+    cr_expect_leq(asked, 12 * 100, "%llu keys asked for in 600 ms", (unsigned long long)asked);
+    store_blocks(&k, KV_BLOCKS); /* and the tenant still stores and restores */
+    for (int l = 0; l < L; l++)
+        memset(k.dev[l], TU_POISON, LAYER_BYTES);
+    load_reversed_and_check(&k);
+    kv_close(&k);
+    unsetenv("UMBP_RESERVE_AHEAD_HOLD_MS");
+    unsetenv("UMBP_NAMESPACE");
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* The workers of a host share a small pool's spares: a worker keeps at
  * most 1/16 of the pool divided among the server's sessions (and 1/32 of
  * it alone).  With five more sessions, the worker's spares shrink to at
