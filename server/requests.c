@@ -552,6 +552,25 @@ int srv_handle_hello(struct net_conn *c, const struct proto_frame *f, char *what
     return handle_hello(ss, f, what, whatlen);
 }
 
+/* A request of a store or a read in progress, after which more of it is
+ * coming (server.c's poll_wait); not housekeeping (STATS, PING, SESSIONS),
+ * aborts, or a refill of spares (a RESERVE with a hold). */
+static bool data_path(const struct proto_frame *f)
+{
+    switch (f->type) {
+    case PROTO_RESERVE:
+        return f->arg == 0;
+    case PROTO_PUBLISH:
+    case PROTO_PUBLISH_AS:
+    case PROTO_ACQUIRE:
+    case PROTO_RELEASE:
+    case PROTO_LOOKUP:
+        return true;
+    default:
+        return false;
+    }
+}
+
 int srv_run_frame(struct net_conn *c, net_frame_fn h, const struct proto_frame *f,
                   uint32_t *budget)
 {
@@ -560,6 +579,8 @@ int srv_run_frame(struct net_conn *c, net_frame_fn h, const struct proto_frame *
     ss->requests += !b->open;
     batch_next(ss, f, budget);
     uint64_t t0 = umbp_now_ns();
+    if (data_path(f))
+        ss->srv->last_data_ns = t0;
     int rc = h(c, f);
     b->busy_ns += umbp_now_ns() - t0;
     b->open = rc == SRV_MORE || rc == SRV_WAIT;

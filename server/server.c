@@ -147,7 +147,7 @@ static void poll_cb(struct ev_loop *loop, ev_idle *w, int revents)
     uint64_t now = umbp_now_ns(), quiet = now - s->last_request_ns;
     if (quiet <= SRV_POLL_NS || now < s->poll_recheck_ns)
         return;
-    if (quiet <= SRV_POLL_PENDING_NS && reservations_held(s)) {
+    if (now - s->last_data_ns <= SRV_POLL_PENDING_NS && reservations_held(s)) {
         s->poll_recheck_ns = now + SRV_POLL_RECHECK_NS; /* walk the sessions rarely */
         return;
     }

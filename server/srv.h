@@ -181,12 +181,15 @@ struct umbp_server {
     /* poll_wait (core option): for SRV_POLL_NS after a request the loop
      * polls instead of sleeping, so a client's next request (the publish
      * after a reserve, the release after an acquire) is taken without a
-     * wake-up, and for up to SRV_POLL_PENDING_NS while any session holds
-     * reservations (its publishes follow its copies); only where cores are
-     * to spare */
+     * wake-up, and for up to SRV_POLL_PENDING_NS after a store's or a
+     * read's request while any session holds reservations (its publishes
+     * follow its copies; workers' spares are held all the time, so only a
+     * request of the data path counts: an idle worker's STATS does not keep
+     * the loop polling); only where cores are to spare */
     ev_idle poll_w;
     bool may_spin;
     uint64_t last_request_ns;
+    uint64_t last_data_ns;           /* the last request of the data path */
     uint64_t poll_recheck_ns;        /* next walk of the sessions */
     ev_prepare flush_w;              /* events out, once per loop iteration */
     /* populate_pool: the thread that allocates the pool's pages after the
