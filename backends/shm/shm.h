@@ -161,6 +161,10 @@ extern const struct umbp_tier_ops umbp_tier_shm_ops;
  * handshake; on success st->drv.fd is a connected non-blocking socket, the pool
  * is mapped and st->stats filled. */
 int shm_attach(struct shm_tier *st, char *err, size_t errlen);
+/* Writes the session's output, waiting for the socket up to deadline
+ * (CLOCK_MONOTONIC, in ms): 0, -ETIMEDOUT, or the socket's error.  Creation
+ * and stop only: it blocks the calling thread. */
+int shm_flush_blocking(struct shm_tier *st, uint64_t deadline);
 /* The write deadline a worker declares at HELLO (proto.h): no copy of ours
  * writes into a region later than this after its grant - an op ends by
  * timeout_ms from its submission, which precedes the grant, and its copies

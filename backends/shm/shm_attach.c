@@ -411,7 +411,7 @@ static int wait_fd(int fd, short events, uint64_t deadline)
     }
 }
 
-static int flush_blocking(struct shm_tier *st, uint64_t deadline)
+int shm_flush_blocking(struct shm_tier *st, uint64_t deadline)
 {
     while (st->sess.out.len) {
         size_t sent = 0;
@@ -523,7 +523,7 @@ static int first_stats(struct shm_tier *st, uint64_t deadline, char *err, size_t
     char why[256] = "";
     int rc = proto_put_empty(&st->sess.out, PROTO_STATS, st->sess.next_seq++, 0);
     if (rc == 0)
-        rc = flush_blocking(st, deadline);
+        rc = shm_flush_blocking(st, deadline);
     if (rc == 0)
         rc = recv_frame(st, want, deadline, &f, &used, why, sizeof(why));
     if (rc == 0 && (rc = proto_get_stats(&f, &st->stats)) == 0)
@@ -548,7 +548,7 @@ static int handshake(struct shm_tier *st, uint64_t deadline, char *err, size_t e
      * server that refused this peer sent HELLO_ERR before closing */
     if (fcntl(st->drv.fd, F_SETFL, fcntl(st->drv.fd, F_GETFL) | O_NONBLOCK) < 0 ||
         (rc = shm_send_hello(st)) < 0 ||
-        ((rc = flush_blocking(st, deadline)) < 0 && rc != -EPIPE && rc != -ECONNRESET) ||
+        ((rc = shm_flush_blocking(st, deadline)) < 0 && rc != -EPIPE && rc != -ECONNRESET) ||
         (rc = recv_frame(st, want, deadline, &f, &used, why, sizeof(why))) < 0) {
         snprintf(err, errlen, "handshake with umbp-server at %s failed: %s (startup_timeout_ms"
                  "=%lld)", st->path, why[0] ? why : strerror(rc ? -rc : errno),

@@ -332,6 +332,8 @@ static bool shm_drain(struct umbp_tier *t)
     return filling || (st->sess.orphans && st->sess.state == NET_CONNECTED);
 }
 
+#define SHM_STOP_FLUSH_MS 200 /* beside a stopped server, at most */
+
 /* Runtime shutdown, loop thread: nothing stays outstanding. */
 static void shm_stop(struct umbp_tier *t)
 {
@@ -339,6 +341,11 @@ static void shm_stop(struct umbp_tier *t)
     if (st->sess.state == NET_STOPPED)
         return;
     shm_ahead_drop(st, true); /* the server frees them now, not at their deadline */
+    /* the aborts (up to 160 KB) must reach the socket before it closes,
+     * which drops what is not written: a server behind on reading this
+     * session would otherwise hold the spares to their deadline */
+    if (st->sess.state == NET_CONNECTED && st->sess.out.len)
+        (void)shm_flush_blocking(st, umbp_now_ns() / 1000000ull + SHM_STOP_FLUSH_MS);
     shm_conn_stop_watchers(st);
     net_session_stop(&st->sess); /* closes the socket, fails every call */
 }
