@@ -177,7 +177,8 @@ static void session_end(struct net_conn *c)
     track_drain(&ss->leases, release_one, (void *)&s->st);
     track_drain(&ss->reservations, orphan_one, &o);
     umbp_log(UMBP_LOG_INFO, SESSION_FMT ": %s; released %llu leases; %llu unfinished "
-             "reservations held until their writer's deadline (%llu ms after each grant)",
+             "reservations held until their writer's deadline (%llu ms after each grant, "
+             "plus the hold of those made ahead)",
              SESSION_ARGS(ss), c->why[0] ? c->why : "closed", (unsigned long long)leases,
              (unsigned long long)reservations,
              (unsigned long long)(ss->write_deadline_ns / 1000000ull));

@@ -437,8 +437,9 @@ typedef struct umbp_stats {
     uint64_t kv_queue_ns, kv_tier_ns;
     uint64_t prewakes; /* umbp_prewake calls that set the loop thread polling */
     /* standalone: reservations made ahead of their keys for KV stores,
-     * held now (counted in num_pending too), and keys stored into one
-     * (their store needed no reservation round trip); reserve_ahead_bytes */
+     * held now (counted in num_pending too), and keys whose reservation was
+     * one of them (their store needed no reservation round trip, whether
+     * it then succeeded or not); reserve_ahead_bytes */
     uint64_t reserved_ahead, reserved_ahead_used;
 } umbp_stats_t;
 
