@@ -64,15 +64,98 @@ def test_lazy_offload_stores_at_request_finished(async_scheduling, groups):
     assert r["matched"] == (0, 96, True)
 
 
-@pytest.mark.parametrize("option", ["auto", 4], ids=["option-auto-from-config", "option-given"])
-def test_hash_block_size_below_the_block_size(option, monkeypatch):
+@pytest.mark.parametrize("option,field", [("auto", "hash_block_size"), ("auto", "prefix_match_unit"), (4, None)],
+                         ids=["option-auto-from-hash_block_size", "option-auto-from-prefix_match_unit",
+                              "option-given"])
+def test_hash_block_size_below_the_block_size(option, field, monkeypatch):
     """Hybrid vLLMs hash at a finer granularity than the block (connector-api.md
-    §1.5): a block's identity is the hash of its last sub-block."""
-    if option == "auto":
+    §1.5): a block's identity is the hash of its last sub-block.  The
+    granularity is cache_config.hash_block_size in older vLLMs,
+    cache_config.prefix_match_unit since vllm/config/cache.py@002f10e0cfa1."""
+    if field:
         from vllm.config import CacheConfig
-        monkeypatch.setattr(CacheConfig, "hash_block_size", 4, raising=False)
+        monkeypatch.setattr(CacheConfig, field, 4, raising=False)
     r = S.restore(hash_block_size=4, extra={"hash_block_size": option})
     assert r["matched"] == (0, 96, True)
+
+
+def _scheduler_half(cfg, vc=None):
+    """The SCHEDULER half of a connector built from a harness config (and its
+    VllmConfig, when given)."""
+    import umbp.vllm.connector as mod
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    return mod.UMBPConnector(vc or cfg.vllm_config(), KVConnectorRole.SCHEDULER, cfg.kv_cache_config())
+
+
+@pytest.mark.parametrize("pmu,hbs,scale", [(4, None, 4), (4, 8, 4), (None, 8, 2), (None, None, 1)],
+                         ids=["prefix_match_unit", "prefix_match_unit-first", "hash_block_size",
+                              "neither"])
+def test_prefix_match_unit_sets_the_hash_scale(pmu, hbs, scale):
+    """vllm/config/cache.py@002f10e0cfa1 renamed hash_block_size to
+    prefix_match_unit (None: the block size): with prefix_match_unit 4 and
+    16-token blocks, a block is 4 of the request's block hashes."""
+    from vllm_harness.config import HarnessConfig
+
+    cfg = HarnessConfig(extra={"capacity_bytes": "16MiB"})
+    vc = cfg.vllm_config()
+    vc.cache_config.prefix_match_unit = pmu
+    if hbs is not None:
+        vc.cache_config.hash_block_size = hbs
+    conn = _scheduler_half(cfg, vc)
+    try:
+        assert conn._scheduler.block_size == 16 and conn._scheduler.scale == scale
+    finally:
+        conn.shutdown()
+
+
+def test_the_kv_cache_layout_comes_from_cache_config(monkeypatch):
+    """vLLM PR #51718 removed get_kv_cache_layout; the engine's resolved
+    layout is cache_config.kv_cache_layout (vllm/config/cache.py@002f10e0cfa1,
+    a KVCacheLayout member name; NHD / HND are vLLM's aliases of LBNHC /
+    LBHNC).  The layout is part of the key namespace: two layouts must not
+    share keys, and an alias must not split them."""
+    import importlib.util
+
+    import umbp.vllm.connector as mod
+    from umbp.vllm import _compat
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm_harness.config import HarnessConfig
+
+    monkeypatch.delenv("VLLM_KV_CACHE_LAYOUT", raising=False)
+    for m in ("vllm.v1.attention", "vllm.attention"):  # this fake vLLM has no get_kv_cache_layout
+        assert importlib.util.find_spec(m) is None
+
+    def ns(layout, role=KVConnectorRole.SCHEDULER):
+        cfg = HarnessConfig(extra={"capacity_bytes": "16MiB"})
+        vc = cfg.vllm_config()
+        vc.cache_config.kv_cache_layout = layout
+        conn = mod.UMBPConnector(vc, role, cfg.kv_cache_config())
+        try:
+            return (conn._scheduler or conn._worker).ns.hex
+        finally:
+            conn.shutdown()
+
+    assert ns("LBHNC") != ns("LBNHC")
+    assert ns("NHD") == ns("LBNHC") == ns(None)  # None: no layout resolved, vLLM's default
+    assert ns("HND") == ns("LBHNC") != ns("BLNHC")
+    assert ns("LBHNC", KVConnectorRole.WORKER) == ns("LBHNC")  # both halves derive the same keys
+    # a worker created before the engine handed it the layout: its namespace
+    # follows the layout the KV caches are registered in
+    cfg = HarnessConfig(extra={"capacity_bytes": "16MiB"})
+    vc = cfg.vllm_config()
+    vc.cache_config.kv_cache_layout = None
+    w = mod.UMBPConnector(vc, KVConnectorRole.WORKER, cfg.kv_cache_config())
+    try:
+        vc.cache_config.kv_cache_layout = "LBHNC"
+        w.register_kv_caches({name: torch.zeros(2, cfg.num_blocks, cfg.block_size, cfg.heads, cfg.dim)
+                              for name, *_ in cfg.layers()})
+        assert w._worker.ns.hex == ns("LBHNC")
+    finally:
+        w.shutdown()
+    assert _compat.kv_cache_layout(None) == "NHD"
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "LBHNC")  # no layout in the config: the variable
+    assert ns(None) == ns("HND") and _compat.kv_cache_layout(None) == "HND"
 
 
 @pytest.mark.parametrize("local", [False, True], ids=["no-local-hit", "local-hit"])
@@ -327,15 +410,37 @@ def _v2_runner(name, **kw):
     return _run_api("00f4240e", name, runner="v2-0036d38d", **kw)
 
 
+@pytest.mark.parametrize("selected_by", ["env", "config"], ids=["VLLM_USE_V2_MODEL_RUNNER=1", "vllm-default"])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_v2_runner_zeroes_reused_blocks_before_handle_preemptions(async_scheduling):
+def test_v2_runner_zeroes_reused_blocks_before_handle_preemptions(async_scheduling, selected_by):
     """The V2 runner zeroes a sliding-window block that left the window and
     was reallocated before any connector hook of the step: a store of it
     still in flight from the previous step would publish zeros under a valid
     key (GARBAGE on a later restore).  The connector waits for its stores by
-    the end of the step they were submitted in when vLLM runs the V2 runner."""
-    r = _v2_runner("reused_source_blocks", async_scheduling=async_scheduling)
+    the end of the step they were submitted in when vLLM runs the V2 runner:
+    selected by VLLM_USE_V2_MODEL_RUNNER=1, or with the variable unset by
+    vLLM's own default (VllmConfig.use_v2_model_runner, vllm/config/vllm.py
+    @000fc94b754f: True for the models vLLM runs on V2 by default)."""
+    r = _v2_runner("reused_source_blocks", async_scheduling=async_scheduling, runner_selected_by=selected_by)
     assert r["loaded"][0]["1"] > 0  # the windows were restored
+
+
+def test_which_runner_vllm_runs():
+    """uses_v2_model_runner: the config's property where it exists (whatever
+    the variable says: the property reads it), else the variable."""
+    from types import SimpleNamespace as NS
+
+    from umbp.vllm import _compat
+
+    class Raising:
+        @property
+        def use_v2_model_runner(self):
+            raise AttributeError("a config the property cannot judge")
+
+    assert _compat.uses_v2_model_runner(NS(use_v2_model_runner=True)) is True
+    assert _compat.uses_v2_model_runner(NS(use_v2_model_runner=False)) is False
+    for cfg in (None, NS(), Raising()):  # no property: the fake's envs of FAKE_VLLM_API "new" (unset: False)
+        assert _compat.uses_v2_model_runner(cfg) is False
 
 
 @pytest.mark.parametrize("name,kw", [
@@ -376,6 +481,68 @@ def test_hybrid_models_on_real_schedulers_get_no_hits(engine, groups, load_async
     warned = [m for m in caplog.messages if "loads disabled" in m]
     assert len(warned) == 1, caplog.messages
     assert ("Mamba 'align' mode" if len(groups) == 3 else "one KV cache group") in warned[0]
+
+
+@pytest.mark.parametrize("tp,dcp,pcp", [(2, 2, 1), (1, 1, 2), (4, 2, 2)], ids=["dcp2", "pcp2", "dcp2-pcp2"])
+def test_context_parallelism_makes_the_connector_inert(tp, dcp, pcp, caplog):
+    """With decode (or prefill) context parallelism vLLM's scheduler hashes
+    blocks of block_size x dcp (x pcp) tokens, and each rank's GPU block holds
+    an interleaved share of one: the connector, counting in block_size
+    blocks, would store half-computed blocks under valid keys.  It is inert
+    instead: no lookup and no hit even where the pool answers "present", no
+    store planned (eager or at request_finished), no pool created on the
+    workers, and one warning that names the limitation."""
+    import logging
+
+    import numpy as np
+
+    import umbp.vllm.connector as mod
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+    from vllm.v1.request import Request
+    from vllm_harness.config import HarnessConfig
+
+    asked = []
+
+    def everything_present(rows, row_rank):
+        asked.append(rows.shape)
+        return np.ones(rows.shape[:2], dtype=bool), 0
+
+    for lazy in (False, True):
+        cfg = HarnessConfig(tp=tp, dcp=dcp, pcp=pcp, extra={"capacity_bytes": "16MiB", "lazy_offload": lazy})
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            conn = _scheduler_half(cfg)
+        try:
+            warned = [m for m in caplog.messages if "umbp" in m]
+            assert len(warned) == 1 and "decode_context_parallel_size %d" % dcp in warned[0], caplog.messages
+            assert "prefill_context_parallel_size %d" % pcp in warned[0] and "inert" in warned[0]
+            conn._scheduler.backend.query = everything_present
+            # vLLM's hashes under context parallelism: one per block_size * dcp * pcp tokens
+            req = Request("A", S.PROMPT, block_size=cfg.block_size, hash_block_size=cfg.block_size * dcp * pcp)
+            ids = (list(range(1, 8)),)
+            assert conn.get_num_new_matched_tokens(req, 0) == (0, False)
+            conn.update_state_after_alloc(req, ids, 0)
+            so = SchedulerOutput(
+                scheduled_new_reqs=[NewRequestData("A", S.PROMPT, [], None, None, ids, 0, None)],
+                scheduled_cached_reqs=CachedRequestData(), num_scheduled_tokens={"A": 99},
+                total_num_scheduled_tokens=99)
+            meta = conn.build_connector_meta(so)
+            assert not meta.stores and not meta.loads
+            req.num_computed_tokens = 99
+            assert conn.request_finished(req, ids) == (False, None)
+            meta = conn.build_connector_meta(SchedulerOutput([], CachedRequestData(), {}, 0))
+            assert not meta.stores and not meta.loads
+            assert asked == [] and conn.debug_counters()["requests_tracked"] == 0
+        finally:
+            conn.shutdown()
+    w = mod.UMBPConnector(cfg.vllm_config(0), KVConnectorRole.WORKER, cfg.kv_cache_config())
+    try:
+        w.register_kv_caches({name: torch.zeros(2, cfg.num_blocks, cfg.block_size, cfg.heads, cfg.dim)
+                              for name, *_ in cfg.layers()})
+        assert w._worker.rt is None  # no pool
+    finally:
+        w.shutdown()
 
 
 @REAL_ENGINES

@@ -45,6 +45,12 @@ class HarnessConfig:
     #: clear); it pairs with FAKE_VLLM_API=00f4240e).  Both v2 values set
     #: VLLM_USE_V2_MODEL_RUNNER, which is how vLLM selects that runner
     runner: str = "v1"
+    #: how the engine picks that runner: "env" sets VLLM_USE_V2_MODEL_RUNNER
+    #: (1 for a v2 runner, else 0); "config" leaves it unset, so that vLLM's
+    #: own default decides (VllmConfig.use_v2_model_runner, vllm/config/vllm.py
+    #: @000fc94b754f: V2 by default for the models it lists), which only
+    #: FAKE_VLLM_API=00f4240e has
+    runner_selected_by: str = "env"
     #: with runner "v1": the KVConnectorModelRunnerMixin version.  "23ec7c7f":
     #: bind -> start_load_kv -> forward -> wait_for_save (only after a forward).
     #: "00f4240e": start_load_kv before the forward only when the step has sync
@@ -63,6 +69,10 @@ class HarnessConfig:
     #: defer_finalize, kv_connector_model_runner_mixin.py@00f4240ee645
     spec_decode: bool = False
     mamba_cache_mode: str = "align"  # vLLM's cache_config.mamba_cache_mode (Mamba groups)
+    #: parallel_config.decode_context_parallel_size / prefill_context_parallel_size
+    #: (the connector is inert with either > 1; the engine itself does not model them)
+    dcp: int = 1
+    pcp: int = 1
 
     def layers(self) -> list:
         """[(name, group index, kind, layer index)] in model order (groups interleaved)."""
@@ -106,7 +116,9 @@ class HarnessConfig:
             model_config=ModelConfig(model=self.model, dtype="float32"),
             cache_config=CacheConfig(block_size=self.block_size, cache_dtype="auto", num_gpu_blocks=self.num_blocks,
                                      mamba_cache_mode=self.mamba_cache_mode),
-            parallel_config=ParallelConfig(tensor_parallel_size=self.tp, rank=rank),
+            parallel_config=ParallelConfig(tensor_parallel_size=self.tp, rank=rank,
+                                           decode_context_parallel_size=self.dcp,
+                                           prefill_context_parallel_size=self.pcp),
             scheduler_config=SchedulerConfig(max_num_batched_tokens=self.max_num_batched_tokens,
                                              max_num_seqs=self.max_num_seqs,
                                              async_scheduling=self.async_scheduling),
@@ -114,4 +126,5 @@ class HarnessConfig:
                 kv_connector="UMBPConnector", kv_connector_module_path="umbp.vllm.connector",
                 kv_role=self.kv_role, kv_connector_extra_config=dict(self.extra),
                 kv_load_failure_policy=self.load_failure_policy),
+            harness_v2_default=self.runner.startswith("v2"),
         )

@@ -88,15 +88,27 @@ class HarnessWorker:
         mod = importlib.import_module("umbp.vllm.connector")
         import os
 
-        # what selects vLLM's V2 runner (vllm.envs), set while the connector is
-        # created only: in-process workers share os.environ with later tests
+        # what selects vLLM's V2 runner: VLLM_USE_V2_MODEL_RUNNER (vllm.envs),
+        # set while the connector is created only (in-process workers share
+        # os.environ with later tests); or, left unset, vLLM's own default
+        # (VllmConfig.use_v2_model_runner, where this version has it)
+        import vllm
+
+        if cfg.runner_selected_by not in ("env", "config"):
+            raise HarnessError(f"runner_selected_by {cfg.runner_selected_by!r}: 'env' or 'config'")
+        if cfg.runner_selected_by == "config" and vllm.API != "00f4240e":
+            raise HarnessError("runner_selected_by 'config' needs VllmConfig.use_v2_model_runner: "
+                               "run it with FAKE_VLLM_API=00f4240e")
         before = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if cfg.runner.startswith("v2") else "0"
+        if cfg.runner_selected_by == "env":
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if cfg.runner.startswith("v2") else "0"
+        else:
+            os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
         try:
             self.conn = mod.UMBPConnector(cfg.vllm_config(rank), KVConnectorRole.WORKER, cfg.kv_cache_config())
         finally:
             if before is None:
-                del os.environ["VLLM_USE_V2_MODEL_RUNNER"]
+                os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
             else:
                 os.environ["VLLM_USE_V2_MODEL_RUNNER"] = before
         self.kv = {}

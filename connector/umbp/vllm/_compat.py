@@ -338,14 +338,27 @@ def _int_block_hashes() -> bool:
         return bool(int(os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
 
 
-def uses_v2_model_runner() -> bool:
+def uses_v2_model_runner(vllm_config=None) -> bool:
     """Whether this vLLM process runs the V2 model runner (vllm/v1/worker/gpu/),
-    as vLLM itself decides: ``vllm.envs.VLLM_USE_V2_MODEL_RUNNER`` (read by
-    the scheduler at 00024d314514).  Its execute_model (gpu/model_runner.py at
+    as vLLM itself decides.  Its execute_model (gpu/model_runner.py at
     0036d38de46c) zeroes newly allocated blocks and applies block copies in
     update_requests, before gpu/kv_connector.py's pre_forward calls the
-    connector's first hook of the step (handle_preemptions, bind).  False
-    where vLLM has no such variable (no V2 runner)."""
+    connector's first hook of the step (handle_preemptions, bind).
+
+    ``vllm_config.use_v2_model_runner`` where the config has it
+    (vllm/config/vllm.py at 000fc94b754f: ``VLLM_USE_V2_MODEL_RUNNER`` when
+    set, else vLLM's own default, True for the models it runs on V2 by
+    default, so an unset variable does not mean the V1 runner); else
+    ``vllm.envs.VLLM_USE_V2_MODEL_RUNNER`` (read by the scheduler at
+    00024d314514; None when unset in vLLMs that have the property).  False
+    where vLLM has neither (no V2 runner)."""
+    if vllm_config is not None:
+        try:
+            v = getattr(vllm_config, "use_v2_model_runner", None)
+        except Exception:  # a property that cannot decide on this config: the variable decides
+            v = None
+        if v is not None:
+            return bool(v)
     try:
         import vllm.envs as envs
 
@@ -404,19 +417,51 @@ def parallel_ranks() -> dict | None:
         return None
 
 
-def kv_cache_layout() -> str:
-    """vLLM's KV cache layout ("NHD" or "HND"), as its attention backends see it."""
+#: vLLM's legacy layout names for the KVCacheLayout members they stand for
+#: (vllm/envs.py: VLLM_KV_CACHE_LAYOUT takes either; NHD = LBNHC, HND = LBHNC).
+#: The namespace keeps the legacy spelling, so keys derived before vLLM named
+#: layouts by KVCacheLayout member stay valid.
+_LAYOUT_ALIASES = {"LBNHC": "NHD", "LBHNC": "HND"}
+
+
+def normalize_kv_cache_layout(v) -> str | None:
+    """A layout as vLLM names it (a KVCacheLayout member or its name, or a
+    legacy "NHD"/"HND") in the one spelling the key namespace uses; None for
+    an empty value."""
+    if v is None:
+        return None
+    name = getattr(v, "name", None) if isinstance(v, enum.Enum) else None
+    s = str(name if name is not None else v).strip()
+    if not s:
+        return None
+    if s.lower().startswith("kvcachelayout."):
+        s = s.split(".", 1)[1]
+    s = s.upper()
+    return _LAYOUT_ALIASES.get(s, s)
+
+
+def kv_cache_layout(vllm_config=None) -> str:
+    """vLLM's KV cache layout as its attention backends see it, in the
+    spelling of normalize_kv_cache_layout: ``cache_config.kv_cache_layout``
+    (vllm/config/cache.py at 002f10e0cfa1: the KVCacheLayout member name the
+    engine resolved, e.g. "LBNHC", "LBHNC"; vLLM PR #51718 removed
+    get_kv_cache_layout), else the older ``get_kv_cache_layout()``, else
+    VLLM_KV_CACHE_LAYOUT, else "NHD"."""
+    cc = getattr(vllm_config, "cache_config", None) if vllm_config is not None else None
+    v = normalize_kv_cache_layout(getattr(cc, "kv_cache_layout", None))
+    if v:
+        return v
     for mod in ("vllm.v1.attention.backends.utils", "vllm.attention.backends.utils"):
         try:
             m = __import__(mod, fromlist=["get_kv_cache_layout"])
             fn = getattr(m, "get_kv_cache_layout", None)
             if fn is not None:
-                v = fn()
+                v = normalize_kv_cache_layout(fn())
                 if v:
-                    return str(v)
+                    return v
         except Exception:
             continue
-    return os.environ.get("VLLM_KV_CACHE_LAYOUT") or "NHD"
+    return normalize_kv_cache_layout(os.environ.get("VLLM_KV_CACHE_LAYOUT")) or "NHD"
 
 
 def enum_name(x) -> str:

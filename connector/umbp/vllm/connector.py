@@ -29,7 +29,14 @@ not run against a vLLM build:
   ``reset_capture_state``) and ``gpu/model_runner.py`` at 0036d38de46c (blocks
   zeroed and copied before the connector's first hook of a step), and the
   mixin's ``defer_finalize`` at 00f4240ee645 (speculative decoding:
-  ``wait_for_save`` after the drafter, after ``get_transfer_results``).
+  ``wait_for_save`` after the drafter, after ``get_transfer_results``);
+- ``vllm/config/cache.py`` at 002f10e0cfa1 (``cache_config.kv_cache_layout``,
+  ``prefix_match_unit``) and ``vllm/config/vllm.py`` at 000fc94b754f
+  (``VllmConfig.use_v2_model_runner``: vLLM's default picks the runner when
+  ``VLLM_USE_V2_MODEL_RUNNER`` is unset).
+
+With decode or prefill context parallelism the connector is inert (no hits,
+no stores; identity.Topology.context_parallel_limit says why).
 
 Version skew is handled by guarded imports (_compat.py), by accepting both
 ``handle_preemptions`` argument types, both ``get_finished`` and

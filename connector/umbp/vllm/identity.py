@@ -180,6 +180,25 @@ class Topology:
         pc = getattr(vllm_config, "parallel_config", None)
         return int(getattr(pc, "rank", 0) or 0) % self.world_size
 
+    def context_parallel_limit(self) -> str:
+        """Why the connector must stay inert on this topology ("" when it need
+        not).  With decode (or prefill) context parallelism vLLM's scheduler
+        works in blocks of block_size x dcp (x pcp) tokens ("block hashes are
+        computed on the original full token sequence at a granularity of
+        original_block_size x dcp_world_size", its scheduler's note), and each
+        DCP rank's GPU block holds an interleaved share of such a block's
+        tokens.  The connector counts in cache_config.block_size blocks, so
+        it would look up and store half-computed blocks under valid keys.
+        Until the per-rank layout is handled, it promises no hit and stores
+        nothing."""
+        if self.dcp <= 1 and self.pcp <= 1:
+            return ""
+        return ("connector inert: decode_context_parallel_size %d / prefill_context_parallel_size %d: with "
+                "context parallelism vLLM's scheduler hashes blocks of block_size x dcp x pcp tokens and "
+                "each rank's GPU blocks hold an interleaved share of them, which umbp does not support "
+                "yet; umbp reports no hits and stores nothing (docs/vllm.md, \"Which models get hits\")"
+                % (self.dcp, self.pcp))
+
 
 def derive_namespace(umbp, vllm_config, groups: Sequence[GroupInfo], topo: Topology, key_namespace: str,
                      layout: str):
@@ -232,7 +251,9 @@ def resolve_hash_block_size(option, vllm_config, block_size: int) -> int:
     if option != "auto":
         return int(option)
     cc = getattr(vllm_config, "cache_config", None)
-    for name in ("hash_block_size",):
+    # vllm/config/cache.py@002f10e0cfa1 names it prefix_match_unit (None: the
+    # block size); older vLLMs hash_block_size
+    for name in ("prefix_match_unit", "hash_block_size"):
         v = getattr(cc, name, None)
         if isinstance(v, int) and v > 0:
             return v

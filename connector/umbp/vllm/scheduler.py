@@ -261,13 +261,18 @@ class UMBPScheduler:
         self.scale = hash_scale(self.block_size, hbs)
         self.topo = Topology.from_vllm_config(vllm_config)
         self.world = self.topo.world_size
-        self.layout = _compat.kv_cache_layout()
+        self.layout = _compat.kv_cache_layout(vllm_config)
         self.ns = derive_namespace(umbp, vllm_config, self.groups, self.topo, opts.key_namespace, self.layout)
         self.rank_ids = [self.topo.rank_id(r) for r in range(self.world)]
         self.num_vllm_groups = len(getattr(kv_cache_config, "kv_cache_groups", None) or [None])
 
-        self.load_enabled = bool(opts.enable_lookup) and kv_role != "kv_producer"
-        self.store_enabled = kv_role != "kv_consumer"
+        # context parallelism: no hits and no stores at all (one warning; the
+        # load policy below is then not consulted, so it warns no second time)
+        self.inert = self.topo.context_parallel_limit()
+        if self.inert:
+            log.warning("umbp: %s", self.inert)
+        self.load_enabled = bool(opts.enable_lookup) and kv_role != "kv_producer" and not self.inert
+        self.store_enabled = kv_role != "kv_consumer" and not self.inert
         self.has_mamba = any(g.kind == MAMBA for g in self.groups)
         self.load_async = bool(opts.load_async) or self.has_mamba
         if self.has_mamba and not opts.load_async:

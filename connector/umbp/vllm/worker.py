@@ -54,10 +54,13 @@ class UMBPWorker:
         self.kv_cache_config = kv_cache_config
         self.groups = describe_groups(kv_cache_config, getattr(vllm_config, "cache_config", None))
         self.topo = Topology.from_vllm_config(vllm_config)
-        self.layout = _compat.kv_cache_layout()
+        self.layout = _compat.kv_cache_layout(vllm_config)
         self.ns = derive_namespace(umbp, vllm_config, self.groups, self.topo, opts.key_namespace, self.layout)
         self.rank = self.topo.worker_rank(vllm_config, _compat.parallel_ranks())
         self.rank_id = self.topo.rank_id(self.rank)
+        #: context parallelism: the scheduler half plans nothing (and says why,
+        #: once), so this rank registers nothing and creates no pool
+        self.inert = bool(self.topo.context_parallel_limit())
         self.timeout_ms = opts.resolved["timeout_ms"]
 
         self.rt = None
@@ -101,7 +104,7 @@ class UMBPWorker:
         #: meanwhile (a preempted request's, one that left a sliding window, a
         #: Mamba state block): every store is waited for by the end of the step
         #: that submitted it (get_finished)
-        self.fence_stores_in_step = _compat.uses_v2_model_runner()
+        self.fence_stores_in_step = not self.inert and _compat.uses_v2_model_runner(vllm_config)
         if self.fence_stores_in_step:
             log.warning("umbp: vLLM's V2 model runner zeroes and copies reallocated KV blocks before the "
                         "connector's first hook of a step (update_requests before pre_forward): umbp waits "
@@ -161,9 +164,25 @@ class UMBPWorker:
             out.append(v)
         return out
 
+    def _refresh_namespace(self):
+        """The namespace again, now that the KV caches exist: newer vLLM
+        resolves the KV cache layout in the engine core and hands it to the
+        workers (cache_config.kv_cache_layout); the KV caches are allocated in
+        that layout, so by their registration this rank's config has it,
+        whenever the connector itself was created."""
+        layout = _compat.kv_cache_layout(self.vllm_config)
+        if layout != self.layout:
+            self.layout = layout
+            self.ns = derive_namespace(self.umbp, self.vllm_config, self.groups, self.topo,
+                                       self.opts.key_namespace, layout)
+
     def register_kv_caches(self, kv_caches: dict):
         if not kv_caches:
             raise ValueError("umbp: register_kv_caches got no KV caches")
+        if self.inert:
+            log.info("umbp: rank %d: context parallelism: the connector is inert, no pool is created", self.rank)
+            return
+        self._refresh_namespace()
         rt = self._runtime(self._first_tensor(next(iter(kv_caches.values()))).device)
         expected = getattr(self.kv_cache_config, "num_blocks", None)
         single = len(self.groups) == 1 and not self.groups[0].layer_names
@@ -189,6 +208,10 @@ class UMBPWorker:
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
         if len(self.groups) != 1:
             raise ValueError("umbp: a cross-layer KV cache needs a single KV cache group")
+        if self.inert:
+            log.info("umbp: rank %d: context parallelism: the connector is inert, no pool is created", self.rank)
+            return
+        self._refresh_namespace()
         rt = self._runtime(kv_cache.device)
         g = self.groups[0]
         self.kv[g.index] = rt.register_kv_caches(kv_cache, layout="cross_layer")

@@ -1,6 +1,8 @@
 """Fake vllm/config: the config objects the connector reads (VllmConfig-like)."""
 from dataclasses import dataclass, field
 
+from vllm import API
+
 
 @dataclass
 class ModelConfig:
@@ -61,3 +63,23 @@ class VllmConfig:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_transfer_config: KVTransferConfig | None = None
     speculative_config: object = None
+    #: harness only (no vLLM field): what vLLM decides when
+    #: VLLM_USE_V2_MODEL_RUNNER is unset (vllm/config/vllm.py@000fc94b754f:
+    #: V2 for the models it runs on V2 by default, given Triton and no feature
+    #: V2 lacks); read by use_v2_model_runner where this version has it
+    harness_v2_default: bool = False
+
+
+def _use_v2_model_runner(self) -> bool:
+    """VllmConfig.use_v2_model_runner (vllm/config/vllm.py@000fc94b754f): the
+    variable when set, else vLLM's default for the model."""
+    from vllm import envs
+
+    v = envs.VLLM_USE_V2_MODEL_RUNNER
+    if v is not None:
+        return v
+    return self.harness_v2_default
+
+
+if API == "00f4240e":  # the version whose VllmConfig has the property (see vllm/envs.py)
+    VllmConfig.use_v2_model_runner = property(_use_v2_model_runner)
