@@ -146,6 +146,79 @@ class FakeHostPool:
         return ptrs, [size] * len(ptrs)
 
 
+class FakeAsymmetricHostPool:
+    """SGLang's AsymmetricMHATokenToKVPoolHost (pool_host/mha.py @ 39baee9e0973),
+    the host pool of MHA models whose K and V head dims differ (head_dim !=
+    v_head_dim, e.g. MiMo-V2), as far as a storage backend reaches it: K and V
+    in two buffers, ``kv_buffer = (k_buffer, v_buffer)`` (k_buffer and
+    v_buffer are kv_buffer[0] and [1], as in MHATokenToKVPoolHost), layouts
+    page_first (K (size, L, H, D), V (size, L, H, Dv)) and page_first_direct
+    (K (P, L, page_size, H, D), V with Dv) only, get_page_buffer_meta giving a
+    K and a V piece per page of different sizes, and the flat-page helpers
+    refused (NotImplementedError)."""
+
+    def __init__(self, layout: str = "page_first", *, page_size: int = 4, num_pages: int = 8,
+                 layer_num: int = 3, head_num: int = 2, head_dim: int = 8, v_head_dim: int = 4,
+                 dtype=torch.float16):
+        if layout not in ("page_first", "page_first_direct"):
+            raise ValueError(f"Unsupported layout for models with head_dim != v_head_dim: {layout}; "
+                             "expected 'page_first' or 'page_first_direct'.")
+        self.layout = layout
+        self.page_size = page_size
+        self.page_num = num_pages
+        self.size = num_pages * page_size
+        self.layer_num = layer_num
+        self.head_num, self.head_dim, self.v_head_dim = head_num, head_dim, v_head_dim
+        self.dtype = dtype
+        if layout == "page_first":
+            k_dims = (self.size, layer_num, head_num, head_dim)
+            v_dims = (self.size, layer_num, head_num, v_head_dim)
+        else:
+            k_dims = (num_pages, layer_num, page_size, head_num, head_dim)
+            v_dims = (num_pages, layer_num, page_size, head_num, v_head_dim)
+        self.kv_buffer = (torch.zeros(k_dims, dtype=dtype), torch.zeros(v_dims, dtype=dtype))
+
+    @property
+    def k_buffer(self):
+        return self.kv_buffer[0]
+
+    @property
+    def v_buffer(self):
+        return self.kv_buffer[1]
+
+    def _flat_page_unsupported(self):
+        return NotImplementedError("Models with head_dim != v_head_dim do not support the flat-page "
+                                   "interface used by HiCache L3 storage backends")
+
+    def get_data_page(self, index, flat=True):
+        raise self._flat_page_unsupported()
+
+    def get_dummy_flat_data_page(self):
+        raise self._flat_page_unsupported()
+
+    def set_from_flat_data_page(self, index, data_page):
+        raise self._flat_page_unsupported()
+
+    def get_page_buffer_meta(self, indices):
+        assert len(indices) % self.page_size == 0
+        it = _itemsize(self.dtype)
+        k_size = self.layer_num * it * self.page_size * self.head_num * self.head_dim
+        v_size = self.layer_num * it * self.page_size * self.head_num * self.v_head_dim
+        if self.layout == "page_first_direct":
+            k_stride = self.layer_num * self.page_size * self.head_num * self.head_dim
+            v_stride = self.layer_num * self.page_size * self.head_num * self.v_head_dim
+        else:
+            k_stride = self.layer_num * self.head_num * self.head_dim
+            v_stride = self.layer_num * self.head_num * self.v_head_dim
+        indices = [int(i) for i in indices]
+        ptrs, sizes = [], []
+        for i in range(0, len(indices), self.page_size):
+            b = indices[i] // self.page_size if self.layout == "page_first_direct" else indices[i]
+            ptrs += [self.k_buffer.data_ptr() + b * k_stride * it, self.v_buffer.data_ptr() + b * v_stride * it]
+            sizes += [k_size, v_size]
+        return ptrs, sizes
+
+
 def page_indices(pool: FakeHostPool, pages) -> torch.Tensor:
     """host_indices for whole pages (token slots of each page, in order)."""
     ps = pool.page_size

@@ -294,6 +294,59 @@ def test_bad_calls_are_misses_not_exceptions(stores):
     assert st.batch_exists(k) == 0 and st.clear() is False
 
 
+FAKE_METRICS = """
+import dataclasses
+from typing import Dict, List
+
+
+@dataclasses.dataclass
+class StorageMetrics:  # {where} (observability/metrics_collector.py@016d8605e458 has these fields)
+    prefetch_pgs: List[int] = dataclasses.field(default_factory=list)
+    backup_pgs: List[int] = dataclasses.field(default_factory=list)
+    prefetch_bandwidth: List[float] = dataclasses.field(default_factory=list)
+    backup_bandwidth: List[float] = dataclasses.field(default_factory=list)
+    prefetch_stats: Dict[str, float] = dataclasses.field(default_factory=dict)
+"""
+
+METRICS_CHECK = """
+import json, sys
+fake, connector = json.loads(sys.argv[1])
+sys.path[:0] = [fake, connector]
+import umbp.sglang._compat as C
+from umbp.sglang.hicache import UMBPStore
+from sglang.srt.observability.metrics_collector import StorageMetrics
+assert not C.HAVE_SGLANG  # this fake SGLang has no mem_cache: the storage classes are stand-ins
+cfg = C.HiCacheStorageConfig(0, 1, 0, 1, 0, 1, False, True, True, "m",
+                             extra_config={"capacity_bytes": "16MiB", "interface_v1": 1})
+st = UMBPStore(cfg, {})
+m = st.get_stats()
+st.close()
+print(type(m).__module__, isinstance(m, StorageMetrics))
+"""
+
+
+@pytest.mark.parametrize("old_too", [False, True], ids=["observability-only", "both-modules"])
+def test_stats_are_sglangs_storage_metrics_from_observability(tmp_path, old_too):
+    """Newer SGLang defines StorageMetrics in
+    sglang.srt.observability.metrics_collector (at 016d8605e458), and its
+    StorageMetricsCollector.log_storage_metrics asserts isinstance(x,
+    StorageMetrics) on the scheduler thread: get_stats must return that
+    class, not the stand-in (which would kill the server with
+    --enable-storage-metrics).  The observability module wins over the old
+    sglang.srt.metrics.collector where both exist."""
+    pkg = tmp_path / "sglang"
+    for d in ("", "srt", "srt/observability") + (("srt/metrics",) if old_too else ()):
+        (pkg / d).mkdir(parents=True, exist_ok=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "srt/observability/metrics_collector.py").write_text(FAKE_METRICS.format(where="new"))
+    if old_too:
+        (pkg / "srt/metrics/collector.py").write_text(FAKE_METRICS.format(where="old"))
+    out = subprocess.run([sys.executable, "-c", METRICS_CHECK, json.dumps([str(tmp_path), str(CONNECTOR)])],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["sglang.srt.observability.metrics_collector", "True"], out.stdout
+
+
 def test_clear_and_stats(stores):
     pool = FakeHostPool("page_first")
     st = stores(pool, metrics=True)
@@ -755,6 +808,52 @@ def test_option_rules():
                                                           "kv_buffer": None})())
 
 
+def test_dp_rank_auto_without_sglangs_dp_rank_warns_once(caplog, monkeypatch):
+    """"dp_rank": "auto" means SGLang's attention-DP rank
+    (HiCacheStorageConfig.dp_rank, as at 001067ff); a SGLang whose config has
+    none makes it 0 for every DP rank: said once per process, naming the
+    option, never where the rank exists or dp_rank is a number."""
+    import logging
+
+    @dataclasses.dataclass
+    class OlderStorageConfig:  # HiCacheStorageConfig without dp_rank / dp_size
+        tp_rank: int
+        tp_size: int
+        pp_rank: int
+        pp_size: int
+        attn_cp_rank: int
+        attn_cp_size: int
+        is_mla_model: bool
+        enable_storage_metrics: bool
+        is_page_first_layout: bool
+        model_name: Optional[str]
+        tp_lcm_size: Optional[int] = None
+        should_split_heads: bool = False
+        extra_config: Optional[dict] = None
+
+    def older(extra):
+        return OlderStorageConfig(0, 1, 0, 1, 0, 1, False, False, True, "m",
+                                  extra_config={**DYNAMIC, "capacity_bytes": "16MiB", **extra})
+
+    monkeypatch.setattr(hicache, "_warned", set())
+    made = []
+    try:
+        with caplog.at_level(logging.WARNING, logger="umbp.sglang"):
+            made.append(UMBPStore(scfg({"dp_rank": "auto"}, dp_rank=2), {}))  # this SGLang has it
+            made.append(UMBPStore(older({"dp_rank": 1}), {}))  # a number: nothing to resolve
+            assert not [m for m in caplog.messages if "dp_rank" in m]
+            made.append(UMBPStore(older({"dp_rank": "auto"}), {}))
+            made.append(UMBPStore(older({"dp_rank": "auto"}), {}))  # another rank of the process
+        warned = [m for m in caplog.messages if "dp_rank" in m]
+        assert len(warned) == 1, caplog.messages
+        assert '"dp_rank": "auto"' in warned[0] and "OlderStorageConfig" in warned[0]
+        assert "dp_rank 0" in warned[0]
+        assert [st.dp_rank for st in made] == [2, 0, 0, 0]
+    finally:
+        for st in made:
+            st.close()
+
+
 # ---- standalone mode ---------------------------------------------------------
 
 def test_mla_rank0_writes_rank1_reads(server):
@@ -1140,13 +1239,13 @@ def test_an_op_in_flight_is_waited_for_not_released_into_sglangs_pages(stores, m
 def test_dcp_sharded_mla_pool_is_refused(stores):
     """With decode context parallelism SGLang's MLA host pool holds only this
     DCP rank's share of every page (page_size // dcp_size token slots, set
-    by dcp_size / dcp_rank on MLATokenToKVPoolHost), and SGLang backs up MLA
-    pages from TP rank 0 only, under keys without the DCP rank: another rank
-    would read rank 0's share as its own (wrong KV, reported as a hit).
-    SGLang's own flat-page path asserts dcp_size == 1 ("L3 storage paths are
-    not yet DCP-aware"; pool_host/mla.py@01c0ede3) but the zero-copy path
-    never reaches that assert, so the backend refuses such a pool, KV or
-    v2 side pool, at registration."""
+    by dcp_size / dcp_rank on MLATokenToKVPoolHost).  umbp's keys carry no
+    DCP rank and its MLA rule has TP rank 0 write for every rank: another
+    rank would read rank 0's share as its own (wrong KV, reported as a hit).
+    SGLang at pool_host/mla.py@01c0ede3 asserted dcp_size == 1 on its
+    flat-page path only; newer SGLang scopes its keys per DCP rank, but umbp
+    does not support DCP yet, so the backend refuses such a pool, KV or v2
+    side pool, at registration."""
     pool = FakeHostPool("page_first", mla=True)
     pool.dcp_size, pool.dcp_rank = 2, 1
     st = stores(mla=True)
@@ -1161,6 +1260,43 @@ def test_dcp_sharded_mla_pool_is_refused(stores):
     ok = FakeHostPool("page_first", mla=True)
     ok.dcp_size, ok.dcp_rank = 1, 0
     stores(ok, mla=True)  # dcp_size 1 is a plain pool
+
+
+@pytest.mark.parametrize("mla", [True, False], ids=["mla", "mha"])
+def test_dcp_from_the_storage_config_is_refused(stores, mla):
+    """Newer SGLang puts the DCP topology in HiCacheStorageConfig (dcp_rank,
+    dcp_size; it scopes storage keys per DCP rank and picks MLA writers with
+    is_mla_storage_writer): a pool without dcp_size of an engine whose
+    storage config has dcp_size 8 is refused too, saying that umbp does not
+    support decode context parallelism (not that SGLang's L3 path lacks it)."""
+    st = stores(mla=mla)
+    st.storage_config.dcp_rank, st.storage_config.dcp_size = 3, 8  # this SGLang's config fields
+    pool = FakeHostPool("page_first", mla=mla)
+    assert not hasattr(pool, "dcp_size")
+    with pytest.raises(LayoutError, match="umbp does not support decode context parallelism yet "
+                                          r"\(dcp_size 8, dcp_rank 3, from the storage config\)") as e:
+        st.register_mem_pool_host(pool)
+    assert "DCP-aware" not in str(e.value)
+    st.storage_config.dcp_size = 1  # dcp_size 1: not context parallel
+    st.register_mem_pool_host(pool)
+    assert st.layout is not None
+
+
+def test_separate_k_and_v_buffers_are_refused_by_name(stores):
+    """SGLang's AsymmetricMHATokenToKVPoolHost (pool_host/mha.py@39baee9e0973:
+    MHA models with head_dim != v_head_dim, e.g. MiMo-V2) keeps K and V in
+    two buffers, kv_buffer = (k, v): the backend addresses one (2, ...)
+    tensor and refuses it at registration, saying what it is."""
+    from sglang_fakes import FakeAsymmetricHostPool
+
+    for layout in ("page_first", "page_first_direct"):
+        pool = FakeAsymmetricHostPool(layout)
+        st = stores()
+        with pytest.raises(LayoutError, match="separate K and V buffers") as e:
+            st.register_mem_pool_host(pool)
+        msg = str(e.value)
+        assert "AsymmetricMHATokenToKVPoolHost" in msg and "head_dim != v_head_dim" in msg
+        assert "MiMo-V2" in msg and st.layout is None
 
 
 def test_backup_and_prefetch_threads_at_once_are_byte_exact_or_misses(stores):

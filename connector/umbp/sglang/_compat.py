@@ -104,9 +104,22 @@ except Exception:  # ImportError, or a SGLang that fails to import here
         def get_stats(self):
             return None
 
-try:  # pragma: no cover
-    from sglang.srt.metrics.collector import StorageMetrics  # type: ignore
-except Exception:
+# SGLang's StorageMetricsCollector.log_storage_metrics asserts isinstance(x,
+# StorageMetrics) on the scheduler thread, so get_stats must return SGLang's
+# own class: newer SGLang defines it in observability/metrics_collector.py
+# (at 016d8605e458, with a defaulted prefetch_stats field), older SGLang in
+# metrics/collector.py.  The stand-in is only for running without SGLang.
+StorageMetrics = None
+for _mod in ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector"):
+    try:  # pragma: no cover - exercised only where SGLang is installed
+        StorageMetrics = getattr(__import__(_mod, fromlist=["StorageMetrics"]), "StorageMetrics", None)
+    except Exception:
+        StorageMetrics = None
+    if StorageMetrics is not None:
+        break
+del _mod
+HAVE_SGLANG_METRICS = StorageMetrics is not None
+if StorageMetrics is None:
     @dataclass
     class StorageMetrics:  # type: ignore[no-redef]
         prefetch_pgs: List[int] = field(default_factory=list)

@@ -85,6 +85,16 @@ from .layout import AffineLayout, LayoutError, PageLayout, check_against_page_me
 
 logger = logging.getLogger(__name__)
 
+_warned: set = set()  # what _warn_once has said in this process
+
+
+def _warn_once(what: str, msg: str, *args) -> None:
+    """A warning logged once per process (every rank of a process builds its
+    backend from the same extra_config)."""
+    if what not in _warned:
+        _warned.add(what)
+        logger.warning(msg, *args)
+
 __all__ = ["UMBPStore", "UMBPStoreConfigError", "LayoutError", "page_hashes",
            "HiCacheStorageConfig", "HiCacheStorageExtraInfo", "HAVE_SGLANG"]
 
@@ -242,6 +252,14 @@ class UMBPStore(HiCacheStorage):
         self.cp_rank = int(getattr(storage_config, "attn_cp_rank", 0) or 0)
         self.cp_size = int(getattr(storage_config, "attn_cp_size", 1) or 1)
         self.dp_rank = int(getattr(storage_config, "dp_rank", 0) or 0)
+        if self._cfg.dp_rank == "auto" and not hasattr(storage_config, "dp_rank"):
+            _warn_once(
+                "dp_rank_auto",
+                "umbp.sglang: extra_config \"dp_rank\": \"auto\" means SGLang's attention-DP rank "
+                "(HiCacheStorageConfig.dp_rank), which this SGLang's %s does not have (SGLang at "
+                "001067fffe33 has it): every DP rank uses dp_rank 0 (standalone: umbp-dp0.sock, one "
+                "server shared by all of them); give \"dp_rank\" as a number to choose a server",
+                type(storage_config).__name__)
         self.is_mla = bool(storage_config.is_mla_model)
         self.model_name = getattr(storage_config, "model_name", None) or ""
         self.enable_metrics = bool(getattr(storage_config, "enable_storage_metrics", False))
@@ -299,25 +317,33 @@ class UMBPStore(HiCacheStorage):
 
     # ---- setup -----------------------------------------------------------
 
-    @staticmethod
-    def _refuse_dcp_share(pool: Any) -> None:
-        """LayoutError for a host pool that holds one decode-context-parallel
-        rank's share of each page (SGLang's MLATokenToKVPoolHost with
-        dcp_size > 1): SGLang backs MLA pages up from TP rank 0 only, so the
-        other ranks would read rank 0's share as theirs.  SGLang's own flat
-        page path asserts dcp_size == 1 (pool_host/mla.py@01c0ede3); the
-        zero-copy path never reaches that assert."""
-        try:
-            dcp = int(getattr(pool, "dcp_size", 1) or 1)
-        except (TypeError, ValueError):
-            dcp = 1
+    def _refuse_dcp_share(self, pool: Any) -> None:
+        """LayoutError where decode context parallelism is on: the host pool's
+        dcp_size (SGLang's MLATokenToKVPoolHost holds one DCP rank's share of
+        each page, pool_host/mla.py@01c0ede3), or, for a pool without one,
+        HiCacheStorageConfig.dcp_size (newer SGLang, which also scopes its
+        storage keys per DCP rank and picks MLA writers with
+        is_mla_storage_writer).  umbp's keys and its MLA rule (TP rank 0
+        writes, every rank reads) know nothing of DCP ranks, so another rank
+        would load rank 0's share as its own: refused until umbp supports
+        DCP."""
+        def size_of(obj) -> int:
+            try:
+                return int(getattr(obj, "dcp_size", 1) or 1)
+            except (TypeError, ValueError):
+                return 1
+        if hasattr(pool, "dcp_size"):
+            dcp, where = size_of(pool), pool
+        else:
+            dcp, where = size_of(self.storage_config), self.storage_config
         if dcp > 1:
+            source = "host pool" if where is pool else "storage config"
             raise LayoutError(
-                f"the host pool holds one decode-context-parallel share of each page "
-                f"(dcp_size {dcp}, dcp_rank {getattr(pool, 'dcp_rank', '?')}): SGLang's L3 "
-                "storage paths are not DCP-aware (it backs MLA pages up from TP rank 0 "
-                "only), so other ranks would load rank 0's share; run without "
-                "--dcp-size or without the storage backend")
+                f"umbp does not support decode context parallelism yet (dcp_size {dcp}, dcp_rank "
+                f"{getattr(where, 'dcp_rank', '?')}, from the {source}): "
+                "each rank's host pool holds one DCP rank's share of every page, and umbp's keys "
+                "and its MLA rule (TP rank 0 writes, every rank reads) do not tell the shares "
+                "apart; run without --dcp-size or without the umbp storage backend")
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Learns the host pool's layout and derives the key namespace.  Raises

@@ -160,6 +160,17 @@ class PageLayout:
         if buf is None:
             raise LayoutError("host pool has no kv_buffer (a dummy pool?); the umbp backend "
                               "needs the host KV buffer")
+        if isinstance(buf, (list, tuple)):
+            # SGLang's AsymmetricMHATokenToKVPoolHost (pool_host/mha.py@39baee9e):
+            # an MHA model whose K and V head dims differ (head_dim != v_head_dim,
+            # e.g. MiMo-V2) keeps K and V in two buffers, kv_buffer = (k, v)
+            dims = [tuple(int(x) for x in getattr(b, "shape", ())) for b in buf]
+            raise LayoutError(
+                f"{type(pool).__name__}: kv_buffer is {len(buf)} separate buffers (shapes "
+                f"{dims}), not one (2, ...) tensor: an MHA pool with separate K and V buffers "
+                "(SGLang's AsymmetricMHATokenToKVPoolHost, for models whose head_dim != "
+                "v_head_dim, e.g. MiMo-V2) is not supported by the umbp backend; run such a "
+                "model without the umbp storage backend")
         base, shape, itemsize, dtype, contiguous = _buffer_facts(buf)
         if not contiguous:
             raise LayoutError("kv_buffer is not contiguous; the umbp backend addresses it "
