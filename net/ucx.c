@@ -795,6 +795,18 @@ static void on_sweep(struct ev_loop *loop, ev_timer *w, int revents)
         umbp_log(UMBP_LOG_WARN, "%s: %u replies to a requester pending past %.0f ms (it stopped "
                  "or went away); force-closing its endpoint, which ends them and their leases",
                  n->name, cnt, n->serve_timeout * 1000);
+        /* UCX pairs the endpoints two nodes make to each other: the one a
+         * FETCH came on may be ours to that node too, still used by our
+         * fetches from it.  Closed through the peer then, which fails those
+         * and forgets the endpoint (a later fetch connects anew); closed
+         * here behind its back, the peer would use or close it again. */
+        struct ucx_peer *p = n->peers;
+        while (p && p->ep != ep)
+            p = p->next;
+        if (p) {
+            peer_fail(p, NULL, -ECONNRESET);
+            continue;
+        }
         ucp_request_param_t prm = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK,
             .flags = UCP_EP_CLOSE_FLAG_FORCE,
