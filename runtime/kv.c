@@ -143,6 +143,8 @@ void kv_fini(struct umbp_runtime *rt)
         pthread_mutex_unlock(&kv->qlock);
         pthread_join(kv->thread, NULL);
     }
+    if (kv->warm_op) /* the loop is gone: the drain ended it, or nothing will */
+        umbp_op_release(kv->warm_op);
     for (size_t i = 0; i < kv->n; i++)
         umbp_kv_layout_destroy(kv->v[i].layout);
     free(kv->v);
@@ -274,19 +276,60 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
  * returned: the first real store then pays what this would have. */
 #define WARM_STORE_WAIT_MS 1000
 
+/* Waits for the warm-up store registration left running, if any (of handle
+ * h; 0: of any), and releases it: true when none is left.  Caller's thread,
+ * kv->lock not held: the op completes through the loop and the waiter
+ * thread.  It ends by its deadline (timeout_ms) plus the GPU's copy of one
+ * block; wait false looks only, and a wait past twice that keeps it (and
+ * its layout: never freed under it). */
+static bool kv_warm_reap(struct umbp_runtime *rt, umbp_kv_handle_t h, bool wait)
+{
+    struct kv_state *kv = &rt->kv;
+    pthread_mutex_lock(&kv->lock);
+    umbp_op_t *op = kv->warm_op;
+    if (op && h && kv->warm_handle != h)
+        op = NULL;
+    if (op)
+        kv->warm_op = NULL;
+    pthread_mutex_unlock(&kv->lock);
+    if (!op)
+        return true;
+    int64_t bound = wait ? 2 * rt->core->timeout_ms + WARM_STORE_WAIT_MS : 0;
+    if (umbp_op_wait(op, bound > INT32_MAX ? INT32_MAX : (int)bound) != 0) {
+        if (wait)
+            umbp_log(UMBP_LOG_WARN, "gpu_warm_store: the warm-up store still runs after %lld "
+                     "ms; its cache's layout is kept", (long long)bound);
+        pthread_mutex_lock(&kv->lock);
+        kv->warm_op = op;
+        kv->warm_handle = h ? h : kv->warm_handle;
+        pthread_mutex_unlock(&kv->lock);
+        return false;
+    }
+    umbp_op_release(op);
+    return true;
+}
+
 static void kv_warm_store(struct umbp_runtime *rt, umbp_kv_handle_t h)
 {
     umbp_kv_block_t b = {.block = 0};
     if (getrandom(&b.key, sizeof(b.key), GRND_NONBLOCK) != (ssize_t)sizeof(b.key))
         return;
+    if (!kv_warm_reap(rt, 0, false))
+        return; /* the last one still runs (a stalled server): this one would too */
     umbp_op_t *op;
     int rc = kv_submit(rt, h, &b, 1, true, NULL, true, &op);
     if (rc == 0) {
         /* a server stopped just now holds registration up a second at most;
-         * the op, released in flight, still ends by its own deadline */
-        if ((rc = umbp_op_wait(op, WARM_STORE_WAIT_MS)) == 0)
+         * the op then runs on (by its own deadline), kept until reaped */
+        if ((rc = umbp_op_wait(op, WARM_STORE_WAIT_MS)) == 0) {
             rc = umbp_op_key_status(op, 0);
-        umbp_op_release(op);
+            umbp_op_release(op);
+        } else {
+            pthread_mutex_lock(&rt->kv.lock);
+            rt->kv.warm_op = op;
+            rt->kv.warm_handle = h;
+            pthread_mutex_unlock(&rt->kv.lock);
+        }
     }
     rt->kv.warm_store_rc = rc;
     if (rc < 0)
@@ -384,11 +427,13 @@ int umbp_kv_deregister(umbp_runtime_t *rt, umbp_kv_handle_t h)
         return -EINVAL;
     struct kv_state *kv = &rt->kv;
     int rc = -ENOENT;
+    bool keep = h && !kv_warm_reap(rt, h, true); /* the warm-up reads the layout */
     pthread_mutex_lock(&kv->lock);
     for (size_t i = 0; i < kv->n; i++) {
         if (kv->v[i].handle != h)
             continue;
-        umbp_kv_layout_destroy(kv->v[i].layout);
+        if (!keep)
+            umbp_kv_layout_destroy(kv->v[i].layout);
         kv->v[i] = kv->v[--kv->n];
         rc = 0;
         break;

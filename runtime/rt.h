@@ -269,6 +269,12 @@ struct kv_state {
     uint64_t warm_sizes[8];
     size_t nwarm;
     int warm_store_rc;             /* how the last one went: its key's status (1: none ran) */
+    /* a warm-up store registration stopped waiting for (a stalled server):
+     * it still reads its cache's layout and block 0 until it completes, so
+     * deregistration of that handle, the next warm-up and kv_fini wait for
+     * it (kv_warm_reap) */
+    umbp_op_t *warm_op;
+    umbp_kv_handle_t warm_handle;
     /* waiter thread: waits for transfers, posts their ops back */
     pthread_t thread;
     bool thread_started;

@@ -1279,6 +1279,48 @@ Test(standalone, registration_beside_a_stopped_server)
     tu_server_cleanup(&srv);
 }
 
+/* The same, and the engine deregisters the cache and frees its memory
+ * before the server runs again (what umbp.h allows: none of its ops uses
+ * the handle).  The registration's warm-up store was still in flight:
+ * deregistration waits for it, so once the server answers it reads no
+ * freed layout nor freed GPU memory (ASan saw both before the wait), and
+ * the runtime goes on: a new cache stores and restores byte-exact. */
+Test(standalone, deregistration_waits_for_a_warm_up_store_in_flight)
+{
+    start_server(NULL);
+    struct kv_side k;
+    umbp_kv_tensor_t t[L];
+    cr_assert_eq(kv_layers(&k, true, t), 0, "KV setup: %s", umbp_last_error());
+    tu_server_signal(&srv, SIGSTOP);
+    cr_assert_eq(umbp_kv_register(k.rt, t, L, &k.kv), 0, "%s", umbp_last_error());
+    pid_t resume = fork(); /* the server runs again while deregistration waits */
+    if (resume == 0) {
+        usleep(300000);
+        kill(srv.pid, SIGCONT);
+        _exit(0);
+    }
+    cr_assert_eq(umbp_kv_deregister(k.rt, k.kv), 0);
+    waitpid(resume, NULL, 0);
+    tu_server_signal(&srv, SIGCONT);
+    for (int l = 0; l < L; l++) {
+        gpu_dev_free(k.ops, k.dev[l]);
+        k.dev[l] = NULL;
+    }
+    cr_assert_eq(umbp_flush(k.rt, TU_WAIT_MS), 0);
+    for (int l = 0; l < L; l++) { /* a new cache, the same pattern */
+        cr_assert_eq(gpu_dev_alloc(k.ops, LAYER_BYTES, &k.dev[l]), 0);
+        uint8_t *p = k.dev[l];
+        for (size_t o = 0; o < LAYER_BYTES; o++)
+            p[o] = expected_byte(l, o);
+        kv_tensor(&t[l], k.dev[l]);
+    }
+    cr_assert_eq(umbp_kv_register(k.rt, t, L, &k.kv), 0, "%s", umbp_last_error());
+    kv_round_trip_once_healthy(&k);
+    kv_close(&k);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* The server killed (SIGKILL) before an engine registers: the warm-up store
  * fails at once and registration still succeeds; a new server (a new pool)
  * then takes the cache's blocks and gives them back byte-exact. */
