@@ -539,7 +539,23 @@ static void region_remove(struct umbp_gpu_engine *eng, size_t i)
     eng->last_region = 0;
 }
 
-/* Registers (or allocates, when *addr is NULL) and records a region. */
+/* [addr, +len) overlaps a recorded region (eng->lock held): -EEXIST, named. */
+static int region_overlap(struct umbp_gpu_engine *eng, void *addr, size_t len)
+{
+    size_t i = region_lower_bound(eng, (uintptr_t)addr);
+    if (i < eng->nregions && eng->regions[i].addr < (uintptr_t)addr + len) {
+        gpu_set_error("host memory [%p, +%zu) overlaps a registered region", addr, len);
+        return -EEXIST;
+    }
+    return 0;
+}
+
+/* Registers (or allocates, when *addr is NULL) and records a region.  The
+ * pinning itself runs outside eng->lock: it touches every page (seconds for
+ * a pool of hundreds of GiB: a restarted server's new pool is registered
+ * while transfers run), and submissions and releases take that lock on the
+ * runtime's loop thread and its waiter.  The overlap check is made again
+ * when the region is recorded. */
 static int host_add(struct umbp_gpu_engine *eng, void **addr, size_t len)
 {
     const struct gpu_ops *o = eng->ops;
@@ -549,17 +565,15 @@ static int host_add(struct umbp_gpu_engine *eng, void **addr, size_t len)
         gpu_set_error("host memory of 0 bytes");
         return -EINVAL;
     }
-    pthread_mutex_lock(&eng->lock);
     rc = gpu_device_enter(o, eng->device, &prev);
     if (rc < 0)
-        goto out_unlock;
+        return rc;
     if (!owned) {
-        size_t i = region_lower_bound(eng, (uintptr_t)*addr);
-        if (i < eng->nregions && eng->regions[i].addr < (uintptr_t)*addr + len) {
-            gpu_set_error("host memory [%p, +%zu) overlaps a registered region", *addr, len);
-            rc = -EEXIST;
+        pthread_mutex_lock(&eng->lock);
+        rc = region_overlap(eng, *addr, len);
+        pthread_mutex_unlock(&eng->lock);
+        if (rc < 0)
             goto out_leave;
-        }
         rc = gpu_host_register(o, *addr, len);
     } else {
         rc = gpu_host_alloc(o, len, addr);
@@ -568,21 +582,24 @@ static int host_add(struct umbp_gpu_engine *eng, void **addr, size_t len)
         goto out_leave;
     void *dev = NULL;
     rc = gpu_host_dev_ptr(o, *addr, &dev);
+    pthread_mutex_lock(&eng->lock);
+    if (rc >= 0 && !owned)
+        rc = region_overlap(eng, *addr, len); /* registered meanwhile by another thread */
     if (rc >= 0)
         rc = region_insert(eng, (uintptr_t)*addr, len, owned);
+    if (rc >= 0) {
+        eng->regions[rc].dev = (uintptr_t)dev;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&eng->lock);
     if (rc < 0) {
         if (owned)
             gpu_host_free(o, *addr);
         else
             (void)gpu_host_unregister(o, *addr);
-        goto out_leave;
     }
-    eng->regions[rc].dev = (uintptr_t)dev;
-    rc = 0;
 out_leave:
     gpu_device_leave(o, eng->device, prev);
-out_unlock:
-    pthread_mutex_unlock(&eng->lock);
     return rc;
 }
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gpu.h"
 
@@ -61,7 +62,18 @@ static int host_alloc_aligned(size_t n, void **p)
     return 0;
 }
 static void host_free_any(void *p) { free(p); }
-static int host_register(void *p, size_t n) { (void)p, (void)n; return 0; }
+/* Pinning is slow on a GPU (every page: seconds for hundreds of GiB); tests
+ * that need it slow here set UMBP_GPU_HOST_PIN_MS (each registration takes
+ * that long). */
+static int host_register(void *p, size_t n)
+{
+    (void)p, (void)n;
+    const char *e = getenv("UMBP_GPU_HOST_PIN_MS");
+    long ms = e ? strtol(e, NULL, 10) : 0;
+    if (ms > 0)
+        usleep((useconds_t)(ms > 60000 ? 60000 : ms) * 1000);
+    return 0;
+}
 static int host_unregister(void *p) { (void)p; return 0; }
 static int host_dev_ptr(void *p, void **d)
 {

@@ -22,10 +22,13 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine.h" /* private: the transfers' tables, for the warm-up test */
 #include "gpu.h"    /* private: device allocation and copies for the test */
@@ -1103,6 +1106,78 @@ static void test_host_async_event_records(void)
     free(src), free(x), free(y);
 }
 
+/* A registration pins every page (seconds for a large pool: a restarted
+ * server's new pool is registered while the runtime's loop submits
+ * transfers into the old one) and must not hold those transfers up.  The
+ * host backend pins for UMBP_GPU_HOST_PIN_MS here (2 s): a store into
+ * memory registered before is submitted, done and released while another
+ * thread is still inside its registration.  When the pinning held the
+ * engine's lock, the store's submit waited for it. */
+struct pin_arg {
+    umbp_gpu_engine_t *eng;
+    void *p;
+    size_t n;
+    atomic_int state; /* 1: registering, 2: returned */
+    int rc;
+};
+
+static void *pin_thread(void *a)
+{
+    struct pin_arg *arg = a;
+    atomic_store(&arg->state, 1);
+    arg->rc = umbp_gpu_host_register(arg->eng, arg->p, arg->n);
+    atomic_store(&arg->state, 2);
+    return NULL;
+}
+
+static void test_pinning_holds_up_no_transfer(void)
+{
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = UMBP_GPU_BACKEND_HOST;
+    umbp_gpu_engine_t *eng = NULL;
+    int rc = umbp_gpu_engine_create(&cfg, &eng);
+    CHECK(rc == 0, "pinning: engine: %s", umbp_gpu_strerror(rc));
+    if (rc < 0)
+        return;
+    static uint8_t dev[2 * 8 * 16 * 2 * 64 * 2] __attribute__((aligned(64)));
+    umbp_kv_tensor_t t = fa_tensor(dev, 8);
+    umbp_kv_layout_t *lay = NULL;
+    CHECK(umbp_kv_layout_create(eng, &t, 1, &lay) == 0, "pinning: layout");
+    uint64_t osz = lay ? umbp_kv_layout_object_size(lay) : 4096;
+    uint8_t *pool = aligned_alloc(4096, 2 * osz), *later = aligned_alloc(4096, 4096);
+    CHECK(umbp_gpu_host_register(eng, pool, 2 * osz) == 0, "pinning: the first pool");
+    setenv("UMBP_GPU_HOST_PIN_MS", "2000", 1);
+    struct pin_arg arg = {.eng = eng, .p = later, .n = 4096};
+    atomic_init(&arg.state, 0);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, pin_thread, &arg) == 0, "pinning: thread");
+    while (atomic_load(&arg.state) == 0)
+        usleep(1000);
+    usleep(100000); /* inside the registration by now */
+    umbp_kv_block_io_t io[1] = {{.block = 1, .host = pool}};
+    umbp_kv_xfer_desc_t d = {.layout = lay, .blocks = io, .num_blocks = 1};
+    umbp_gpu_xfer_t *x = NULL;
+    rc = lay ? umbp_gpu_store(eng, &d, &x) : -EINVAL;
+    CHECK(rc == 0, "pinning: a store beside the registration: %s", umbp_gpu_strerror(rc));
+    if (rc == 0) {
+        CHECK(umbp_gpu_xfer_wait(x, 10000) == 0, "pinning: wait");
+        umbp_gpu_xfer_release(x);
+    }
+    CHECK(atomic_load(&arg.state) == 1,
+          "pinning: the store waited for another thread's registration to end");
+    pthread_join(th, NULL);
+    unsetenv("UMBP_GPU_HOST_PIN_MS");
+    CHECK(arg.rc == 0, "pinning: the second registration: %s", umbp_gpu_strerror(arg.rc));
+    CHECK(umbp_gpu_host_register(eng, later, 4096) == -EEXIST, "pinning: registered twice");
+    if (lay)
+        umbp_kv_layout_destroy(lay);
+    umbp_gpu_host_unregister(eng, pool);
+    umbp_gpu_host_unregister(eng, later);
+    umbp_gpu_engine_destroy(eng);
+    free(pool), free(later);
+}
+
 int main(int argc, char **argv)
 {
     const char *which = "host";
@@ -1130,6 +1205,7 @@ int main(int argc, char **argv)
         test_evict_first_reaches_restores(1);
         test_evict_first_reaches_restores(0);
         test_host_async_event_records();
+        test_pinning_holds_up_no_transfer();
         run_backend(UMBP_GPU_BACKEND_HOST, 0);
     } else {
         umbp_gpu_backend_t found = UMBP_GPU_BACKEND_AUTO;
