@@ -607,6 +607,7 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
             goto fail;
         }
         kv_fill(child[got], l, blocks + base, m, first, count, ev);
+        child[got]->kv_xfer = true; /* they reserve: the hint goes with them */
         child[got]->warm = warm;
         child[got]->parent = op;
         child[got]->parent_base = base;

@@ -156,8 +156,10 @@ struct umbp_op {
     struct umbp_op *gnext;    /* GPU waiter queue */
     bool warm;                /* a warm-up: a store aborted, not published (gpu_warm_store);
                                  a load that copies nothing (umbp_kv_warm_load); counts nothing */
-    bool kv_xfer;             /* a KV transfer (or its parent): waiters poll
-                                 through it (op_wait_ns) */
+    bool kv_xfer;             /* a KV transfer, its parent or a slice of it:
+                                 waiters poll through it (op_wait_ns), and its
+                                 reservation names the object size to the tier
+                                 (reserve_ahead) */
 
     /* lookup / stats / flush */
     size_t prefix;

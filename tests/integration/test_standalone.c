@@ -625,6 +625,38 @@ Test(standalone, spares_are_replaced_before_they_are_retired)
     tu_server_cleanup(&srv);
 }
 
+/* Without the warm-up store, a KV store names its object size itself, also
+ * when it is sliced (gpu_store_slice_blocks 4: four slices of 4 blocks,
+ * which are the ops that reserve): spares follow its first store, and the
+ * next store takes them.  When only the unsliced parent carried the KV
+ * mark, sliced stores never named the size and no spare was ever made. */
+Test(standalone, a_sliced_store_names_its_size)
+{
+    setenv("UMBP_GPU_WARM_STORE", "false", 1);
+    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "4", 1);
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_stats_t st;
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_eq(st.reserved_ahead, 0, "spares without a store");
+    store_from(k.rt, k.kv, 0, KV_BLOCKS);
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st),
+              "%llu spares after a sliced store, want %llu", (unsigned long long)st.reserved_ahead,
+              (unsigned long long)AHEAD_WANT);
+    store_from(k.rt, k.kv, 100, 4); /* one slice: from the spares */
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_eq(st.reserved_ahead_used, 4);
+    for (int l = 0; l < L; l++)
+        memset(k.dev[l], TU_POISON, LAYER_BYTES);
+    load_reversed_and_check(&k);
+    kv_close(&k);
+    unsetenv("UMBP_GPU_WARM_STORE");
+    unsetenv("UMBP_GPU_STORE_SLICE_BLOCKS");
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* Two KV caches of different object sizes on one runtime, as a hybrid
  * model registers its attention groups and its Mamba state: each size gets
  * spares of its own from its registration on (its warm-up store names the
