@@ -20,11 +20,11 @@
  * kstream's table_ready, recorded after that wait and after the table
  * upload on tstream; the upload touches only the engine's own memory).
  *
- * Staging.  One device buffer of GPU_STAGING_SLOTS slots.  Each slot has a
- * "filled" and a "free" event; whoever fills a slot waits for its "free"
- * event and records "filled", whoever drains it waits for "filled" and
- * records "free".  Slots rotate engine-wide across transfers of both lanes,
- * and everything is issued under eng->lock, so each wait sees the record it
+ * Staging.  One device buffer, half for each lane (stores, restores), of
+ * GPU_STAGING_SLOTS slots each.  Each slot has a "filled" and a "free"
+ * event; whoever fills a slot waits for its "free" event and records
+ * "filled", whoever drains it waits for "filled" and records "free".  A
+ * lane's slots rotate across its transfers (lane->next_slot), and everything is issued under eng->lock, so each wait sees the record it
  * needs (a stream waits for the last record made before the wait call).  Groups ramp up
  * (1/8, 1/4, 1/2 of a slot, then whole slots) so the first DMA starts soon,
  * and down (halves of the last slot's worth) so the last scatter ends soon.

@@ -81,7 +81,9 @@ static int check_sizes(const umbp_kv_tensor_t *t, uint32_t idx)
     for (uint32_t d = 0; d < t->ndim; d++) {
         if (t->shape[d] == 1 || t->stride[d] < 0)
             continue; /* no extent, or a bad stride check_strides reports */
-        if ((uint64_t)t->stride[d] > MAX_BYTES || (uint64_t)t->shape[d] > MAX_BYTES) {
+        /* strides in bytes too: elem_size times a stride must not wrap */
+        if ((uint64_t)t->stride[d] > MAX_BYTES / t->elem_size ||
+            (uint64_t)t->shape[d] > MAX_BYTES) {
             gpu_set_error("KV tensor %u: dim %u is too large", idx, d);
             return UMBP_E_KV_SHAPE;
         }
@@ -220,6 +222,12 @@ static int build_layers(const umbp_kv_tensor_t *tensors, uint32_t num_tensors,
         }
         for (uint32_t k = 0; k < ti.num_layers; k++) {
             struct gpu_copy_layer *r = &rows[many ? i : k];
+            if (ti.nkv * ti.chunk_bytes > MAX_BYTES - off) {
+                gpu_set_error("KV tensor %u: an object of its layers spans more than 2^62 "
+                              "bytes", i);
+                rc = UMBP_E_KV_SHAPE;
+                goto fail;
+            }
             r->base = (uint64_t)(uintptr_t)tensors[i].base + k * ti.layer_stride;
             r->block_stride = ti.block_stride;
             r->kv_stride = ti.kv_stride;

@@ -213,7 +213,10 @@ UMBP_API int umbp_gpu_engine_sms_used(umbp_gpu_engine_t *eng);
  * for `blocks` blocks each, loads the copy kernel (lazy module loading loads
  * it at its first launch) and makes each stream's first copy, then waits for
  * the device.  Call it off the critical path (the runtime does, at the first
- * umbp_kv_register); 0 for blocks or xfers does nothing.
+ * umbp_kv_register) and before the engine's first transfer: its copies use
+ * the staging slots without the transfers' ordering, so one running beside
+ * them could overwrite their staged bytes.  0 for blocks or xfers does
+ * nothing.
  */
 UMBP_API int umbp_gpu_engine_warm(umbp_gpu_engine_t *eng, size_t blocks, unsigned xfers);
 

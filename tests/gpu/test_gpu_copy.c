@@ -857,6 +857,22 @@ static void test_errors(void)
     expect_layout_error(eng, t, 2, UMBP_E_KV_MISMATCH, "one layer with K/V, one without");
     u = t[0], u.base = NULL;
     expect_layout_error(eng, &u, 1, -EINVAL, "NULL base");
+    /* strides whose bytes wrap 64 bits (a fabricated descriptor: no real
+     * tensor has them) are refused, not taken modulo 2^64 */
+    u = (umbp_kv_tensor_t){.base = fake, .ndim = 2, .shape = {4, 4}, .elem_size = 64,
+                           .block_dim = 0, .kv_dim = -1, .layer_dim = -1};
+    u.stride[0] = ((int64_t)1 << 58) + 4, u.stride[1] = 1;
+    expect_layout_error(eng, &u, 1, UMBP_E_KV_SHAPE, "a block stride whose bytes wrap");
+    /* an object over 2^62 bytes from layers each under it (2^60 each) */
+    umbp_kv_tensor_t big[5];
+    for (int i = 0; i < 5; i++) {
+        big[i] = (umbp_kv_tensor_t){.base = fake, .ndim = 3, .shape = {2, 2, (int64_t)1 << 53},
+                                    .elem_size = 64, .block_dim = 1, .kv_dim = 0,
+                                    .layer_dim = -1};
+        umbp_kv_tensor_set_contiguous(&big[i]);
+    }
+    expect_layout_error(eng, big, 4, 0, "an object of 2^62 bytes");
+    expect_layout_error(eng, big, 5, UMBP_E_KV_SHAPE, "an object over 2^62 bytes");
 
     /* Transfers. */
     umbp_kv_layout_t *lay = NULL;
