@@ -62,9 +62,10 @@ static int host_alloc_aligned(size_t n, void **p)
     return 0;
 }
 static void host_free_any(void *p) { free(p); }
-/* Pinning is slow on a GPU (every page: seconds for hundreds of GiB); tests
- * that need it slow here set UMBP_GPU_HOST_PIN_MS (each registration takes
- * that long). */
+/* Pinning is slow on a GPU (every page: seconds for hundreds of GiB) and can
+ * fail (pinned memory short); tests that need it slow here set
+ * UMBP_GPU_HOST_PIN_MS (each registration takes that long), and
+ * UMBP_GPU_HOST_PIN_FAIL for it to fail. */
 static int host_register(void *p, size_t n)
 {
     (void)p, (void)n;
@@ -72,6 +73,10 @@ static int host_register(void *p, size_t n)
     long ms = e ? strtol(e, NULL, 10) : 0;
     if (ms > 0)
         usleep((useconds_t)(ms > 60000 ? 60000 : ms) * 1000);
+    if (getenv("UMBP_GPU_HOST_PIN_FAIL")) { /* and tests that need it to fail */
+        gpu_set_error("host backend: pinning refused (UMBP_GPU_HOST_PIN_FAIL)");
+        return -ENOMEM;
+    }
     return 0;
 }
 static int host_unregister(void *p) { (void)p; return 0; }

@@ -37,7 +37,7 @@ static void get_finish(struct umbp_runtime *rt, struct umbp_op *op)
         /* A data failure is remembered so the engine stops counting the key
          * as a hit; "not attempted" says nothing about the key itself. */
         if (q_ms && s != UMBP_E_NOT_ATTEMPTED && s != UMBP_E_TIMEOUT && s != UMBP_E_SHAPE &&
-            s != -ENOTSUP)
+            s != -ENOTSUP && s != UMBP_E_GPU_UNREGISTERED /* a pool not pinned yet */)
             quarantine_add(rt->quarantine, &op->reqs[k].key, now + ms_to_ns((int64_t)q_ms));
     }
     op_complete(op);

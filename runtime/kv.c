@@ -456,16 +456,28 @@ void tier_mapping_changed(void *ctx)
     atomic_store(&rt->kv.remap, true);
 }
 
+/* A registration of a new pool that failed is tried again this long after
+ * (each try pins, slow; transfers into that pool fail meanwhile). */
+#define REMAP_RETRY_NS 1000000000ull
+
 /* Caller's thread, before a KV transfer: the tier now hands out regions of
  * another mapping (a restarted server's new pool).  Registers it with the
  * GPU runtime (slow: it pins every page, once per new pool); the old one
- * stays registered, since transfers may still be using it. */
+ * stays registered, since transfers may still be using it.  A registration
+ * that fails (pinned memory short while the old pool is still pinned) is
+ * tried again at a later transfer, a second after, not never. */
 static void kv_remap(struct umbp_runtime *rt)
 {
     struct kv_state *kv = &rt->kv;
     if (!atomic_load(&kv->remap) || !atomic_exchange(&kv->remap, false))
         return;
     pthread_mutex_lock(&kv->lock);
+    uint64_t now = umbp_now_ns();
+    if (now < kv->remap_retry_ns) { /* not yet: the flag stays up */
+        atomic_store(&kv->remap, true);
+        pthread_mutex_unlock(&kv->lock);
+        return;
+    }
     void *addr;
     size_t len;
     bool known = false;
@@ -477,11 +489,14 @@ static void kv_remap(struct umbp_runtime *rt)
             umbp_log(UMBP_LOG_WARN, "the pool changed more than %zu times; its newest mapping "
                      "is not registered with the GPU (KV transfers fail until restart)",
                      kv->nmore);
-        else if (!known && umbp_gpu_host_register(kv->engine, addr, len) < 0)
+        else if (!known && umbp_gpu_host_register(kv->engine, addr, len) < 0) {
             umbp_log(UMBP_LOG_WARN, "cannot register the new %zu-byte pool with the GPU "
-                     "runtime: %s; KV transfers fail until it can be", len,
-                     umbp_gpu_last_error());
-        else if (!known) {
+                     "runtime: %s; KV transfers into it fail (their blocks recomputed) and "
+                     "it is tried again in %llu ms", len, umbp_gpu_last_error(),
+                     (unsigned long long)(REMAP_RETRY_NS / 1000000));
+            kv->remap_retry_ns = now + REMAP_RETRY_NS;
+            atomic_store(&kv->remap, true);
+        } else if (!known) {
             kv->more_pools[kv->nmore++] = addr;
             umbp_log(UMBP_LOG_INFO, "registered the new %zu-byte pool with the GPU", len);
         }

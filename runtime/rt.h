@@ -263,6 +263,7 @@ struct kv_state {
     void *more_pools[8];
     size_t nmore;
     _Atomic bool remap;            /* loop -> callers: mapped_memory changed */
+    uint64_t remap_retry_ns;       /* a failed registration of it: next try (kv->lock) */
     struct kv_entry *v;
     size_t n, cap;
     uint64_t next_handle;

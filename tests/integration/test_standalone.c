@@ -1405,10 +1405,63 @@ Test(standalone, kv_load_with_a_head_statuses_and_bytes)
     tu_server_cleanup(&srv);
 }
 
+/* The same, where registering the new pool with the GPU fails at first
+ * (pinned memory short while the old pool is still pinned; the host
+ * backend refuses while UMBP_GPU_HOST_PIN_FAIL is set): KV stores into it
+ * fail, the registration is tried again a second later, and once it can
+ * be the KV path carries on byte-exact.  Before, the failed registration
+ * was never tried again: every KV transfer failed until the engine
+ * restarted. */
+static int64_t ms_until_put_works(umbp_runtime_t *rt);
+
+Test(standalone, kv_registers_a_new_pool_again_after_a_failure)
+{
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    setenv("UMBP_GPU_HOST_PIN_FAIL", "1", 1);
+    tu_server_stop(&srv);
+    start_server(NULL);
+    cr_assert_geq(ms_until_put_works(k.rt), 0, "no put succeeded after the restart");
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(200 + i), (uint64_t)i};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0);
+    int rc = kv_wait(op);
+    cr_assert_eq(rc, UMBP_E_GPU_UNREGISTERED, "a KV store into an unregistered pool: %d (%s)",
+                 rc, umbp_strerror(rc));
+    unsetenv("UMBP_GPU_HOST_PIN_FAIL");
+    rc = -1;
+    for (int i = 0; i < 40 && rc != 0; i++) { /* tried again a second after the failure */
+        tu_sleep_ms(100);
+        for (int j = 0; j < KV_BLOCKS; j++)
+            b[j] = (umbp_kv_block_t){kv_key(300 + 100 * i + j), (uint64_t)j};
+        cr_assert_eq(umbp_kv_store(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0);
+        rc = kv_wait(op);
+    }
+    cr_assert_eq(rc, 0, "KV stores still fail 4 s after the pool could be registered: %d (%s)",
+                 rc, umbp_strerror(rc));
+    for (int l = 0; l < L; l++)
+        memset(k.dev[l], TU_POISON, LAYER_BYTES);
+    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0);
+    cr_assert_eq(kv_wait(op), 0);
+    for (int l = 0; l < L; l++)
+        for (int kvh = 0; kvh < 2; kvh++)
+            for (int blk = 0; blk < KV_BLOCKS; blk++) {
+                size_t at = ((size_t)kvh * NB + (size_t)blk) * CHUNK;
+                for (size_t o = 0; o < CHUNK; o++)
+                    cr_assert_eq(((uint8_t *)k.dev[l])[at + o], expected_byte(l, at + o),
+                                 "layer %d block %d byte %zu", l, blk, o);
+            }
+    kv_close(&k);
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* A server restarted without a named pool hands out a new pool: the KV
  * path registers it with the GPU and carries on (before, every transfer
  * failed with UMBP_E_GPU_UNREGISTERED until the engine restarted). */
-static int64_t ms_until_put_works(umbp_runtime_t *rt);
 
 Test(standalone, kv_survives_a_new_pool)
 {
