@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -933,6 +934,13 @@ int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out)
         n->serving = true;
     }
     n->batches.next = n->batches.prev = &n->batches;
+    /* request ids start at a random point (below 2^63: never wrapping), so
+     * a process that is not the owner cannot guess a batch's id and answer
+     * it first; the data plane has no other authentication
+     * (docs/distributed.md, Security) */
+    if (getrandom(&n->next_req, sizeof(n->next_req), GRND_NONBLOCK) != sizeof(n->next_req))
+        n->next_req = (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)n;
+    n->next_req &= ~(1ull << 63);
     n->sends.next = n->sends.prev = &n->sends;
     n->serve_timeout = (cfg->serve_timeout_ms ? cfg->serve_timeout_ms : UCX_SERVE_TIMEOUT_MS) / 1000.0;
     n->spin_ns = (uint64_t)cfg->spin_us * 1000u;
