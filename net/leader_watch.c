@@ -45,10 +45,17 @@ static void read_once(struct leader_watch *w)
     pthread_mutex_lock(&w->mu);
     bool had = w->have, changed;
     struct lease_holder old = w->holder;
+    uint64_t went_back = 0;
     if (rc == 1) {
         w->have = true;
         w->holder = h;
-        if (h.epoch > w->max_epoch)
+        /* epochs only rise in a store that lives on; one that shows a lower
+         * leader was emptied (a restart without persistence): it is the
+         * authority, so its leader is followed from there on, not refused
+         * as deposed for good */
+        if (h.epoch < w->max_epoch)
+            went_back = w->max_epoch;
+        if (h.epoch > w->max_epoch || went_back)
             w->max_epoch = h.epoch;
         changed = !had || !same(&old, &h);
     } else {
@@ -60,6 +67,10 @@ static void read_once(struct leader_watch *w)
         changed = had;
     }
     pthread_mutex_unlock(&w->mu);
+    if (went_back)
+        umbp_log(UMBP_LOG_WARN, "%s names %s with epoch %llu, below the %llu it showed before: "
+                 "the store was emptied; following its leader", w->url, h.address,
+                 (unsigned long long)h.epoch, (unsigned long long)went_back);
     if (rc < 0 && had)
         umbp_log(UMBP_LOG_WARN, "%s (the last leader known: %s, epoch %llu)", err, old.address,
                       (unsigned long long)old.epoch);

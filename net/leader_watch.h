@@ -42,7 +42,8 @@ void leader_watch_stop(struct leader_watch *w);
 /* The last holder read: 1 and *out; 0 and why (nobody holds the lease, or
  * the store's error). */
 int leader_watch_get(struct leader_watch *w, struct lease_holder *out, char *why, size_t len);
-/* The highest epoch the store has shown (0: none yet). */
+/* The highest epoch the store has shown (0: none yet); back to the store's
+ * leader's when the store shows a lower one (it was emptied). */
 uint64_t leader_watch_max_epoch(struct leader_watch *w);
 /* Read again now (rate-limited). */
 void leader_watch_poke(struct leader_watch *w);

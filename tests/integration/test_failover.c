@@ -726,6 +726,39 @@ Test(failover, both_masters_restarted_one_leads_and_nodes_resync)
     fo_stop(&f);
 }
 
+/* The store emptied (a Redis restarted without persistence, as the docs
+ * allow) while both masters restarted too: the master that takes the empty
+ * store starts again at epoch 1, below what the running nodes have seen
+ * (42).  The store is the authority: the nodes follow its leader, register
+ * and read each other's new keys.  Found by an outside reading: the nodes
+ * kept the highest epoch they had seen and refused the new leader as
+ * deposed, for good (every remote key a miss until every engine restarted). */
+Test(failover, the_store_emptied_and_both_masters_restarted_nodes_follow_epoch_one)
+{
+    struct fo f;
+    fo_redis(&f, "wiped");
+    redis_do(&f.r, "SET umbp:%s:epoch 41", f.cluster);
+    fo_cluster(&f, 2);
+    int L, S;
+    uint64_t e0, e1, ms;
+    fo_roles(&f, &L, &S, &e0);
+    fo_assert(e0 == 42, "the first epoch is %llu, expected 42", (unsigned long long)e0);
+    put_then_read(&f, &f.n[0], &f.n[1], 1);
+    master_signal(&f.m[0], SIGKILL);
+    master_signal(&f.m[1], SIGKILL);
+    redis_restart_same_port(&f.r);
+    fo_master_start(&f, 0); /* new processes: they have seen no epoch */
+    fo_master_start(&f, 1);
+    int l = wait_leader(&f, -1, 0, &e1, &ms);
+    fo_assert(e1 < e0, "the empty store's first epoch is %llu, not below %llu",
+              (unsigned long long)e1, (unsigned long long)e0);
+    cr_log_info("master %d took the empty store with epoch %llu", l, (unsigned long long)e1);
+    put_then_read(&f, &f.n[0], &f.n[1], 2); /* both nodes registered with it */
+    put_then_read(&f, &f.n[1], &f.n[0], 3);
+    one_leader(&f, "after the store was emptied");
+    fo_stop(&f);
+}
+
 /* ---- a node joins during a failover ------------------------------------------------------- */
 
 Test(failover, a_node_started_during_a_failover_joins_the_new_leader)
