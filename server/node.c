@@ -136,9 +136,16 @@ static void slice_clear(struct umbp_tier *t, umbp_tier_done_fn done, void *arg)
     done(arg, 0);
 }
 
+/* Without a high watermark: the rdma tier keeps a fetched object as a
+ * replica only below it, and hands the others to its reader as private
+ * copies; a server's engines can take no private copy (the handler leases
+ * what the store holds), so one refused there was fetched for nothing and
+ * missed.  The server's own evictor keeps the pool between its marks, and a
+ * replica the handler leases at once is not evicted under it. */
 static void slice_usage(struct umbp_tier *t, struct umbp_tier_usage *out)
 {
     srv_store_usage(&node_of(t)->s->st, out);
+    out->high_watermark_bytes = 0;
 }
 
 static int slice_mapped_memory(struct umbp_tier *t, void **addr, size_t *len)

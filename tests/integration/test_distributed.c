@@ -599,6 +599,41 @@ Test(dist, a_hosts_server_is_its_node_and_serves_what_its_engines_stored)
     globfree(&gl);
 }
 
+/* A host's server whose pool sits just below its high watermark (30 % of
+ * 64 MiB, the engine's own 18 MiB there) fetches other hosts' objects for
+ * its engine and keeps each as a replica, leased for the engine at once:
+ * the engine reads all of them byte-exact.  Found by an outside reading:
+ * the server's node kept replicas only below the high watermark and made
+ * the others private copies, which a server cannot hand to an engine, so
+ * every such key was fetched and then missed, on every load. */
+Test(dist, a_hosts_server_keeps_what_it_fetches_above_its_high_watermark)
+{
+    struct cluster c;
+    server_node_cluster(&c);
+    struct tu_server srv = {0};
+    char json[1024];
+    snprintf(json, sizeof(json),
+             "{\"master_address\": \"%s\", \"node_host\": \"hostS\", \"heartbeat_ms\": 100, "
+             "\"capacity_bytes\": \"64MiB\", \"dram_high_watermark\": 0.3, "
+             "\"dram_low_watermark\": 0.2, \"log_level\": \"info\"}", c.m.addr);
+    tu_server_start(&srv, json);
+    char ejson[512];
+    snprintf(ejson, sizeof(ejson), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+             "\"gpu_backend\": \"host\", \"timeout_ms\": 5000}", srv.dir);
+    struct node *e = &c.n[0], *b = &c.n[1];
+    node_start(e, "engineS", ejson);
+    node_start(b, "nodeB", node_json(json, sizeof(json), c.m.addr, "nodeB", NULL));
+    c.nn = 2;
+    put(e, 100, 18, MB); /* the server's pool at 28 %: below its high mark, no eviction */
+    put(b, 101, 4, 4 * MB);
+    until_found(e, 101, 4, 4);
+    struct got g = get(e, 101, 4, 4 * MB);
+    cr_assert_eq(g.hit, 4, "the engine read %zu of 4 through a server near its high "
+                 "watermark (miss %zu, wrong %zu)", g.hit, g.miss, g.wrong);
+    tu_server_cleanup(&srv);
+    cluster_stop(&c);
+}
+
 /* The engines of a host whose server is the node read other hosts'
  * objects through it: a lookup asks the master (through the server), a
  * load fetches into the server's pool (a replica there) and is read from
