@@ -815,21 +815,13 @@ def test_dp_rank_auto_without_sglangs_dp_rank_warns_once(caplog, monkeypatch):
     option, never where the rank exists or dp_rank is a number."""
     import logging
 
-    @dataclasses.dataclass
-    class OlderStorageConfig:  # HiCacheStorageConfig without dp_rank / dp_size
-        tp_rank: int
-        tp_size: int
-        pp_rank: int
-        pp_size: int
-        attn_cp_rank: int
-        attn_cp_size: int
-        is_mla_model: bool
-        enable_storage_metrics: bool
-        is_page_first_layout: bool
-        model_name: Optional[str]
-        tp_lcm_size: Optional[int] = None
-        should_split_heads: bool = False
-        extra_config: Optional[dict] = None
+    # HiCacheStorageConfig as SGLang had it before dp_rank / dp_size (the
+    # stand-in's fields, those two left out)
+    OlderStorageConfig = dataclasses.make_dataclass("OlderStorageConfig", [
+        (f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory))
+        for f in dataclasses.fields(_compat.HiCacheStorageConfig)
+        if f.name not in ("dp_rank", "dp_size")])
+    assert not hasattr(OlderStorageConfig, "dp_rank")
 
     def older(extra):
         return OlderStorageConfig(0, 1, 0, 1, 0, 1, False, False, True, "m",

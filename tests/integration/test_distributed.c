@@ -531,6 +531,26 @@ static void server_node_cluster(struct cluster *c)
     setenv("UCX_MEM_EVENTS", "no", 1);
 }
 
+/* The host's umbp-server as the node "hostS" of c's master (extra: more
+ * server members), and an engine (standalone, host GPU backend) on it. */
+static void server_node_start(struct cluster *c, struct tu_server *srv, const char *extra)
+{
+    char json[1024];
+    snprintf(json, sizeof(json),
+             "{\"master_address\": \"%s\", \"node_host\": \"hostS\", \"heartbeat_ms\": 100, "
+             "\"log_level\": \"info\", %s}", c->m.addr, extra);
+    tu_server_start(srv, json);
+}
+
+static void engine_on_server(struct node *e, const char *name, const struct tu_server *srv,
+                             int timeout_ms)
+{
+    char json[512];
+    snprintf(json, sizeof(json), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
+             "\"gpu_backend\": \"host\", \"timeout_ms\": %d}", srv->dir, timeout_ms);
+    node_start(e, name, json);
+}
+
 /* A host whose engines attach to its umbp-server (standalone mode), the
  * server configured with master_address: the server is the host's one
  * node.  What an engine stores through it is announced to the master and
@@ -611,17 +631,11 @@ Test(dist, a_hosts_server_keeps_what_it_fetches_above_its_high_watermark)
     struct cluster c;
     server_node_cluster(&c);
     struct tu_server srv = {0};
-    char json[1024];
-    snprintf(json, sizeof(json),
-             "{\"master_address\": \"%s\", \"node_host\": \"hostS\", \"heartbeat_ms\": 100, "
-             "\"capacity_bytes\": \"64MiB\", \"dram_high_watermark\": 0.3, "
-             "\"dram_low_watermark\": 0.2, \"log_level\": \"info\"}", c.m.addr);
-    tu_server_start(&srv, json);
-    char ejson[512];
-    snprintf(ejson, sizeof(ejson), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
-             "\"gpu_backend\": \"host\", \"timeout_ms\": 5000}", srv.dir);
+    server_node_start(&c, &srv, "\"capacity_bytes\": \"64MiB\", \"dram_high_watermark\": 0.3, "
+                                "\"dram_low_watermark\": 0.2");
     struct node *e = &c.n[0], *b = &c.n[1];
-    node_start(e, "engineS", ejson);
+    engine_on_server(e, "engineS", &srv, 5000);
+    char json[1024];
     node_start(b, "nodeB", node_json(json, sizeof(json), c.m.addr, "nodeB", NULL));
     c.nn = 2;
     put(e, 100, 18, MB); /* the server's pool at 28 %: below its high mark, no eviction */
@@ -769,17 +783,11 @@ Test(dist, a_hosts_server_node_outlives_its_master_and_a_stopped_server_costs_mi
     struct cluster c;
     server_node_cluster(&c);
     struct tu_server srv = {0};
-    char json[1024];
-    snprintf(json, sizeof(json),
-             "{\"master_address\": \"%s\", \"node_host\": \"hostS\", \"heartbeat_ms\": 100, "
-             "\"capacity_bytes\": \"256MiB\", \"timeout_ms\": 1500, \"lookup_timeout_ms\": 500, "
-             "\"log_level\": \"info\"}", c.m.addr);
-    tu_server_start(&srv, json);
-    char ejson[512];
-    snprintf(ejson, sizeof(ejson), "{\"mode\": \"standalone\", \"socket_dir\": \"%s\", "
-             "\"gpu_backend\": \"host\", \"timeout_ms\": 3000}", srv.dir);
+    server_node_start(&c, &srv, "\"capacity_bytes\": \"256MiB\", \"timeout_ms\": 1500, "
+                                "\"lookup_timeout_ms\": 500");
     struct node *e = &c.n[0], *b = &c.n[1];
-    node_start(e, "engineS", ejson);
+    engine_on_server(e, "engineS", &srv, 3000);
+    char json[1024];
     node_start(b, "nodeB", node_json(json, sizeof(json), c.m.addr, "nodeB",
                                      "\"cache_remote_fetches\": false"));
     c.nn = 2;
