@@ -34,6 +34,8 @@ struct dram_obj {
     uint32_t slot;                /* journal slot, or DRAM_JOURNAL_NONE */
     uint16_t ns;                  /* tenant namespace (store.c), 0 = default */
     bool ahead;                   /* reserved ahead of its key, not published yet */
+    bool unrecorded;              /* PENDING / HELD without a journal record,
+                                     with a writer deadline (store.c) */
     struct dram_obj *ns_prev, *ns_next; /* the namespace's LRU list */
     enum dram_obj_state state;
     struct dram_obj *lru_prev, *lru_next; /* PUBLISHED only; head = newest */

@@ -31,6 +31,10 @@ struct jheader {
     /* the latest hold time of a reservation that found no free slot (0 in
      * tables written before it existed: the same meaning, none) */
     _Atomic uint32_t unrecorded_hold_s;
+    /* the inode of the pool file these records describe (0 in tables
+     * written before it existed: trusted once, then set): a pool file made
+     * anew under an old table is another pool, whatever its name */
+    uint64_t pool_ino;
 };
 
 struct jslot {
@@ -90,9 +94,32 @@ static void reset_free_list(struct dram_journal *j)
             j->free_list[j->nfree++] = s;
 }
 
+static uint64_t new_pool_id(void)
+{
+    uint64_t id = 0;
+    while (id == 0 && getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id))
+        ;
+    return id;
+}
+
+/* The records describe another pool (the pool file was made anew): every
+ * record goes first, then the header takes a new id and the new file's
+ * inode, so a crash in between leaves a table that still names the old
+ * inode and is cleared again. */
+static void renew(struct dram_journal *j, uint64_t pool_ino)
+{
+    for (uint32_t s = 0; s < j->nslots; s++)
+        if (atomic_load_explicit(&j->slots[s].state, memory_order_relaxed) != DRAM_JSLOT_FREE)
+            atomic_store_explicit(&j->slots[s].state, DRAM_JSLOT_FREE, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    j->hdr->pool_id = new_pool_id();
+    atomic_store_explicit(&j->hdr->unrecorded_hold_s, 0, memory_order_relaxed);
+    j->hdr->pool_ino = pool_ino;
+}
+
 int dram_journal_open(const char *name, uint64_t pool_size, uint32_t nslots, bool persistent,
-                      struct dram_journal **out, bool *adopted, uint64_t *pool_id, char *err,
-                      size_t errlen)
+                      bool pool_new, uint64_t pool_ino, struct dram_journal **out, bool *adopted,
+                      uint64_t *pool_id, char *err, size_t errlen)
 {
     struct dram_journal *j = calloc(1, sizeof(*j));
     if (!j || !(j->free_list = calloc(nslots ? nslots : 1, sizeof(uint32_t)))) {
@@ -116,29 +143,44 @@ int dram_journal_open(const char *name, uint64_t pool_size, uint32_t nslots, boo
         goto fail;
     }
     struct stat st;
-    if (existed && (fstat(j->fd, &st) < 0 || (size_t)st.st_size != j->map_len)) {
+    /* a table of no bytes: its creator died before sizing it (the caller
+     * holds the pool's owner lock, so no one is creating it now) */
+    bool unsized = existed && fstat(j->fd, &st) == 0 && st.st_size == 0;
+    if (existed && !unsized && (fstat(j->fd, &st) < 0 || (size_t)st.st_size != j->map_len)) {
         snprintf(err, errlen, "dram_shm_name: /dev/shm%s is not the journal of a pool of "
                  "this size; remove it (and /dev/shm/%s) to start empty", j->path, name);
         rc = -EMEDIUMTYPE;
         goto fail;
     }
-    if ((rc = map_file(j, !existed, err, errlen)) < 0)
+    if ((rc = map_file(j, !existed || unsized, err, errlen)) < 0)
         goto fail;
-    if (existed && !header_matches(j, pool_size)) {
+    /* sized but no header yet: its creator died between the two */
+    bool blank = unsized || (existed && j->hdr->magic == 0 && j->hdr->version == 0);
+    if (existed && !blank && !header_matches(j, pool_size)) {
         snprintf(err, errlen, "dram_shm_name: /dev/shm%s belongs to another pool layout; "
                  "remove it (and /dev/shm/%s) to start empty", j->path, name);
         rc = -EMEDIUMTYPE;
         goto fail;
     }
-    if (!existed) {
-        uint64_t id = 0;
-        while (id == 0 && getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id))
-            ;
-        *j->hdr = (struct jheader){JOURNAL_MAGIC, JOURNAL_VERSION, sizeof(struct jslot),
-                                   nslots, pool_size, id, 0};
+    bool adopt = existed && !blank && !pool_new &&
+                 (j->hdr->pool_ino == 0 || j->hdr->pool_ino == pool_ino);
+    if (!existed || blank) {
+        j->hdr->pool_ino = pool_ino;
+        atomic_store_explicit(&j->hdr->unrecorded_hold_s, 0, memory_order_relaxed);
+        j->hdr->pool_id = new_pool_id();
+        j->hdr->pool_size = pool_size;
+        j->hdr->nslots = nslots;
+        j->hdr->slot_size = sizeof(struct jslot);
+        j->hdr->version = JOURNAL_VERSION;
+        atomic_thread_fence(memory_order_seq_cst);
+        j->hdr->magic = JOURNAL_MAGIC; /* last: a table from here on */
+    } else if (!adopt) {
+        renew(j, pool_ino);
+    } else if (j->hdr->pool_ino == 0) {
+        j->hdr->pool_ino = pool_ino;
     }
     reset_free_list(j);
-    *adopted = existed;
+    *adopted = adopt;
     *pool_id = j->hdr->pool_id;
     *out = j;
     return 0;
@@ -223,6 +265,11 @@ void dram_journal_note_unrecorded(struct dram_journal *j, uint32_t hold_s)
 {
     if (hold_s > atomic_load_explicit(&j->hdr->unrecorded_hold_s, memory_order_relaxed))
         atomic_store_explicit(&j->hdr->unrecorded_hold_s, hold_s, memory_order_relaxed);
+}
+
+void dram_journal_clear_unrecorded(struct dram_journal *j, uint32_t floor_s)
+{
+    atomic_store_explicit(&j->hdr->unrecorded_hold_s, floor_s, memory_order_relaxed);
 }
 
 uint32_t dram_journal_unrecorded_hold(const struct dram_journal *j)

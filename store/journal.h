@@ -51,13 +51,19 @@ struct dram_journal_rec {
     uint64_t off, size, oid;
 };
 
-/* Opens (adopting when it exists with the same pool_size and nslots) or
- * creates /dev/shm/<name>.meta.  *adopted says which; *pool_id is the id
- * recorded (adopted) or a new random one (created).  Negative with err
- * naming the file and the fix. */
+/* Opens (adopting when it exists with the same pool_size and nslots and
+ * describes this pool file) or creates /dev/shm/<name>.meta.  The caller
+ * holds the pool's owner lock.  pool_new: the pool file was created just
+ * now; pool_ino: its inode.  A table whose records describe another file
+ * (pool_new, or another inode) is emptied and takes a new pool id, so that
+ * clients still mapping the old file remap; a table its creator left
+ * unsized or without a header (killed while creating it) is made anew.
+ * *adopted: the records are this pool's; *pool_id is the id recorded
+ * (adopted) or a new random one.  Negative with err naming the file and
+ * the fix. */
 int dram_journal_open(const char *name, uint64_t pool_size, uint32_t nslots, bool persistent,
-                      struct dram_journal **out, bool *adopted, uint64_t *pool_id, char *err,
-                      size_t errlen);
+                      bool pool_new, uint64_t pool_ino, struct dram_journal **out, bool *adopted,
+                      uint64_t *pool_id, char *err, size_t errlen);
 void dram_journal_close(struct dram_journal *j);
 
 /* Adopting: every PENDING and PUBLISHED record, in slot order; the caller
@@ -75,6 +81,9 @@ void dram_journal_set_hold(struct dram_journal *j, uint32_t slot, uint32_t hold_
  * latest such hold time (0: none). */
 void dram_journal_note_unrecorded(struct dram_journal *j, uint32_t hold_s);
 uint32_t dram_journal_unrecorded_hold(const struct dram_journal *j);
+/* Every reservation without a record has ended: the header's hold goes back
+ * to floor_s (0: none). */
+void dram_journal_clear_unrecorded(struct dram_journal *j, uint32_t floor_s);
 /* ns of CLOCK_MONOTONIC as a hold time: seconds, rounded up, at least 1. */
 uint32_t dram_journal_hold_s(uint64_t mono_ns);
 void dram_journal_set_published(struct dram_journal *j, uint32_t slot);

@@ -80,15 +80,11 @@ static int open_shm(struct dram_pool *pool, const char *name, bool persistent,
     return fd;
 }
 
-/* Takes the one-live-owner lock of a persistent named pool (pool.h): an
- * exclusive flock on /dev/shm/<name>.owner, kept open (close-on-exec, never
- * handed to clients: the pool's own descriptor is a separate open file
- * description) until dram_pool_destroy.  The file then holds our pid, for
- * the message a second server gets. */
-static int take_owner_lock(struct dram_pool *pool, const char *name, char *err, size_t errlen)
+/* One try at the owner lock: -ESTALE when the file locked is no longer
+ * the one at the path. */
+static int lock_once(struct dram_pool *pool, const char *name, const char *path, char *err,
+                     size_t errlen)
 {
-    char path[DRAM_SHM_NAME_MAX + 32];
-    snprintf(path, sizeof(path), "/dev/shm/%s.owner", name);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         int rc = -errno;
@@ -106,12 +102,21 @@ static int take_owner_lock(struct dram_pool *pool, const char *name, char *err, 
         close(fd);
         if (rc == -EBUSY)
             snprintf(err, errlen, "dram_shm_name=%s: the pool /dev/shm/%s is in use by a live "
-                     "umbp-server (pid %s); a named pool has one owner: stop that server, or "
-                     "give this one another dram_shm_name", name, name, pid[0] ? pid : "unknown");
+                     "process (pid %s), a umbp-server or an embedded runtime; a named pool "
+                     "has one owner: stop that process, or give this one another "
+                     "dram_shm_name", name, name, pid[0] ? pid : "unknown");
         else
             snprintf(err, errlen, "dram_shm_name=%s: cannot lock %s (%s)", name, path,
                      strerror(-rc));
         return rc;
+    }
+    struct stat at, held;
+    if (fstat(fd, &held) < 0 || stat(path, &at) < 0 || at.st_ino != held.st_ino ||
+        at.st_dev != held.st_dev) {
+        close(fd);
+        snprintf(err, errlen, "dram_shm_name=%s: the pool's owner lock %s kept changing; "
+                 "another process is starting or ending on this name", name, path);
+        return -ESTALE;
     }
     char pid[24];
     int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
@@ -120,6 +125,24 @@ static int take_owner_lock(struct dram_pool *pool, const char *name, char *err, 
                  path, strerror(errno));
     pool->owner_fd = fd;
     return 0;
+}
+
+/* Takes the one-live-owner lock of a named pool (pool.h): an exclusive
+ * flock on /dev/shm/<name>.owner, kept open (close-on-exec, never handed to
+ * clients: the pool's own descriptor is a separate open file description)
+ * until dram_pool_destroy.  The file then holds our pid, for the message a
+ * second owner gets. */
+static int take_owner_lock(struct dram_pool *pool, const char *name, char *err, size_t errlen)
+{
+    char path[DRAM_SHM_NAME_MAX + 32];
+    snprintf(path, sizeof(path), "/dev/shm/%s.owner", name);
+    for (int tries = 0;; tries++) {
+        int rc = lock_once(pool, name, path, err, errlen);
+        /* the file we locked was unlinked by its last owner meanwhile (an
+         * embedded runtime's, at its end): lock the one at the path now */
+        if (rc != -ESTALE || tries == 8)
+            return rc == -ESTALE ? -EBUSY : rc;
+    }
 }
 
 /* One attempt at mapping `size` bytes with pages of page_size (huge or
@@ -140,6 +163,10 @@ static int map_once(struct dram_pool *pool, const struct dram_pool_params *p,
         if (fd < 0)
             return -f->err;
         struct stat st;
+        /* a file of no bytes: its creator died before sizing it (we hold the
+         * owner lock, so no one else is creating it now): nothing to adopt */
+        if (pool->adopted && fstat(fd, &st) == 0 && st.st_size == 0)
+            pool->adopted = false;
         if (pool->adopted && (fstat(fd, &st) < 0 || (uint64_t)st.st_size != size)) {
             *f = (struct map_failure){ "adopt", EMEDIUMTYPE };
             pool->size = fstat(fd, &st) == 0 ? (uint64_t)st.st_size : 0;
@@ -330,8 +357,11 @@ int dram_pool_create(const struct dram_pool_params *p, struct dram_pool **out,
     }
     pool->fd = -1;
     pool->owner_fd = -1;
-    pool->persistent = p->persistent && p->shared && p->shm_name && p->shm_name[0];
-    rc = pool->persistent ? take_owner_lock(pool, p->shm_name, err, errlen) : 0;
+    bool named = p->shared && p->shm_name && p->shm_name[0];
+    pool->persistent = p->persistent && named;
+    /* every creator of a named pool holds its owner lock, an embedded runtime
+     * too: a server must never adopt a pool a live runtime allocates from */
+    rc = named ? take_owner_lock(pool, p->shm_name, err, errlen) : 0;
     if (rc == 0)
         rc = map_pool(pool, p, err, errlen);
     if (rc == 0)
@@ -354,8 +384,17 @@ void dram_pool_destroy(struct dram_pool *pool)
         munmap(pool->base, pool->size);
     if (pool->fd >= 0)
         close(pool->fd);
-    if (pool->shm_path[0] && !pool->persistent)
+    if (pool->shm_path[0] && !pool->persistent) {
         shm_unlink(pool->shm_path);
+        /* a pool that ends with its owner takes its lock file along, unlinked
+         * while still locked: a later locker checks that the file it locked
+         * is the one at the path (lock_once) */
+        if (pool->owner_fd >= 0) {
+            char owner[DRAM_SHM_NAME_MAX + 32];
+            snprintf(owner, sizeof(owner), "/dev/shm%s.owner", pool->shm_path);
+            unlink(owner);
+        }
+    }
     if (pool->owner_fd >= 0)
         close(pool->owner_fd); /* last: the next owner may adopt from here on */
     free(pool);

@@ -7,14 +7,17 @@
  * destroyed on the runtime's creating thread; the loop thread only reads
  * the fields.
  *
- * A persistent named pool has exactly one live owner: its creator holds an
- * exclusive flock on /dev/shm/<name>.owner (which holds the owner's pid) for
- * the pool's whole life.  The kernel drops the lock when the owner dies, so
+ * A named pool has exactly one live owner: its creator (a server, or an
+ * embedded runtime with dram_shm_name) holds an exclusive flock on
+ * /dev/shm/<name>.owner (which holds the owner's pid) for the pool's whole
+ * life.  The kernel drops the lock when the owner dies, so
  * a server restarted after kill -9 adopts the pool, while a second server
  * started on a live pool is refused naming dram_shm_name and the owner's
  * pid (two allocators in one pool would hand out the same bytes twice).
- * The lock file is never unlinked (an unlinked lock file lets two openers
- * lock two different inodes).
+ * A server's lock file stays (its pool does); an embedded runtime's pool
+ * takes its lock file along, unlinking it while still locked, and every
+ * locker checks that the file it locked is still the one at the path (two
+ * openers must never lock two different inodes).
  */
 #ifndef UMBP_DRAM_POOL_H
 #define UMBP_DRAM_POOL_H
@@ -44,7 +47,7 @@ struct dram_pool {
     uint64_t page_size; /* in use: 4 KiB or the huge page size */
     bool hugepages;     /* huge pages in use */
     int fd;             /* memfd or shm descriptor; -1 when anonymous */
-    int owner_fd;       /* persistent: /dev/shm/<name>.owner, flock'ed for
+    int owner_fd;       /* named: /dev/shm/<name>.owner, flock'ed for
                            the pool's whole life (its one live owner); -1 */
     char shm_path[DRAM_SHM_NAME_MAX + 1]; /* "/name" unlinked at destroy */
     bool adopted;       /* persistent: the named pool existed and was opened */

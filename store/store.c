@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,6 +52,13 @@ struct dram_store {
     uint64_t frozen_until_ns;          /* adoption: a writer without a record
                                           may write anywhere free until then */
     uint64_t adopt_grace_ns;
+    /* reservations with a writer deadline that found no journal record:
+     * while any lives, the journal's header keeps the latest deadline (an
+     * adopter hands nothing out before it); when none does, it goes back
+     * to unrecorded_floor_s (an adopted one still in the future) or 0 */
+    uint64_t num_unrecorded;
+    uint32_t unrecorded_floor_s;
+    uint64_t journal_full_warn_ns;     /* when the last "journal full" went out */
 };
 
 static void emit(struct dram_store *s, umbp_event_type_t type, const struct dram_obj *obj)
@@ -401,8 +409,10 @@ static int adopt_records(struct dram_store *s, struct dram_journal_rec *r, size_
      * anywhere that looks free: nothing is handed out until its writer is
      * done */
     uint64_t unrecorded = (uint64_t)dram_journal_unrecorded_hold(s->journal) * 1000000000ull;
-    if (unrecorded > now)
+    if (unrecorded > now) {
         s->frozen_until_ns = unrecorded;
+        s->unrecorded_floor_s = dram_journal_unrecorded_hold(s->journal);
+    }
 out:
     free(used);
     free(objs);
@@ -419,21 +429,24 @@ static int store_open_journal(struct dram_store *s, const struct dram_store_para
     }
     const char *name = s->pool->shm_path + 1; /* "/name" */
     bool adopted;
-    int rc = dram_journal_open(name, s->pool->size, slots, true, &s->journal, &adopted,
-                               &s->pool_id, err, errlen);
+    struct stat st;
+    if (fstat(s->pool->fd, &st) < 0) {
+        snprintf(err, errlen, "dram_shm_name: cannot stat /dev/shm%s (%s)", s->pool->shm_path,
+                 strerror(errno));
+        return -errno;
+    }
+    /* a new (zeroed) pool under an old journal is another pool: the journal
+     * drops its records and takes a new id */
+    int rc = dram_journal_open(name, s->pool->size, slots, true, !s->pool->adopted,
+                               (uint64_t)st.st_ino, &s->journal, &adopted, &s->pool_id, err,
+                               errlen);
     if (rc < 0)
         return rc;
     struct dram_journal_rec *r = NULL;
     size_t n = 0;
     if ((rc = dram_journal_scan(s->journal, &r, &n)) < 0)
         goto nomem;
-    if (!s->pool->adopted) {
-        /* a new (zeroed) pool under an old journal: nothing to adopt */
-        for (size_t i = 0; i < n; i++)
-            dram_journal_drop(s->journal, r[i].slot);
-        n = 0;
-    }
-    s->adoption.adopted = adopted && s->pool->adopted;
+    s->adoption.adopted = adopted;
     rc = adopt_records(s, r, n, usable);
     free(r);
     if (rc < 0)
@@ -489,11 +502,27 @@ static void ahead_end(struct dram_store *s, struct dram_obj *obj)
     obj->ahead = false;
 }
 
+/* obj, a reservation without a journal record, is published or freed: its
+ * writer is done */
+static void unrecorded_end(struct dram_store *s, struct dram_obj *obj)
+{
+    if (!obj->unrecorded)
+        return;
+    obj->unrecorded = false;
+    if (--s->num_unrecorded == 0) {
+        uint32_t floor = s->unrecorded_floor_s;
+        if (floor && dram_journal_hold_s(umbp_now_ns()) >= floor)
+            floor = s->unrecorded_floor_s = 0;
+        dram_journal_clear_unrecorded(s->journal, floor);
+    }
+}
+
 /* Returns the pool bytes freed. */
 static uint64_t obj_free(struct dram_store *s, struct dram_obj *obj)
 {
     uint64_t bytes = dram_alloc_round(obj->size);
     ahead_end(s, obj);
+    unrecorded_end(s, obj);
     s->ns[obj->ns].used -= bytes;
     if (obj->slot != DRAM_JOURNAL_NONE)
         dram_journal_drop(s->journal, obj->slot);
@@ -513,6 +542,11 @@ static uint64_t obj_remove(struct dram_store *s, struct dram_obj *obj)
     emit(s, UMBP_EVENT_REMOVED, obj);
     if (obj->readers) {
         obj->state = DRAM_OBJ_DOOMED;
+        /* out of the journal now: a restart before its last reader ends must
+         * not bring back an object removed (a reset, a newer copy) */
+        if (obj->slot != DRAM_JOURNAL_NONE)
+            dram_journal_drop(s->journal, obj->slot);
+        obj->slot = DRAM_JOURNAL_NONE;
         return 0;
     }
     return obj_free(s, obj);
@@ -557,6 +591,25 @@ static uint64_t ns_evict(struct dram_store *s, unsigned n, uint64_t limit)
         space_freed(s);
     return freed;
 }
+/* obj found no free journal record: it is not kept across a restart, and
+ * while its writer may write, an adopter must hand out nothing. */
+static void journal_full(struct dram_store *s, struct dram_obj *obj, uint32_t hold_s)
+{
+    uint64_t now = umbp_now_ns();
+    if (!s->journal_full_warn_ns || now - s->journal_full_warn_ns > 60000000000ull) {
+        s->journal_full_warn_ns = now;
+        umbp_log(UMBP_LOG_WARN, "pool /dev/shm%s: all %u journal records are in use; objects "
+                 "stored now are not kept across a restart of the server (the journal holds "
+                 "one record per 64 KiB of pool; smaller objects on average fill it first)",
+                 s->pool->shm_path, dram_journal_slots(s->journal));
+    }
+    if (!hold_s)
+        return;
+    dram_journal_note_unrecorded(s->journal, hold_s);
+    obj->unrecorded = true;
+    s->num_unrecorded++;
+}
+
 
 int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64_t size,
                              unsigned ns, uint64_t until_ns, bool ahead,
@@ -602,6 +655,7 @@ int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64
     obj->slot = DRAM_JOURNAL_NONE;
     obj->ns = (uint16_t)ns;
     obj->ahead = ahead;
+    obj->unrecorded = false;
     obj->until_ns = until_ns;
     if (dram_index_insert(s->index, obj) < 0) {
         dram_alloc_put(s->alloc, obj->off);
@@ -620,8 +674,8 @@ int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64
     uint32_t hold_s = until_ns ? dram_journal_hold_s(until_ns) : 0;
     if (s->journal && (obj->slot = dram_journal_claim(s->journal)) != DRAM_JOURNAL_NONE)
         dram_journal_set_pending(s->journal, obj->slot, key, obj->off, size, obj->oid, hold_s);
-    else if (s->journal && hold_s)
-        dram_journal_note_unrecorded(s->journal, hold_s);
+    else if (s->journal)
+        journal_full(s, obj, hold_s);
     s->num_pending++;
     *r = (struct dram_store_region){.offset = obj->off, .size = size, .token = obj->oid};
     return 0;
@@ -677,6 +731,7 @@ int dram_store_publish(struct dram_store *s, const umbp_key_t *key, uint64_t tok
     obj->state = DRAM_OBJ_PUBLISHED;
     if (obj->slot != DRAM_JOURNAL_NONE)
         dram_journal_set_published(s->journal, obj->slot);
+    unrecorded_end(s, obj);
     s->num_pending--;
     s->num_objects++;
     s->ns[obj->ns].objects++;

@@ -1761,6 +1761,49 @@ Test(standalone, named_pool_survives_server_kill)
     shm_unlink(path);
 }
 
+/* An operator removed the named pool's file but kept its journal, and the
+ * server restarted: the new pool is empty and another file.  It kept the
+ * old pool id, so a client that stayed up kept its mapping of the old,
+ * unlinked file while a new client mapped the new one: each read the
+ * other's objects from different memory, with status 0. */
+Test(standalone, a_named_pool_made_anew_is_remapped_by_every_client)
+{
+    char name[64], cfg[256], path[96];
+    snprintf(name, sizeof(name), "umbp-test-anew-%d", (int)getpid());
+    snprintf(cfg, sizeof(cfg), "{\"capacity_bytes\": \"64MiB\", \"dram_shm_name\": \"%s\", "
+             "\"log_level\": \"error\"}", name);
+    start_server(cfg);
+    const char *extra = ", \"timeout_ms\": 3000, \"reconnect_max_ms\": 50";
+    umbp_runtime_t *a = sa_create(extra);
+    cr_assert_eq(put_key(a, tu_key_id(0xa9, 1), 64 * KiB), 0);
+    tu_server_stop(&srv);
+    snprintf(path, sizeof(path), "/%s", name);
+    cr_assert_eq(shm_unlink(path), 0, "the pool file: %s", strerror(errno));
+    start_server(cfg);
+    cr_assert_geq(ms_until_put_works(a), 0, "no put succeeded after the restart");
+    cr_assert_eq(put_key(a, tu_key_id(0xa9, 2), 64 * KiB), 0);
+    umbp_runtime_t *b = sa_create(extra);
+    bool bad = false;
+    int rc = get_key(b, tu_key_id(0xa9, 2), 64 * KiB, &bad);
+    cr_assert_eq(rc, 0, "a new client cannot read what a client that stayed up stored: %s",
+                 umbp_strerror(rc));
+    cr_assert(!bad, "a new client read other bytes than a client that stayed up stored");
+    cr_assert_eq(put_key(b, tu_key_id(0xa9, 3), 64 * KiB), 0);
+    rc = get_key(a, tu_key_id(0xa9, 3), 64 * KiB, &bad);
+    cr_assert_eq(rc, 0, "%s", umbp_strerror(rc));
+    cr_assert(!bad, "a client that stayed up read other bytes than a new client stored");
+    rc = get_key(a, tu_key_id(0xa9, 1), 64 * KiB, &bad);
+    cr_assert(rc != 0 || !bad, "an object of the removed pool was served with wrong bytes");
+    tu_destroy(a);
+    tu_destroy(b);
+    tu_server_cleanup(&srv);
+    shm_unlink(path);
+    snprintf(path, sizeof(path), "/%s.meta", name);
+    shm_unlink(path);
+    snprintf(path, sizeof(path), "/%s.owner", name);
+    shm_unlink(path);
+}
+
 /* ---- a put stops writing when it loses the server ---------------------------------- */
 
 /* The server holds a region it granted only until the writer's declared

@@ -145,8 +145,9 @@ Test(dram_pool, shm_name_lives_exactly_as_long_as_the_pool)
     munmap(view, pool->size);
     close(fd);
 
-    /* The name is exclusive, and a failed create leaves it alone. */
-    cr_assert_eq(dram_pool_create(&p, &second, err, sizeof(err)), -EEXIST);
+    /* The name is exclusive (its owner lock), and a failed create leaves it
+     * alone. */
+    cr_assert_eq(dram_pool_create(&p, &second, err, sizeof(err)), -EBUSY);
     cr_assert_null(second);
     cr_assert(strstr(err, "dram_shm_name"), "error names the option: %s", err);
     cr_assert_eq(stat(path, &st), 0, "the failed create did not unlink it");
@@ -154,6 +155,9 @@ Test(dram_pool, shm_name_lives_exactly_as_long_as_the_pool)
     dram_pool_destroy(pool);
     cr_assert_eq(stat(path, &st), -1, "%s is gone after destroy", path);
     cr_assert_eq(errno, ENOENT);
+    char owner[128];
+    snprintf(owner, sizeof(owner), "%s.owner", path);
+    cr_assert_eq(stat(owner, &st), -1, "%s is left after destroy", owner);
 }
 
 /* Huge pages of this size the system can still hand out. */

@@ -9,6 +9,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -450,5 +451,188 @@ Test(dram_store, publish_as_renames_in_the_store_and_the_journal)
     cr_assert_eq(a.objects, 2);
     expect_obj(s, 5);
     cr_assert(!dram_store_lookup(s, &ph, false), "adopted under the placeholder");
+    dram_store_destroy(s);
+}
+
+/* ---- named pools: what an adopter must not trust --------------------------- */
+
+static struct dram_store *open_slots(uint64_t cap, uint32_t slots)
+{
+    struct dram_store_params p = {
+        .pool = {.capacity = cap, .shared = true, .shm_name = pool_name,
+                 .hugepage_size = 2 * MiB, .numa_node = -1, .persistent = true},
+        .capacity = cap, .high_watermark = 0.9, .low_watermark = 0.7, .journal_slots = slots,
+    };
+    struct dram_store *s = NULL;
+    char err[512] = "";
+    int rc = dram_store_create(&p, &s, err, sizeof(err));
+    cr_assert_eq(rc, 0, "store: %s (%d)", err, rc);
+    return s;
+}
+
+static void unlink_part(const char *suffix)
+{
+    char p[96];
+    snprintf(p, sizeof(p), "/%s%s", pool_name, suffix);
+    shm_unlink(p);
+}
+
+/* An operator removed the pool file and kept its journal: the new (zeroed)
+ * pool is another pool.  Clients still mapping the old, unlinked file know
+ * it only by the id changing; the same id made them keep writing and reading
+ * the old file while new clients used the new one (wrong bytes, status 0). */
+Test(dram_store, a_pool_file_made_anew_under_its_journal_is_another_pool)
+{
+    struct dram_store *s = must_open(16 * MiB);
+    for (size_t i = 0; i < 3; i++)
+        put_obj(s, i, true);
+    uint64_t id = dram_store_pool_id(s);
+    dram_store_destroy(s); /* a named pool stays, as after a kill */
+    unlink_part("");       /* the pool only; <name>.meta stays */
+    s = must_open(16 * MiB);
+    struct dram_store_adoption a;
+    dram_store_adoption(s, &a);
+    cr_assert(!a.adopted, "a pool made anew was reported adopted");
+    cr_assert_neq(dram_store_pool_id(s), id, "a pool made anew kept the old pool's id");
+    for (size_t i = 0; i < 3; i++) {
+        umbp_key_t k = tu_key_id(77, i);
+        cr_assert(!dram_store_lookup(s, &k, false), "object %zu of the old pool is listed", i);
+    }
+    /* the table now describes the new file: the next restart adopts it */
+    put_obj(s, 10, true);
+    uint64_t id2 = dram_store_pool_id(s);
+    dram_store_destroy(s);
+    s = must_open(16 * MiB);
+    dram_store_adoption(s, &a);
+    cr_assert(a.adopted);
+    cr_assert_eq(dram_store_pool_id(s), id2);
+    expect_obj(s, 10);
+    dram_store_destroy(s);
+}
+
+/* An object removed (a reset, a newer copy's eviction of it) while a reader
+ * still copies it must not come back after a kill: its journal record goes
+ * at the removal, not when the last reader ends. */
+Test(dram_store, an_object_removed_while_read_is_not_adopted)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        struct dram_store *s = must_open(16 * MiB);
+        put_obj(s, 0, true);
+        umbp_key_t k = tu_key_id(77, 0);
+        struct dram_store_region r;
+        if (dram_store_acquire(s, &k, umbp_now_ns(), 60000000000ull, &r) != 0)
+            _exit(2);
+        dram_store_clear(s); /* a reset while the lease is held */
+        if (dram_store_lookup(s, &k, false))
+            _exit(3);
+        put_obj(s, 1, true); /* stored after the reset: kept */
+        kill(getpid(), SIGKILL);
+        _exit(1);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the child failed: status %d", st);
+    struct dram_store *s = must_open(16 * MiB);
+    umbp_key_t k0 = tu_key_id(77, 0);
+    cr_assert(!dram_store_lookup(s, &k0, false),
+              "an object removed before the kill came back with the restart");
+    expect_obj(s, 1);
+    dram_store_destroy(s);
+}
+
+/* Reservations past the journal's records are not kept across a restart,
+ * and while their writers may write, an adopter hands out nothing; once
+ * they are published, that hold is over.  It stayed, freezing every put of
+ * the next server for the writers' whole deadline. */
+Test(dram_store, a_full_journal_freezes_no_restart_after_its_writers_finished)
+{
+    enum { SLOTS = 8, N = 12 };
+    struct dram_store *s = open_slots(16 * MiB, SLOTS);
+    uint64_t until = umbp_now_ns() + 60000000000ull;
+    for (size_t i = 0; i < N; i++) {
+        umbp_key_t k = tu_key_id(77, i);
+        struct dram_store_region r;
+        cr_assert_eq(dram_store_reserve_until(s, &k, obj_size(i), 0, until, false, &r), 0);
+        tu_fill_from_key(&k, 0, base_of(s) + r.offset, obj_size(i));
+        cr_assert_eq(dram_store_publish(s, &k, r.token), 0);
+    }
+    dram_store_destroy(s);
+    s = open_slots(16 * MiB, SLOTS);
+    struct dram_store_adoption a;
+    dram_store_adoption(s, &a);
+    cr_assert(a.adopted);
+    cr_assert_eq(a.objects, SLOTS, "the objects with a record are adopted");
+    umbp_key_t k = tu_key_id(78, 0);
+    struct dram_store_region r;
+    int rc = dram_store_reserve(s, &k, 4096, &r);
+    cr_assert_eq(rc, 0, "a restart after every writer finished refuses reservations: %d", rc);
+    dram_store_destroy(s);
+
+    /* a writer still writing when the owner dies: the adopter waits for it */
+    s = open_slots(16 * MiB, SLOTS);
+    for (size_t i = 0; i < SLOTS; i++) { /* every record in use */
+        umbp_key_t kk = tu_key_id(79, i);
+        cr_assert_eq(dram_store_reserve(s, &kk, 4096, &r), 0);
+        cr_assert_eq(dram_store_publish(s, &kk, r.token), 0);
+    }
+    umbp_key_t late = tu_key_id(80, 0);
+    cr_assert_eq(dram_store_reserve_until(s, &late, 4096, 0, umbp_now_ns() + 60000000000ull,
+                                          false, &r), 0);
+    dram_store_destroy(s);
+    s = open_slots(16 * MiB, SLOTS);
+    k = tu_key_id(78, 1);
+    cr_assert_eq(dram_store_reserve(s, &k, 4096, &r), -ENOSPC,
+                 "an adopter handed out space while a writer without a record may write");
+    dram_store_destroy(s);
+}
+
+/* A server killed while creating its pool leaves a journal of no bytes, or
+ * one sized without its header, or a pool file of no bytes; the next start
+ * refused them ("not the journal of a pool of this size", "holds a pool of 0
+ * bytes") and a supervisor restarted it in a loop. */
+Test(dram_store, files_left_by_a_creator_killed_before_sizing_them_are_made_anew)
+{
+    char p[96];
+    for (int round = 0; round < 3; round++) {
+        name_cleanup();
+        snprintf(p, sizeof(p), "/%s%s", pool_name, round == 2 ? "" : ".meta");
+        int fd = shm_open(p, O_CREAT | O_EXCL | O_RDWR, 0600);
+        cr_assert_geq(fd, 0);
+        if (round == 1) /* sized, no header yet */
+            cr_assert_eq(ftruncate(fd, 4096 + 1024 * 64), 0);
+        close(fd);
+        char err[512] = "";
+        int rc;
+        struct dram_store *s = open_store(16 * MiB, &rc, err, sizeof(err));
+        cr_assert_not_null(s, "round %d: refused: %s (%d)", round, err, rc);
+        put_obj(s, 5, true);
+        dram_store_destroy(s);
+        s = must_open(16 * MiB);
+        expect_obj(s, 5);
+        dram_store_destroy(s);
+    }
+}
+
+/* An embedded runtime's named pool (not persistent) is its own: a server
+ * started on that name adopted it and allocated over its live objects. */
+Test(dram_store, a_live_runtimes_named_pool_is_not_adopted)
+{
+    struct dram_pool_params pp = {.capacity = 16 * MiB, .shared = true, .shm_name = pool_name,
+                                  .hugepage_size = 2 * MiB, .numa_node = -1,
+                                  .persistent = false};
+    struct dram_pool *pool = NULL;
+    char err[512] = "";
+    cr_assert_eq(dram_pool_create(&pp, &pool, err, sizeof(err)), 0, "%s", err);
+    int rc;
+    struct dram_store *s = open_store(16 * MiB, &rc, err, sizeof(err));
+    cr_assert_null(s, "a server's store adopted a pool a live runtime owns");
+    cr_assert_eq(rc, -EBUSY, "%d: %s", rc, err);
+    cr_assert(strstr(err, "dram_shm_name") && strstr(err, "in use by a live process"),
+              "the refusal does not say why: %s", err);
+    dram_pool_destroy(pool);
+    /* gone with its owner: a server may now create the name */
+    s = must_open(16 * MiB);
     dram_store_destroy(s);
 }
