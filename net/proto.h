@@ -15,7 +15,7 @@
  *     u16 type     enum proto_type
  *     u16 flags    0 (reserved; a nonzero value is malformed)
  *     u64 seq      chosen by the requester, echoed by the reply; 0 for
- *                  unsolicited server frames (EVENTS, ERROR)
+ *                  unsolicited server frames (EVENTS, ERROR, AUTH_CHALLENGE)
  *
  * Bodies.  Every body has one shape, an array of fixed-size records:
  *

@@ -20,9 +20,11 @@ static void usage(FILE *f)
     fprintf(f, "usage: umbp-server [--config FILE | --json JSON]\n"
                "\n"
                "Serves one host's umbp pool (standalone mode) on a Unix socket.\n"
-               "The config is the engines' own JSON: the same capacity_bytes (or\n"
-               "total_capacity_bytes), lease_ttl_ms, log_level, dram_* and standalone\n"
-               "options, plus the server options below.  UMBP_<OPTION> environment\n"
+               "The config takes the engines' options (options only engines use are\n"
+               "accepted and ignored), the pool's: capacity_bytes (or\n"
+               "total_capacity_bytes), lease_ttl_ms, log_level, dram_*, and the server\n"
+               "options below.  An engine refuses dram_* and the server options, so\n"
+               "give the server a file of its own.  UMBP_<OPTION> environment\n"
                "variables override the file.  Every option: docs/configuration.md and\n"
                "docs/operations.md (Standalone mode).\n");
 }
