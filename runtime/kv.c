@@ -398,7 +398,7 @@ int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors, u
         kv->warmed = true;
     }
     bool warm_store = rt->core->gpu_warm_store && warm_store_due(kv, layout);
-    kv->v[kv->n] = (struct kv_entry){++kv->next_handle, layout};
+    kv->v[kv->n] = (struct kv_entry){++kv->next_handle, layout, 0};
     *out = kv->v[kv->n].handle;
     kv->n++;
     pthread_mutex_unlock(&kv->lock);
@@ -410,15 +410,32 @@ out:
     return rc;
 }
 
-static umbp_kv_layout_t *find_layout(struct umbp_runtime *rt, umbp_kv_handle_t h)
+/* h's layout; busy: counted busy until kv_unbusy (a transfer's). */
+static umbp_kv_layout_t *find_layout_busy(struct umbp_runtime *rt, umbp_kv_handle_t h, bool busy)
 {
     umbp_kv_layout_t *l = NULL;
     pthread_mutex_lock(&rt->kv.lock);
     for (size_t i = 0; i < rt->kv.n; i++)
-        if (rt->kv.v[i].handle == h)
+        if (rt->kv.v[i].handle == h) {
             l = rt->kv.v[i].layout;
+            rt->kv.v[i].busy += busy;
+        }
     pthread_mutex_unlock(&rt->kv.lock);
     return l;
+}
+
+static umbp_kv_layout_t *find_layout(struct umbp_runtime *rt, umbp_kv_handle_t h)
+{
+    return find_layout_busy(rt, h, false);
+}
+
+void kv_unbusy(struct umbp_runtime *rt, umbp_kv_layout_t *l)
+{
+    pthread_mutex_lock(&rt->kv.lock);
+    for (size_t i = 0; i < rt->kv.n; i++)
+        if (rt->kv.v[i].layout == l && rt->kv.v[i].busy)
+            rt->kv.v[i].busy--;
+    pthread_mutex_unlock(&rt->kv.lock);
 }
 
 int umbp_kv_deregister(umbp_runtime_t *rt, umbp_kv_handle_t h)
@@ -432,6 +449,13 @@ int umbp_kv_deregister(umbp_runtime_t *rt, umbp_kv_handle_t h)
     for (size_t i = 0; i < kv->n; i++) {
         if (kv->v[i].handle != h)
             continue;
+        if (kv->v[i].busy) {
+            umbp_set_answer("umbp_kv_deregister: %u transfers on this KV cache are in flight "
+                           "(waited for or not, released or not); wait for their ops to "
+                           "complete first", kv->v[i].busy);
+            rc = -EBUSY;
+            break;
+        }
         if (!keep)
             umbp_kv_layout_destroy(kv->v[i].layout);
         kv->v[i] = kv->v[--kv->n];
@@ -548,16 +572,21 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
 {
     if (!rt || !blocks || !n || !out || n > (1u << 24))
         return -EINVAL;
-    umbp_kv_layout_t *l = find_layout(rt, h);
+    /* busy from here: a deregistration meanwhile is refused, not freeing
+     * the layout under this transfer (the warm-up's is kept apart: kv_warm_reap) */
+    umbp_kv_layout_t *l = find_layout_busy(rt, h, !warm);
     if (!l)
         return -ENOENT;
     uint32_t first = opts ? opts->first_layer : 0, count = opts ? opts->num_layers : 0;
     void *ev = opts ? opts->wait_event : NULL;
     int rc = kv_check(l, blocks, n, store, first, count);
-    if (rc < 0)
+    if (rc == 0 && atomic_load(&rt->closing))
+        rc = UMBP_E_NOT_ATTEMPTED;
+    if (rc < 0) {
+        if (!warm)
+            kv_unbusy(rt, l);
         return rc;
-    if (atomic_load(&rt->closing))
-        return UMBP_E_NOT_ATTEMPTED;
+    }
     kv_remap(rt);
     enum op_kind kind = store ? OP_PUT : OP_GET;
     /* Stores are sliced: reserving and publishing one slice overlaps the
@@ -594,10 +623,14 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
         nchild = 0;
     struct umbp_op *op = op_get(rt, kind), *child[64];
     size_t got = 0;
-    if (!op)
+    if (!op) {
+        if (!warm)
+            kv_unbusy(rt, l);
         return -EAGAIN;
+    }
     op->kv_xfer = true;
     op->warm = warm;
+    op->kv_busy = warm ? NULL : l;
     if (op_reserve_keys(op, n, 0) < 0) {
         rc = -ENOMEM;
         goto fail;
@@ -645,6 +678,9 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
 fail:
     for (size_t c = 0; c < got; c++)
         op_abandon(child[c]);
+    if (op->kv_busy)
+        kv_unbusy(rt, op->kv_busy);
+    op->kv_busy = NULL;
     op_abandon(op);
     return rc;
 }

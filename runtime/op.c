@@ -45,6 +45,7 @@ struct umbp_op *op_get(struct umbp_runtime *rt, enum op_kind kind)
     op->flags = 0;
     op->prev = op->next = NULL;
     op->kv_layout = NULL;
+    op->kv_busy = NULL;
     op->kv_xfer = false;
     op->warm = false;
     op->parent = NULL;
@@ -183,6 +184,9 @@ void op_complete(struct umbp_op *op)
             }
         }
     }
+    if (op->kv_busy) /* before done: its waiter may deregister the cache next */
+        kv_unbusy(rt, op->kv_busy);
+    op->kv_busy = NULL;
     /* seq_cst store pairs with the waiter's seq_cst increment of `waiters`
      * followed by its load of `done`: one of the two sides sees the other. */
     atomic_store(&op->done, 1);

@@ -135,6 +135,10 @@ struct umbp_op {
     /* GPU KV transfers (umbp_kv_store / umbp_kv_load): the layout, the GPU
      * block of each key, the layer subset and the caller's event */
     umbp_kv_layout_t *kv_layout;
+    /* a KV transfer the caller submitted (the parent of sliced ones): the
+     * layout it counts as busy until it completes, so deregistration cannot
+     * free it under the transfer (kv.c) */
+    umbp_kv_layout_t *kv_busy;
     uint64_t *kv_block;
     umbp_kv_block_io_t *kv_io;
     uint32_t kv_first_layer, kv_num_layers;
@@ -247,6 +251,7 @@ void tier_regions_revoked(void *ctx);
 struct kv_entry {
     uint64_t handle;
     umbp_kv_layout_t *layout;
+    uint32_t busy;                 /* transfers on it not completed (kv->lock) */
 };
 
 struct kv_state {
@@ -295,6 +300,8 @@ void kv_init(struct umbp_runtime *rt);
 /* Loop thread: a GPU transfer's op came back (PUT_COPIED / GET_COPIED). */
 void kv_transfer_done(struct umbp_runtime *rt);
 void kv_fini(struct umbp_runtime *rt);
+/* A transfer counted busy on layout l (op->kv_busy) completed. */
+void kv_unbusy(struct umbp_runtime *rt, umbp_kv_layout_t *l);
 /* The tier's env->mapping_changed (loop thread). */
 void tier_mapping_changed(void *ctx);
 

@@ -316,7 +316,10 @@ struct umbp_kv_tensor; /* umbp/gpu.h */
  */
 UMBP_API int umbp_kv_register(umbp_runtime_t *rt, const struct umbp_kv_tensor *tensors,
                      uint32_t num_tensors, umbp_kv_handle_t *out);
-/* -ENOENT for an unknown handle.  No operation may still use it. */
+/* -ENOENT for an unknown handle; -EBUSY (umbp_last_error() says how many)
+ * while a transfer submitted on it has not completed, waited for or not,
+ * released or not: wait for their ops first.  The tensors may be freed
+ * once it returned 0. */
 UMBP_API int umbp_kv_deregister(umbp_runtime_t *rt, umbp_kv_handle_t kv);
 /* Bytes of one block's object (all layers end to end); 0 if unknown. */
 UMBP_API uint64_t umbp_kv_object_size(umbp_runtime_t *rt, umbp_kv_handle_t kv);

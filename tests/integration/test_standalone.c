@@ -1355,6 +1355,40 @@ Test(standalone, registration_after_the_server_was_killed)
     tu_server_cleanup(&srv);
 }
 
+/* A KV cache deregistered while a transfer on it is in flight (waited for
+ * or not, released or not): the layout was freed under the transfer (a
+ * use-after-free, a segfault from Python).  Deregistration now refuses with
+ * -EBUSY naming why, and succeeds once the transfers completed. */
+Test(standalone, deregistration_refuses_while_a_transfer_is_in_flight)
+{
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    store_blocks(&k, KV_BLOCKS);
+    tu_server_signal(&srv, SIGSTOP); /* the load's acquire waits for it */
+    umbp_kv_block_t b[KV_BLOCKS];
+    for (int i = 0; i < KV_BLOCKS; i++)
+        b[i] = (umbp_kv_block_t){kv_key(i), (uint64_t)(NB - 1 - i)};
+    umbp_op_t *op;
+    cr_assert_eq(umbp_kv_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s", umbp_last_error());
+    int rc = umbp_kv_deregister(k.rt, k.kv);
+    cr_assert_eq(rc, -EBUSY, "deregistration under a load in flight: %d (%s)", rc,
+                 umbp_strerror(rc));
+    cr_assert(strstr(umbp_last_error(), "in flight"), "the refusal says: %s", umbp_last_error());
+    umbp_op_release(op); /* released unwaited: it still runs */
+    cr_assert_eq(umbp_kv_deregister(k.rt, k.kv), -EBUSY, "a released load still reads it");
+    tu_server_signal(&srv, SIGCONT);
+    uint64_t t0 = tu_now_ms();
+    while ((rc = umbp_kv_deregister(k.rt, k.kv)) == -EBUSY && tu_now_ms() - t0 < TU_WAIT_MS)
+        tu_sleep_ms(5);
+    cr_assert_eq(rc, 0, "deregistration after the load completed: %d (%s)", rc,
+                 umbp_strerror(rc));
+    cr_assert_eq(umbp_kv_deregister(k.rt, k.kv), -ENOENT);
+    k.kv = 0;
+    kv_close(&k);
+    tu_server_cleanup(&srv);
+}
+
 /* A load split into a head of 2 keys and the rest (gpu_load_head_blocks):
  * a miss in the head (key 1) and one in the tail (key 9) fail at their own
  * keys, every hit is restored byte-exact, and no other block is written. */
