@@ -434,3 +434,65 @@ char *umbp_config_file_read(const char *path, char *err, size_t errlen)
     buf[n] = '\0';
     return buf;
 }
+
+/* ---- the documentation's rows (umbp-options, test_docs) ------------------ */
+
+static const char *md_type(enum umbp_opt_type t)
+{
+    switch (t) {
+    case UMBP_OPT_BOOL: return "bool";
+    case UMBP_OPT_INT: return "integer";
+    case UMBP_OPT_SIZE: return "size";
+    case UMBP_OPT_DOUBLE: return "number";
+    case UMBP_OPT_STRING: return "string";
+    }
+    return "?";
+}
+
+/* A size with the largest binary unit that divides it. */
+static int md_size(char *b, size_t len, double v)
+{
+    static const char *const units[] = {"", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int u = 0;
+    while (v >= 1024 && u < 5 && (unsigned long long)v % 1024 == 0)
+        v /= 1024, u++;
+    return snprintf(b, len, "%.0f%s", v, units[u]);
+}
+
+/* Integers exactly (%g printed 1.04858e+06 for 1048576); numbers as %g. */
+static int md_num(char *b, size_t len, enum umbp_opt_type t, double v)
+{
+    return t == UMBP_OPT_INT ? snprintf(b, len, "%.0f", v) : snprintf(b, len, "%g", v);
+}
+
+int umbp_option_md_row(const struct umbp_option *o, char *buf, size_t len)
+{
+    char acc[512] = "", lo[48], hi[48];
+    size_t n = 0;
+    switch (o->type) {
+    case UMBP_OPT_BOOL: snprintf(acc, sizeof(acc), "true, false"); break;
+    case UMBP_OPT_SIZE:
+        md_size(lo, sizeof(lo), o->min);
+        md_size(hi, sizeof(hi), o->max);
+        snprintf(acc, sizeof(acc), "%s .. %s", lo, hi);
+        break;
+    case UMBP_OPT_INT:
+    case UMBP_OPT_DOUBLE:
+        md_num(lo, sizeof(lo), o->type, o->min);
+        md_num(hi, sizeof(hi), o->type, o->max);
+        snprintf(acc, sizeof(acc), "%s .. %s", lo, hi);
+        break;
+    case UMBP_OPT_STRING:
+        if (!o->choices) {
+            snprintf(acc, sizeof(acc), "up to %zu characters", o->str_cap - 1);
+            break;
+        }
+        for (size_t i = 0; o->choices[i] && n < sizeof(acc); i++) {
+            int w = snprintf(acc + n, sizeof(acc) - n, "%s`%s`", i ? ", " : "", o->choices[i]);
+            n += w > 0 ? (size_t)w : 0;
+        }
+        break;
+    }
+    return snprintf(buf, len, "| `%s` | %s | `%s` | %s | %s |", o->name, md_type(o->type),
+                    o->def[0] ? o->def : "\"\"", acc, o->help);
+}

@@ -32,6 +32,11 @@ const char *umbp_options_closest(const struct umbp_opt_table *t, size_t nt, cons
 void umbp_options_unknown(const struct umbp_opt_table *t, size_t nt, const char *key, char *err,
                           size_t errlen);
 
+/* The option's row of docs/configuration.md's tables, as umbp-options
+ * prints it: | `name` | type | `default` | accepted | meaning | (no newline).
+ * Returns the length snprintf would (truncated to len). */
+int umbp_option_md_row(const struct umbp_option *o, char *buf, size_t len);
+
 /* A JSON config file's text (malloc'd, NUL-terminated), at most 1 MiB;
  * NULL with err naming the file and why. */
 #define UMBP_CONFIG_FILE_MAX (1u << 20)

@@ -51,7 +51,8 @@ const struct umbp_option lookup_client_options[] = {
     {"master_address", UMBP_OPT_STRING, OFF(master_address), "", 0, 0, 256, NULL,
      "distributed: umbp-master's host:port, or redis://host:port/<cluster> (or "
      "redis+sentinel://h:p,h:p/<service>/<cluster>; rediss:// and rediss+sentinel:// over "
-     "TLS)[?password_file=PATH[&user=NAME]][&tls_ca_file=PATH...] where the masters elect a "
+     "TLS)[?password_file=PATH[&user=NAME]]"
+     "[&tls_ca_file=PATH][&tls_cert_file=PATH&tls_key_file=PATH][&tls_server_name=NAME] where the masters elect a "
      "leader: the client follows it (required)"},
     {"secret_file", UMBP_OPT_STRING, OFF(secret_file), "", 0, 0, 512, NULL,
      "distributed: the cluster's shared secret (as the nodes'); empty = none (a master on "

@@ -55,7 +55,8 @@ const struct umbp_option master_options[] = {
      "master: error, warn, info or debug"},
     {"lease_url", UMBP_OPT_STRING, OFF(lease_url), "", 0, 0, 384, NULL,
      "master: redis://host:port/<cluster> (or redis+sentinel://h:p,h:p/<service>/<cluster>; "
-     "rediss:// and rediss+sentinel:// over TLS)[?password_file=PATH[&user=NAME]]"
+     "rediss:// and rediss+sentinel:// over TLS)[?password_file=PATH[&user=NAME]"
+     "[&sentinel_password_file=PATH]]"
      "[&tls_ca_file=PATH][&tls_cert_file=PATH&tls_key_file=PATH][&tls_server_name=NAME]: "
      "several masters elect one leader through a lease in "
      "this Redis (or Valkey); the others stand by; nodes and lookup clients given the same URL "
@@ -109,8 +110,12 @@ int master_options_parse(const char *json, struct master_options *o, char *err, 
                                 &p2, err, errlen)) < 0)
             return rc;
         if (!strcmp(h2, "0.0.0.0") || !strcmp(h2, "::") || !h2[0]) {
-            snprintf(err, errlen, "lease_url is set and listen %s is a wildcard: set advertise "
-                     "to the host:port nodes dial", o->listen);
+            if (o->advertise[0])
+                snprintf(err, errlen, "advertise %s is a wildcard: set advertise to the "
+                         "host:port nodes dial (the lease publishes it)", o->advertise);
+            else
+                snprintf(err, errlen, "lease_url is set and listen %s is a wildcard: set "
+                         "advertise to the host:port nodes dial", o->listen);
             return -EINVAL;
         }
         if (o->advertise[0] && p2 == 0) {

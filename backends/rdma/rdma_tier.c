@@ -89,7 +89,8 @@ static const struct umbp_option rdma_options[] = {
     {"master_address", UMBP_OPT_STRING, OFF(master_address), "", 0, 0, 256, NULL,
      "distributed: umbp-master's host:port (IPv6: [addr]:port), or redis://host:port/<cluster>"
      " (or redis+sentinel://h:p,h:p/<service>/<cluster>; rediss:// and rediss+sentinel:// "
-     "over TLS)[?password_file=PATH[&user=NAME]][&tls_ca_file=PATH...] where several masters "
+     "over TLS)[?password_file=PATH[&user=NAME]]"
+     "[&tls_ca_file=PATH][&tls_cert_file=PATH&tls_key_file=PATH][&tls_server_name=NAME] where several masters "
      "elect a leader (lease_url): the node follows it (required)"},
     {"secret_file", UMBP_OPT_STRING, OFF(secret_file), "", 0, 0, 512, NULL,
      "distributed: file holding the cluster's shared secret (16 .. 4096 bytes, mode 0600), "

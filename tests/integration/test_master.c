@@ -663,6 +663,9 @@ Test(master, options_are_refused_naming_them)
         {"{\"listen\": \"0.0.0.0:1\", \"secret_file\": \"/nonexistent\", "
          "\"lease_url\": \"redis://127.0.0.1:6379/c\"}", "advertise"},
         {"{\"advertise\": \"10.0.0.1:7390\"}", "without lease_url"},
+        /* the wildcard came from advertise: the message names it, not listen */
+        {"{\"lease_url\": \"redis://127.0.0.1:6379/c\", \"advertise\": \"0.0.0.0:1\"}",
+         "advertise 0.0.0.0:1 is a wildcard"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         int p[2];
