@@ -11,6 +11,14 @@ collection) frees every op handle it gave out (umbp_runtime_destroy), so
 Jobs and KVCaches check that their runtime is open before touching a
 handle.  Like the C API, close() must not race with other calls on the same
 runtime; every other method may be called from any thread.
+
+Fork: a child forked from a process holding runtimes gets none of their
+threads, so every runtime of the parent is dead in the child (_forked_child):
+its pointer is dropped without umbp_runtime_destroy, and every call raises
+EBADF.  The child creates its own.
+
+Arguments are checked here before they reach ctypes, which would wrap an
+integer out of its C type's range instead of refusing it.
 """
 import array
 import ctypes
@@ -50,6 +58,27 @@ _get = _lib.umbp_get
 _lookup = _lib.umbp_lookup
 _byref = ctypes.byref
 _c_void_p = ctypes.c_void_p
+_U32_MAX = (1 << 32) - 1
+_INT_MAX = (1 << 31) - 1
+_KV_MAX_BATCH = 1 << 24  # kv_submit refuses more (-EINVAL)
+_E_SHAPE = -4101  # UMBP_E_SHAPE: kv_check's answer to a block id past the layout
+
+
+def _count(x, what, hi=_U32_MAX):
+    """x as an int in [0, hi]: an integer, not a bool (ctypes would wrap it)."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not 0 <= x <= hi:
+        raise UmbpError(-errno.EINVAL, "%s must be an integer in 0 .. %d, got %r" % (what, hi, x))
+    return int(x)
+
+
+def _timeout(t):
+    """timeout_ms for a C int: None or < 0 is -1 (the runtime's timeout_ms)."""
+    if t is None:
+        return -1
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t > _INT_MAX:
+        raise UmbpError(-errno.EINVAL, "timeout_ms must be None, an integer < 0 (the runtime's "
+                        "timeout_ms) or 0 .. %d, got %r" % (_INT_MAX, t))
+    return -1 if t < 0 else int(t)
 
 
 def keys_array(keys):
@@ -68,8 +97,12 @@ def keys_array(keys):
         return keys if keys.flags.c_contiguous else np.ascontiguousarray(keys)
     if isinstance(keys, (list, tuple)):
         if keys and set(map(len, keys)) != {_KEY}:
-            raise UmbpError(-errno.EINVAL, "keys: every key must be 32 bytes")
-        keys = b"".join(keys)
+            raise _bad_key_item(keys)
+        joined = b"".join(keys)
+        # each item is at least 32 bytes (len 32): 32 each in all is 32 each
+        if len(joined) != _KEY * len(keys):
+            raise _bad_key_item(keys)
+        keys = joined
     if isinstance(keys, (bytes, bytearray, memoryview)):
         a = np.frombuffer(keys, dtype=np.uint8)
         if a.size % _KEY:
@@ -77,6 +110,20 @@ def keys_array(keys):
         return a.reshape(-1, _KEY)
     raise TypeError("keys must be a uint8 array (n, 32), bytes or a list of bytes, not %s"
                     % type(keys).__name__)
+
+
+def _bad_key_item(keys):
+    """The error naming the first item of a list of keys that is not 32 bytes."""
+    for i, k in enumerate(keys):
+        try:
+            nbytes = memoryview(k).nbytes
+        except TypeError:
+            nbytes = None
+        if len(k) != _KEY or nbytes != _KEY:
+            return UmbpError(-errno.EINVAL, "keys: item %d is a %s of %s bytes; every key must "
+                             "be 32 bytes (bytes, bytearray, memoryview or a uint8 array of 32)"
+                             % (i, type(k).__name__, nbytes if nbytes is not None else "?"))
+    return UmbpError(-errno.EINVAL, "keys: every key must be 32 bytes")
 
 
 def _as_numpy(x):
@@ -90,6 +137,8 @@ def _as_numpy(x):
 def _u64(x, n, what):
     """A uint64 vector of n (a scalar broadcasts)."""
     if isinstance(x, (int, np.integer)):
+        if isinstance(x, bool):
+            raise UmbpError(-errno.EINVAL, "%s must be integers, not a bool" % what)
         if x < 0:
             raise UmbpError(-errno.EINVAL, "%s must be >= 0, got %d" % (what, x))
         return np.full(n, x, dtype=np.uint64)
@@ -131,19 +180,35 @@ def _u64_2d(x, n, what, k=None):
     return a
 
 
+def _some_ranges(what, ptrs):
+    """k of ptrs (n, k): at least 1 where n > 0."""
+    n, k = ptrs.shape
+    if n and not k:
+        raise UmbpError(-errno.EINVAL, "%s: ptrs is shaped (%d, 0): every object needs at least "
+                        "one range" % (what, n))
+    return k
+
+
 def event_handle(ev):
     """The raw cudaEvent_t / hipEvent_t of ev: None, an int, a torch.cuda.Event
     (its cuda_event), or a torch.Event (its event_id)."""
     if ev is None:
         return None
-    if isinstance(ev, (int, np.integer)):
-        return int(ev) or None
-    for attr in ("cuda_event", "event_id"):
-        h = getattr(ev, attr, None)
-        if h is not None:
-            return int(h) or None
-    raise TypeError("wait_event must be a torch.cuda.Event or a raw event handle (int), not %s"
-                    % type(ev).__name__)
+    if isinstance(ev, (int, np.integer)) and not isinstance(ev, bool):
+        h = int(ev)
+    else:
+        for attr in ("cuda_event", "event_id"):
+            h = getattr(ev, attr, None)
+            if h is not None and not isinstance(h, bool):
+                h = int(h)
+                break
+        else:
+            raise TypeError("wait_event must be a torch.cuda.Event or a raw event handle (int), "
+                            "not %s" % type(ev).__name__)
+    if not 0 <= h < 1 << 64:
+        raise UmbpError(-errno.EINVAL, "wait_event: an event handle is an address in "
+                        "0 .. 2^64 - 1, got %d" % h)
+    return h or None
 
 
 class Job:
@@ -155,7 +220,7 @@ class Job:
         self._rt = rt
         self._op = op
         self._n = n
-        self._st = None if op else np.zeros(n, dtype=np.int32)
+        self._st = None if op else _frozen(np.zeros(n, dtype=np.int32))
         self._keep = keep
         self.kind = kind
 
@@ -163,11 +228,11 @@ class Job:
         return self._n
 
     def _handle(self):
+        if self._rt._ptr is None:
+            self._op = None  # freed by umbp_runtime_destroy (or the parent's, after a fork)
+            raise self._rt._dead("umbp job: its runtime was closed before it completed")
         if self._op is None:
             raise UmbpError(-errno.EBADF, "umbp job: released before it completed")
-        if self._rt._ptr is None:
-            self._op = None  # freed by umbp_runtime_destroy
-            raise UmbpError(-errno.EBADF, "umbp job: its runtime was closed before it completed")
         return self._op
 
     def poll(self):
@@ -180,15 +245,17 @@ class Job:
             return False
         if rc < 0:
             raise _lib.error(rc, "umbp_op_statuses")
-        self._st = st
+        self._st = _frozen(st)
         return True
 
     def wait(self, timeout_ms=None):
-        """Waits up to timeout_ms (None: the runtime's timeout_ms, after which
-        the op has completed with timeouts anyway).  True when done."""
+        """Waits up to timeout_ms (None or < 0: the runtime's timeout_ms,
+        after which the op has completed with timeouts anyway; at most
+        2^31 - 1).  True when done."""
+        t = _timeout(timeout_ms)
         if self._st is not None:
             return True
-        _op_wait(self._handle(), -1 if timeout_ms is None else int(timeout_ms))
+        _op_wait(self._handle(), t)
         return self.poll()
 
     @property
@@ -197,11 +264,11 @@ class Job:
 
     @property
     def statuses(self):
-        """np.int32 (n,): 0 or a negative code per key; UmbpError
+        """np.int32 (n,), read-only: 0 or a negative code per key; UmbpError
         E_INPROGRESS before the op is done."""
         if not self.poll():
             raise UmbpError(E_INPROGRESS, "umbp job: %s" % _lib.strerror(E_INPROGRESS))
-        return self._st
+        return self._st.view()  # its base is read-only: the view cannot be made writeable
 
     @property
     def ok(self):
@@ -233,8 +300,14 @@ class Job:
             pass
 
     def __repr__(self):
-        state = "done" if self._st is not None else ("released" if self._op is None else "pending")
+        state = ("done" if self._st is not None else "closed" if self._rt._ptr is None
+                 else "released" if self._op is None else "pending")
         return "<umbp.Job %s n=%d %s>" % (self.kind, self._n, state)
+
+
+def _frozen(st):
+    st.flags.writeable = False
+    return st
 
 
 def _refuse_repeats(what, keys, h):
@@ -279,19 +352,22 @@ class _SplitJob(Job):
             if rc < 0:
                 raise _lib.error(rc, "umbp_op_statuses")
             off += j._n
-        self._st = st
+        self._st = _frozen(st)
         return True
 
     def wait(self, timeout_ms=None):
+        t = _timeout(timeout_ms)
         if self._st is not None:
             return True
+        if self._rt._ptr is None:
+            self._parts[0]._handle()  # raises: the runtime was closed
         if self._op is None:
             raise UmbpError(-errno.EBADF, "umbp job: released before it completed")
-        if timeout_ms is None:
+        if t < 0:  # as Job.wait: each part up to the runtime's timeout_ms
             for j in self._parts:
                 _op_wait(j._handle(), -1)
             return self.poll()
-        end = time.monotonic() + max(0, int(timeout_ms)) / 1e3
+        end = time.monotonic() + t / 1e3
         for j in self._parts:
             _op_wait(j._handle(), max(0, int((end - time.monotonic()) * 1e3)))
         return self.poll()
@@ -323,8 +399,31 @@ class KVCache:
             self.handle or 0, self.layout, self.num_blocks, self.num_layers, self.object_size)
 
 
+_live = weakref.WeakSet()  # every open Runtime, for _forked_child
+
+
+def _forked_child():
+    """After os.fork(), in the child: the parent's runtimes have no threads
+    here and their memory is a copy; destroying one (close(), collection at
+    exit) crashed, and ops submitted to one never completed.  Each is marked
+    dead without umbp_runtime_destroy, as if closed."""
+    for rt in list(_live):
+        rt._forked = True
+        rt._ptr = None
+        for kv in rt._kvs:
+            kv.handle = None
+        rt._kvs = []
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
+
+
 class Runtime:
     """One umbp runtime (one per worker rank)."""
+
+    _forked = False  # set in a forked child (_forked_child)
 
     def __init__(self, options=None, **kw):
         if options is None:
@@ -344,18 +443,29 @@ class Runtime:
         out = _c_void_p()
         _lib.check(_lib.umbp_runtime_create(text.encode("utf-8"), _byref(out)),
                    "umbp_runtime_create", use_last=True)
+        self._pid = os.getpid()
         self._ptr = out.value
+        _live.add(self)
 
     # ---- lifetime ----------------------------------------------------------
 
     def _p(self):
         p = self._ptr
         if p is None:
-            raise UmbpError(-errno.EBADF, "umbp runtime is closed")
+            raise self._dead("umbp runtime is closed")
         return p
+
+    def _dead(self, closed):
+        """The EBADF of a call on this runtime once closed (message closed),
+        or in a process forked from the one that created it."""
+        if self._forked:
+            return UmbpError(-errno.EBADF, "umbp runtime belongs to the parent process (pid %d): "
+                             "a forked child must create its own Runtime" % self._pid)
+        return UmbpError(-errno.EBADF, closed)
 
     @property
     def closed(self):
+        """True once closed, and in a forked child (the parent's runtime)."""
         return self._ptr is None
 
     def close(self, _destroy=_lib.umbp_runtime_destroy):
@@ -366,6 +476,7 @@ class Runtime:
             for kv in self._kvs:
                 kv.handle = None
             self._kvs = []
+            _live.discard(self)
             _destroy(p)
 
     def __enter__(self):
@@ -438,11 +549,14 @@ class Runtime:
                 return
 
     def deregister(self, kv):
+        """Unregisters kv (idempotent).  C refuses (-EBUSY) while a job on it
+        is in flight; then kv stays registered and keeps its tensors.  Jobs
+        on kv hold its tensors themselves until they are released."""
         if kv.handle is None:
             return
         if kv._rt() is not self:
             raise UmbpError(-errno.ENOENT, "deregister: the KV cache belongs to another runtime")
-        _lib.check(_lib.umbp_kv_deregister(self._p(), kv.handle), "deregister")
+        _lib.check(_lib.umbp_kv_deregister(self._p(), kv.handle), "deregister")  # before any change
         kv.handle = None
         kv.tensors = ()
         self._kvs = [k for k in self._kvs if k is not kv]
@@ -455,9 +569,11 @@ class Runtime:
         submitted as a head of kv_head_blocks, then the rest: the head's copy
         runs while this thread converts and submits the rest and the runtime
         takes its leases or reservations (H200 host, a 328 MB prefix: about
-        +1 point of the pinned copy's speed, docs/benchmarks.md).  A key of
-        the rest that repeats one of the head is refused (E_DUPLICATE_KEY) as
-        in one op, after the head ran (waited for and released first).
+        +1 point of the pinned copy's speed, docs/benchmarks.md).  The whole
+        batch's block ids, their range and the other arguments are checked
+        before the head goes.  A key of the rest that repeats one of the head
+        is refused (E_DUPLICATE_KEY) as in one op, after the head ran (waited
+        for and released first), as is what only C finds in the rest.
         0: one op.  Default 32."""
         return self._head_blocks
 
@@ -484,31 +600,41 @@ class Runtime:
                             % what)
         keys = keys_array(keys)
         n = keys.shape[0]
+        # the whole batch is checked before any part of it goes (a split
+        # batch's head would run although the call raised)
+        ids = _u64(block_ids, n, "block_ids")
+        if (first_layer or num_layers or first_layer.__class__ is not int
+                or num_layers.__class__ is not int):
+            first_layer = _count(first_layer, "first_layer")
+            num_layers = _count(num_layers, "num_layers")
         ev = event_handle(wait_event)
+        if not n:
+            return Job(self, None, 0, what)
+        if ids.max() >= kv.num_blocks:  # C's kv_check, which would find it in the rest only
+            i = int(np.argmax(ids >= kv.num_blocks))
+            raise UmbpError(_E_SHAPE, "%s of %d blocks: %s: block id %d (key %d) is past the KV "
+                            "cache's %d blocks" % (what, n, _lib.strerror(_E_SHAPE), int(ids[i]),
+                                                   i, kv.num_blocks))
         opts = None
         if first_layer or num_layers or ev:
             opts = _byref(_ffi.KvXferOpts(first_layer, num_layers, ev))
         h = self._head_blocks
-        if (h and n >= 8 * h and not isinstance(block_ids, (int, np.integer))
-                and len(block_ids) == n):
-            head = self._kv_op(p, fn, what, kv, keys[:h], _u64(block_ids[:h], h, "block_ids"),
-                               opts)
+        if h and 8 * h <= n <= _KV_MAX_BATCH:
+            head = self._kv_op(p, fn, what, kv, keys[:h], ids[:h], opts, n)
             try:
                 # while the head copies: each op refuses repeats within itself
                 _refuse_repeats(what, keys, h)
-                tail = self._kv_op(p, fn, what, kv, keys[h:],
-                                   _u64(block_ids[h:], n - h, "block_ids"), opts)
+                tail = self._kv_op(p, fn, what, kv, keys[h:], ids[h:], opts, n)
             except BaseException:
                 head.wait()  # in flight it may still copy the caller's blocks
                 head.release()
                 raise
-            return _SplitJob(self, (head, tail), what, kv)
-        ids = _u64(block_ids, n, "block_ids")
-        if not n:
-            return Job(self, None, 0, what)
-        return self._kv_op(p, fn, what, kv, keys, ids, opts)
+            return _SplitJob(self, (head, tail), what, kv.tensors)
+        return self._kv_op(p, fn, what, kv, keys, ids, opts, n)
 
-    def _kv_op(self, p, fn, what, kv, keys, ids, opts):
+    def _kv_op(self, p, fn, what, kv, keys, ids, opts, total):
+        """One op of keys; total: the batch's size (a split batch's errors
+        name the whole batch)."""
         n = keys.shape[0]
         blocks = np.empty(n, dtype=_ffi.KV_BLOCK_DT)
         blocks["key"] = keys.view("V32")[:, 0]
@@ -516,8 +642,9 @@ class Runtime:
         op = _c_void_p()
         rc = fn(p, kv.handle, blocks.ctypes.data, n, opts, _byref(op))
         if rc < 0:
-            raise _lib.error(rc, "%s of %d blocks" % (what, n))
-        return Job(self, op.value, n, what, kv)
+            raise _lib.error(rc, "%s of %d blocks" % (what, total))
+        # the tensors, not kv: deregister drops kv's, the job may still copy
+        return Job(self, op.value, n, what, kv.tensors)
 
     def store_blocks(self, kv, keys, block_ids, wait_event=None):
         """Stores whole blocks as the objects of keys (umbp_kv_store)."""
@@ -569,7 +696,7 @@ class Runtime:
         keys = keys_array(keys)
         n = keys.shape[0]
         ptrs = _u64_2d(ptrs, n, "ptrs")
-        k = ptrs.shape[1]
+        k = _some_ranges("put_ranges", ptrs)
         lens = _u64_2d(lens, n, "lens", k).astype(np.uint64, copy=False)
         osz = _u64(object_size, n, "object_size")
         if not n:
@@ -605,7 +732,7 @@ class Runtime:
         keys = keys_array(keys)
         n = keys.shape[0]
         ptrs = _u64_2d(ptrs, n, "ptrs")
-        k = ptrs.shape[1]
+        k = _some_ranges("get_ranges", ptrs)
         lens = _u64_2d(lens, n, "lens", k)
         offsets = _u64_2d(offsets, n, "offsets", k)
         if not n:
@@ -650,8 +777,9 @@ class Runtime:
 
     def flush(self, timeout_ms=None):
         """Waits for every put submitted before; True when all completed,
-        False past the timeout (None: the runtime's timeout_ms)."""
-        rc = _lib.umbp_flush(self._p(), -1 if timeout_ms is None else int(timeout_ms))
+        False past the timeout (None or < 0: the runtime's timeout_ms; at most
+        2^31 - 1)."""
+        rc = _lib.umbp_flush(self._p(), _timeout(timeout_ms))
         if rc == E_TIMEOUT:
             return False
         _lib.check(rc, "flush")
@@ -668,7 +796,7 @@ class Runtime:
         stored, 2 = removed.  events_lost: events dropped before this drain
         (resynchronise if non-zero).  Needs the enable_events option."""
         p = self._p()
-        buf = np.empty(int(max), dtype=_ffi.EVENT_DT)
+        buf = np.empty(_count(max, "drain_events: max", 1 << 62), dtype=_ffi.EVENT_DT)
         lost = ctypes.c_uint64()
         m = _lib.umbp_events_drain(p, buf.ctypes.data, buf.shape[0], _byref(lost))
         self.events_lost = lost.value
@@ -679,6 +807,8 @@ class Runtime:
         """Serves the scheduler's LookupClient for this rank (embedded mode)."""
         f = _lib.optional("umbp_lookup_serve")
         ns_hex = getattr(ns_hex, "hex", ns_hex)
+        dp_index = _count(dp_index, "serve_lookups: dp_index")
+        rank = _count(rank, "serve_lookups: rank")
         _lib.check(f(self._p(), lookup_dir.encode() if lookup_dir else None, ns_hex.encode(),
-                     (instance or "").encode(), int(dp_index), int(rank)),
+                     (instance or "").encode(), dp_index, rank),
                    "serve_lookups", use_last=True)
