@@ -468,3 +468,15 @@ def test_a_kv_job_keeps_the_tensors_past_deregister(rt):
     job.release()
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("bad", [-1, 1 << 32, True, 1.0])
+def test_lookup_socket_path_refuses_ranks_ctypes_would_wrap(bad):
+    from umbp.lookup import lookup_socket_path
+    ok = lookup_socket_path("/tmp", "0" * 32, "", 0, 0)
+    with pytest.raises(umbp.UmbpError) as e:
+        lookup_socket_path("/tmp", "0" * 32, "", 0, bad)
+    assert e.value.code == -errno.EINVAL and "rank" in str(e.value)
+    with pytest.raises(umbp.UmbpError):
+        lookup_socket_path("/tmp", "0" * 32, "", bad, 0)
+    assert lookup_socket_path("/tmp", "0" * 32, "", 0, 0) == ok

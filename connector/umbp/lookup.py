@@ -38,6 +38,11 @@ def lookup_socket_path(dir, ns_hex, instance, dp_index, rank):
     f = _lib.optional("umbp_lookup_socket_path")
     ns_hex = getattr(ns_hex, "hex", ns_hex)
     buf = ctypes.create_string_buffer(4096)
+    for what, v in (("dp_index", dp_index), ("rank", rank)):
+        # ctypes would wrap -1 or 2**32 into another rank's socket
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < 1 << 32:
+            raise UmbpError(-errno.EINVAL, "lookup_socket_path: %s must be an integer in "
+                            "0 .. 4294967295, got %r" % (what, v))
     _lib.check(f(dir.encode() if dir else None, ns_hex.encode(), (instance or "").encode(),
                  int(dp_index), int(rank), buf, len(buf)), "lookup_socket_path", use_last=True)
     return buf.value.decode()
