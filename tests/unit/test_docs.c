@@ -16,16 +16,22 @@
 #include "lookup_int.h"
 #include "umbp/tier.h"
 
-static char *read_doc(void)
+/* docs/<name>, whole (static: one page at a time). */
+static char *read_page(const char *name)
 {
-    FILE *f = fopen(UMBP_SOURCE_DIR "/docs/configuration.md", "r");
-    cr_assert_not_null(f, "docs/configuration.md is missing");
-    static char buf[1 << 17];
+    char path[512];
+    snprintf(path, sizeof(path), "%s/docs/%s", UMBP_SOURCE_DIR, name);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "docs/%s is missing", name);
+    static char buf[1 << 18];
     size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    cr_assert_lt(n, sizeof(buf) - 1, "docs/%s is too long for this test", name);
     buf[n] = 0;
     fclose(f);
     return buf;
 }
+
+static char *read_doc(void) { return read_page("configuration.md"); }
 
 /* docs/configuration.md's section under heading (up to the next "### "),
  * as a string of its own (static: one at a time). */
@@ -99,12 +105,7 @@ Test(docs, configuration_lists_the_master_options)
  * net/proto.h encodes and decodes. */
 Test(docs, protocol_gives_every_record_its_size)
 {
-    FILE *f = fopen(UMBP_SOURCE_DIR "/docs/protocol.md", "r");
-    cr_assert_not_null(f, "docs/protocol.md is missing");
-    static char doc[1 << 18];
-    size_t n = fread(doc, 1, sizeof(doc) - 1, f);
-    doc[n] = 0;
-    fclose(f);
+    const char *doc = read_page("protocol.md");
     static const struct { const char *name; size_t size; } recs[] = {
         {"hello", PROTO_HELLO_SIZE},          {"welcome", PROTO_WELCOME_SIZE},
         {"reserve item", PROTO_RESERVE_ITEM_SIZE}, {"token item", PROTO_TOKEN_ITEM_SIZE},
