@@ -186,6 +186,18 @@ static const char *json_type_word(json_object *v)
     return "?";
 }
 
+/* A JSON string with a NUL inside (\u0000): C would see only what precedes
+ * it ("/run/umbp\u0000/../x" as "/run/umbp"), so it is refused. */
+static bool has_nul(json_object *v, const struct umbp_option *o, char *err, size_t errlen)
+{
+    const char *t = json_object_get_string(v);
+    if (strlen(t) == (size_t)json_object_get_string_len(v))
+        return false;
+    snprintf(err, errlen, "%s: the string holds a NUL byte (\\u0000) after \"%.64s\"; remove "
+             "it", o->name, t);
+    return true;
+}
+
 static int option_parse_json(const struct umbp_option *o, json_object *v, void *base,
                              char *err, size_t errlen)
 {
@@ -208,7 +220,9 @@ static int option_parse_json(const struct umbp_option *o, json_object *v, void *
         return option_parse_text(o, text, base, err, errlen);
     case UMBP_OPT_SIZE:
         if (jt == json_type_string)
-            return option_parse_text(o, json_object_get_string(v), base, err, errlen);
+            return has_nul(v, o, err, errlen)
+                       ? -EINVAL
+                       : option_parse_text(o, json_object_get_string(v), base, err, errlen);
         if (jt != json_type_int || json_object_get_int64(v) < 0)
             goto wrong;
         snprintf(text, sizeof(text), "%lld", (long long)json_object_get_int64(v));
@@ -221,6 +235,8 @@ static int option_parse_json(const struct umbp_option *o, json_object *v, void *
     case UMBP_OPT_STRING:
         if (jt != json_type_string)
             goto wrong;
+        if (has_nul(v, o, err, errlen))
+            return -EINVAL;
         return option_parse_text(o, json_object_get_string(v), base, err, errlen);
     }
 wrong:

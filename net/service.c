@@ -279,14 +279,14 @@ static void read_update(struct net_conn *c)
 
 /* Ends the connection for a bad frame: the log line, the owner's counter,
  * an ERROR frame naming the field (best effort). */
-static void malformed(struct net_conn *c, const char *what)
+static void malformed(struct net_conn *c, const char *what, int status)
 {
     char name[96];
     umbp_log(UMBP_LOG_WARN, "%s: malformed frame: %s; disconnected",
              conn_name(c, name, sizeof(name)), what);
     if (c->svc->p.ops->on_malformed)
         c->svc->p.ops->on_malformed(c);
-    proto_put_error_frame(&c->out, PROTO_ERROR, 0, -EPROTO, what);
+    proto_put_error_frame(&c->out, PROTO_ERROR, 0, status, what);
     snprintf(c->why, sizeof(c->why), "malformed frame");
 }
 
@@ -393,7 +393,9 @@ int net_conn_process(struct net_conn *c)
             rc = (int)n;
         }
         if (n < 0 || rc == -EPROTO || rc == -EMSGSIZE)
-            malformed(c, what[0] ? what : "frame");
+            /* a frame over PROTO_MAX_BODY says so (-EMSGSIZE), as protocol.md has it */
+            malformed(c, what[0] ? what : "frame",
+                      n == -EMSGSIZE || rc == -EMSGSIZE ? -EMSGSIZE : -EPROTO);
     }
     memmove(c->in, c->in + pos, c->in_len - pos);
     c->in_len -= pos;

@@ -357,8 +357,8 @@ static void ping(struct client *cl)
     cr_assert_eq(f.type, PROTO_PONG);
 }
 
-/* Expects an ERROR frame (status -EPROTO, a message), then the end. */
-static void expect_error_then_eof(struct client *cl, const char *needle)
+/* Expects an ERROR frame (status `status`, a message), then the end. */
+static void expect_status_then_eof(struct client *cl, int status, const char *needle)
 {
     struct proto_frame f;
     struct proto_error e;
@@ -366,11 +366,16 @@ static void expect_error_then_eof(struct client *cl, const char *needle)
     cr_assert_eq(sync_client_recv(&cl->c, &f, err, sizeof(err)), 0, "%s", err);
     cr_assert_eq(f.type, PROTO_ERROR, "got %s", proto_type_name(f.type));
     cr_assert_eq(proto_get_error(&f, &e), 0);
-    cr_assert_eq(e.status, -EPROTO);
+    cr_assert_eq(e.status, status, "ERROR status %d, not %d (%s)", e.status, status, e.message);
     cr_assert(strstr(e.message, needle), "ERROR message '%s' does not name '%s'", e.message,
               needle);
     int rc = sync_client_recv(&cl->c, &f, err, sizeof(err));
     cr_assert_eq(rc, -ECONNRESET, "after ERROR the server kept the session (%d)", rc);
+}
+
+static void expect_error_then_eof(struct client *cl, const char *needle)
+{
+    expect_status_then_eof(cl, -EPROTO, needle);
 }
 
 /* ---- the round trip ----------------------------------------------------------------- */
@@ -616,6 +621,17 @@ Test(server, garbage_disconnects_only_its_sender)
     expect_error_then_eof(&bad, "LOOKUP.len");
     client_close(&bad);
 
+    /* a frame over PROTO_MAX_BODY: -EMSGSIZE, as protocol.md says (it was -EPROTO) */
+    client_open(&bad, s.path, PROTO_ROLE_WORKER, 0, "eng-big");
+    uint8_t big[16] = {0};
+    len = PROTO_MAX_BODY + 1;
+    memcpy(big, &len, 4);
+    big[4] = PROTO_LOOKUP;
+    big[8] = 8;
+    cr_assert_eq(sync_client_send(&bad.c, big, sizeof(big)), 0);
+    expect_status_then_eof(&bad, -EMSGSIZE, "frame.len");
+    client_close(&bad);
+
     /* the well-behaved client never noticed */
     ping(&good);
     umbp_key_t k = tu_key_id(3, 1);
@@ -626,7 +642,7 @@ Test(server, garbage_disconnects_only_its_sender)
     cr_assert_eq(r.status, 0);
     tokens(&good, PROTO_PUBLISH, &k, &r, 1, &st);
     cr_assert_eq(st, 0);
-    cr_assert_eq(stats(&good).protocol_errors, 2);
+    cr_assert_eq(stats(&good).protocol_errors, 3);
     client_close(&good);
     srv_stop(&s);
     cr_assert(log_has(&s, "malformed frame: frame.flags"), "no log line for the garbage");

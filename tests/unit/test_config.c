@@ -472,6 +472,14 @@ Test(config, wrong_json_type_names_the_option)
         }
 }
 
+/* A NUL inside a JSON string cut the value short without a word
+ * ("/run/umbp\u0000/../x" became "/run/umbp"). */
+Test(config, a_nul_inside_a_string_is_refused)
+{
+    expect_refused("{\"tier\": \"dram\\u0000/../x\"}", "tier", "NUL");
+    expect_refused("{\"capacity_bytes\": \"8MiB\\u0000x\"}", "capacity_bytes");
+}
+
 Test(config, out_of_bounds_names_the_option_and_range)
 {
     struct table t[32];
