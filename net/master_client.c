@@ -89,9 +89,15 @@ static int take_nodes(struct mclient *c, const struct proto_frame *f, char *err,
 {
     if (f->arg == c->epoch)
         return 0; /* unchanged */
+    /* every record is checked before the list changes: a bad one leaves the
+     * old list whole (it was overwritten up to the bad record, under the old
+     * epoch and index) */
+    struct proto_node_info tmp;
     for (uint32_t i = 0; i < f->n; i++)
-        if (proto_get_node_info(f, i, &c->nodes[i], err, errlen) < 0)
+        if (proto_get_node_info(f, i, &tmp, err, errlen) < 0)
             return -EPROTO;
+    for (uint32_t i = 0; i < f->n; i++)
+        proto_get_node_info(f, i, &c->nodes[i], err, errlen);
     c->nnodes = f->n;
     c->epoch = f->arg;
     index_nodes(c);
