@@ -571,6 +571,15 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
                  "keys); dropped", n->name, h.index, b->n);
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
+    if (b->rx[h.index].req) {
+        /* a second DATA for a key whose bytes are being received: it would
+         * write the same buffer and take the receive's place, so the batch
+         * waited for a request it no longer knew */
+        n->st.bad_messages++;
+        umbp_log(UMBP_LOG_WARN, "%s: a second DATA for key %u of its fetch while the first is "
+                 "received; dropped", n->name, h.index);
+        return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+    }
     struct ucx_fetch_item *it = &b->items[h.index];
     if (h.status) {
         it->size = h.size;
