@@ -573,8 +573,11 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     if (!rt || !blocks || !n || !out || n > (1u << 24))
         return -EINVAL;
     /* busy from here: a deregistration meanwhile is refused, not freeing
-     * the layout under this transfer (the warm-up's is kept apart: kv_warm_reap) */
-    umbp_kv_layout_t *l = find_layout_busy(rt, h, !warm);
+     * the layout under this transfer; the caller's warm-up loads count too
+     * (a binding may stop waiting for one), the registration's warm-up store
+     * is kept apart (kv_warm_reap) */
+    bool busy = !(warm && store);
+    umbp_kv_layout_t *l = find_layout_busy(rt, h, busy);
     if (!l)
         return -ENOENT;
     uint32_t first = opts ? opts->first_layer : 0, count = opts ? opts->num_layers : 0;
@@ -583,7 +586,7 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     if (rc == 0 && atomic_load(&rt->closing))
         rc = UMBP_E_NOT_ATTEMPTED;
     if (rc < 0) {
-        if (!warm)
+        if (busy)
             kv_unbusy(rt, l);
         return rc;
     }
@@ -624,13 +627,13 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     struct umbp_op *op = op_get(rt, kind), *child[64];
     size_t got = 0;
     if (!op) {
-        if (!warm)
+        if (busy)
             kv_unbusy(rt, l);
         return -EAGAIN;
     }
     op->kv_xfer = true;
     op->warm = warm;
-    op->kv_busy = warm ? NULL : l;
+    op->kv_busy = busy ? l : NULL;
     if (op_reserve_keys(op, n, 0) < 0) {
         rc = -ENOMEM;
         goto fail;

@@ -1384,6 +1384,25 @@ Test(standalone, deregistration_refuses_while_a_transfer_is_in_flight)
     cr_assert_eq(rc, 0, "deregistration after the load completed: %d (%s)", rc,
                  umbp_strerror(rc));
     cr_assert_eq(umbp_kv_deregister(k.rt, k.kv), -ENOENT);
+
+    /* a binding's warm-up load (umbp_kv_warm_load) reads the layout too: a
+     * binding that stopped waiting for it must not free it under it */
+    umbp_kv_tensor_t t[L];
+    for (int l = 0; l < L; l++)
+        kv_tensor(&t[l], k.dev[l]);
+    cr_assert_eq(umbp_kv_register(k.rt, t, L, &k.kv), 0, "%s", umbp_last_error());
+    tu_server_signal(&srv, SIGSTOP);
+    cr_assert_eq(umbp_kv_warm_load(k.rt, k.kv, b, KV_BLOCKS, NULL, &op), 0, "%s",
+                 umbp_last_error());
+    umbp_op_release(op);
+    rc = umbp_kv_deregister(k.rt, k.kv);
+    cr_assert_eq(rc, -EBUSY, "deregistration under a warm-up load in flight: %d (%s)", rc,
+                 umbp_strerror(rc));
+    tu_server_signal(&srv, SIGCONT);
+    t0 = tu_now_ms();
+    while ((rc = umbp_kv_deregister(k.rt, k.kv)) == -EBUSY && tu_now_ms() - t0 < TU_WAIT_MS)
+        tu_sleep_ms(5);
+    cr_assert_eq(rc, 0, "%d (%s)", rc, umbp_strerror(rc));
     k.kv = 0;
     kv_close(&k);
     tu_server_cleanup(&srv);
