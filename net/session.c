@@ -386,6 +386,8 @@ int net_session_in_commit(struct net_session *s, size_t n, int fd)
 long net_session_in_next(struct net_session *s, struct proto_frame *f, char *err,
                          size_t errlen)
 {
+    if (s->in_off == s->in_len)
+        return 0; /* nothing (in may still be NULL: no pointer arithmetic on it) */
     return proto_frame_parse(s->in + s->in_off, s->in_len - s->in_off, true, f, err, errlen);
 }
 

@@ -124,14 +124,16 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   # sides, a whole server session, a client session, umbp-master's frames
   # and directory, the UCX fetch messages, a dead server's journal, the leader
   # value in the lease store, the UCX_TLS list, a config's JSON and
-  # environment, a worker's lookup service), fuzzed for a bounded
+  # environment, a worker's lookup service, the scheduler's lookup client, the
+  # master's client), fuzzed for a bounded
   # time (UMBP_FUZZ_SECONDS each, default 60) from the committed seeds; any
   # crash, leak or UB report fails the run.
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DUMBP_BUILD_FUZZ=ON \
     -DUMBP_BUILD_TESTS=OFF -DUMBP_BUILD_BENCH=OFF
   cmake --build build-fuzz -j "$jobs" --target fuzz_proto_server fuzz_proto_client \
     fuzz_server_session fuzz_journal_adopt fuzz_net_session fuzz_proto_master fuzz_ucx_wire \
-    fuzz_lease_value fuzz_ucx_tls fuzz_options fuzz_lookup_serve
+    fuzz_lease_value fuzz_ucx_tls fuzz_options fuzz_lookup_serve fuzz_lookup_client \
+    fuzz_master_client
   secs=${UMBP_FUZZ_SECONDS:-60}
   for f in tests/fuzz/corpus/server:build-fuzz/tests/fuzz/fuzz_proto_server \
            tests/fuzz/corpus/client:build-fuzz/tests/fuzz/fuzz_proto_client \
@@ -143,7 +145,9 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
            tests/fuzz/corpus/lease:build-fuzz/tests/fuzz/fuzz_lease_value \
            tests/fuzz/corpus/tls:build-fuzz/tests/fuzz/fuzz_ucx_tls \
            tests/fuzz/corpus/options:build-fuzz/tests/fuzz/fuzz_options \
-           tests/fuzz/corpus/lookup:build-fuzz/tests/fuzz/fuzz_lookup_serve; do
+           tests/fuzz/corpus/lookup:build-fuzz/tests/fuzz/fuzz_lookup_serve \
+           tests/fuzz/corpus/lookup_client:build-fuzz/tests/fuzz/fuzz_lookup_client \
+           tests/fuzz/corpus/master_client:build-fuzz/tests/fuzz/fuzz_master_client; do
     seeds=${f%%:*} bin=${f#*:}
     scratch=$(mktemp -d)
     extra=()
