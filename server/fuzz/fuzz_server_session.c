@@ -27,7 +27,7 @@
 #include "fdpass.h"
 #include "server.h"
 #include "srv.h"
-#include "fuzz_check.h"
+#include "fuzz_service.h"
 
 
 #define MAX_ITERATIONS 1000000
@@ -67,15 +67,8 @@ static size_t build_stream(const uint8_t *data, size_t size, uint8_t **out)
         FZ_CHECK(proto_begin(&b, PROTO_HELLO, 1, 1, 0) == 0 && proto_put_hello(&b, &h) == 0 &&
               proto_end(&b) == 0);
     }
-    size_t rest = size ? size - 1 : 0, len = b.len + rest;
-    uint8_t *s = malloc(len ? len : 1);
-    FZ_CHECK(s);
-    if (b.len)
-        memcpy(s, b.data, b.len);
-    if (rest)
-        memcpy(s + b.len, data + 1, rest);
+    size_t len = fz_stream_after(&b, data + (size ? 1 : 0), size ? size - 1 : 0, out);
     proto_buf_free(&b);
-    *out = s;
     return len;
 }
 

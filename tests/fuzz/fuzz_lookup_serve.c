@@ -24,12 +24,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "fuzz_check.h"
+#include "fuzz_service.h"
 #include "lookup_serve.h"
 #include "proto.h"
 #include "util.h"
-
-#define MAX_TURNS 200000
 
 static struct ev_loop *loop;
 static struct lk_service *svc;
@@ -86,6 +84,8 @@ static void setup(void)
     atexit(teardown);
 }
 
+/* A valid HELLO of role lookup first when bit 0 of the first byte says so,
+ * then the rest of the input. */
 static size_t build_stream(const uint8_t *data, size_t size, uint8_t **out)
 {
     struct proto_buf b = {0};
@@ -95,42 +95,19 @@ static size_t build_stream(const uint8_t *data, size_t size, uint8_t **out)
         FZ_CHECK(proto_begin(&b, PROTO_HELLO, 1, 1, 0) == 0 && proto_put_hello(&b, &h) == 0 &&
                  proto_end(&b) == 0);
     }
-    size_t rest = size ? size - 1 : 0, len = b.len + rest;
-    uint8_t *s = malloc(len ? len : 1);
-    FZ_CHECK(s);
-    if (b.len)
-        memcpy(s, b.data, b.len);
-    if (rest)
-        memcpy(s + b.len, data + 1, rest);
+    size_t len = fz_stream_after(&b, data + (size ? 1 : 0), size ? size - 1 : 0, out);
     proto_buf_free(&b);
-    *out = s;
     return len;
 }
 
-/* The service's frames so far in in[0..*len): each parses as a server
- * frame; a LOOKUP_R's bytes are 0 or 1.  Consumed frames are dropped. */
-static void check_replies(uint8_t *in, size_t *len)
+/* A LOOKUP_R's bytes are 0 or 1. */
+static void check_reply(const struct proto_frame *f)
 {
-    size_t pos = 0;
-    for (;;) {
-        struct proto_frame f;
-        char err[256];
-        long n = proto_frame_parse(in + pos, *len - pos, true, &f, err, sizeof(err));
-        if (n == 0)
-            break;
-        if (n < 0) {
-            fprintf(stderr, "the lookup service sent a frame its clients refuse: %s\n", err);
-            abort();
+    if (f->type == PROTO_LOOKUP_R)
+        for (uint32_t i = 0; i < f->n; i++) {
+            uint8_t v;
+            FZ_CHECK(proto_get_u8(f, i, &v) == 0 && v <= 1);
         }
-        if (f.type == PROTO_LOOKUP_R)
-            for (uint32_t i = 0; i < f.n; i++) {
-                uint8_t v;
-                FZ_CHECK(proto_get_u8(&f, i, &v) == 0 && v <= 1);
-            }
-        pos += (size_t)n;
-    }
-    memmove(in, in + pos, *len - pos);
-    *len -= pos;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -146,36 +123,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FZ_CHECK(connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
     FZ_CHECK(fcntl(fd, F_SETFL, O_NONBLOCK) == 0);
     uint8_t *stream;
-    size_t len = build_stream(data, size, &stream), sent = 0, got = 0;
-    static uint8_t in[PROTO_HDR_SIZE + PROTO_MAX_BODY + 65536];
-    bool shut = false, eof = false;
-    for (long turn = 0; !eof; turn++) {
-        FZ_CHECK(turn < MAX_TURNS);
-        if (sent < len) {
-            ssize_t n = send(fd, stream + sent, len - sent, MSG_NOSIGNAL);
-            if (n > 0)
-                sent += (size_t)n;
-            else if (errno != EAGAIN)
-                sent = len; /* it hung up: the rest is moot */
-        }
-        if (sent == len && !shut) {
-            shutdown(fd, SHUT_WR);
-            shut = true;
-        }
-        ev_run(loop, EVRUN_NOWAIT);
-        for (;;) {
-            ssize_t n = recv(fd, in + got, sizeof(in) - got, 0);
-            if (n > 0) {
-                got += (size_t)n;
-                check_replies(in, &got);
-                FZ_CHECK(got < sizeof(in));
-                continue;
-            }
-            if (n == 0 || (errno != EAGAIN && errno != EINTR))
-                eof = true;
-            break;
-        }
-    }
+    size_t len = build_stream(data, size, &stream);
+    fz_serve_stream(fd, loop, stream, len, "the lookup service", check_reply);
     close(fd);
     free(stream);
     ev_run(loop, EVRUN_NOWAIT); /* the service sees the close */
