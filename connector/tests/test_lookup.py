@@ -3,6 +3,7 @@ processes each hold one rank's objects and serve lookups; the parent, like
 vLLM's scheduler, asks both in one query.  Skipped (with the reason) while
 the loaded library predates the lookup service; then only the clear
 refusal is checked."""
+import errno
 import os
 import subprocess
 import sys
@@ -87,10 +88,13 @@ def workers(tmp_path):
                     p.wait()
 
 
+def _client_options(ns, lookup_dir):
+    return {"mode": "embedded", "namespace": ns.hex, "num_ranks": 2, "dp_index": 0,
+            "lookup_dir": lookup_dir, "lookup_instance": "", "lookup_timeout_ms": 1000}
+
+
 def _client(ns, lookup_dir):
-    return umbp.LookupClient({"mode": "embedded", "namespace": ns.hex, "num_ranks": 2,
-                              "dp_index": 0, "lookup_dir": lookup_dir, "lookup_instance": "",
-                              "lookup_timeout_ms": 1000})
+    return umbp.LookupClient(_client_options(ns, lookup_dir))
 
 
 @needs_lookup
@@ -143,3 +147,131 @@ def test_socket_paths_differ_by_rank_dp_and_instance(tmp_path):
         umbp.lookup_socket_path(d, "not-hex", "", 0, 0)
     with pytest.raises(umbp.UmbpError):
         umbp.LookupClient({"mode": "embedded", "no_such_option": 1})
+
+
+# ---- fork ------------------------------------------------------------------
+
+def _in_child(fn, bound_s=60.0):
+    """Runs fn in a forked child; its exit code is fn's return value (98: it
+    raised).  Returns os.waitpid's status; a child still running after
+    bound_s is killed (SIGKILL) and fails the test."""
+    import signal
+    import traceback
+
+    pid = os.fork()
+    if pid == 0:
+        code = 97
+        try:
+            code = fn()
+        except BaseException:
+            traceback.print_exc()
+            code = 98
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + bound_s
+    while True:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return st
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child did not exit within %.0f s (hung)" % bound_s)
+        time.sleep(0.01)
+
+
+def _check_the_parents_client_in_a_child(cl, opts, rows, expect):
+    """In forked children (each exits with a code the parent checks): a
+    query on the parent's client raises EBADF naming the parent, also while
+    a thread of the parent held the client's lock at the fork; close()
+    frees nothing of the parent's (twice); the client's collection (its
+    __del__, as at exit) does not crash; a child's own client works.  Then
+    the parent's client still answers."""
+    import gc
+    parent = os.getpid()
+
+    def use():
+        for q in (lambda: cl.query(rows), lambda: cl.query_ex(rows)):
+            try:
+                q()
+                return 1  # asked through the parent's connections
+            except umbp.UmbpError as e:
+                if not (e.code == -errno.EBADF and "pid %d" % parent in str(e)
+                        and "forked child" in str(e)):
+                    print("not the forked-child error:", e)
+                    return 2
+        if not cl.closed:
+            return 3
+        cl.close()  # drops the pointer, destroys nothing
+        cl.close()
+        try:
+            cl.query(rows)
+            return 4
+        except umbp.UmbpError as e:
+            if "pid %d" % parent not in str(e):
+                return 5
+        return 0
+
+    cl._lock.acquire()  # as if another thread of the parent were querying at the fork
+    try:
+        st = _in_child(use)
+    finally:
+        cl._lock.release()
+    assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
+
+    def collect_then_own(opts):
+        def child():
+            cl.__del__()  # what its collection at the child's exit runs: close()
+            gc.collect()
+            with umbp.LookupClient(opts) as own:  # a child's own client works
+                got = own.query(rows)
+                if got != expect:
+                    print("child's own client: %d, not %d" % (got, expect))
+                    return 6
+            return 0
+        return child
+
+    st = _in_child(collect_then_own(opts))
+    assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
+
+    def close_first():
+        cl.close()
+        return 0
+
+    st = _in_child(close_first)
+    assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
+    # the parent's client is untouched by its children
+    assert not cl.closed
+    assert cl.query(rows) == expect
+    assert cl.query_ex(rows)[2] == 0
+
+
+@needs_lookup
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12: fork of a threaded process
+def test_a_forked_child_finds_the_parents_embedded_client_dead(workers):
+    """Before: the child's query asked the ranks through the parent's
+    connections and answered (child exit 1)."""
+    ns, lookup_dir, procs = workers
+    rows = _rows(ns)
+    with _client(ns, lookup_dir) as cl:
+        assert cl.query(rows) == 6  # connected before the fork
+        _check_the_parents_client_in_a_child(cl, _client_options(ns, lookup_dir), rows, 6)
+
+
+@needs_lookup
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12: fork of a threaded process
+def test_a_forked_child_finds_the_parents_standalone_client_dead(server):
+    """Before: the child's query went to the parent's lookup runtime, which
+    has no threads in the child: it waited out lookup_timeout_ms and
+    reported every key absent (0, E_TIMEOUT; child exit 1); close() in the
+    child ran umbp_lookup_client_destroy on the parent's runtime."""
+    proc, sock = server
+    keys = np.random.default_rng(40).integers(0, 256, (5, 32), dtype=np.uint8)
+    buf = np.zeros(64, dtype=np.uint8)
+    with umbp.Runtime({"mode": "standalone", "socket_dir": sock, "gpu_backend": "host"}) as rt:
+        job = rt.put(keys[:3], [buf.ctypes.data] * 3, 64)
+        assert job.wait(10000) and job.ok.all()
+        opts = {"mode": "standalone", "socket_dir": sock, "lookup_timeout_ms": 2000}
+        with umbp.LookupClient(opts) as cl:
+            assert cl.query(keys) == 3
+            _check_the_parents_client_in_a_child(cl, opts, keys, 3)

@@ -19,11 +19,20 @@ valid; -EINVAL alone means nothing was asked (raised here).
 
 The C client is for one thread at a time; a LookupClient serialises its
 calls with a lock, so it may be shared by threads.
+
+Fork: as a Runtime (umbp/runtime.py), a client of the parent is dead in a
+forked child (_forked_child): its C state (connections shared with the
+parent, a standalone client's runtime and its threads, which the child
+lacks) is the parent's, so its pointer is dropped without
+umbp_lookup_client_destroy and every query raises EBADF naming the parent's
+pid.  The child creates its own.
 """
 import ctypes
 import errno
 import json
+import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -62,8 +71,30 @@ def _rows_array(keys_rows):
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
+_live = weakref.WeakSet()  # every open LookupClient, for _forked_child
+
+
+def _forked_child():
+    """After os.fork(), in the child: each client of the parent is marked
+    dead without umbp_lookup_client_destroy (its sockets are the parent's
+    connections, a standalone client's runtime has no threads here), as if
+    closed.  Its lock is new: another thread of the parent may have held
+    the old one at the fork."""
+    for c in list(_live):
+        c._forked = True
+        c._ptr = None
+        c._lock = threading.Lock()
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
+
+
 class LookupClient:
     """A scheduler-side lookup client (umbp_lookup_client_create)."""
+
+    _forked = False  # set in a forked child (_forked_child)
 
     def __init__(self, options=None, **kw):
         opts = dict(options or {}, **kw)
@@ -75,7 +106,22 @@ class LookupClient:
         out = ctypes.c_void_p()
         _lib.check(self._create(json.dumps(opts).encode(), ctypes.byref(out)),
                    "LookupClient", use_last=True)
+        self._pid = os.getpid()
         self._ptr = out.value
+        _live.add(self)
+
+    def _dead(self):
+        """The EBADF of a query once closed, or in a process forked from the
+        one that created the client."""
+        if self._forked:
+            return UmbpError(-errno.EBADF, "LookupClient belongs to the parent process (pid %d): "
+                             "a forked child must create its own LookupClient" % self._pid)
+        return UmbpError(-errno.EBADF, "LookupClient is closed")
+
+    @property
+    def closed(self):
+        """True once closed, and in a forked child (the parent's client)."""
+        return self._ptr is None
 
     def query_ex(self, keys_rows, row_rank=None):
         """(prefix, present, rc): present np.bool_ (rows, n), one per key of
@@ -92,7 +138,7 @@ class LookupClient:
         prefix = ctypes.c_size_t()
         with self._lock:
             if self._ptr is None:
-                raise UmbpError(-errno.EBADF, "LookupClient is closed")
+                raise self._dead()
             rc = self._query(self._ptr, a.ctypes.data, n, rows,
                              None if rr is None else rr.ctypes.data, present.ctypes.data,
                              ctypes.byref(prefix))
@@ -105,9 +151,12 @@ class LookupClient:
         return self.query_ex(keys_rows, row_rank)[0]
 
     def close(self):
+        """Frees the C client (idempotent).  In a forked child the parent's
+        client is already dropped: nothing of the parent's is touched."""
         with self._lock:
             p, self._ptr = self._ptr, None
             if p is not None:
+                _live.discard(self)
                 self._destroy(p)
 
     def __enter__(self):

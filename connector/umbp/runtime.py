@@ -134,8 +134,14 @@ def _as_numpy(x):
     return np.asarray(x)
 
 
+_BOOLS = frozenset((bool, np.bool_))
+_ONE = np.uint64(1)
+
+
 def _u64(x, n, what):
-    """A uint64 vector of n (a scalar broadcasts)."""
+    """A uint64 vector of n (a scalar broadcasts).  Bools, which Python and
+    array('Q') take as integers, are refused: as a scalar, in a list, or as
+    a bool array."""
     if isinstance(x, (int, np.integer)):
         if isinstance(x, bool):
             raise UmbpError(-errno.EINVAL, "%s must be integers, not a bool" % what)
@@ -147,15 +153,27 @@ def _u64(x, n, what):
             raise UmbpError(-errno.EINVAL, "%s must have %d entries (one per key), got %d"
                             % (what, n, len(x)))
         # array('Q') converts a list of ints 2-3x faster than np.fromiter
-        # and refuses negative ones itself
+        # and refuses negative ones itself, but takes a bool as 0 or 1
         try:
-            return np.frombuffer(array.array("Q", x), dtype=np.uint64)
+            a = np.frombuffer(array.array("Q", x), dtype=np.uint64)
         except OverflowError:
             raise UmbpError(-errno.EINVAL, "%s: negative entry (or one over 2^64 - 1)"
                             % what) from None
         except TypeError:
-            raise TypeError("%s must be integers" % what) from None
+            a = None  # a np.bool_ too, where numpy no longer takes it as an index
+        # only an entry of 0 or 1 can be a bool: ids above 1 cost an argmin
+        # (~0.3 us for 625), others a set of the entries' types (~4 us)
+        if a is None or n and a[a.argmin()] <= _ONE:
+            if not _BOOLS.isdisjoint(set(map(type, x))):
+                i = next(i for i, v in enumerate(x) if type(v) in _BOOLS)
+                raise TypeError("%s must be integers, not bools (entry %d is %r)"
+                                % (what, i, x[i]))
+            if a is None:
+                raise TypeError("%s must be integers" % what)
+        return a
     a = _as_numpy(x)
+    if a.dtype.kind == "b":  # O(1): a bool array, a mask, is no list of integers
+        raise TypeError("%s must be integers, got %s" % (what, a.dtype))
     if a.ndim != 1 or a.shape[0] != n:
         raise UmbpError(-errno.EINVAL, "%s must have %d entries (one per key), got shape %s"
                         % (what, n, a.shape))
@@ -550,13 +568,16 @@ class Runtime:
 
     def deregister(self, kv):
         """Unregisters kv (idempotent).  C refuses (-EBUSY) while a job on it
-        is in flight; then kv stays registered and keeps its tensors.  Jobs
-        on kv hold its tensors themselves until they are released."""
+        is in flight (waited for or not, released or not), its message saying
+        how many; then kv stays registered and keeps its tensors.  Jobs on kv
+        hold its tensors themselves until they are released."""
         if kv.handle is None:
             return
         if kv._rt() is not self:
             raise UmbpError(-errno.ENOENT, "deregister: the KV cache belongs to another runtime")
-        _lib.check(_lib.umbp_kv_deregister(self._p(), kv.handle), "deregister")  # before any change
+        rc = _lib.umbp_kv_deregister(self._p(), kv.handle)
+        if rc < 0:  # before any change; only -EBUSY sets umbp_last_error (the count)
+            raise _lib.error(rc, "deregister", use_last=rc == -errno.EBUSY)
         kv.handle = None
         kv.tensors = ()
         self._kvs = [k for k in self._kvs if k is not kv]
