@@ -21,6 +21,9 @@ static void write_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents);
 static void accept_cb(struct ev_loop *loop, ev_io *w, int revents);
 static void accept_retry_cb(struct ev_loop *loop, ev_timer *w, int revents);
+static void read_update(struct net_conn *c);
+static void deadline_update(struct net_conn *c, bool frame_done);
+static void budget_leave(struct net_conn *c);
 
 #define LOOP(c) ((c)->svc->p.loop)
 
@@ -122,6 +125,125 @@ static int auth_frame(struct net_conn *c, const struct proto_frame *f, char *wha
     return 0;
 }
 
+/* ---- the input budget (in_budget) ------------------------------------------------------ */
+
+static size_t in_over(const struct net_conn *c)
+{
+    size_t initial = c->svc->p.in_initial;
+    return c->in_cap > initial ? c->in_cap - initial : 0;
+}
+
+/* The capacity the head frame needs, once its input is full: all of it at
+ * once (so a connection that holds budget never needs more to finish its
+ * frame, and waiting ones hold none of it: nobody waits on a waiter). */
+static size_t frame_need(const struct net_conn *c)
+{
+    const size_t max = (size_t)PROTO_HDR_SIZE + PROTO_MAX_BODY;
+    size_t need = c->in_cap * 2;
+    if (c->in_len >= 4) {
+        uint32_t len;
+        memcpy(&len, c->in, 4);
+        if ((size_t)PROTO_HDR_SIZE + len > c->in_cap)
+            need = (size_t)PROTO_HDR_SIZE + len;
+    }
+    return need > max ? max : need;
+}
+
+/* Connections waiting for budget, first come first served, get what they
+ * need as long as it lasts (reserved: taken when they read next). */
+static void budget_wake(struct net_service *s)
+{
+    struct net_conn *c;
+    while ((c = s->starved_head)) {
+        size_t extra = frame_need(c) - c->in_cap;
+        if (s->in_over + extra > s->p.in_budget)
+            return;
+        s->starved_head = c->starved_next;
+        if (!s->starved_head)
+            s->starved_tail = NULL;
+        c->starved_next = NULL;
+        c->starved = false;
+        c->in_reserved = extra;
+        s->in_over += extra;
+        read_update(c);
+        deadline_update(c, false);
+    }
+}
+
+/* c's input changed capacity from old_cap: the account, and waiters when
+ * it shrank. */
+static void in_account(struct net_conn *c, size_t old_cap)
+{
+    struct net_service *s = c->svc;
+    size_t initial = s->p.in_initial, was = old_cap > initial ? old_cap - initial : 0;
+    s->in_over = s->in_over - was + in_over(c);
+    if (in_over(c) < was && s->starved_head)
+        budget_wake(s);
+}
+
+/* A full input under in_budget: grows to what its frame needs (1), or the
+ * connection waits for budget (0), or -ENOMEM. */
+static int budget_grow(struct net_conn *c)
+{
+    struct net_service *s = c->svc;
+    size_t need = frame_need(c), extra = need - c->in_cap;
+    if (c->in_reserved) {
+        s->in_over -= c->in_reserved; /* granted at its wake: now taken */
+        c->in_reserved = 0;
+    } else if (s->starved_head || s->in_over + extra > s->p.in_budget) {
+        char name[96];
+        uint64_t now = umbp_now_ns();
+        c->starved = true;
+        if (s->starved_tail)
+            s->starved_tail->starved_next = c;
+        else
+            s->starved_head = c;
+        s->starved_tail = c;
+        s->starved_total++;
+        if (!s->starved_logged_ns || now - s->starved_logged_ns > 60000000000ull) {
+            s->starved_logged_ns = now;
+            umbp_log(UMBP_LOG_WARN, "%s: its frame of %zu bytes waits: %s (%zu MiB) is held by "
+                     "other connections' unfinished frames (%llu waited so far; logged at most "
+                     "once a minute)", conn_name(c, name, sizeof(name)), need,
+                     s->p.in_budget_option ? s->p.in_budget_option : "the input budget",
+                     s->p.in_budget >> 20, (unsigned long long)s->starved_total);
+        }
+        read_update(c);
+        deadline_update(c, false);
+        return 0;
+    }
+    uint8_t *p = realloc(c->in, need);
+    if (!p) {
+        snprintf(c->why, sizeof(c->why), "no memory for its input");
+        return -ENOMEM;
+    }
+    size_t old = c->in_cap;
+    c->in = p;
+    c->in_cap = need;
+    in_account(c, old);
+    return 1;
+}
+
+static void budget_leave(struct net_conn *c)
+{
+    struct net_service *s = c->svc;
+    if (c->starved) {
+        struct net_conn **pp = &s->starved_head, *prev = NULL;
+        while (*pp != c) {
+            prev = *pp;
+            pp = &(*pp)->starved_next;
+        }
+        *pp = c->starved_next;
+        if (s->starved_tail == c)
+            s->starved_tail = prev;
+        c->starved = false;
+    }
+    s->in_over -= in_over(c) + c->in_reserved;
+    c->in_reserved = 0;
+    if (s->starved_head)
+        budget_wake(s);
+}
+
 /* ---- opening and closing ------------------------------------------------------------ */
 
 struct net_conn *net_service_adopt(struct net_service *s, int fd, const struct ucred *cr)
@@ -167,6 +289,7 @@ void net_conn_close(struct net_conn *c)
     struct net_service *s = c->svc;
     s->p.ops->on_close(c);
     ev_io_stop(s->p.loop, &c->rio);
+    budget_leave(c); /* may wake others: c is no longer read */
     ev_io_stop(s->p.loop, &c->wio);
     ev_timer_stop(s->p.loop, &c->deadline_w);
     close(c->fd);
@@ -246,7 +369,8 @@ static void deadline_update(struct net_conn *c, bool frame_done)
     ev_timer *w = &c->deadline_w;
     if (!c->role)
         return;
-    if (!c->in_len || c->paused || c->held || c->waiting || p->frame_timeout_ms <= 0) {
+    if (!c->in_len || c->paused || c->held || c->waiting || p->frame_timeout_ms <= 0 ||
+        (c->starved && !in_over(c))) {
         ev_timer_stop(p->loop, w);
         return;
     }
@@ -271,7 +395,7 @@ static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
 /* The socket is read unless the connection is paused, held or waiting. */
 static void read_update(struct net_conn *c)
 {
-    if (c->paused || c->held || c->waiting)
+    if (c->paused || c->held || c->waiting || c->starved)
         ev_io_stop(LOOP(c), &c->rio);
     else
         ev_io_start(LOOP(c), &c->rio);
@@ -399,6 +523,11 @@ int net_conn_process(struct net_conn *c)
     }
     memmove(c->in, c->in + pos, c->in_len - pos);
     c->in_len -= pos;
+    if (p->in_budget && !c->in_len && c->in_cap > p->in_initial) {
+        size_t old = c->in_cap; /* given back at once: others may be waiting */
+        proto_in_room(&c->in, 0, &c->in_cap, p->in_initial);
+        in_account(c, old);
+    }
     if ((pos || more) && p->ops->on_processed)
         p->ops->on_processed(c);
     if (more && rc == 0)
@@ -422,7 +551,13 @@ int net_conn_resume(struct net_conn *c)
 /* One non-blocking read.  1: got bytes; 0: none yet; < 0: end (why set). */
 static int conn_read(struct net_conn *c)
 {
-    int rc = proto_in_room(&c->in, c->in_len, &c->in_cap, c->svc->p.in_initial);
+    int rc = 0;
+    if (c->svc->p.in_budget && c->in_len == c->in_cap && (rc = budget_grow(c)) <= 0)
+        return rc; /* waits for budget (0), or no memory */
+    size_t old = c->in_cap;
+    rc = proto_in_room(&c->in, c->in_len, &c->in_cap, c->svc->p.in_initial);
+    if (c->in_cap != old)
+        in_account(c, old);
     if (rc < 0) {
         snprintf(c->why, sizeof(c->why), "no memory for its input");
         return rc;

@@ -34,8 +34,9 @@
  * reading.  The deadline timer bounds a handshake (HELLO within
  * handshake_timeout_ms of the connect) and a frame (its last byte within
  * frame_timeout_ms of its first); it never runs while the service itself
- * is not reading the connection (paused, held), nor for a greeted one
- * whose input is all whole frames: an idle client stays connected.
+ * is not reading the connection (paused, held, or starved of in_budget
+ * while holding none of it), nor for a greeted one whose input is all
+ * whole frames: an idle client stays connected.
  *
  * Threads: the loop thread of `loop` owns everything here.  Only the libev
  * callbacks here and the owner's own top-level callbacks call
@@ -90,6 +91,9 @@ struct net_conn {
     bool held;                     /* the owner queued it (on_yield): not read */
     bool waiting;                  /* a handler said NET_WAIT: not read or handled */
     bool frame_open;               /* the head frame is part handled (NET_MORE) */
+    bool starved;                  /* not reading: its frame waits for in_budget */
+    struct net_conn *starved_next; /* the service's queue of those */
+    size_t in_reserved;            /* budget granted at its wake, before it grew */
     uint8_t *in;                   /* unparsed input [0, in_len) */
     size_t in_len, in_cap;
     struct proto_buf out;          /* unsent output [out_off, out.len) */
@@ -162,6 +166,15 @@ struct net_service_params {
     int accept_batch;
     double accept_retry_s;
     size_t in_initial;
+    /* What every connection's input may hold beyond in_initial, together
+     * (0: no bound; else at least PROTO_HDR_SIZE + PROTO_MAX_BODY).  A
+     * connection whose partial frame needs more stops reading until others'
+     * frames complete or their connections end, first come first served;
+     * while it holds nothing beyond in_initial its frame deadline waits too.
+     * A grown input is given back as soon as it is empty.  Its option's
+     * name, for the log line: in_budget_option. */
+    size_t in_budget;
+    const char *in_budget_option;
     size_t out_pause, out_resume;  /* pause above, resume below */
     size_t out_keep;               /* an empty output buffer larger than this is freed */
     size_t out_max;                /* close above (0: never) */
@@ -178,6 +191,10 @@ struct net_service {
     struct net_conn *conns;
     unsigned nconns;
     uint64_t next_id;
+    size_t in_over;                /* inputs' bytes beyond in_initial, reserved included */
+    struct net_conn *starved_head, *starved_tail;
+    uint64_t starved_total;        /* connections that waited for in_budget */
+    uint64_t starved_logged_ns;    /* its warning: at most once a minute */
 };
 
 void net_service_init(struct net_service *s, const struct net_service_params *p);

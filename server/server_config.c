@@ -48,6 +48,12 @@ const struct umbp_option srv_options[] = {
     {"frame_timeout_ms", UMBP_OPT_INT, OFF(frame_timeout_ms), "30000", 10, 3600000, 0, NULL,
      "server: a frame whose last byte has not come this long after its first ends its "
      "session; an idle client with no partial frame is never timed out"},
+    {"input_budget_bytes", UMBP_OPT_SIZE, OFF(input_budget_bytes), "1GiB", 8 << 20,
+     1099511627776.0, 0, NULL,
+     "server: what all sessions' unfinished frames may hold together beyond each session's "
+     "first 64 KiB; a session whose frame needs more waits, not read, until other frames "
+     "complete or their sessions end, first come first served (its frame_timeout_ms paused "
+     "while it holds none of it)"},
     {"namespace_quotas", UMBP_OPT_STRING, OFF(namespace_quotas), "", 0, 0, 2048, NULL,
      "server: per-namespace byte limits, e.g. \"ns=4GiB,ns2=512MiB\": a namespace past its "
      "quota evicts its own least recently used objects; workers' spares hold at most 1/8 "

@@ -38,6 +38,7 @@ struct srv_options {
     int64_t frame_timeout_ms;
     char namespace_quotas[2048];
     uint64_t event_backlog_bytes;
+    uint64_t input_budget_bytes;
     int64_t adopt_grace_ms;
     int64_t metrics_port;
     char metrics_address[64];

@@ -262,6 +262,8 @@ void session_service_init(struct umbp_server *s)
         .max_conns = (unsigned)c->opt.max_sessions, .accept_batch = 64,
         .accept_retry_s = 0.1, /* after EMFILE: try again this much later */
         .in_initial = SRV_IN_INITIAL,
+        .in_budget = (size_t)c->opt.input_budget_bytes,
+        .in_budget_option = "input_budget_bytes",
         .out_pause = SRV_OUT_PAUSE, .out_resume = SRV_OUT_RESUME,
         .out_keep = SRV_OUT_RESUME, .out_max = SRV_OUT_MAX,
         .handshake_timeout_ms = c->opt.handshake_timeout_ms,

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1851,6 +1852,146 @@ Test(server, a_partial_frame_ends_its_session_after_frame_timeout_ms)
     client_close(&idle);
     srv_stop(&s);
     cr_assert(log_has(&s, "a frame stayed incomplete for frame_timeout_ms (200 ms; 10 bytes"));
+    rm_dir(&s);
+}
+
+/* ---- input_budget_bytes ---------------------------------------------------------------- */
+
+#define BIG_KEYS PROTO_MAX_RECORDS /* a LOOKUP of 65,536 keys: 2 MiB and 24 bytes */
+
+/* A whole LOOKUP of BIG_KEYS keys (key i of client c: bytes c, i), seq given. */
+static void big_lookup(struct proto_buf *b, uint8_t who, uint64_t seq)
+{
+    cr_assert_eq(proto_begin(b, PROTO_LOOKUP, seq, BIG_KEYS, 0), 0);
+    for (uint32_t i = 0; i < BIG_KEYS; i++) {
+        umbp_key_t k = {{0}};
+        k.bytes[0] = who;
+        memcpy(k.bytes + 1, &i, 4);
+        proto_put_key(b, &k);
+    }
+    cr_assert_eq(proto_end(b), 0);
+}
+
+struct big_send {
+    struct client *cl;
+    const uint8_t *p;
+    size_t len;
+    int rc;
+};
+
+static void *big_send_main(void *arg)
+{
+    struct big_send *bs = arg;
+    bs->rc = sync_client_send(&bs->cl->c, bs->p, bs->len);
+    return NULL;
+}
+
+static bool readable_within(int fd, int ms)
+{
+    struct pollfd q = {.fd = fd, .events = POLLIN};
+    return poll(&q, 1, ms) == 1;
+}
+
+static void big_reply(struct client *cl, uint64_t seq)
+{
+    struct proto_frame f;
+    reply(cl, seq, PROTO_LOOKUP_R, &f);
+    cr_assert_eq(f.n, BIG_KEYS);
+}
+
+/* Four sessions hold unfinished 2 MiB frames (most of an 8 MiB
+ * input_budget_bytes); a fifth one's frame waits, not read and not
+ * answered, while small requests of others go on; when one of the four
+ * finishes its frame (and gives its input back), the fifth is read and
+ * answered, then the rest. */
+Test(server, a_frame_over_input_budget_bytes_waits_for_another_to_finish)
+{
+    struct srv s;
+    srv_start(&s, "\"input_budget_bytes\": \"8MiB\"");
+    struct client h[4], w, other;
+    struct proto_buf fr[4] = {{0}}, wf = {0};
+    const size_t part = 1 << 20;
+    for (int i = 0; i < 4; i++) {
+        client_open(&h[i], s.path, PROTO_ROLE_LOOKUP, 0, "holder");
+        big_lookup(&fr[i], (uint8_t)i, h[i].c.next_seq++);
+        /* read by the server past its first 64 KiB: its input has grown */
+        cr_assert_eq(sync_client_send(&h[i].c, fr[i].data, part), 0);
+    }
+    client_open(&w, s.path, PROTO_ROLE_LOOKUP, 0, "waiter");
+    client_open(&other, s.path, PROTO_ROLE_ADMIN, 0, "other");
+    uint64_t wseq = w.c.next_seq++;
+    big_lookup(&wf, 9, wseq);
+    struct big_send bs = {&w, wf.data, wf.len, -1};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, big_send_main, &bs), 0);
+    ping(&other);
+    cr_assert(!readable_within(w.c.fd, 300), "a frame over input_budget_bytes was answered");
+    ping(&other); /* small frames of others are read meanwhile */
+    /* holder 0 finishes: answered, its 2 MiB given back, the waiter goes on */
+    cr_assert_eq(sync_client_send(&h[0].c, fr[0].data + part, fr[0].len - part), 0);
+    big_reply(&h[0], fr[0].data[8]); /* its seq: the header's low byte (seqs are small) */
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    cr_assert_eq(bs.rc, 0);
+    big_reply(&w, wseq);
+    for (int i = 1; i < 4; i++) {
+        cr_assert_eq(sync_client_send(&h[i].c, fr[i].data + part, fr[i].len - part), 0);
+        big_reply(&h[i], fr[i].data[8]);
+    }
+    ping(&w); /* nothing left over: every session goes on */
+    for (int i = 0; i < 4; i++) {
+        proto_buf_free(&fr[i]);
+        client_close(&h[i]);
+    }
+    proto_buf_free(&wf);
+    client_close(&w);
+    client_close(&other);
+    srv_stop(&s);
+    cr_assert(log_has(&s, "waits: input_budget_bytes (8 MiB) is held by other connections' "
+                          "unfinished frames"));
+    rm_dir(&s);
+}
+
+/* The four holders stall: frame_timeout_ms ends their sessions, which gives
+ * the budget to the waiting frame; the waiter (which held none of it while
+ * it waited) is read, answered and stays connected. */
+Test(server, stalled_frames_holding_input_budget_bytes_end_and_the_waiter_goes_on)
+{
+    struct srv s;
+    srv_start(&s, "\"input_budget_bytes\": \"8MiB\", \"frame_timeout_ms\": 2000");
+    struct client h[4], w;
+    struct proto_buf fr[4] = {{0}}, wf = {0};
+    for (int i = 0; i < 4; i++) {
+        client_open(&h[i], s.path, PROTO_ROLE_LOOKUP, 0, "staller");
+        big_lookup(&fr[i], (uint8_t)i, h[i].c.next_seq++);
+        cr_assert_eq(sync_client_send(&h[i].c, fr[i].data, 1 << 20), 0);
+    }
+    client_open(&w, s.path, PROTO_ROLE_LOOKUP, 0, "waiter");
+    uint64_t wseq = w.c.next_seq++;
+    big_lookup(&wf, 9, wseq);
+    cr_assert_eq(sync_client_send(&w.c, wf.data, wf.len), 0); /* read once they end */
+    big_reply(&w, wseq);
+    for (int i = 0; i < 4; i++)
+        cr_assert(reads_eof(h[i].c.fd), "a stalled frame's session was kept");
+    ping(&w);
+    for (int i = 0; i < 4; i++) {
+        proto_buf_free(&fr[i]);
+        client_close(&h[i]);
+    }
+    proto_buf_free(&wf);
+    client_close(&w);
+    srv_stop(&s);
+    cr_assert(log_has(&s, "session 5 (pid"), "no fifth session");
+    cr_assert(log_has(&s, "waits: input_budget_bytes (8 MiB)"), "the waiter never waited");
+    rm_dir(&s);
+}
+
+/* input_budget_bytes below two of the largest frames is refused, naming it. */
+Test(server, input_budget_bytes_below_8_mib_is_refused)
+{
+    struct srv s;
+    make_dir(&s);
+    cr_assert_neq(srv_run_failing(&s, "\"input_budget_bytes\": \"4MiB\""), 0);
+    cr_assert(log_has(&s, "input_budget_bytes"), "the error does not name the option");
     rm_dir(&s);
 }
 
