@@ -341,6 +341,9 @@ static void render_node(struct mbuf *b, const struct umbp_server *s)
          "be asked).", n.remote_misses},
         {"umbp_node_remote_failed_total", "counter", "Keys whose fetch failed (the owner "
          "reset or timed out).", n.remote_failed},
+        {"umbp_node_remote_retries_total", "counter", "Keys asked again at another owner "
+         "after a fetch failed at once (the owner reset, or no longer had the key).",
+         n.remote_retries},
         {"umbp_node_remote_bytes_total", "counter", "Bytes fetched from other nodes.",
          n.remote_bytes},
         {"umbp_node_replicas_total", "counter", "Fetched objects kept in the pool as "

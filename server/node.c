@@ -376,7 +376,8 @@ bool srv_node_stats(struct srv_node *n, struct srv_node_stats *out)
     umbp_rdma_stats(n->rdma, &r);
     *out = (struct srv_node_stats){
         .remote_hits = r.remote_hits, .remote_misses = r.remote_misses,
-        .remote_failed = r.remote_failed, .remote_bytes = r.remote_bytes,
+        .remote_failed = r.remote_failed, .remote_retries = r.remote_retries,
+        .remote_bytes = r.remote_bytes,
         .replicas = r.replicas, .locates = r.locates, .heartbeats = r.heartbeats,
         .resyncs = r.resyncs, .registers = r.registers, .reports = r.reports,
         .live_keys = r.live_keys, .node_ref = r.node_ref, .registered = r.registered,

@@ -62,7 +62,8 @@ void srv_node_call_cancel(struct srv_node_call *c);
 
 /* The node's counters for /metrics (metrics.c); false without a node. */
 struct srv_node_stats {
-    uint64_t remote_hits, remote_misses, remote_failed, remote_bytes, replicas, locates;
+    uint64_t remote_hits, remote_misses, remote_failed, remote_retries, remote_bytes, replicas;
+    uint64_t locates;
     uint64_t heartbeats, resyncs, registers, reports, live_keys;
     uint64_t data_eager, data_rndv, served_keys, served_bytes;
     uint32_t node_ref;

@@ -25,6 +25,7 @@ struct umbp_rdma_stats {
     uint64_t remote_hits;    /* keys fetched from peers */
     uint64_t remote_misses;  /* keys no live peer had (or could not be asked) */
     uint64_t remote_failed;  /* fetches that failed (reset, timeout) */
+    uint64_t remote_retries; /* keys asked again at another owner after one failed at once */
     uint64_t remote_bytes;   /* bytes fetched */
     uint64_t replicas;       /* fetched objects kept in the slice */
     uint64_t locates;        /* LOCATE calls to the master */

@@ -276,6 +276,7 @@ struct rdma_tier {
     uint64_t pruned_ns;            /* the last peers_prune */
     /* counters */
     uint64_t remote_hits, remote_misses, remote_failed, remote_bytes, replicas, locates;
+    uint64_t remote_retries;
     uint64_t heartbeats, resyncs, registers, reports;
 };
 
@@ -355,6 +356,7 @@ void umbp_rdma_stats(struct umbp_tier *t, struct umbp_rdma_stats *out)
     *out = (struct umbp_rdma_stats){
         .remote_hits = rt->remote_hits, .remote_misses = rt->remote_misses,
         .remote_failed = rt->remote_failed, .remote_bytes = rt->remote_bytes,
+        .remote_retries = rt->remote_retries,
         .replicas = rt->replicas, .locates = rt->locates, .heartbeats = rt->heartbeats,
         .resyncs = rt->resyncs, .registers = rt->registers, .reports = rt->reports,
         .live_keys = rt->live.live, .node_ref = rt->self_ref, .registered = rt->registered,
@@ -712,6 +714,7 @@ struct rfetch {
     struct ucx_fetch_item *items;
     struct umbp_tier_req **reqs; /* the caller's, per item */
     uint64_t *temp;              /* 0, or the private key's number */
+    size_t *mi;                  /* per item: its index in the read's misses */
     uint32_t n;
 };
 
@@ -732,16 +735,33 @@ struct rread {
     size_t *miss_idx;               /* lookup: index in all */
     struct rfetch *fetches;
     size_t nfetch, fetch_left;
+    /* Another owner: a key whose fetch failed at once (the owner reset, or
+     * no longer has it) is fetched again from an owner not tried yet, in a
+     * round of its own once every batch of this one has ended. */
+    uint8_t *tried;                 /* per miss: the replicas asked (bit r: refs[r]) */
+    uint8_t *again;                 /* per miss: to be asked again */
+    size_t nagain;
+    unsigned round;                 /* 0: the first */
 };
 
-static void rread_free(struct rread *rr)
+/* The batches of a round, once each has ended (UCX is done with them). */
+static void fetches_free(struct rread *rr)
 {
     for (size_t i = 0; i < rr->nfetch; i++) {
         free(rr->fetches[i].items);
         free(rr->fetches[i].reqs);
         free(rr->fetches[i].temp);
+        free(rr->fetches[i].mi);
     }
+    rr->nfetch = 0;
+}
+
+static void rread_free(struct rread *rr)
+{
+    fetches_free(rr);
     free(rr->fetches);
+    free(rr->tried);
+    free(rr->again);
     free(rr->miss);
     free(rr->keys);
     free(rr->locs);
@@ -767,16 +787,20 @@ static void inline_done(void *arg, int rc)
     *p = rc;
 }
 
-/* The first owner of loc worth asking, or NULL. */
+/* The first owner of loc worth asking that is not in the mask tried (bit
+ * r: refs[r]), or NULL; *which = its r. */
 static struct rpeer *owner_of(struct rdma_tier *rt, const struct proto_location *loc,
-                              uint64_t now)
+                              uint64_t now, unsigned tried, unsigned *which)
 {
     for (uint32_t r = 0; r < loc->nrep && r < PROTO_MAX_REPLICAS; r++) {
-        if (loc->refs[r] == rt->self_ref && rt->self_ref)
+        if ((tried >> r) & 1 || (loc->refs[r] == rt->self_ref && rt->self_ref))
             continue;
         struct rpeer *p = peer_of(rt, loc->refs[r]);
-        if (p && now >= p->fail_until_ns)
+        if (p && now >= p->fail_until_ns) {
+            if (which)
+                *which = r;
             return p;
+        }
     }
     return NULL;
 }
@@ -816,6 +840,8 @@ static bool admit_replica(struct rdma_tier *rt, uint64_t size)
     return !u.high_watermark_bytes || u.used_bytes + size <= u.high_watermark_bytes;
 }
 
+static void round_over(struct rread *rr);
+
 static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
 {
     struct rfetch *f = arg;
@@ -842,7 +868,13 @@ static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
                 st = UMBP_E_NOT_ATTEMPTED;
             else if (st == -EMSGSIZE || st == -EPROTO)
                 st = -ENOENT;
-            q->status = st;
+            q->status = st; /* unless another owner has it (below) */
+            /* failed at once: another owner is worth asking now (a timeout
+             * has already cost timeout_ms: not again) */
+            if ((st == -ENOENT || st == -ECONNRESET) && !rr->again[f->mi[i]]) {
+                rr->again[f->mi[i]] = 1;
+                rr->nagain++;
+            }
             if (st == -ENOENT)
                 rt->remote_misses++;
             else
@@ -879,7 +911,7 @@ static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
     if (failed_peer)
         peer_failed(rt, f->peer);
     if (--rr->fetch_left == 0)
-        rread_finish(rr);
+        round_over(rr);
 }
 
 /* f could not be sent: its reservations go back, its keys miss. */
@@ -892,7 +924,7 @@ static void fetch_not_sent(struct rfetch *f)
     }
     f->peer->inflight--;
     if (--rr->fetch_left == 0)
-        rread_finish(rr);
+        round_over(rr);
 }
 
 static void fail_fetch(struct rfetch *f, int status);
@@ -966,21 +998,34 @@ static void start_fetches(struct rread *rr)
     struct umbp_tier *loc = rt->local;
     uint64_t now = umbp_now_ns();
     struct rpeer **owner = calloc(rr->nmiss ? rr->nmiss : 1, sizeof(*owner));
+    size_t retries = 0;
     if (!owner) {
         rread_finish(rr);
         return;
     }
-    /* group by owner: one batch per owner and UCX_FETCH_MAX_KEYS keys */
+    /* group by owner: one batch per owner and UCX_FETCH_MAX_KEYS keys; a
+     * later round asks again only the keys marked, at an owner not asked
+     * (a key with none left keeps the status its last fetch gave it) */
     for (size_t i = 0; i < rr->nmiss; i++) {
+        if (rr->round && !rr->again[i])
+            continue;
+        rr->again[i] = 0;
         if (rr->locs[i].nrep == 0 || rr->locs[i].size == 0 ||
             rr->locs[i].size > UCX_OBJ_MAX) {
             rt->remote_misses++;
             continue;
         }
-        owner[i] = owner_of(rt, &rr->locs[i], now);
-        if (!owner[i])
+        unsigned r = 0;
+        owner[i] = owner_of(rt, &rr->locs[i], now, rr->tried[i], &r);
+        if (owner[i]) {
+            rr->tried[i] |= (uint8_t)(1u << r);
+            retries += rr->round > 0;
+        } else if (!rr->round) {
             rt->remote_misses++;
+        }
     }
+    if (rr->round)
+        rt->remote_retries += retries;
     size_t cap = 0;
     for (size_t i = 0; i < rr->nmiss; i++) {
         if (!owner[i])
@@ -1007,10 +1052,12 @@ static void start_fetches(struct rread *rr)
             f->items = calloc(UCX_FETCH_MAX_KEYS, sizeof(*f->items));
             f->reqs = calloc(UCX_FETCH_MAX_KEYS, sizeof(*f->reqs));
             f->temp = calloc(UCX_FETCH_MAX_KEYS, sizeof(*f->temp));
-            if (!f->items || !f->reqs || !f->temp) { /* this key misses; the slot is reused */
+            f->mi = calloc(UCX_FETCH_MAX_KEYS, sizeof(*f->mi));
+            if (!f->items || !f->reqs || !f->temp || !f->mi) { /* this key misses */
                 free(f->items);
                 free(f->reqs);
                 free(f->temp);
+                free(f->mi);
                 memset(f, 0, sizeof(*f));
                 rt->remote_misses++;
                 continue;
@@ -1041,9 +1088,13 @@ static void start_fetches(struct rread *rr)
                                                  .cap = size};
         f->reqs[f->n] = q;
         f->temp[f->n] = temp;
+        f->mi[f->n] = i;
         f->n++;
     }
     free(owner);
+    if (rr->round && retries)
+        umbp_log(UMBP_LOG_INFO, "rdma: %zu keys whose fetch failed at once asked again at "
+                 "another owner", retries);
     rr->fetch_left = rr->nfetch + 1; /* +1: ours, so no batch finishes us early */
     for (size_t g = 0; g < rr->nfetch; g++) {
         struct rfetch *f = &rr->fetches[g];
@@ -1062,7 +1113,22 @@ static void start_fetches(struct rread *rr)
             warm_up(f->peer);
     }
     if (--rr->fetch_left == 0)
+        round_over(rr);
+}
+
+/* Every batch of a round has ended (their reservations given back or
+ * published): keys marked again go to another owner, at most one round
+ * per replica a LOCATE can name; else the read is done. */
+static void round_over(struct rread *rr)
+{
+    if (!rr->nagain || rr->rt->stopped || rr->round + 1 >= PROTO_MAX_REPLICAS) {
         rread_finish(rr);
+        return;
+    }
+    fetches_free(rr);
+    rr->nagain = 0;
+    rr->round++;
+    start_fetches(rr);
 }
 
 static void on_located(void *arg, int status, const struct proto_ack *a)
@@ -1083,7 +1149,8 @@ static void on_located(void *arg, int status, const struct proto_ack *a)
     if (rr->lookup) {
         uint64_t now = umbp_now_ns();
         for (size_t i = 0; i < rr->nmiss; i++) {
-            struct rpeer *p = rr->locs[i].nrep ? owner_of(rt, &rr->locs[i], now) : NULL;
+            struct rpeer *p = rr->locs[i].nrep ? owner_of(rt, &rr->locs[i], now, 0, NULL)
+                                               : NULL;
             if (!p)
                 continue;
             rr->present[rr->miss_idx[i]] = 1;
@@ -1105,7 +1172,8 @@ static bool ask_master(struct rread *rr)
     if (!rr->nmiss || rt->stopped || !rt->registered || !mclient_connected(rt->mc))
         return false;
     if (!(rr->keys = malloc(rr->nmiss * sizeof(*rr->keys))) ||
-        !(rr->locs = calloc(rr->nmiss, sizeof(*rr->locs))))
+        !(rr->locs = calloc(rr->nmiss, sizeof(*rr->locs))) ||
+        !(rr->tried = calloc(rr->nmiss, 1)) || !(rr->again = calloc(rr->nmiss, 1)))
         return false;
     for (size_t i = 0; i < rr->nmiss; i++)
         rr->keys[i] = rr->miss[i]->key;

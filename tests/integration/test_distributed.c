@@ -703,6 +703,7 @@ Test(dist, a_hosts_engines_read_other_hosts_objects_through_their_server)
     cr_expect_eq(tu_sample(body, "umbp_node_registered"), 1);
     cr_expect_eq(tu_sample(body, "umbp_node_remote_hits_total"), 24 + 16, "%s", body);
     cr_expect_eq(tu_sample(body, "umbp_node_replicas_total"), 24 + 16);
+    cr_expect_eq(tu_sample(body, "umbp_node_remote_retries_total"), 0); /* no owner failed */
     /* 256 KiB objects over tcp alone: eager (docs/distributed.md) */
     cr_expect_geq(tu_sample(body, "umbp_node_fetched_eager_total"), 24, "%s", body);
     cr_expect_eq(tu_sample(body, "umbp_node_fetched_eager_total") +
@@ -871,5 +872,59 @@ Test(dist, a_hosts_server_node_outlives_its_master_and_a_stopped_server_costs_mi
     get_until_hit(e, 115, 16, 64 * 1024);
     cr_assert(tu_server_answers(srv.sock), "the server no longer answers");
     tu_server_cleanup(&srv);
+    cluster_stop(&c);
+}
+
+/* A, then B (its replicas), hold the keys, and the master lists A first
+ * (its metrics say when B's replica events are in).  C's get locates them
+ * (A, B) and sends its batch to A, stopped; A is then killed, so the batch
+ * fails with a reset, and each key is asked again at B, the next owner
+ * that LOCATE named: all 16 hit, byte-exact, in the same get.  (Without the
+ * retry they all missed, reset.)  C keeps no replicas and has fetched from
+ * A before, so its endpoint to A is wired up. */
+Test(dist, a_key_whose_owner_died_is_fetched_from_another_replica_in_the_same_get)
+{
+    need_distributed();
+    struct cluster c;
+    static const char *names[] = {"nodeA", "nodeB", "nodeC"};
+    char json[1024], err[256];
+    memset(&c, 0, sizeof(c));
+    uint16_t mport = free_port();
+    snprintf(c.m.extra, sizeof(c.m.extra), "\"heartbeat_suspect_ms\": 60000, "
+             "\"heartbeat_dead_ms\": 120000, \"metrics_port\": %u", (unsigned)mport);
+    master_start(&c.m);
+    for (int i = 0; i < 3; i++) {
+        node_start(&c.n[i], names[i],
+                   node_json(json, sizeof(json), c.m.addr, names[i],
+                             i == 2 ? "\"log_level\": \"info\", \"cache_remote_fetches\": false"
+                                    : NULL));
+        c.nn = i + 1;
+    }
+    struct node *a = &c.n[0], *b = &c.n[1], *r = &c.n[2];
+    put(a, 80, 16, 64 * 1024);
+    put(a, 81, 1, 64 * 1024);
+    until_found(b, 80, 16, 16);
+    get_until_hit(b, 80, 16, 64 * 1024); /* B keeps replicas */
+    /* A's 17 STORED events and B's 16 are in the master: it lists A, B */
+    double events = 0;
+    for (int i = 0; i < LEARN_TRIES && events < 33; i++) {
+        char *body = tu_scrape("127.0.0.1", mport, 2000, err, sizeof(err));
+        events = body ? tu_sample(body, "umbp_master_events_total") : 0;
+        free(body);
+        if (events < 33)
+            pause_ms(50);
+    }
+    cr_assert_geq(events, 33, "the master applied %.0f events, not 33", events);
+    until_found(r, 81, 1, 1);
+    get_until_hit(r, 81, 1, 64 * 1024); /* C's endpoint to A is up */
+    node_kill(a, SIGSTOP);
+    cr_assert_str_eq(node_cmd(r, "aget 80 16 65536"), "ok submitted");
+    pause_ms(200); /* let the batch reach A's socket; the checks hold either way */
+    node_kill(a, SIGKILL);
+    struct got g = node_get(r, "await", 80, 16, 0);
+    cr_assert_eq(g.hit, 16, "C got %zu of 16 (miss %zu, reset %zu, timeout %zu); its log:\n%s",
+                 g.hit, g.miss, g.reset, g.timeout, tu_slurp(r->log));
+    cr_assert(log_has(r->log, "asked again at another owner"),
+              "C never asked another owner; its log:\n%s", tu_slurp(r->log));
     cluster_stop(&c);
 }
