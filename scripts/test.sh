@@ -133,7 +133,7 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   cmake --build build-fuzz -j "$jobs" --target fuzz_proto_server fuzz_proto_client \
     fuzz_server_session fuzz_journal_adopt fuzz_net_session fuzz_proto_master fuzz_ucx_wire \
     fuzz_lease_value fuzz_ucx_tls fuzz_options fuzz_lookup_serve fuzz_lookup_client \
-    fuzz_master_client fuzz_master_session
+    fuzz_master_client fuzz_master_session $(pkg-config --exists hiredis && echo fuzz_redis_reply)
   secs=${UMBP_FUZZ_SECONDS:-60}
   for f in tests/fuzz/corpus/server:build-fuzz/tests/fuzz/fuzz_proto_server \
            tests/fuzz/corpus/client:build-fuzz/tests/fuzz/fuzz_proto_client \
@@ -148,8 +148,13 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
            tests/fuzz/corpus/lookup:build-fuzz/tests/fuzz/fuzz_lookup_serve \
            tests/fuzz/corpus/lookup_client:build-fuzz/tests/fuzz/fuzz_lookup_client \
            tests/fuzz/corpus/master_client:build-fuzz/tests/fuzz/fuzz_master_client \
-           tests/fuzz/corpus/master_session:build-fuzz/tests/fuzz/fuzz_master_session; do
+           tests/fuzz/corpus/master_session:build-fuzz/tests/fuzz/fuzz_master_session \
+           tests/fuzz/corpus/redis:build-fuzz/tests/fuzz/fuzz_redis_reply; do
     seeds=${f%%:*} bin=${f#*:}
+    if [[ ! -x $bin ]]; then
+      echo "scripts/test.sh: $bin not built (fuzz_redis_reply needs hiredis): skipped"
+      continue
+    fi
     scratch=$(mktemp -d)
     extra=()
     # a server session's slices (4,096 records) take frames of ~131 KB

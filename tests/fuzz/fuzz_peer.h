@@ -10,7 +10,8 @@
  *
  * Properties checked here, each an abort() when broken:
  *   - every frame the client sends parses as a request (a client that sends
- *     bytes its own server would refuse is a bug too);
+ *     bytes its own server would refuse is a bug too; a peer of another
+ *     protocol, on_bytes, checks what it reads itself);
  *   - nothing hangs: the client dials, sends what the target waits for and
  *     closes each within FZ_PEER_WAIT_MS (its own deadlines are far shorter).
  *
@@ -39,6 +40,12 @@ struct fz_peer {
      * (written at once); returns true when the exchange is over (out is
      * written, then this side ends).  Peer thread. */
     bool (*on_frame)(struct fz_peer *p, const struct proto_frame *f, struct proto_buf *out);
+    /* Or, for a peer of another protocol (Redis: fuzz_redis_reply.c), the
+     * bytes the client sent so far, unframed: returns how many it used (a
+     * whole request: 0 waits for more), may append an answer to out, and
+     * sets *over when the exchange is over.  Peer thread. */
+    size_t (*on_bytes)(struct fz_peer *p, const uint8_t *in, size_t len, struct proto_buf *out,
+                       bool *over);
     void *arg;
     pthread_t th;
     bool ended_by_client;          /* the client closed before on_frame said over */
@@ -126,7 +133,15 @@ static void *fz_peer_main(void *arg)
         }
         got += (size_t)n;
         size_t pos = 0;
-        while (!over) {
+        while (!over && p->on_bytes && pos < got) {
+            out.len = 0;
+            size_t used = p->on_bytes(p, in + pos, got - pos, &out, &over);
+            fz_peer_send(fd, &out);
+            if (!used)
+                break;
+            pos += used;
+        }
+        while (!over && !p->on_bytes) {
             struct proto_frame f;
             char err[256];
             long r = proto_frame_parse(in + pos, got - pos, false, &f, err, sizeof(err));
