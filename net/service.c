@@ -141,8 +141,8 @@ static size_t frame_need(const struct net_conn *c)
     const size_t max = (size_t)PROTO_HDR_SIZE + PROTO_MAX_BODY;
     size_t need = c->in_cap * 2;
     if (c->in_len >= 4) {
-        uint32_t len;
-        memcpy(&len, c->in, 4);
+        const uint8_t *h = c->in; /* the header's len: little-endian on the wire */
+        uint32_t len = h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 | (uint32_t)h[3] << 24;
         if ((size_t)PROTO_HDR_SIZE + len > c->in_cap)
             need = (size_t)PROTO_HDR_SIZE + len;
     }
@@ -369,8 +369,11 @@ static void deadline_update(struct net_conn *c, bool frame_done)
     ev_timer *w = &c->deadline_w;
     if (!c->role)
         return;
-    if (!c->in_len || c->paused || c->held || c->waiting || p->frame_timeout_ms <= 0 ||
-        (c->starved && !in_over(c))) {
+    /* paused (its replies back up) or starved, a connection holding no
+     * input budget waits on us; one holding some keeps its deadline, so that
+     * a client that stops reading cannot keep the budget forever */
+    if (!c->in_len || c->held || c->waiting || p->frame_timeout_ms <= 0 ||
+        ((c->paused || c->starved) && !in_over(c))) {
         ev_timer_stop(p->loop, w);
         return;
     }
@@ -392,7 +395,8 @@ static void deadline_cb(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* ---- frames ---------------------------------------------------------------------------- */
 
-/* The socket is read unless the connection is paused, held or waiting. */
+/* The socket is read unless the connection is paused, held, waiting or
+ * starved of input budget. */
 static void read_update(struct net_conn *c)
 {
     if (c->paused || c->held || c->waiting || c->starved)
@@ -552,8 +556,18 @@ int net_conn_resume(struct net_conn *c)
 static int conn_read(struct net_conn *c)
 {
     int rc = 0;
-    if (c->svc->p.in_budget && c->in_len == c->in_cap && (rc = budget_grow(c)) <= 0)
-        return rc; /* waits for budget (0), or no memory */
+    if (c->svc->p.in_budget && c->in_len == c->in_cap) {
+        if (!c->role) { /* an AUTH or a HELLO fits in_initial: take no budget for more */
+            char what[96];
+            snprintf(what, sizeof(what), "frame.len: a frame of more than %zu bytes before "
+                     "HELLO", c->in_cap);
+            malformed(c, what, -EPROTO);
+            net_conn_flush(c); /* the ERROR, best effort */
+            return -EPROTO;
+        }
+        if ((rc = budget_grow(c)) <= 0)
+            return rc; /* waits for budget (0), or no memory */
+    }
     size_t old = c->in_cap;
     rc = proto_in_room(&c->in, c->in_len, &c->in_cap, c->svc->p.in_initial);
     if (c->in_cap != old)

@@ -34,9 +34,11 @@
  * reading.  The deadline timer bounds a handshake (HELLO within
  * handshake_timeout_ms of the connect) and a frame (its last byte within
  * frame_timeout_ms of its first); it never runs while the service itself
- * is not reading the connection (paused, held, or starved of in_budget
- * while holding none of it), nor for a greeted one whose input is all
- * whole frames: an idle client stays connected.
+ * is not reading the connection (held; paused or starved of in_budget
+ * while holding none of it: one that holds some keeps its deadline, so a
+ * client that stops reading its replies cannot keep the budget), nor for a
+ * greeted one whose input is all whole frames: an idle client stays
+ * connected.  Before HELLO the handshake deadline runs whatever happens.
  *
  * Threads: the loop thread of `loop` owns everything here.  Only the libev
  * callbacks here and the owner's own top-level callbacks call
@@ -170,8 +172,10 @@ struct net_service_params {
      * (0: no bound; else at least PROTO_HDR_SIZE + PROTO_MAX_BODY).  A
      * connection whose partial frame needs more stops reading until others'
      * frames complete or their connections end, first come first served;
-     * while it holds nothing beyond in_initial its frame deadline waits too.
-     * A grown input is given back as soon as it is empty.  Its option's
+     * while it holds nothing beyond in_initial its frame deadline does not
+     * run (it starts again when the connection is read).  A grown input is
+     * given back as soon as it is empty.  Before HELLO nothing grows: a
+     * first frame larger than in_initial ends the connection.  Its option's
      * name, for the log line: in_budget_option. */
     size_t in_budget;
     const char *in_budget_option;

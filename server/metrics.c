@@ -243,6 +243,10 @@ static void render_scalars(struct mbuf *b, const struct umbp_server *s)
         {"umbp_refused_connections_total", "counter", "Connections refused (not allowed, or "
          "max_sessions reached).", c->refused_connections},
         {"umbp_sessions", "gauge", "Connected clients.", (uint64_t)s->svc.nconns},
+        {"umbp_input_budget_used_bytes", "gauge", "Bytes of input_budget_bytes that "
+         "sessions' unfinished frames hold.", (uint64_t)s->svc.in_over},
+        {"umbp_input_budget_waits_total", "counter", "Frames that waited for "
+         "input_budget_bytes (their sessions not read meanwhile).", s->svc.starved_total},
         {"umbp_held_regions", "gauge", "Regions of unfinished puts whose session ended, kept "
          "out of use until their writers' declared deadlines.", held},
         {"umbp_reservations_expired_total", "counter", "Reservations reclaimed at their "
@@ -338,7 +342,7 @@ static void render_node(struct mbuf *b, const struct umbp_server *s)
         {"umbp_node_remote_hits_total", "counter", "Keys fetched from other nodes for this "
          "host's engines.", n.remote_hits},
         {"umbp_node_remote_misses_total", "counter", "Keys no live node held (or none could "
-         "be asked).", n.remote_misses},
+         "be asked), by the last owner asked.", n.remote_misses},
         {"umbp_node_remote_failed_total", "counter", "Keys whose fetch failed (the owner "
          "reset or timed out).", n.remote_failed},
         {"umbp_node_remote_retries_total", "counter", "Keys asked again at another owner "

@@ -306,6 +306,9 @@ Test(metrics, scrape_follows_a_store)
     cr_assert_eq(tu_sample(h.body, "umbp_reserves_total"), 1);
     cr_assert_eq(tu_sample(h.body, "umbp_publishes_total"), 1);
     cr_assert(tu_sample(h.body, "umbp_sessions") >= 1);
+    /* small frames take nothing of input_budget_bytes, and nothing waited */
+    cr_assert_eq(tu_sample(h.body, "umbp_input_budget_used_bytes"), 0, "%s", h.body);
+    cr_assert_eq(tu_sample(h.body, "umbp_input_budget_waits_total"), 0);
     cr_assert(tu_sample(h.body, RESERVE_COUNT) >= reserves_before + 1, "%s", h.body);
     cr_assert_eq(tu_sample(h.body, RESERVE_INF), tu_sample(h.body, RESERVE_COUNT));
     cr_assert(tu_sample(h.body, "umbp_request_duration_seconds_count{type=\"PUBLISH\"}") >= 1);

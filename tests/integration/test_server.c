@@ -1947,28 +1947,35 @@ Test(server, a_frame_over_input_budget_bytes_waits_for_another_to_finish)
     client_close(&other);
     srv_stop(&s);
     cr_assert(log_has(&s, "waits: input_budget_bytes (8 MiB) is held by other connections' "
-                          "unfinished frames"));
+                          "unfinished frames (1 waited so far"));
     rm_dir(&s);
 }
 
-/* The four holders stall: frame_timeout_ms ends their sessions, which gives
- * the budget to the waiting frame; the waiter (which held none of it while
- * it waited) is read, answered and stays connected. */
+/* The waiter's frame begins first (60 KiB: within its first 64 KiB), then
+ * four holders take the budget with unfinished 2 MiB frames and stall, and
+ * the waiter sends the rest and waits.  frame_timeout_ms ends the holders,
+ * which gives the budget to the waiter: read, answered and connected,
+ * although its frame began more than frame_timeout_ms before it was read
+ * (its deadline does not run while it waits, holding none of the budget). */
 Test(server, stalled_frames_holding_input_budget_bytes_end_and_the_waiter_goes_on)
 {
     struct srv s;
     srv_start(&s, "\"input_budget_bytes\": \"8MiB\", \"frame_timeout_ms\": 2000");
     struct client h[4], w;
     struct proto_buf fr[4] = {{0}}, wf = {0};
+    client_open(&w, s.path, PROTO_ROLE_LOOKUP, 0, "waiter");
+    uint64_t wseq = w.c.next_seq++;
+    big_lookup(&wf, 9, wseq);
+    const size_t first = 60 << 10;
+    cr_assert_eq(sync_client_send(&w.c, wf.data, first), 0); /* its deadline starts */
+    tu_sleep_ms(1000); /* the holders' frames begin a second later: they end later too */
     for (int i = 0; i < 4; i++) {
         client_open(&h[i], s.path, PROTO_ROLE_LOOKUP, 0, "staller");
         big_lookup(&fr[i], (uint8_t)i, h[i].c.next_seq++);
         cr_assert_eq(sync_client_send(&h[i].c, fr[i].data, 1 << 20), 0);
     }
-    client_open(&w, s.path, PROTO_ROLE_LOOKUP, 0, "waiter");
-    uint64_t wseq = w.c.next_seq++;
-    big_lookup(&wf, 9, wseq);
-    cr_assert_eq(sync_client_send(&w.c, wf.data, wf.len), 0); /* read once they end */
+    /* read once the holders end, 2 s after they began: 3 s after its own start */
+    cr_assert_eq(sync_client_send(&w.c, wf.data + first, wf.len - first), 0);
     big_reply(&w, wseq);
     for (int i = 0; i < 4; i++)
         cr_assert(reads_eof(h[i].c.fd), "a stalled frame's session was kept");
@@ -1980,8 +1987,39 @@ Test(server, stalled_frames_holding_input_budget_bytes_end_and_the_waiter_goes_o
     proto_buf_free(&wf);
     client_close(&w);
     srv_stop(&s);
-    cr_assert(log_has(&s, "session 5 (pid"), "no fifth session");
     cr_assert(log_has(&s, "waits: input_budget_bytes (8 MiB)"), "the waiter never waited");
+    rm_dir(&s);
+}
+
+/* Before its HELLO a session takes none of the budget: a first frame larger
+ * than its first 64 KiB of input ends it, with an ERROR saying so. */
+Test(server, a_frame_over_64_kib_before_hello_ends_the_session)
+{
+    struct srv s;
+    srv_start(&s, "");
+    int fd = dial_raw(s.path);
+    struct proto_buf b = {0};
+    big_lookup(&b, 1, 1);
+    cr_assert_gt(send(fd, b.data, 100 << 10, MSG_NOSIGNAL), 64 << 10); /* past 64 KiB */
+    proto_buf_free(&b);
+    char buf[4096];
+    ssize_t n, got = 0;
+    struct timeval tv = {.tv_sec = CLIENT_TIMEOUT_MS / 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    while ((n = recv(fd, buf + got, sizeof(buf) - (size_t)got, 0)) > 0 &&
+           got + n < (ssize_t)sizeof(buf))
+        got += n;
+    cr_assert(n == 0 || (n < 0 && errno == ECONNRESET), "the session was kept");
+    struct proto_frame f;
+    char err[256];
+    cr_assert_gt(proto_frame_parse((uint8_t *)buf, (size_t)got, true, &f, err, sizeof(err)), 0,
+                 "no whole frame before the close: %s", err);
+    struct proto_error pe;
+    cr_assert_eq(f.type, PROTO_ERROR);
+    cr_assert_eq(proto_get_error(&f, &pe), 0);
+    cr_assert(strstr(pe.message, "before HELLO"), "ERROR says: %s", pe.message);
+    close(fd);
+    srv_stop(&s);
     rm_dir(&s);
 }
 
