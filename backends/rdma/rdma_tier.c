@@ -276,7 +276,7 @@ struct rdma_tier {
     uint64_t pruned_ns;            /* the last peers_prune */
     /* counters */
     uint64_t remote_hits, remote_misses, remote_failed, remote_bytes, replicas, locates;
-    uint64_t remote_retries;
+    uint64_t remote_retries, retry_logged_ns;
     uint64_t heartbeats, resyncs, registers, reports;
 };
 
@@ -715,6 +715,7 @@ struct rfetch {
     struct umbp_tier_req **reqs; /* the caller's, per item */
     uint64_t *temp;              /* 0, or the private key's number */
     size_t *mi;                  /* per item: its index in the read's misses */
+    uint32_t timeout_ms;         /* the batch's bound (a later round: what is left) */
     uint32_t n;
 };
 
@@ -740,9 +741,32 @@ struct rread {
      * round of its own once every batch of this one has ended. */
     uint8_t *tried;                 /* per miss: the replicas asked (bit r: refs[r]) */
     uint8_t *again;                 /* per miss: to be asked again */
+    uint8_t *outcome;               /* per miss: its counter so far (OUT_*), so a key
+                                       counts once, as its last owner answered */
     size_t nagain;
     unsigned round;                 /* 0: the first */
+    uint64_t deadline_ns;           /* no round starts past it; a later one's batches
+                                       and warm-ups end by it (the bound umbp-server
+                                       announces: 2 x lookup_timeout_ms + 2 x timeout_ms) */
 };
+
+enum { OUT_NONE, OUT_MISS, OUT_FAILED };
+
+/* Key i's outcome is now o (OUT_*; a hit: OUT_NONE after remote_hits++):
+ * the counter of its previous outcome, if any, gives it back. */
+static void count_outcome(struct rread *rr, size_t i, uint8_t o)
+{
+    struct rdma_tier *rt = rr->rt;
+    if (rr->outcome[i] == OUT_MISS)
+        rt->remote_misses--;
+    else if (rr->outcome[i] == OUT_FAILED)
+        rt->remote_failed--;
+    if (o == OUT_MISS)
+        rt->remote_misses++;
+    else if (o == OUT_FAILED)
+        rt->remote_failed++;
+    rr->outcome[i] = o;
+}
 
 /* The batches of a round, once each has ended (UCX is done with them). */
 static void fetches_free(struct rread *rr)
@@ -762,6 +786,7 @@ static void rread_free(struct rread *rr)
     free(rr->fetches);
     free(rr->tried);
     free(rr->again);
+    free(rr->outcome);
     free(rr->miss);
     free(rr->keys);
     free(rr->locs);
@@ -858,6 +883,12 @@ static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         struct umbp_tier_req *q = f->reqs[i];
         int st = items[i].status;
+        size_t mi = f->mi[i];
+        /* another owner is worth asking at once when this one reset, or
+         * says it no longer has the key (evicted since its heartbeat); not
+         * after a timeout (it has cost timeout_ms), nor for a size the
+         * master has wrong (every replica has the same) */
+        bool ask_again = st == -ECONNRESET || st == -ENOENT;
         if (st == 0 && items[i].size != q->region.size)
             st = -ENOENT; /* the master's size was stale: not this object */
         if (st == -ECONNRESET || st == UMBP_E_TIMEOUT)
@@ -868,20 +899,16 @@ static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
                 st = UMBP_E_NOT_ATTEMPTED;
             else if (st == -EMSGSIZE || st == -EPROTO)
                 st = -ENOENT;
-            q->status = st; /* unless another owner has it (below) */
-            /* failed at once: another owner is worth asking now (a timeout
-             * has already cost timeout_ms: not again) */
-            if ((st == -ENOENT || st == -ECONNRESET) && !rr->again[f->mi[i]]) {
-                rr->again[f->mi[i]] = 1;
+            q->status = st; /* unless another owner has it (round_over) */
+            if (ask_again && !rt->stopped && !rr->again[mi]) {
+                rr->again[mi] = 1;
                 rr->nagain++;
             }
-            if (st == -ENOENT)
-                rt->remote_misses++;
-            else
-                rt->remote_failed++;
+            count_outcome(rr, mi, st == -ENOENT ? OUT_MISS : OUT_FAILED);
             continue;
         }
         rt->remote_hits++;
+        count_outcome(rr, mi, OUT_NONE);
         rt->remote_bytes += items[i].size;
         if (f->temp[i]) { /* the reservation is the reader's region until release */
             q->region.aux[0] = f->temp[i];
@@ -936,8 +963,7 @@ static void send_fetch(struct rfetch *f)
 {
     struct rdma_tier *rt = f->rr->rt;
     int rc = rt->stopped ? UMBP_E_NOT_ATTEMPTED
-                         : ucx_fetch(f->peer->p, f->items, f->n,
-                                     (uint32_t)rt->base.env.core->timeout_ms, fetch_done, f);
+                         : ucx_fetch(f->peer->p, f->items, f->n, f->timeout_ms, fetch_done, f);
     if (rc == -ECONNREFUSED)
         fail_fetch(f, -ECONNRESET);
     else if (rc < 0)
@@ -965,9 +991,13 @@ static void warm_done(void *arg, struct ucx_fetch_item *it, uint32_t n)
         p->warm = true;
     else
         peer_failed(rt, p);
-    while (p->held) {
-        struct rfetch *f = p->held;
-        p->held = f->held_next;
+    /* the batches held so far: one of them may end its read's round, whose
+     * next round may hold new batches on p (and warm it up again) */
+    struct rfetch *held = p->held;
+    p->held = NULL;
+    while (held) {
+        struct rfetch *f = held;
+        held = f->held_next;
         if (ok)
             send_fetch(f);
         else
@@ -976,16 +1006,14 @@ static void warm_done(void *arg, struct ucx_fetch_item *it, uint32_t n)
     }
 }
 
-static void warm_up(struct rpeer *p)
+static void warm_up(struct rpeer *p, uint32_t timeout_ms)
 {
-    struct rdma_tier *rt = p->rt;
     memset(&p->warm_item, 0, sizeof(p->warm_item)); /* the zero key: nobody's */
     p->warm_item.dst = p->warm_buf;
     p->warm_item.cap = sizeof(p->warm_buf);
     p->warming = true;
     p->inflight++;
-    if (ucx_fetch(p->p, &p->warm_item, 1, (uint32_t)rt->base.env.core->timeout_ms, warm_done,
-                  p) < 0) {
+    if (ucx_fetch(p->p, &p->warm_item, 1, timeout_ms, warm_done, p) < 0) {
         p->warm_item.status = -ECONNRESET;
         warm_done(p, &p->warm_item, 1);
     }
@@ -999,6 +1027,9 @@ static void start_fetches(struct rread *rr)
     uint64_t now = umbp_now_ns();
     struct rpeer **owner = calloc(rr->nmiss ? rr->nmiss : 1, sizeof(*owner));
     size_t retries = 0;
+    /* a key that gets no batch: a miss in the first round; in a later one
+     * it keeps the outcome its last owner gave it */
+    uint8_t missed = rr->round ? 0 : OUT_MISS;
     if (!owner) {
         rread_finish(rr);
         return;
@@ -1012,20 +1043,16 @@ static void start_fetches(struct rread *rr)
         rr->again[i] = 0;
         if (rr->locs[i].nrep == 0 || rr->locs[i].size == 0 ||
             rr->locs[i].size > UCX_OBJ_MAX) {
-            rt->remote_misses++;
+            count_outcome(rr, i, OUT_MISS);
             continue;
         }
         unsigned r = 0;
         owner[i] = owner_of(rt, &rr->locs[i], now, rr->tried[i], &r);
-        if (owner[i]) {
+        if (owner[i])
             rr->tried[i] |= (uint8_t)(1u << r);
-            retries += rr->round > 0;
-        } else if (!rr->round) {
-            rt->remote_misses++;
-        }
+        else if (missed)
+            count_outcome(rr, i, missed);
     }
-    if (rr->round)
-        rt->remote_retries += retries;
     size_t cap = 0;
     for (size_t i = 0; i < rr->nmiss; i++) {
         if (!owner[i])
@@ -1039,7 +1066,8 @@ static void start_fetches(struct rread *rr)
                 size_t ncap = cap ? 2 * cap : 4;
                 struct rfetch *a = realloc(rr->fetches, ncap * sizeof(*a));
                 if (!a) {
-                    rt->remote_misses++;
+                    if (missed)
+                        count_outcome(rr, i, missed);
                     continue;
                 }
                 memset(a + cap, 0, (ncap - cap) * sizeof(*a));
@@ -1059,7 +1087,8 @@ static void start_fetches(struct rread *rr)
                 free(f->temp);
                 free(f->mi);
                 memset(f, 0, sizeof(*f));
-                rt->remote_misses++;
+                if (missed)
+                    count_outcome(rr, i, missed);
                 continue;
             }
             rr->nfetch++;
@@ -1078,9 +1107,11 @@ static void start_fetches(struct rread *rr)
             /* no room now, or a put of the same key under way: a miss */
             if (rc == 1)
                 umbp_log(UMBP_LOG_ERROR, "rdma: the local slice did not reserve inline");
-            rt->remote_misses++;
+            if (missed)
+                count_outcome(rr, i, missed);
             continue;
         }
+        retries += rr->round > 0;
         q->size = size;
         q->region = r.region;
         q->status = -ENOENT; /* until the bytes are in */
@@ -1092,9 +1123,17 @@ static void start_fetches(struct rread *rr)
         f->n++;
     }
     free(owner);
-    if (rr->round && retries)
+    rt->remote_retries += retries;
+    if (retries && now - rt->retry_logged_ns > 10000000000ull) {
+        rt->retry_logged_ns = now;
         umbp_log(UMBP_LOG_INFO, "rdma: %zu keys whose fetch failed at once asked again at "
-                 "another owner", retries);
+                 "another owner (%llu so far; logged at most every 10 s)", retries,
+                 (unsigned long long)rt->remote_retries);
+    }
+    /* the first round's batches (and warm-ups) have timeout_ms each; a later
+     * round's share what is left until the read's deadline */
+    uint64_t t = (uint64_t)rt->base.env.core->timeout_ms;
+    uint64_t left_ms = rr->deadline_ns > now ? (rr->deadline_ns - now) / 1000000ull : 0;
     rr->fetch_left = rr->nfetch + 1; /* +1: ours, so no batch finishes us early */
     for (size_t g = 0; g < rr->nfetch; g++) {
         struct rfetch *f = &rr->fetches[g];
@@ -1102,6 +1141,10 @@ static void start_fetches(struct rread *rr)
             rr->fetch_left--;
             continue;
         }
+        uint64_t bound = !rr->round ? t : f->peer->warm ? left_ms : left_ms / 2;
+        f->timeout_ms = (uint32_t)(bound < 1 ? 1 : bound > t ? t : bound);
+        umbp_log(UMBP_LOG_DEBUG, "rdma: asking node %u for %u keys (round %u, %u ms)",
+                 f->peer->ref, f->n, rr->round, f->timeout_ms);
         f->peer->inflight++;
         if (f->peer->warm) {
             send_fetch(f);
@@ -1110,7 +1153,7 @@ static void start_fetches(struct rread *rr)
         f->held_next = f->peer->held; /* until the endpoint is warm */
         f->peer->held = f;
         if (!f->peer->warming)
-            warm_up(f->peer);
+            warm_up(f->peer, f->timeout_ms);
     }
     if (--rr->fetch_left == 0)
         round_over(rr);
@@ -1121,7 +1164,8 @@ static void start_fetches(struct rread *rr)
  * per replica a LOCATE can name; else the read is done. */
 static void round_over(struct rread *rr)
 {
-    if (!rr->nagain || rr->rt->stopped || rr->round + 1 >= PROTO_MAX_REPLICAS) {
+    if (!rr->nagain || rr->rt->stopped || rr->round + 1 >= PROTO_MAX_REPLICAS ||
+        umbp_now_ns() + 1000000ull >= rr->deadline_ns) {
         rread_finish(rr);
         return;
     }
@@ -1156,7 +1200,7 @@ static void on_located(void *arg, int status, const struct proto_ack *a)
             rr->present[rr->miss_idx[i]] = 1;
             /* a get is likely to follow: its endpoint is wired up now */
             if (!p->warm && !p->warming)
-                warm_up(p);
+                warm_up(p, (uint32_t)rt->base.env.core->timeout_ms);
         }
         rread_finish(rr);
         return;
@@ -1173,7 +1217,8 @@ static bool ask_master(struct rread *rr)
         return false;
     if (!(rr->keys = malloc(rr->nmiss * sizeof(*rr->keys))) ||
         !(rr->locs = calloc(rr->nmiss, sizeof(*rr->locs))) ||
-        !(rr->tried = calloc(rr->nmiss, 1)) || !(rr->again = calloc(rr->nmiss, 1)))
+        !(rr->tried = calloc(rr->nmiss, 1)) || !(rr->again = calloc(rr->nmiss, 1)) ||
+        !(rr->outcome = calloc(rr->nmiss, 1)))
         return false;
     for (size_t i = 0; i < rr->nmiss; i++)
         rr->keys[i] = rr->miss[i]->key;
@@ -1193,6 +1238,8 @@ static struct rread *rread_new(struct rdma_tier *rt, struct umbp_tier_req *const
     }
     rr->rt = rt;
     rr->t0_ns = umbp_now_ns();
+    rr->deadline_ns = rr->t0_ns + 2000000ull * ((uint64_t)rt->base.env.core->lookup_timeout_ms +
+                                                (uint64_t)rt->base.env.core->timeout_ms);
     rr->all = reqs;
     rr->nall = n;
     rr->done = done;

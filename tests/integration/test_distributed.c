@@ -877,11 +877,12 @@ Test(dist, a_hosts_server_node_outlives_its_master_and_a_stopped_server_costs_mi
 
 /* A, then B (its replicas), hold the keys, and the master lists A first
  * (its metrics say when B's replica events are in).  C's get locates them
- * (A, B) and sends its batch to A, stopped; A is then killed, so the batch
- * fails with a reset, and each key is asked again at B, the next owner
- * that LOCATE named: all 16 hit, byte-exact, in the same get.  (Without the
- * retry they all missed, reset.)  C keeps no replicas and has fetched from
- * A before, so its endpoint to A is wired up. */
+ * (A, B) and sends its batch to A, stopped (C's debug log says so); A is
+ * then killed, so the batch fails with a reset, and each key is asked again
+ * at B, the next owner that LOCATE named: all 16 hit, byte-exact, in the
+ * same get.  (Without the retry they all missed, reset.)  C keeps no
+ * replicas and has fetched from A before, so its endpoint to A is wired
+ * up. */
 Test(dist, a_key_whose_owner_died_is_fetched_from_another_replica_in_the_same_get)
 {
     need_distributed();
@@ -896,7 +897,7 @@ Test(dist, a_key_whose_owner_died_is_fetched_from_another_replica_in_the_same_ge
     for (int i = 0; i < 3; i++) {
         node_start(&c.n[i], names[i],
                    node_json(json, sizeof(json), c.m.addr, names[i],
-                             i == 2 ? "\"log_level\": \"info\", \"cache_remote_fetches\": false"
+                             i == 2 ? "\"log_level\": \"debug\", \"cache_remote_fetches\": false"
                                     : NULL));
         c.nn = i + 1;
     }
@@ -919,7 +920,10 @@ Test(dist, a_key_whose_owner_died_is_fetched_from_another_replica_in_the_same_ge
     get_until_hit(r, 81, 1, 64 * 1024); /* C's endpoint to A is up */
     node_kill(a, SIGSTOP);
     cr_assert_str_eq(node_cmd(r, "aget 80 16 65536"), "ok submitted");
-    pause_ms(200); /* let the batch reach A's socket; the checks hold either way */
+    /* the batch went to A (node 1, registered first), not to B: then A dies */
+    cr_assert(log_has(r->log, "asking node 1 for 16 keys (round 0"),
+              "C's first batch did not go to A; its log:\n%s", tu_slurp(r->log));
+    pause_ms(100); /* into A's socket, most likely; a reset either way */
     node_kill(a, SIGKILL);
     struct got g = node_get(r, "await", 80, 16, 0);
     cr_assert_eq(g.hit, 16, "C got %zu of 16 (miss %zu, reset %zu, timeout %zu); its log:\n%s",
