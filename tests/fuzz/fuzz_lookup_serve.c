@@ -10,9 +10,12 @@
  * Properties, each an abort() when broken (besides ASan / UBSan):
  *   - the service ends the connection, or answers and then sees its EOF,
  *     within a bounded number of loop turns: nothing hangs;
- *   - every frame it sends parses as a server frame (proto_frame_parse),
- *     and a LOOKUP_R's answers are 0 or 1.  (Which keys hit is not checked
- *     against the stand-in: the harness does not parse its own stream.)
+ *   - every frame it sends parses as a server frame (proto_frame_parse);
+ *   - every answer but an ERROR or HELLO_ERR (after which it closes) answers
+ *     the next request of the stream, parsed as the service parses it: its
+ *     type (HELLO_OK, LOOKUP_R, STATS_R, PONG), its seq, and for a LOOKUP_R
+ *     one answer per key, each the stand-in's (1 exactly for a key whose
+ *     first byte is odd).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -100,14 +103,48 @@ static size_t build_stream(const uint8_t *data, size_t size, uint8_t **out)
     return len;
 }
 
-/* A LOOKUP_R's bytes are 0 or 1. */
+/* The stream sent, and how far its requests have been answered. */
+static struct {
+    const uint8_t *s;
+    size_t len, pos;
+} sent;
+
+static uint16_t reply_type(uint16_t request)
+{
+    switch (request) {
+    case PROTO_HELLO: return PROTO_HELLO_OK;
+    case PROTO_LOOKUP: return PROTO_LOOKUP_R;
+    case PROTO_STATS: return PROTO_STATS_R;
+    case PROTO_PING: return PROTO_PONG;
+    default: return 0;
+    }
+}
+
+/* f answers the next request of the stream, with the stand-in's answers. */
 static void check_reply(const struct proto_frame *f)
 {
-    if (f->type == PROTO_LOOKUP_R)
-        for (uint32_t i = 0; i < f->n; i++) {
-            uint8_t v;
-            FZ_CHECK(proto_get_u8(f, i, &v) == 0 && v <= 1);
-        }
+    struct proto_frame q;
+    char err[256];
+    if (f->type == PROTO_ERROR || f->type == PROTO_HELLO_ERR)
+        return; /* a refusal: the service closes after it */
+    long n = proto_frame_parse(sent.s + sent.pos, sent.len - sent.pos, false, &q, err,
+                               sizeof(err));
+    if (n <= 0) {
+        fprintf(stderr, "the lookup service sent %s (seq %llu) with no request left\n",
+                proto_type_name(f->type), (unsigned long long)f->seq);
+        abort();
+    }
+    sent.pos += (size_t)n;
+    FZ_CHECK(f->type == reply_type(q.type) && f->seq == q.seq);
+    if (f->type != PROTO_LOOKUP_R)
+        return;
+    FZ_CHECK(f->n == q.n);
+    for (uint32_t i = 0; i < f->n; i++) {
+        uint8_t v;
+        umbp_key_t k;
+        FZ_CHECK(proto_get_u8(f, i, &v) == 0 && proto_get_key(&q, i, &k) == 0);
+        FZ_CHECK(v == (k.bytes[0] & 1));
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -124,6 +161,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FZ_CHECK(fcntl(fd, F_SETFL, O_NONBLOCK) == 0);
     uint8_t *stream;
     size_t len = build_stream(data, size, &stream);
+    sent.s = stream;
+    sent.len = len;
+    sent.pos = 0;
     fz_serve_stream(fd, loop, stream, len, "the lookup service", check_reply);
     close(fd);
     free(stream);
