@@ -125,7 +125,8 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   # and directory, the UCX fetch messages, a dead server's journal, the leader
   # value in the lease store, the UCX_TLS list, a config's JSON and
   # environment, a worker's lookup service, the scheduler's lookup client, the
-  # master's client, the master's per-connection handlers), fuzzed for a bounded
+  # master's client, the master's per-connection handlers, the umbp tool's
+  # client, the leader lease's Redis replies), fuzzed for a bounded
   # time (UMBP_FUZZ_SECONDS each, default 60) from the committed seeds; any
   # crash, leak or UB report fails the run.
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DUMBP_BUILD_FUZZ=ON \
@@ -133,7 +134,8 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
   cmake --build build-fuzz -j "$jobs" --target fuzz_proto_server fuzz_proto_client \
     fuzz_server_session fuzz_journal_adopt fuzz_net_session fuzz_proto_master fuzz_ucx_wire \
     fuzz_lease_value fuzz_ucx_tls fuzz_options fuzz_lookup_serve fuzz_lookup_client \
-    fuzz_master_client fuzz_master_session $(pkg-config --exists hiredis && echo fuzz_redis_reply)
+    fuzz_master_client fuzz_master_session fuzz_sync_client \
+    $(pkg-config --exists hiredis && echo fuzz_redis_reply)
   secs=${UMBP_FUZZ_SECONDS:-60}
   for f in tests/fuzz/corpus/server:build-fuzz/tests/fuzz/fuzz_proto_server \
            tests/fuzz/corpus/client:build-fuzz/tests/fuzz/fuzz_proto_client \
@@ -149,6 +151,7 @@ if [[ "${1:-}" != "--no-sanitize" ]]; then
            tests/fuzz/corpus/lookup_client:build-fuzz/tests/fuzz/fuzz_lookup_client \
            tests/fuzz/corpus/master_client:build-fuzz/tests/fuzz/fuzz_master_client \
            tests/fuzz/corpus/master_session:build-fuzz/tests/fuzz/fuzz_master_session \
+           tests/fuzz/corpus/sync_client:build-fuzz/tests/fuzz/fuzz_sync_client \
            tests/fuzz/corpus/redis:build-fuzz/tests/fuzz/fuzz_redis_reply; do
     seeds=${f%%:*} bin=${f#*:}
     if [[ ! -x $bin ]]; then

@@ -159,6 +159,18 @@ int sync_client_connect(struct sync_client *c, const char *path, const struct pr
     return rc;
 }
 
+/* The reply type of a request without records. */
+static uint16_t reply_of(uint16_t type)
+{
+    switch (type) {
+    case PROTO_STATS: return PROTO_STATS_R;
+    case PROTO_SESSIONS: return PROTO_SESSIONS_R;
+    case PROTO_CLEAR: return PROTO_CLEAR_R;
+    case PROTO_PING: return PROTO_PONG;
+    default: return 0;
+    }
+}
+
 int sync_client_call(struct sync_client *c, uint16_t type, struct proto_frame *f, char *err,
                      size_t errlen)
 {
@@ -186,6 +198,12 @@ int sync_client_call(struct sync_client *c, uint16_t type, struct proto_frame *f
         snprintf(err, errlen, "%s: a reply with seq %llu, expected %llu",
                  proto_type_name(f->type), (unsigned long long)f->seq,
                  (unsigned long long)seq);
+        return -EPROTO;
+    }
+    uint16_t want = reply_of(type);
+    if (f->type != want) { /* the caller reads it with want's accessors */
+        snprintf(err, errlen, "%s answered with %s, expected %s", proto_type_name(type),
+                 proto_type_name(f->type), proto_type_name(want));
         return -EPROTO;
     }
     return 0;

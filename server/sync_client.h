@@ -55,8 +55,9 @@ int sync_client_send(struct sync_client *c, const void *buf, size_t len);
 int sync_client_recv(struct sync_client *c, struct proto_frame *f, char *err, size_t errlen);
 
 /* A request without records (STATS, SESSIONS, CLEAR, PING): sends it and
- * returns its reply in *f, skipping EVENTS.  An ERROR frame: -EPROTO and
- * its message in err. */
+ * returns its reply in *f, skipping EVENTS: 0 only for a frame of the
+ * request's reply type and seq.  An ERROR frame, or another reply: -EPROTO
+ * and err says which. */
 int sync_client_call(struct sync_client *c, uint16_t type, struct proto_frame *f, char *err,
                      size_t errlen);
 
