@@ -24,6 +24,7 @@
 #include "ucx.h"
 
 #include <errno.h>
+#include <sodium.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,6 +72,7 @@ struct ucx_batch {
     bool send_pending, ended, finished;
     struct ucx_rx *rx;
     uint8_t *wire; /* FETCH header + records, until the send completes */
+    uint8_t nonce[UCX_WIRE_NONCE]; /* the FETCH's: its DATA's macs cover it */
     ev_timer timer;
     ucx_fetch_done_fn done;
     void *arg;
@@ -116,7 +118,22 @@ struct ucx_node {
     double serve_timeout;
     ev_timer sweep;
     struct ucx_node_stats st;
+    bool have_key;              /* the cluster's secret: macs made and checked */
+    uint8_t key[UCX_WIRE_KEY];
+    uint64_t mac_logged_ns, refused_logged_ns; /* their warnings: once a minute */
 };
+
+_Static_assert(UCX_WIRE_KEY == NET_AUTH_BYTES, "the macs' key is auth.h's");
+
+/* A warning of a kind that a peer can repeat at will: at most once a minute. */
+static bool once_a_minute(uint64_t *last_ns)
+{
+    uint64_t now = umbp_now_ns();
+    if (*last_ns && now - *last_ns < 60000000000ull)
+        return false;
+    *last_ns = now;
+    return true;
+}
 
 static const char *st_name(ucs_status_t s)
 {
@@ -580,7 +597,24 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
                  "received; dropped", n->name, h.index);
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
+    if (n->have_key && h.status != -EACCES && !ucx_wire_data_mac_ok(n->key, &h, b->nonce)) {
+        /* not from the owner asked (or not from a holder of the secret):
+         * dropped, the key still waits for its owner's answer */
+        n->st.bad_macs++;
+        if (once_a_minute(&n->mac_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: a DATA whose mac is wrong for key %u of a fetch: "
+                     "dropped (%llu so far; logged at most once a minute)", n->name, h.index,
+                     (unsigned long long)n->st.bad_macs);
+        return rndv ? UCS_ERR_CANCELED : UCS_OK;
+    }
     struct ucx_fetch_item *it = &b->items[h.index];
+    if (h.status == -EACCES) {
+        n->st.refused++;
+        if (once_a_minute(&n->refused_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: a node refused our fetch (-EACCES): its secret_file "
+                     "differs from ours, or we have none (%llu keys so far; logged at most "
+                     "once a minute)", n->name, (unsigned long long)n->st.refused);
+    }
     if (h.status) {
         it->size = h.size;
         item_set(b, h.index, h.status);
@@ -663,7 +697,12 @@ int ucx_fetch(struct ucx_peer *p, struct ucx_fetch_item *items, uint32_t n, uint
         ucx_wire_fetch_rec_put(b->wire + UCX_FETCH_HDR_LEN + (size_t)i * UCX_FETCH_REC_LEN,
                                &items[i].key, items[i].cap);
     }
-    ucx_wire_fetch_hdr_put(b->wire, b->req_id, n);
+    uint8_t mac[UCX_WIRE_MAC] = {0};
+    if (node->have_key) {
+        randombytes_buf(b->nonce, sizeof(b->nonce));
+        ucx_wire_fetch_mac(node->key, b->req_id, n, b->nonce, b->wire + UCX_FETCH_HDR_LEN, mac);
+    }
+    ucx_wire_fetch_hdr_put(b->wire, b->req_id, n, b->nonce, mac);
     ev_timer_init(&b->timer, on_timeout, timeout_ms / 1000.0, 0);
     b->timer.data = b;
     b->prev = node->batches.prev;
@@ -713,8 +752,10 @@ static void on_data_sent(void *req, ucs_status_t status, void *arg)
     send_end(arg); /* UCX no longer reads the region: the lease may end */
 }
 
+/* DATA for key index of a FETCH (its nonce: the mac covers it); refused:
+ * -EACCES, nothing leased (the FETCH's mac was wrong, so no mac here). */
 static void reply(struct ucx_node *n, ucp_ep_h ep, uint64_t req_id, uint32_t index,
-                  const umbp_key_t *key, uint64_t max)
+                  const umbp_key_t *key, uint64_t max, const uint8_t *nonce, bool refused)
 {
     struct ucx_send *s = calloc(1, sizeof(*s));
     if (!s) {
@@ -727,7 +768,7 @@ static void reply(struct ucx_node *n, ucp_ep_h ep, uint64_t req_id, uint32_t ind
     struct ucx_data_hdr h = { .req_id = req_id, .index = index };
     const void *addr = NULL;
     uint64_t size = 0;
-    int rc = n->serve.lease_take(n->serve.ctx, key, &addr, &size, &s->lease);
+    int rc = refused ? -EACCES : n->serve.lease_take(n->serve.ctx, key, &addr, &size, &s->lease);
     if (rc == 0) {
         s->leased = true;
         if (size > max) {
@@ -739,10 +780,12 @@ static void reply(struct ucx_node *n, ucp_ep_h ep, uint64_t req_id, uint32_t ind
             n->st.served_bytes += size;
         }
     } else {
-        h.status = rc == -ENOENT ? -ENOENT : -EIO;
+        h.status = rc == -ENOENT || rc == -EACCES ? rc : -EIO;
         if (rc == -ENOENT)
             n->st.served_misses++;
     }
+    if (n->have_key && !refused)
+        ucx_wire_data_mac(n->key, &h, nonce, h.mac);
     ucx_wire_data_hdr_put(s->hdr, &h);
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
@@ -853,10 +896,19 @@ static ucs_status_t on_fetch(void *arg, const void *header, size_t header_length
         umbp_log(UMBP_LOG_WARN, "%s: malformed FETCH from a peer: %s; dropped", n->name, err);
         return UCS_OK;
     }
+    bool refused = n->have_key && !ucx_wire_fetch_mac_ok(n->key, &h, data);
+    if (refused) {
+        n->st.bad_macs++;
+        if (once_a_minute(&n->mac_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: a FETCH of %u keys whose mac is wrong (a peer "
+                     "without the cluster's secret_file, or another secret): refused, each "
+                     "key answered -EACCES (%llu so far; logged at most once a minute)",
+                     n->name, h.n, (unsigned long long)n->st.bad_macs);
+    }
     for (uint32_t i = 0; i < h.n; i++) {
         struct ucx_fetch_rec r;
         ucx_wire_fetch_rec(data, i, &r);
-        reply(n, param->reply_ep, h.req_id, i, &r.key, r.max_size);
+        reply(n, param->reply_ep, h.req_id, i, &r.key, r.max_size, h.nonce, refused);
     }
     return UCS_OK;
 }
@@ -943,9 +995,18 @@ int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out)
         n->serving = true;
     }
     n->batches.next = n->batches.prev = &n->batches;
+    if (cfg->auth) {
+        if (sodium_init() < 0) {
+            free(n);
+            umbp_set_error("ucx node: libsodium did not initialise");
+            return -EIO;
+        }
+        n->have_key = true;
+        memcpy(n->key, cfg->auth->k, sizeof(n->key));
+    }
     /* request ids start at a random point (below 2^63: never wrapping), so
      * a process that is not the owner cannot guess a batch's id and answer
-     * it first; the data plane has no other authentication
+     * it first; with the cluster's secret, the macs make sure of it
      * (docs/distributed.md, Security) */
     if (getrandom(&n->next_req, sizeof(n->next_req), GRND_NONBLOCK) != sizeof(n->next_req))
         n->next_req = (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)n;
@@ -1060,6 +1121,7 @@ void ucx_node_destroy(struct ucx_node *n)
     ucp_worker_release_address(n->worker, n->addr);
     ucp_worker_destroy(n->worker);
     ucp_cleanup(n->ctx);
+    sodium_memzero(n->key, sizeof(n->key));
     free(n);
 }
 

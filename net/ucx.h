@@ -57,6 +57,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "umbp/umbp.h"
 
 struct ucx_node;
@@ -97,6 +98,10 @@ struct ucx_node_config {
      * and reports the peer to the master). */
     void (*on_peer_failed)(void *arg, struct ucx_peer *p);
     void *arg;
+    /* The cluster's secret (auth.h's key, copied), or NULL: FETCH and DATA
+     * carry macs under it (ucx_wire.h); with it this node serves no FETCH
+     * whose mac is wrong and takes no DATA whose mac is wrong. */
+    const struct net_auth_key *auth;
 };
 
 int ucx_node_create(const struct ucx_node_config *cfg, struct ucx_node **out);
@@ -146,6 +151,8 @@ struct ucx_node_stats {
                                        message) or by rendezvous (received after) */
     uint64_t served_keys, served_bytes, served_misses; /* owner */
     uint64_t serve_timeouts; /* owner: requester endpoints force-closed by the bound */
+    uint64_t bad_macs;       /* FETCHes refused, DATA dropped: a mac that was wrong */
+    uint64_t refused;        /* requester: keys an owner refused (-EACCES: its secret differs) */
 };
 void ucx_node_stats(const struct ucx_node *n, struct ucx_node_stats *out);
 

@@ -5,6 +5,7 @@
 #include "ucx_wire.h"
 
 #include <errno.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -83,12 +84,15 @@ static int common_check(const uint8_t *p, size_t len, size_t want, uint16_t type
     return 0;
 }
 
-void ucx_wire_fetch_hdr_put(void *buf, uint64_t req_id, uint32_t n)
+void ucx_wire_fetch_hdr_put(void *buf, uint64_t req_id, uint32_t n,
+                            const uint8_t nonce[UCX_WIRE_NONCE], const uint8_t mac[UCX_WIRE_MAC])
 {
     uint8_t *p = buf;
     common_put(p, UCX_WIRE_FETCH, req_id);
     put32(p + 16, n);
     put32(p + 20, 0);
+    memcpy(p + 24, nonce, UCX_WIRE_NONCE);
+    memcpy(p + 24 + UCX_WIRE_NONCE, mac, UCX_WIRE_MAC);
 }
 
 void ucx_wire_fetch_rec_put(void *rec, const umbp_key_t *key, uint64_t max_size)
@@ -105,6 +109,7 @@ void ucx_wire_data_hdr_put(void *buf, const struct ucx_data_hdr *h)
     put32(p + 16, h->index);
     put32(p + 20, (uint32_t)h->status);
     put64(p + 24, h->size);
+    memcpy(p + 32, h->mac, UCX_WIRE_MAC);
 }
 
 int ucx_wire_fetch_parse(const void *hdr, size_t hdrlen, const void *data, size_t datalen,
@@ -131,6 +136,8 @@ int ucx_wire_fetch_parse(const void *hdr, size_t hdrlen, const void *data, size_
     }
     out->req_id = get64(p + 8);
     out->n = n;
+    memcpy(out->nonce, p + 24, UCX_WIRE_NONCE);
+    memcpy(out->mac, p + 24 + UCX_WIRE_NONCE, UCX_WIRE_MAC);
     return 0;
 }
 
@@ -154,9 +161,10 @@ int ucx_wire_data_parse(const void *hdr, size_t hdrlen, size_t datalen, struct u
     if (index >= UCX_FETCH_MAX_KEYS)
         return bad(err, errlen, "DATA.index: %u, a FETCH has at most %u keys", index,
                    UCX_FETCH_MAX_KEYS);
-    if (status != 0 && status != -ENOENT && status != -EMSGSIZE && status != -EIO)
-        return bad(err, errlen, "DATA.status: %d, expected 0, -ENOENT, -EMSGSIZE or -EIO",
-                   status);
+    if (status != 0 && status != -ENOENT && status != -EMSGSIZE && status != -EIO &&
+        status != -EACCES)
+        return bad(err, errlen, "DATA.status: %d, expected 0, -ENOENT, -EMSGSIZE, -EIO or "
+                   "-EACCES", status);
     if (size > UCX_OBJ_MAX)
         return bad(err, errlen, "DATA.size: %llu over %llu", (unsigned long long)size,
                    (unsigned long long)UCX_OBJ_MAX);
@@ -170,5 +178,57 @@ int ucx_wire_data_parse(const void *hdr, size_t hdrlen, size_t datalen, struct u
     out->index = index;
     out->status = status;
     out->size = size;
+    memcpy(out->mac, p + 32, UCX_WIRE_MAC);
     return 0;
+}
+
+/* ---- the macs ------------------------------------------------------------------- */
+
+void ucx_wire_fetch_mac(const uint8_t *key, uint64_t req_id, uint32_t n,
+                        const uint8_t nonce[UCX_WIRE_NONCE], const void *records,
+                        uint8_t mac[UCX_WIRE_MAC])
+{
+    crypto_generichash_state st;
+    uint8_t f[16 + UCX_WIRE_NONCE];
+    memcpy(f, "umbp-fetch", 10); /* the domain: a FETCH's mac is no DATA's */
+    put16(f + 10, UCX_WIRE_VERSION);
+    put32(f + 12, n);
+    memcpy(f + 16, nonce, UCX_WIRE_NONCE);
+    uint8_t id[8];
+    put64(id, req_id);
+    crypto_generichash_init(&st, key, UCX_WIRE_KEY, UCX_WIRE_MAC);
+    crypto_generichash_update(&st, f, sizeof(f));
+    crypto_generichash_update(&st, id, sizeof(id));
+    crypto_generichash_update(&st, records, (size_t)n * UCX_FETCH_REC_LEN);
+    crypto_generichash_final(&st, mac, UCX_WIRE_MAC);
+}
+
+void ucx_wire_data_mac(const uint8_t *key, const struct ucx_data_hdr *h,
+                       const uint8_t nonce[UCX_WIRE_NONCE], uint8_t mac[UCX_WIRE_MAC])
+{
+    uint8_t f[10 + 2 + 8 + 4 + 4 + 8 + UCX_WIRE_NONCE];
+    memcpy(f, "umbp-data.", 10);
+    put16(f + 10, UCX_WIRE_VERSION);
+    put64(f + 12, h->req_id);
+    put32(f + 20, h->index);
+    put32(f + 24, (uint32_t)h->status);
+    put64(f + 28, h->size);
+    memcpy(f + 36, nonce, UCX_WIRE_NONCE);
+    crypto_generichash(mac, UCX_WIRE_MAC, f, sizeof(f), key, UCX_WIRE_KEY);
+}
+
+bool ucx_wire_fetch_mac_ok(const uint8_t *key, const struct ucx_fetch_hdr *h,
+                           const void *records)
+{
+    uint8_t want[UCX_WIRE_MAC];
+    ucx_wire_fetch_mac(key, h->req_id, h->n, h->nonce, records, want);
+    return sodium_memcmp(want, h->mac, UCX_WIRE_MAC) == 0;
+}
+
+bool ucx_wire_data_mac_ok(const uint8_t *key, const struct ucx_data_hdr *h,
+                          const uint8_t nonce[UCX_WIRE_NONCE])
+{
+    uint8_t want[UCX_WIRE_MAC];
+    ucx_wire_data_mac(key, h, nonce, want);
+    return sodium_memcmp(want, h->mac, UCX_WIRE_MAC) == 0;
 }

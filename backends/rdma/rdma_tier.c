@@ -94,7 +94,9 @@ static const struct umbp_option rdma_options[] = {
      "elect a leader (lease_url): the node follows it (required)"},
     {"secret_file", UMBP_OPT_STRING, OFF(secret_file), "", 0, 0, 512, NULL,
      "distributed: file holding the cluster's shared secret (16 .. 4096 bytes, mode 0600), "
-     "the same as umbp-master's; empty = none (a master on loopback only)"},
+     "the same as umbp-master's: it authenticates this node to the master and every fetch "
+     "between nodes (no answer to a peer without it); empty = none (a master on loopback "
+     "only)"},
     {"node_host", UMBP_OPT_STRING, OFF(node_host), "", 0, 0, PROTO_NAME_MAX, NULL,
      "distributed: this node's name at the master (with its pid and start time, its id); "
      "empty = the hostname"},
@@ -1516,7 +1518,9 @@ static int rdma_create(const struct umbp_tier_env *env, const void *cfgp, struct
                                  .serve_timeout_ms = (uint32_t)serve_ms,
                                  /* poll_wait's rule (>= 8 usable CPUs, or "on") */
                                  .spin_us = umbp_poll_wait_spins(env->core->poll_wait) ? 50 : 0,
-                                 .on_peer_failed = on_peer_failed, .arg = rt};
+                                 .on_peer_failed = on_peer_failed, .arg = rt,
+                                 /* the data plane's macs: the master's secret */
+                                 .auth = rt->have_key ? &rt->key : NULL};
     if ((rc = ucx_node_create(&nc, &rt->ucx)) < 0) {
         snprintf(err, errlen, "rdma tier: UCX: %s", umbp_last_error());
         goto fail;

@@ -11,7 +11,11 @@
  *   - an accepted message re-encodes with the builders into exactly the
  *     bytes it was parsed from (header and, for FETCH, every record), and
  *     its count matches the data's length;
- *   - an accepted DATA carries data only with status 0, size bytes of it.
+ *   - an accepted DATA carries data only with status 0, size bytes of it;
+ *   - the macs (a fixed key): the parsed mac is accepted exactly when it is
+ *     the one the builder's side computes over the parsed fields, nonce and
+ *     records; that mac is accepted, and not after one bit of the nonce, of
+ *     a record or of a field changes.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -20,6 +24,8 @@
 
 #include "ucx_wire.h"
 #include "fuzz_check.h"
+
+static const uint8_t key[UCX_WIRE_KEY] = "fuzz-ucx-wire key, 32 bytes....";
 
 static void check_fetch(const uint8_t *hdr, size_t hlen, const uint8_t *data, size_t dlen)
 {
@@ -34,8 +40,26 @@ static void check_fetch(const uint8_t *hdr, size_t hlen, const uint8_t *data, si
     FZ_CHECK(h.n >= 1 && h.n <= UCX_FETCH_MAX_KEYS);
     FZ_CHECK(dlen == (size_t)h.n * UCX_FETCH_REC_LEN);
     uint8_t out[UCX_FETCH_HDR_LEN];
-    ucx_wire_fetch_hdr_put(out, h.req_id, h.n);
+    ucx_wire_fetch_hdr_put(out, h.req_id, h.n, h.nonce, h.mac);
     FZ_CHECK(hlen == UCX_FETCH_HDR_LEN && !memcmp(out, hdr, hlen));
+    uint8_t mac[UCX_WIRE_MAC];
+    ucx_wire_fetch_mac(key, h.req_id, h.n, h.nonce, data, mac);
+    FZ_CHECK(ucx_wire_fetch_mac_ok(key, &h, data) == !memcmp(mac, h.mac, UCX_WIRE_MAC));
+    struct ucx_fetch_hdr g = h;
+    memcpy(g.mac, mac, UCX_WIRE_MAC);
+    FZ_CHECK(ucx_wire_fetch_mac_ok(key, &g, data));
+    g.nonce[h.req_id % UCX_WIRE_NONCE] ^= (uint8_t)(1u << (h.n % 8));
+    FZ_CHECK(!ucx_wire_fetch_mac_ok(key, &g, data));
+    g.nonce[h.req_id % UCX_WIRE_NONCE] = h.nonce[h.req_id % UCX_WIRE_NONCE];
+    g.req_id ^= 1;
+    FZ_CHECK(!ucx_wire_fetch_mac_ok(key, &g, data));
+    g.req_id = h.req_id;
+    uint8_t *copy = malloc(dlen);
+    FZ_CHECK(copy);
+    memcpy(copy, data, dlen);
+    copy[(h.req_id >> 8) % dlen] ^= 0x80;
+    FZ_CHECK(!ucx_wire_fetch_mac_ok(key, &g, copy));
+    free(copy);
     for (uint32_t i = 0; i < h.n; i++) {
         struct ucx_fetch_rec r;
         uint8_t rec[UCX_FETCH_REC_LEN];
@@ -61,6 +85,21 @@ static void check_data(const uint8_t *hdr, size_t hlen, size_t dlen)
     uint8_t out[UCX_DATA_HDR_LEN];
     ucx_wire_data_hdr_put(out, &h);
     FZ_CHECK(hlen == UCX_DATA_HDR_LEN && !memcmp(out, hdr, hlen));
+    uint8_t nonce[UCX_WIRE_NONCE], mac[UCX_WIRE_MAC];
+    memcpy(nonce, hdr, UCX_WIRE_NONCE); /* any 16 bytes: the header's first */
+    ucx_wire_data_mac(key, &h, nonce, mac);
+    FZ_CHECK(ucx_wire_data_mac_ok(key, &h, nonce) == !memcmp(mac, h.mac, UCX_WIRE_MAC));
+    struct ucx_data_hdr g = h;
+    memcpy(g.mac, mac, UCX_WIRE_MAC);
+    FZ_CHECK(ucx_wire_data_mac_ok(key, &g, nonce));
+    g.size ^= 1;
+    FZ_CHECK(!ucx_wire_data_mac_ok(key, &g, nonce));
+    g.size = h.size;
+    g.status ^= 1;
+    FZ_CHECK(!ucx_wire_data_mac_ok(key, &g, nonce));
+    g.status = h.status;
+    nonce[h.index % UCX_WIRE_NONCE] ^= 4;
+    FZ_CHECK(!ucx_wire_data_mac_ok(key, &g, nonce));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *buf, size_t len)

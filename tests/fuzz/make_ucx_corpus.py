@@ -12,18 +12,20 @@ import os
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MAGIC, VERSION, FETCH, DATA = 0x46504D55, 1, 1, 2
-ENOENT, EMSGSIZE, EIO = 2, 90, 5
+MAGIC, VERSION, FETCH, DATA = 0x46504D55, 2, 1, 2
+ENOENT, EMSGSIZE, EIO, EACCES = 2, 90, 5, 13
+NONCE = bytes(range(100, 116))
+MAC = bytes(range(200, 216))
 
 
 def fetch(req_id, recs):
-    hdr = struct.pack("<IHHQII", MAGIC, VERSION, FETCH, req_id, len(recs), 0)
+    hdr = struct.pack("<IHHQII16s16s", MAGIC, VERSION, FETCH, req_id, len(recs), 0, NONCE, MAC)
     data = b"".join(key + struct.pack("<Q", mx) for key, mx in recs)
     return b"\0" + struct.pack("<H", len(hdr)) + hdr + data
 
 
 def data(req_id, index, status, size, payload=b""):
-    hdr = struct.pack("<IHHQIiQ", MAGIC, VERSION, DATA, req_id, index, status, size)
+    hdr = struct.pack("<IHHQIiQ16s", MAGIC, VERSION, DATA, req_id, index, status, size, MAC)
     return b"\1" + struct.pack("<H", len(hdr)) + hdr + payload
 
 
@@ -39,6 +41,7 @@ def main():
         "data_miss": data(77, 2, -ENOENT, 0),
         "data_too_large": data(5, 0, -EMSGSIZE, 3 << 20),
         "data_io": data(5, 3, -EIO, 0),
+        "data_refused": data(5, 4, -EACCES, 0),
     }
     for name, b in seeds.items():
         with open(os.path.join(out, name + ".bin"), "wb") as f:

@@ -504,6 +504,11 @@ Test(dist, a_node_with_the_wrong_secret_is_refused)
         }
         cr_assert_eq(get(b, 70, 16, 64 * 1024).hit, 0);
     }
+    /* B fetches A's objects, both holding the secret: the data plane's macs
+     * (FETCH and DATA) are made and checked on both sides */
+    put(a, 72, 8, 256 * 1024);
+    until_found(b, 72, 8, 8);
+    cr_assert_eq(get(b, 72, 8, 256 * 1024).hit, 8, "B could not fetch A's keys");
     cluster_stop(&c);
     unlink(good);
     unlink(bad);

@@ -43,6 +43,7 @@ struct owner_spec {
     int nobj;
     uint64_t size[MAX_OBJ];
     int hang;            /* index whose lease_take reports and blocks, or -1 */
+    const char *secret;  /* the cluster's secret (ucx_node_config.auth), or NULL */
 };
 
 struct owner_state {
@@ -105,8 +106,12 @@ static void owner_main(const struct owner_spec *spec, int addr_fd, int notify_fd
     }
     struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
     struct ucx_serve_ops ops = { .lease_take = own_take, .lease_release = own_release, .ctx = &o };
+    struct net_auth_key key;
+    if (spec->secret)
+        net_auth_key_from(spec->secret, strlen(spec->secret), &key);
     struct ucx_node_config cfg = { .loop = loop, .name = "owner", .serve = &ops,
-                                   .serve_timeout_ms = 2000 };
+                                   .serve_timeout_ms = 2000,
+                                   .auth = spec->secret ? &key : NULL };
     struct ucx_node *n;
     if (ucx_node_create(&cfg, &n) || ucx_mem_map(n, pool, total))
         _exit(3);
@@ -220,10 +225,15 @@ static void ucx_env(void)
     setenv("UCX_NET_DEVICES", "lo", 1);
 }
 
-static void req_init(struct req *r, struct owner *ow, size_t pool_len)
+static void req_init_secret(struct req *r, struct owner *ow, size_t pool_len,
+                            const char *secret)
 {
     r->loop = ev_loop_new(EVFLAG_AUTO);
-    struct ucx_node_config cfg = { .loop = r->loop, .name = "requester" };
+    struct net_auth_key key;
+    if (secret)
+        net_auth_key_from(secret, strlen(secret), &key);
+    struct ucx_node_config cfg = { .loop = r->loop, .name = "requester",
+                                   .auth = secret ? &key : NULL };
     cr_assert(ucx_node_create(&cfg, &r->node) == 0, "%s", umbp_last_error());
     r->pool_len = pool_len;
     r->pool = mmap(NULL, pool_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -235,6 +245,11 @@ static void req_init(struct req *r, struct owner *ow, size_t pool_len)
     /* the loop never sleeps longer than this, so bounded waits end */
     ev_timer_init(&r->tick, on_tick, 0.01, 0.01);
     ev_timer_start(r->loop, &r->tick);
+}
+
+static void req_init(struct req *r, struct owner *ow, size_t pool_len)
+{
+    req_init_secret(r, ow, pool_len, NULL);
 }
 
 static void req_fini(struct req *r)
@@ -657,6 +672,120 @@ Test(ucx_fetch, owner_stopped_times_out_nothing_lands_late)
     cr_assert(w2.done);
     for (int i = 0; i < 6; i++)
         expect_bytes(&it[i], &spec, idx[i]);
+    req_fini(&r);
+    owner_stop(&ow);
+}
+
+/* ---- the cluster's secret: the macs of FETCH and DATA ----------------------- */
+
+#define SECRET "a cluster secret of 32 bytes...."
+
+static void secret_spec(struct owner_spec *spec, const char *secret)
+{
+    spec->space = seed_now();
+    spec->nobj = 3;
+    spec->size[0] = 4096;     /* eager */
+    spec->size[1] = 256 << 10;
+    spec->size[2] = 2 << 20;  /* rendezvous */
+    spec->hang = -1;
+    spec->secret = secret;
+}
+
+/* Both hold the secret: every object byte-exact, eager and rendezvous, no
+ * mac refused on either side. */
+Test(ucx_fetch, a_shared_secret_fetches_byte_exact)
+{
+    ucx_env();
+    static struct owner_spec spec;
+    secret_spec(&spec, SECRET);
+    struct owner ow;
+    owner_start(&ow, &spec);
+    struct req r;
+    req_init_secret(&r, &ow, 8 << 20, SECRET);
+    struct ucx_fetch_item it[3];
+    int idx[3] = {0, 1, 2};
+    lay_out(&r, it, idx, 3, &spec, 0);
+    struct waiter w = { 0 };
+    cr_assert_eq(ucx_fetch(r.peer, it, 3, 30000, on_done, &w), 0);
+    run_until(&r, &w.done);
+    cr_assert(w.done && w.calls == 1);
+    for (int k = 0; k < 3; k++)
+        expect_bytes(&it[k], &spec, k);
+    struct ucx_node_stats st;
+    ucx_node_stats(r.node, &st);
+    cr_assert_eq(st.bad_macs + st.refused + st.bad_messages, 0);
+    req_fini(&r);
+    owner_stop(&ow);
+}
+
+/* The owner holds the secret, the requester none (or another): every key is
+ * refused with -EACCES at once, its buffer untouched, and the requester
+ * counts the refusals. */
+static void refused_by_the_owner(const char *requester_secret)
+{
+    ucx_env();
+    static struct owner_spec spec;
+    secret_spec(&spec, SECRET);
+    struct owner ow;
+    owner_start(&ow, &spec);
+    struct req r;
+    req_init_secret(&r, &ow, 8 << 20, requester_secret);
+    struct ucx_fetch_item it[3];
+    int idx[3] = {0, 1, 2};
+    lay_out(&r, it, idx, 3, &spec, 0);
+    struct waiter w = { 0 };
+    cr_assert_eq(ucx_fetch(r.peer, it, 3, 30000, on_done, &w), 0);
+    run_until(&r, &w.done);
+    cr_assert(w.done && w.calls == 1);
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(it[k].status, -EACCES, "key %d: %d", k, it[k].status);
+        cr_assert(tu_is_poisoned(it[k].dst, it[k].cap), "key %d's buffer was written", k);
+    }
+    struct ucx_node_stats st;
+    ucx_node_stats(r.node, &st);
+    cr_assert_eq(st.refused, 3);
+    req_fini(&r);
+    owner_stop(&ow);
+}
+
+Test(ucx_fetch, an_owner_with_the_secret_refuses_a_requester_without_it)
+{
+    refused_by_the_owner(NULL);
+}
+
+Test(ucx_fetch, an_owner_with_the_secret_refuses_a_requester_with_another)
+{
+    refused_by_the_owner("another secret, also 32 bytes...");
+}
+
+/* The requester holds the secret and the owner does not: the owner's
+ * answers (a stand-in for a forger that knows the request id) carry no
+ * right mac, so none is taken: the keys time out, their buffers untouched,
+ * and every answer is counted as a wrong mac. */
+Test(ucx_fetch, a_requester_with_the_secret_takes_no_answer_without_its_mac)
+{
+    ucx_env();
+    static struct owner_spec spec;
+    secret_spec(&spec, NULL);
+    struct owner ow;
+    owner_start(&ow, &spec);
+    struct req r;
+    req_init_secret(&r, &ow, 8 << 20, SECRET);
+    struct ucx_fetch_item it[3];
+    int idx[3] = {0, 1, 2};
+    lay_out(&r, it, idx, 3, &spec, 0);
+    struct waiter w = { 0 };
+    cr_assert_eq(ucx_fetch(r.peer, it, 3, 1000, on_done, &w), 0);
+    run_until(&r, &w.done);
+    cr_assert(w.done && w.calls == 1);
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(it[k].status, UMBP_E_TIMEOUT, "key %d: %d", k, it[k].status);
+        cr_assert(tu_is_poisoned(it[k].dst, it[k].cap), "key %d's buffer was written", k);
+    }
+    struct ucx_node_stats st;
+    ucx_node_stats(r.node, &st);
+    cr_assert_eq(st.bad_macs, 3);
+    cr_assert_eq(st.fetch_keys, 0);
     req_fini(&r);
     owner_stop(&ow);
 }
