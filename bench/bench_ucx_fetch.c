@@ -4,8 +4,10 @@
  *
  * The owner process (forked first, before either side touches UCX) holds
  * one object per size in a pool mapped with ucx_mem_map and serves it
- * three ways: FETCH active messages (its UCX node, on a libev loop driven
- * from the worker's event fd), one-sided ucp_get_nbx on the pool (the
+ * four ways: FETCH active messages (its UCX node, on a libev loop driven
+ * from the worker's event fd), the same from a second node holding a
+ * cluster secret (every FETCH and DATA header carries a mac: the cost of
+ * the data plane's authentication), one-sided ucp_get_nbx on the pool (the
  * packed rkey goes over a pipe: the variant kept for RDMA hosts; the
  * requester busy-polls it, because over tcp the emulated get's reply did
  * not wake a loop sleeping on the event fd), and a
@@ -65,6 +67,9 @@ int main(void)
 
 #include "bench_util.h"
 #include "ucx.h"
+
+/* the cluster's secret of the "AM fetch + macs" nodes (ucx_wire.h's macs) */
+#define BENCH_SECRET "bench_ucx_fetch: a secret of 32+ bytes"
 
 #define NSIZES 3
 /* UMBP_UCX_SPIN_US: both nodes progress this long before sleeping while a
@@ -201,12 +206,27 @@ static void owner_main(int out, const char *netns, int cpu)
     const void *addr;
     size_t alen;
     ucx_node_address(n, &addr, &alen);
+    struct net_auth_key key;
+    net_auth_key_from(BENCH_SECRET, strlen(BENCH_SECRET), &key);
+    struct ucx_node_config mcfg = cfg;
+    mcfg.name = "bench-owner-mac";
+    mcfg.auth = &key;
+    struct ucx_node *nm;
+    if (ucx_node_create(&mcfg, &nm) || ucx_mem_map(nm, g_pool, POOL)) {
+        fprintf(stderr, "owner (macs): %s\n", umbp_last_error());
+        _exit(3);
+    }
+    const void *maddr;
+    size_t malen;
+    ucx_node_address(nm, &maddr, &malen);
+    uint32_t m32 = (uint32_t)malen;
     uint32_t a32 = (uint32_t)alen, r32 = (uint32_t)rklen;
     uint64_t base = (uint64_t)(uintptr_t)g_pool;
     uint16_t port = sa.sin_port;
     if (!full_rw(out, &a32, 4, true) || !full_rw(out, (void *)addr, alen, true) ||
         !full_rw(out, &r32, 4, true) || !full_rw(out, rkey, rklen, true) ||
-        !full_rw(out, &base, 8, true) || !full_rw(out, &port, 2, true))
+        !full_rw(out, &base, 8, true) || !full_rw(out, &port, 2, true) ||
+        !full_rw(out, &m32, 4, true) || !full_rw(out, (void *)maddr, malen, true))
         _exit(5);
     ucp_rkey_buffer_release(rkey);
     ev_run(loop, 0);
@@ -276,8 +296,9 @@ static uint64_t proc_cpu_ns(pid_t pid)
     return sum;
 }
 
-enum { M_TCP, M_AM, M_GET, NM };
-static const char *mnames[NM] = { "raw TCP get", "UCX AM fetch", "ucp_get_nbx busy" };
+enum { M_TCP, M_AM, M_AM_MAC, M_GET, NM };
+static const char *mnames[NM] = { "raw TCP get", "UCX AM fetch", "AM fetch + macs",
+                                  "ucp_get_nbx busy" };
 
 int main(int argc, char **argv)
 {
@@ -319,14 +340,15 @@ int main(int argc, char **argv)
         owner_main(pp[1], owner_netns, owner_cpu);
     }
     close(pp[1]);
-    uint32_t a32, r32;
-    static uint8_t addr[4096], rkbuf[4096];
+    uint32_t a32, r32, m32;
+    static uint8_t addr[4096], rkbuf[4096], maddr[4096];
     uint64_t base;
     uint16_t port;
     if (!full_rw(pp[0], &a32, 4, false) || a32 > sizeof(addr) || !full_rw(pp[0], addr, a32, false) ||
         !full_rw(pp[0], &r32, 4, false) || r32 > sizeof(rkbuf) ||
         !full_rw(pp[0], rkbuf, r32, false) || !full_rw(pp[0], &base, 8, false) ||
-        !full_rw(pp[0], &port, 2, false)) {
+        !full_rw(pp[0], &port, 2, false) || !full_rw(pp[0], &m32, 4, false) ||
+        m32 > sizeof(maddr) || !full_rw(pp[0], maddr, m32, false)) {
         fprintf(stderr, "owner did not start\n");
         return 1;
     }
@@ -345,6 +367,18 @@ int main(int argc, char **argv)
     if (ucx_node_create(&cfg, &n) || ucx_mem_map(n, dst, POOL) ||
         ucx_peer_create(n, addr, a32, &peer)) {
         fprintf(stderr, "requester: %s\n", umbp_last_error());
+        return 1;
+    }
+    struct net_auth_key key;
+    net_auth_key_from(BENCH_SECRET, strlen(BENCH_SECRET), &key);
+    struct ucx_node_config mcfg = cfg;
+    mcfg.name = "bench-requester-mac";
+    mcfg.auth = &key;
+    struct ucx_node *nm;
+    struct ucx_peer *mpeer;
+    if (ucx_node_create(&mcfg, &nm) || ucx_mem_map(nm, dst, POOL) ||
+        ucx_peer_create(nm, maddr, m32, &mpeer)) {
+        fprintf(stderr, "requester (macs): %s\n", umbp_last_error());
         return 1;
     }
     ucp_ep_h ep = ucx_peer_ep(peer);
@@ -368,11 +402,11 @@ int main(int argc, char **argv)
     }
 
     /* warm every path once (UCX wire-up, first rendezvous) */
-    for (int i = 0; i < NSIZES; i++) {
-        struct ucx_fetch_item it = { .dst = dst, .cap = sizes[i] };
-        it.key.bytes[0] = (uint8_t)i;
+    for (int i = 0; i < 2 * NSIZES; i++) {
+        struct ucx_fetch_item it = { .dst = dst, .cap = sizes[i % NSIZES] };
+        it.key.bytes[0] = (uint8_t)(i % NSIZES);
         struct flag f = { 0 };
-        int rc = ucx_fetch(peer, &it, 1, 10000, on_done, &f);
+        int rc = ucx_fetch(i < NSIZES ? peer : mpeer, &it, 1, 10000, on_done, &f);
         if (rc) {
             fprintf(stderr, "ucx_fetch: %s\n", umbp_strerror(rc));
             return 1;
@@ -411,11 +445,11 @@ int main(int argc, char **argv)
                             fprintf(stderr, "raw TCP get failed\n");
                             return 1;
                         }
-                    } else if (m == M_AM) {
+                    } else if (m == M_AM || m == M_AM_MAC) {
                         struct ucx_fetch_item it = { .dst = dst, .cap = sizes[i] };
                         it.key.bytes[0] = (uint8_t)i;
                         struct flag f = { 0 };
-                        if (ucx_fetch(peer, &it, 1, 10000, on_done, &f)) {
+                        if (ucx_fetch(m == M_AM ? peer : mpeer, &it, 1, 10000, on_done, &f)) {
                             fprintf(stderr, "ucx_fetch refused\n");
                             return 1;
                         }
@@ -485,11 +519,22 @@ int main(int argc, char **argv)
                    names[i], mnames[m], g[rounds / 2], l[rounds / 2], ratio[rounds / 2],
                    lr[rounds / 2], own, own / cpu_tcp, tr, proto);
         }
-    struct ucx_node_stats st;
+    for (int i = 0; i < NSIZES; i++) {
+        double mr[64];
+        for (int r = 0; r < rounds; r++)
+            mr[r] = gbps[i][M_AM_MAC][r] / gbps[i][M_AM][r];
+        qsort(mr, (size_t)rounds, sizeof(double), cmp_double);
+        printf("%-8s macs: %.3fx the AM fetch's GB/s without them (median of per-round "
+               "ratios)\n", names[i], mr[rounds / 2]);
+    }
+    struct ucx_node_stats st, sm;
     ucx_node_stats(n, &st);
-    printf("requester: %llu fetches, %llu timeouts, %llu peer errors\n",
-           (unsigned long long)st.fetches, (unsigned long long)st.timeouts,
-           (unsigned long long)st.peer_errors);
+    ucx_node_stats(nm, &sm);
+    printf("requester: %llu fetches, %llu timeouts, %llu peer errors; with macs %llu fetches, "
+           "%llu wrong macs\n", (unsigned long long)st.fetches, (unsigned long long)st.timeouts,
+           (unsigned long long)st.peer_errors, (unsigned long long)sm.fetches,
+           (unsigned long long)sm.bad_macs);
+    ucx_node_destroy(nm);
     ucp_rkey_destroy(rkey);
     close(tfd);
     ucx_node_destroy(n);

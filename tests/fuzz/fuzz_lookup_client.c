@@ -69,13 +69,7 @@ static void setup(void)
     snprintf(dir, sizeof(dir), "/tmp/umbp-fuzz-lkc-%d", (int)getpid());
     FZ_CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
     FZ_CHECK(umbp_lookup_socket_path(dir, NS, "", 0, 0, path, sizeof(path)) == 0);
-    unlink(path);
-    peer.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    FZ_CHECK(peer.lfd >= 0);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
-    FZ_CHECK(bind(peer.lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
-    FZ_CHECK(listen(peer.lfd, 16) == 0);
+    fz_peer_listen_unix(&peer, path);
     snprintf(json, sizeof(json),
              "{\"mode\":\"embedded\",\"namespace\":\"%s\",\"lookup_dir\":\"%s\","
              "\"num_ranks\":1,\"lookup_timeout_ms\":5000}", NS, dir);

@@ -20,13 +20,16 @@
 #ifndef UMBP_FUZZ_PEER_H
 #define UMBP_FUZZ_PEER_H
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "fuzz_check.h"
@@ -176,6 +179,32 @@ static void *fz_peer_main(void *arg)
     close(fd);
     proto_buf_free(&out);
     return NULL;
+}
+
+/* The peer's listening socket: TCP on 127.0.0.1 (a port the kernel picks;
+ * returns it), or Unix at path (replacing what is there). */
+static inline uint16_t fz_peer_listen_tcp(struct fz_peer *p)
+{
+    p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    FZ_CHECK(p->lfd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    FZ_CHECK(bind(p->lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
+    FZ_CHECK(listen(p->lfd, 16) == 0);
+    FZ_CHECK(getsockname(p->lfd, (struct sockaddr *)&a, &len) == 0);
+    return ntohs(a.sin_port);
+}
+
+static inline void fz_peer_listen_unix(struct fz_peer *p, const char *path)
+{
+    unlink(path);
+    p->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    FZ_CHECK(p->lfd >= 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    FZ_CHECK(strlen(path) < sizeof(a.sun_path));
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+    FZ_CHECK(bind(p->lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
+    FZ_CHECK(listen(p->lfd, 16) == 0);
 }
 
 static inline void fz_peer_start(struct fz_peer *p)

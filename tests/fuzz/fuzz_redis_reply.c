@@ -154,14 +154,7 @@ static void cleanup(void) { close(peer.lfd); }
 static void setup(void)
 {
     umbp_log_set_level(UMBP_LOG_ERROR);
-    peer.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    FZ_CHECK(peer.lfd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    FZ_CHECK(bind(peer.lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
-    FZ_CHECK(listen(peer.lfd, 16) == 0);
-    FZ_CHECK(getsockname(peer.lfd, (struct sockaddr *)&a, &len) == 0);
-    snprintf(url, sizeof(url), "redis://127.0.0.1:%u/fz", (unsigned)ntohs(a.sin_port));
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%u/fz", (unsigned)fz_peer_listen_tcp(&peer));
     peer.on_bytes = on_bytes;
     atexit(cleanup);
 }

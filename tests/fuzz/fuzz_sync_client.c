@@ -124,13 +124,7 @@ static void setup(void)
     snprintf(dir, sizeof(dir), "/tmp/umbp-fuzz-sync-%d", (int)getpid());
     FZ_CHECK(mkdir(dir, 0700) == 0 || errno == EEXIST);
     snprintf(path, sizeof(path), "%s/umbp.sock", dir);
-    unlink(path);
-    peer.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    FZ_CHECK(peer.lfd >= 0);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
-    FZ_CHECK(bind(peer.lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
-    FZ_CHECK(listen(peer.lfd, 16) == 0);
+    fz_peer_listen_unix(&peer, path);
     peer.on_frame = on_frame;
     atexit(cleanup);
 }

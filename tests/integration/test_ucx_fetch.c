@@ -691,71 +691,79 @@ static void secret_spec(struct owner_spec *spec, const char *secret)
     spec->secret = secret;
 }
 
+/* An owner of the three objects holding owner_secret, a requester holding
+ * req_secret, one fetch of all three (timeout_ms): the requester's stats
+ * after it in *st; the caller checks the items, then secret_end. */
+struct secret_run {
+    struct owner_spec spec;
+    struct owner ow;
+    struct req r;
+    struct ucx_fetch_item it[3];
+    struct ucx_node_stats st;
+};
+
+static void secret_fetch(struct secret_run *s, const char *owner_secret, const char *req_secret,
+                         uint32_t timeout_ms)
+{
+    ucx_env();
+    secret_spec(&s->spec, owner_secret);
+    owner_start(&s->ow, &s->spec);
+    req_init_secret(&s->r, &s->ow, 8 << 20, req_secret);
+    int idx[3] = {0, 1, 2};
+    lay_out(&s->r, s->it, idx, 3, &s->spec, 0);
+    struct waiter w = { 0 };
+    cr_assert_eq(ucx_fetch(s->r.peer, s->it, 3, timeout_ms, on_done, &w), 0);
+    run_until(&s->r, &w.done);
+    cr_assert(w.done && w.calls == 1);
+    ucx_node_stats(s->r.node, &s->st);
+}
+
+static void secret_end(struct secret_run *s)
+{
+    req_fini(&s->r);
+    owner_stop(&s->ow);
+}
+
+/* Every key failed with status, its buffer untouched. */
+static void expect_all(const struct secret_run *s, int status)
+{
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(s->it[k].status, status, "key %d: %d", k, s->it[k].status);
+        cr_assert(tu_is_poisoned(s->it[k].dst, s->it[k].cap), "key %d's buffer was written", k);
+    }
+}
+
 /* Both hold the secret: every object byte-exact, eager and rendezvous, no
  * mac refused on either side. */
 Test(ucx_fetch, a_shared_secret_fetches_byte_exact)
 {
-    ucx_env();
-    static struct owner_spec spec;
-    secret_spec(&spec, SECRET);
-    struct owner ow;
-    owner_start(&ow, &spec);
-    struct req r;
-    req_init_secret(&r, &ow, 8 << 20, SECRET);
-    struct ucx_fetch_item it[3];
-    int idx[3] = {0, 1, 2};
-    lay_out(&r, it, idx, 3, &spec, 0);
-    struct waiter w = { 0 };
-    cr_assert_eq(ucx_fetch(r.peer, it, 3, 30000, on_done, &w), 0);
-    run_until(&r, &w.done);
-    cr_assert(w.done && w.calls == 1);
+    static struct secret_run s;
+    secret_fetch(&s, SECRET, SECRET, 30000);
     for (int k = 0; k < 3; k++)
-        expect_bytes(&it[k], &spec, k);
-    struct ucx_node_stats st;
-    ucx_node_stats(r.node, &st);
-    cr_assert_eq(st.bad_macs + st.refused + st.bad_messages, 0);
-    req_fini(&r);
-    owner_stop(&ow);
+        expect_bytes(&s.it[k], &s.spec, k);
+    cr_assert_eq(s.st.bad_macs + s.st.refused + s.st.bad_messages, 0);
+    secret_end(&s);
 }
 
 /* The owner holds the secret, the requester none (or another): every key is
  * refused with -EACCES at once, its buffer untouched, and the requester
  * counts the refusals. */
-static void refused_by_the_owner(const char *requester_secret)
-{
-    ucx_env();
-    static struct owner_spec spec;
-    secret_spec(&spec, SECRET);
-    struct owner ow;
-    owner_start(&ow, &spec);
-    struct req r;
-    req_init_secret(&r, &ow, 8 << 20, requester_secret);
-    struct ucx_fetch_item it[3];
-    int idx[3] = {0, 1, 2};
-    lay_out(&r, it, idx, 3, &spec, 0);
-    struct waiter w = { 0 };
-    cr_assert_eq(ucx_fetch(r.peer, it, 3, 30000, on_done, &w), 0);
-    run_until(&r, &w.done);
-    cr_assert(w.done && w.calls == 1);
-    for (int k = 0; k < 3; k++) {
-        cr_assert_eq(it[k].status, -EACCES, "key %d: %d", k, it[k].status);
-        cr_assert(tu_is_poisoned(it[k].dst, it[k].cap), "key %d's buffer was written", k);
-    }
-    struct ucx_node_stats st;
-    ucx_node_stats(r.node, &st);
-    cr_assert_eq(st.refused, 3);
-    req_fini(&r);
-    owner_stop(&ow);
-}
-
 Test(ucx_fetch, an_owner_with_the_secret_refuses_a_requester_without_it)
 {
-    refused_by_the_owner(NULL);
+    static struct secret_run s;
+    secret_fetch(&s, SECRET, NULL, 30000);
+    expect_all(&s, -EACCES);
+    cr_assert_eq(s.st.refused, 3);
+    secret_end(&s);
 }
 
 Test(ucx_fetch, an_owner_with_the_secret_refuses_a_requester_with_another)
 {
-    refused_by_the_owner("another secret, also 32 bytes...");
+    static struct secret_run s;
+    secret_fetch(&s, SECRET, "another secret, also 32 bytes...", 30000);
+    expect_all(&s, -EACCES);
+    cr_assert_eq(s.st.refused, 3);
+    secret_end(&s);
 }
 
 /* The requester holds the secret and the owner does not: the owner's
@@ -764,30 +772,12 @@ Test(ucx_fetch, an_owner_with_the_secret_refuses_a_requester_with_another)
  * and every answer is counted as a wrong mac. */
 Test(ucx_fetch, a_requester_with_the_secret_takes_no_answer_without_its_mac)
 {
-    ucx_env();
-    static struct owner_spec spec;
-    secret_spec(&spec, NULL);
-    struct owner ow;
-    owner_start(&ow, &spec);
-    struct req r;
-    req_init_secret(&r, &ow, 8 << 20, SECRET);
-    struct ucx_fetch_item it[3];
-    int idx[3] = {0, 1, 2};
-    lay_out(&r, it, idx, 3, &spec, 0);
-    struct waiter w = { 0 };
-    cr_assert_eq(ucx_fetch(r.peer, it, 3, 1000, on_done, &w), 0);
-    run_until(&r, &w.done);
-    cr_assert(w.done && w.calls == 1);
-    for (int k = 0; k < 3; k++) {
-        cr_assert_eq(it[k].status, UMBP_E_TIMEOUT, "key %d: %d", k, it[k].status);
-        cr_assert(tu_is_poisoned(it[k].dst, it[k].cap), "key %d's buffer was written", k);
-    }
-    struct ucx_node_stats st;
-    ucx_node_stats(r.node, &st);
-    cr_assert_eq(st.bad_macs, 3);
-    cr_assert_eq(st.fetch_keys, 0);
-    req_fini(&r);
-    owner_stop(&ow);
+    static struct secret_run s;
+    secret_fetch(&s, NULL, SECRET, 1000);
+    expect_all(&s, UMBP_E_TIMEOUT);
+    cr_assert_eq(s.st.bad_macs, 3);
+    cr_assert_eq(s.st.fetch_keys, 0);
+    secret_end(&s);
 }
 
 #endif
