@@ -10,7 +10,6 @@ import gc
 import os
 import signal
 import time
-import traceback
 import weakref
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 
 import umbp
 from conftest import host_options, stop_process
+from forking import in_child
 
 torch = pytest.importorskip("torch")
 
@@ -42,22 +42,6 @@ def _blocks_written(ts, n):
 
 
 # ---- 1. fork -----------------------------------------------------------------
-
-def _in_child(fn):
-    """Runs fn in a forked child; its exit code is fn's return value (98: it
-    raised).  Returns os.waitpid's status."""
-    pid = os.fork()
-    if pid == 0:
-        code = 97
-        try:
-            code = fn()
-        except BaseException:
-            traceback.print_exc()
-            code = 98
-        finally:
-            os._exit(code)
-    return os.waitpid(pid, 0)[1]
-
 
 def _is_forked_error(e):
     return (isinstance(e, umbp.UmbpError) and e.code == -errno.EBADF
@@ -102,14 +86,14 @@ def test_a_forked_child_finds_the_parents_runtime_dead():
                     return 7
             return 0
 
-        st = _in_child(use)
+        st = in_child(use)
         assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
 
         def close_first():
             rt.close()
             return 0
 
-        st = _in_child(close_first)
+        st = in_child(close_first)
         assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
 
         # the parent's runtime is untouched by its children
@@ -142,7 +126,7 @@ def test_a_forked_child_collects_the_parents_runtime_and_makes_its_own():
         return 0
 
     try:
-        st = _in_child(child)
+        st = in_child(child)
         assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
     finally:
         holder[0].close()

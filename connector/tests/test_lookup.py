@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import umbp
+from forking import in_child
 
 needs_lookup = pytest.mark.skipif(
     not umbp.has_lookup_service(),
@@ -151,35 +152,6 @@ def test_socket_paths_differ_by_rank_dp_and_instance(tmp_path):
 
 # ---- fork ------------------------------------------------------------------
 
-def _in_child(fn, bound_s=60.0):
-    """Runs fn in a forked child; its exit code is fn's return value (98: it
-    raised).  Returns os.waitpid's status; a child still running after
-    bound_s is killed (SIGKILL) and fails the test."""
-    import signal
-    import traceback
-
-    pid = os.fork()
-    if pid == 0:
-        code = 97
-        try:
-            code = fn()
-        except BaseException:
-            traceback.print_exc()
-            code = 98
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + bound_s
-    while True:
-        done, st = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return st
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child did not exit within %.0f s (hung)" % bound_s)
-        time.sleep(0.01)
-
-
 def _check_the_parents_client_in_a_child(cl, opts, rows, expect):
     """In forked children (each exits with a code the parent checks): a
     query on the parent's client raises EBADF naming the parent, also while
@@ -214,7 +186,7 @@ def _check_the_parents_client_in_a_child(cl, opts, rows, expect):
 
     cl._lock.acquire()  # as if another thread of the parent were querying at the fork
     try:
-        st = _in_child(use)
+        st = in_child(use)
     finally:
         cl._lock.release()
     assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
@@ -231,14 +203,14 @@ def _check_the_parents_client_in_a_child(cl, opts, rows, expect):
             return 0
         return child
 
-    st = _in_child(collect_then_own(opts))
+    st = in_child(collect_then_own(opts))
     assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
 
     def close_first():
         cl.close()
         return 0
 
-    st = _in_child(close_first)
+    st = in_child(close_first)
     assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
     # the parent's client is untouched by its children
     assert not cl.closed
