@@ -121,6 +121,7 @@ struct ucx_node {
     bool have_key;              /* the cluster's secret: macs made and checked */
     uint8_t key[UCX_WIRE_KEY];
     uint64_t mac_logged_ns, refused_logged_ns; /* their warnings: once a minute */
+    uint64_t bad_logged_ns;     /* malformed or misplaced messages: once a minute */
 };
 
 _Static_assert(UCX_WIRE_KEY == NET_AUTH_BYTES, "the macs' key is auth.h's");
@@ -573,7 +574,8 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
     char err[160];
     if (ucx_wire_data_parse(header, header_length, length, &h, err, sizeof(err))) {
         n->st.bad_messages++;
-        umbp_log(UMBP_LOG_WARN, "%s: malformed DATA from a peer: %s; dropped", n->name, err);
+        if (once_a_minute(&n->bad_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: malformed DATA from a peer: %s; dropped", n->name, err);
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
     struct ucx_batch *b = batch_find(n, h.req_id);
@@ -584,8 +586,9 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
     }
     if (h.index >= b->n || b->items[h.index].status != UMBP_E_INPROGRESS) {
         n->st.bad_messages++;
-        umbp_log(UMBP_LOG_WARN, "%s: DATA.index %u does not name an open key of its fetch (%u "
-                 "keys); dropped", n->name, h.index, b->n);
+        if (once_a_minute(&n->bad_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: DATA.index %u does not name an open key of its fetch "
+                     "(%u keys); dropped", n->name, h.index, b->n);
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
     if (b->rx[h.index].req) {
@@ -593,8 +596,9 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
          * write the same buffer and take the receive's place, so the batch
          * waited for a request it no longer knew */
         n->st.bad_messages++;
-        umbp_log(UMBP_LOG_WARN, "%s: a second DATA for key %u of its fetch while the first is "
-                 "received; dropped", n->name, h.index);
+        if (once_a_minute(&n->bad_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: a second DATA for key %u of its fetch while the first "
+                     "is received; dropped", n->name, h.index);
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
     }
     if (n->have_key && h.status != -EACCES && !ucx_wire_data_mac_ok(n->key, &h, b->nonce)) {
@@ -623,8 +627,9 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
     }
     if (h.size > it->cap) {
         n->st.bad_messages++;
-        umbp_log(UMBP_LOG_WARN, "%s: DATA.size %llu over the %llu asked for; dropped", n->name,
-                 (unsigned long long)h.size, (unsigned long long)it->cap);
+        if (once_a_minute(&n->bad_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: DATA.size %llu over the %llu asked for; dropped",
+                     n->name, (unsigned long long)h.size, (unsigned long long)it->cap);
         item_set(b, h.index, -EPROTO);
         batch_try_finish(b);
         return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
@@ -882,18 +887,21 @@ static ucs_status_t on_fetch(void *arg, const void *header, size_t header_length
     struct ucx_fetch_hdr h;
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         n->st.bad_messages++;
-        umbp_log(UMBP_LOG_WARN, "%s: FETCH.records: sent by rendezvous, not eager; dropped",
-                 n->name);
+        if (once_a_minute(&n->bad_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: FETCH.records: sent by rendezvous, not eager; dropped",
+                     n->name);
         return UCS_ERR_INVALID_PARAM;
     }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         n->st.bad_messages++;
-        umbp_log(UMBP_LOG_WARN, "%s: FETCH without a reply endpoint; dropped", n->name);
+        if (once_a_minute(&n->bad_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: FETCH without a reply endpoint; dropped", n->name);
         return UCS_OK;
     }
     if (ucx_wire_fetch_parse(header, header_length, data, length, &h, err, sizeof(err))) {
         n->st.bad_messages++;
-        umbp_log(UMBP_LOG_WARN, "%s: malformed FETCH from a peer: %s; dropped", n->name, err);
+        if (once_a_minute(&n->bad_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: malformed FETCH from a peer: %s; dropped", n->name, err);
         return UCS_OK;
     }
     bool refused = n->have_key && !ucx_wire_fetch_mac_ok(n->key, &h, data);
@@ -1094,6 +1102,7 @@ fail:
         ucp_worker_destroy(n->worker);
     if (n->ctx)
         ucp_cleanup(n->ctx);
+    sodium_memzero(n->key, sizeof(n->key));
     free(n);
     return -EIO;
 }

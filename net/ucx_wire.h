@@ -18,10 +18,14 @@
  * nonce.  An owner with the key serves no FETCH whose mac is wrong (DATA
  * -EACCES for each key, mac zero); a requester with the key takes no DATA
  * whose mac is wrong, but a -EACCES (a refusal costs a miss, never a
- * byte).  Without the key both macs are zero and not checked.  The object's
- * bytes are not covered: the macs keep out peers without the secret (reads,
- * and answers forged for another's fetch), not a tap that rewrites bytes in
- * flight.
+ * byte).  Without the key both macs are zero and not checked.  The macs
+ * keep out a peer without the secret that has not seen the traffic (reads,
+ * and answers forged for another's fetch).  Not a tap: it sees the bytes
+ * anyway (nothing is encrypted), and it can replay a captured FETCH to a
+ * holder of its keys, whose answers' headers it could then send ahead of
+ * the owner's with bytes of its own (the object's bytes are not covered);
+ * closing that needs FETCHes bound to the connection they arrive on (docs/
+ * distributed.md, Security).
  *
  * These bytes come from another process, possibly on another host: the
  * decoders check every field (magic, version, type, the count against the

@@ -890,7 +890,9 @@ static void fetch_done(void *arg, struct ucx_fetch_item *items, uint32_t n)
          * says it no longer has the key (evicted since its heartbeat); not
          * after a timeout (it has cost timeout_ms), nor for a size the
          * master has wrong (every replica has the same) */
-        bool ask_again = st == -ECONNRESET || st == -ENOENT;
+        bool ask_again = st == -ECONNRESET || st == -ENOENT || st == -EACCES;
+        if (st == -EACCES)
+            st = -ENOENT; /* refused (a secret that differs): a miss for the caller */
         if (st == 0 && items[i].size != q->region.size)
             st = -ENOENT; /* the master's size was stale: not this object */
         if (st == -ECONNRESET || st == UMBP_E_TIMEOUT)
@@ -986,7 +988,10 @@ static void warm_done(void *arg, struct ucx_fetch_item *it, uint32_t n)
     struct rpeer *p = arg;
     struct rdma_tier *rt = p->rt;
     int st = n ? it[0].status : -EPROTO;
-    bool ok = !rt->stopped && (st == 0 || st == -ENOENT || st == -EMSGSIZE);
+    /* -EACCES: the peer refused our mac (its secret differs), or a forger
+     * said so; either way the endpoint works, its batches' keys fail alone
+     * (asked of another owner), and nothing is reported to the master */
+    bool ok = !rt->stopped && (st == 0 || st == -ENOENT || st == -EMSGSIZE || st == -EACCES);
     p->warming = false;
     p->inflight--;
     if (ok)

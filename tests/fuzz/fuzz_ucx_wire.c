@@ -15,7 +15,8 @@
  *   - the macs (a fixed key): the parsed mac is accepted exactly when it is
  *     the one the builder's side computes over the parsed fields, nonce and
  *     records; that mac is accepted, and not after one bit of the nonce, of
- *     a record or of a field changes.
+ *     a record or of a field (req_id, index, status, size) changes, nor
+ *     under another key.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -98,6 +99,17 @@ static void check_data(const uint8_t *hdr, size_t hlen, size_t dlen)
     g.status ^= 1;
     FZ_CHECK(!ucx_wire_data_mac_ok(key, &g, nonce));
     g.status = h.status;
+    g.index ^= 1u << (h.size % 10); /* another key of the fetch */
+    FZ_CHECK(!ucx_wire_data_mac_ok(key, &g, nonce));
+    g.index = h.index;
+    g.req_id ^= 1ull << (h.index % 64); /* another fetch */
+    FZ_CHECK(!ucx_wire_data_mac_ok(key, &g, nonce));
+    g.req_id = h.req_id;
+    /* another key: nothing this key made passes */
+    uint8_t other[UCX_WIRE_KEY];
+    memcpy(other, key, sizeof(other));
+    other[h.index % UCX_WIRE_KEY] ^= 1;
+    FZ_CHECK(!ucx_wire_data_mac_ok(other, &g, nonce));
     nonce[h.index % UCX_WIRE_NONCE] ^= 4;
     FZ_CHECK(!ucx_wire_data_mac_ok(key, &g, nonce));
 }
