@@ -43,7 +43,7 @@ with --runs N runs each case N times, alternated, and ends with one table of
 every run's ratios and decode slowdowns, e.g.
   --mode embedded --decode --graph --case base: \
       --case few:gpu_max_ctas=16,gpu_threads_per_cta=32 --runs 2
-Besides runtime options a case takes head=N, prewake=0 and three diagnostics of
+Besides runtime options a case takes head=N, headbytes=N, prewake=0 and three diagnostics of
 the first call: busy=MS (GPU work just before the first store), pinwarm=1 (a
 pinned copy each way just before it), idle=MS (sleep before every steady store
 and restore, and before an extra pinned copy, the baseline after the same idle).
@@ -171,9 +171,12 @@ def child(args):
     rt = umbp.Runtime(opts)
     if args.head_blocks is not None:
         rt.kv_head_blocks = args.head_blocks
+    if args.head_bytes is not None:
+        rt.kv_head_bytes = args.head_bytes
     if args.no_prewake:  # an A/B of the loop's prewake: store/load submit without it
         umbp.runtime._prewake = lambda p: 0
     out["head_blocks"] = rt.kv_head_blocks
+    out["head_bytes"] = rt.kv_head_bytes
     kv = rt.register_kv_caches(caches, layout="flash_attn")
     out["register_s"] = time.perf_counter() - t
     ns = umbp.Namespace.derive("bench/py_kv", "", BLOCK, "NHD", "bfloat16")
@@ -487,6 +490,8 @@ def run_case(args, mode, warm, decode_too):
         cmd.append("--store-first")
     if args.head_blocks is not None:
         cmd += ["--head-blocks", str(args.head_blocks)]
+    if args.head_bytes is not None:
+        cmd += ["--head-bytes", str(args.head_bytes)]
     if args.no_prewake:
         cmd.append("--no-prewake")
     if args.busy_ms:
@@ -602,7 +607,7 @@ def metrics(res):
 
 
 def parse_case(text):
-    """NAME:OPT=V,OPT=V (head=N sets --head-blocks, prewake=0 --no-prewake,
+    """NAME:OPT=V,OPT=V (head=N sets --head-blocks, headbytes=N --head-bytes, prewake=0 --no-prewake,
     busy=MS --busy-ms, idle=MS --idle-ms, pinwarm=1 --pin-warm, coldops=1 --cold-bench-ops)
     -> (name, opts, head, prewake, extra)."""
     name, _, rest = text.partition(":")
@@ -615,6 +620,10 @@ def parse_case(text):
             if not v.isdigit():
                 raise SystemExit("--case %r: head must be a block count >= 0, got %r" % (text, v))
             head = int(v)
+        elif k == "headbytes":
+            if not v.isdigit():
+                raise SystemExit("--case %r: headbytes must be a byte count >= 0, got %r" % (text, v))
+            extra["head_bytes"] = int(v)
         elif k == "prewake":
             if v not in ("0", "1"):
                 raise SystemExit("--case %r: prewake must be 0 or 1, got %r" % (text, v))
@@ -681,6 +690,9 @@ def main():
     ap.add_argument("--head-blocks", type=int, metavar="N",
                     help="Runtime.kv_head_blocks: a head of N blocks submitted first (0: one op; "
                          "default: the package's)")
+    ap.add_argument("--head-bytes", type=int, metavar="N",
+                    help="Runtime.kv_head_bytes: a head of at least N bytes of objects, up to a "
+                         "quarter of the batch (0: exactly --head-blocks; default: the package's)")
     ap.add_argument("--no-prewake", action="store_true",
                     help="store_blocks / load_blocks without umbp_prewake (an A/B baseline)")
     ap.add_argument("--busy-ms", type=int, default=0, metavar="MS",
@@ -701,6 +713,7 @@ def main():
     ap.add_argument("--opt", action="append", metavar="NAME=VALUE", help="a runtime option (repeatable)")
     ap.add_argument("--case", action="append", metavar="NAME:OPT=V,...",
                     help="an A/B case: runtime options for it (head=N sets --head-blocks, "
+                         "headbytes=N --head-bytes, "
                          "prewake=0 --no-prewake, busy=MS --busy-ms, idle=MS --idle-ms, "
                          "pinwarm=1 --pin-warm, coldops=1 --cold-bench-ops); "
                          "repeatable, run alternated --runs times, one mode (not both)")

@@ -66,6 +66,9 @@ def test_cases_alternate_with_their_options_and_the_table_holds_each_run(bench, 
 def test_a_case_names_its_options(bench):
     assert bench.parse_case("base:") == ("base", [], None, True, {})
     assert bench.parse_case("x:a=1,head=8,b=c,prewake=0") == ("x", ["a=1", "b=c"], 8, False, {})
+    assert bench.parse_case("x:headbytes=0") == ("x", [], None, True, {"head_bytes": 0})
+    with pytest.raises(SystemExit, match="headbytes must be a byte count"):
+        bench.parse_case("x:headbytes=-1")
     assert bench.parse_case("x:busy=50,idle=0,pinwarm=1") == (
         "x", [], None, True, {"busy_ms": 50, "idle_ms": 0, "pin_warm": True})
     # the benchmark's own torch operations left cold before the first calls

@@ -230,7 +230,8 @@ def test_registration_warms_the_submit_path_and_submits_nothing(rt, monkeypatch)
 
 def test_registration_runs_a_split_batch_through_warm_loads(rt, monkeypatch):
     """With 256 blocks or more, the warm-up is a whole batch as an engine
-    submits it: 8 heads (32 + 224 blocks, split into two ops), twice, through
+    submits it: 8 heads (split into two ops: on these small objects the head
+    is a quarter, kv_head_bytes, so 64 + 192 blocks), twice, through
     umbp_kv_warm_load, of random keys; the cache's bytes are untouched and
     nothing is counted."""
     seen = []
@@ -242,7 +243,7 @@ def test_registration_runs_a_split_batch_through_warm_loads(rt, monkeypatch):
     kv, raws = _split_cache(rt, 300)
     orig = [r.clone() for r in raws]
     after = rt.stats()
-    assert seen == [32, 224, 32, 224], seen
+    assert seen == [64, 192, 64, 192], seen
     for k in ("num_objects", "num_leased", "gets_ok", "gets_miss", "gets_failed",
               "kv_transfers", "bytes_read"):
         assert after[k] == before[k], (k, before[k], after[k])
@@ -365,6 +366,49 @@ def test_a_split_batch_refuses_what_one_op_refuses(rt):
     assert type(job) is umbp.Job and job.wait(10000) and job.ok.all()
     for r in raws:
         assert torch.equal(r[:, 40:80], r[:, :40])
+
+
+def test_a_split_batchs_head_covers_kv_head_bytes_up_to_a_quarter(rt):
+    """The head is kv_head_blocks blocks, or more where kv_head_bytes of
+    objects need more, never over a quarter of the batch; kv_head_bytes 0
+    gives exactly kv_head_blocks.  A key of the rest whose first 8 bytes
+    equal a head key's (the check's quick pass) is no repeat."""
+    kv, raws = _split_cache(rt, 1200)
+    osz = kv.object_size
+    assert rt.kv_head_bytes == 32 << 20
+    cases = [  # (kv_head_blocks, kv_head_bytes, batch) -> head
+        ((4, 10 * osz, 40), 10),
+        ((4, 10 * osz + 1, 80), 11),
+        ((4, 10 * osz, 39), 9),       # a quarter of 39
+        ((8, 2 * osz, 64), 8),        # kv_head_blocks is the least
+        ((4, 0, 80), 4),
+        ((32, 32 << 20, 1000), 250),  # the default on small objects: a quarter
+    ]
+    for i, ((hb, hbytes, n), want) in enumerate(cases):
+        rt.kv_head_blocks, rt.kv_head_bytes = hb, hbytes
+        keys = _keys(n, 200 + i)
+        keys[n - 1, :8] = keys[0, :8]  # the same first word, another key
+        job = rt.store_blocks(kv, keys, list(range(n)))
+        assert [len(j) for j in job._parts] == [want, n - want], (hb, hbytes, n)
+        assert job.wait(10000) and job.num_ok == n
+        job.release()
+        dup = keys.copy()
+        dup[n - 2] = dup[want - 1]  # the head's last key, repeated in the rest
+        with pytest.raises(umbp.UmbpError, match="key %d repeats key %d" % (n - 2, want - 1)) as ei:
+            rt.load_blocks(kv, dup, list(range(n)))
+        assert ei.value.code == umbp.E_DUPLICATE_KEY
+    st = rt.stats()
+    assert st["num_leased"] == 0 and st["num_pending"] == 0, st
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, "1", None, False])
+def test_kv_head_bytes_refuses_what_is_not_a_count(rt, bad):
+    with pytest.raises(umbp.UmbpError, match="kv_head_bytes must be an integer >= 0") as ei:
+        rt.kv_head_bytes = bad
+    assert ei.value.code == -errno.EINVAL
+    assert rt.kv_head_bytes == 32 << 20  # unchanged
+    rt.kv_head_bytes = np.uint32(0)
+    assert rt.kv_head_bytes == 0 and type(rt.kv_head_bytes) is int
 
 
 def test_registration_beside_a_stopped_server(server):
