@@ -43,7 +43,7 @@ with --runs N runs each case N times, alternated, and ends with one table of
 every run's ratios and decode slowdowns, e.g.
   --mode embedded --decode --graph --case base: \
       --case few:gpu_max_ctas=16,gpu_threads_per_cta=32 --runs 2
-Besides runtime options a case takes head=N, headbytes=N, prewake=0 and three diagnostics of
+Besides runtime options a case takes head=N, headbytes=N, bufs=0, prewake=0 and three diagnostics of
 the first call: busy=MS (GPU work just before the first store), pinwarm=1 (a
 pinned copy each way just before it), idle=MS (sleep before every steady store
 and restore, and before an extra pinned copy, the baseline after the same idle).
@@ -55,6 +55,7 @@ import argparse
 import collections
 import json
 import os
+import resource
 import select
 import signal
 import statistics
@@ -169,6 +170,14 @@ def child(args):
             opts[k_] = v_
     t = time.perf_counter()
     rt = umbp.Runtime(opts)
+    if args.no_block_bufs:  # an A/B: a new block array for every op, none made ready
+        class NoBufs(list):
+            def __bool__(self):
+                return False  # nothing to take
+
+            def __len__(self):
+                return 4  # full: nothing is given back, nothing made ready
+        rt._bufs = NoBufs()
     if args.head_blocks is not None:
         rt.kv_head_blocks = args.head_blocks
     if args.head_bytes is not None:
@@ -212,13 +221,16 @@ def child(args):
                     f"{'still poisoned' if poisoned else 'other bytes'})")
                 sys.exit(1)
 
-    calls = {"submit": [], "wait": []}  # where the caller's time went
+    calls = {"submit": [], "wait": [], "faults": []}  # where the caller's time went
+    faults = lambda: resource.getrusage(resource.RUSAGE_THREAD).ru_minflt  # noqa: E731
 
     def timed(fn):
         torch.cuda.synchronize()
+        f0 = faults()
         t = time.perf_counter()
         job = fn()
         t1 = time.perf_counter()
+        calls["faults"].append(faults() - f0)  # pages the submit touched first
         job.wait()
         dt = time.perf_counter() - t
         calls["submit"].append(t1 - t)
@@ -271,6 +283,7 @@ def child(args):
     out["first_restore"] = phased("first restore", lambda: rt.load_blocks(kv, keys, B))
     verify(A, B, "first restore")
     out["first_submit"] = calls["submit"][:2]  # the caller's submit of the first store, restore
+    out["first_faults"] = calls["faults"][:2]
 
     st, rs, bh, bs, bb, bhi = [], [], [], [], [], []
     for r in range(args.rounds):
@@ -294,6 +307,7 @@ def child(args):
         bb.append(pin.both())
     out.update(store=st, restore=rs, base_h2d=bh, base_h2d_idle=bhi, base_d2h=bs, base_both=bb, phases=phases,
                calls={k: statistics.median(v) for k, v in calls.items()},
+               steady_faults=[max(calls["faults"][2::2] or [0]), max(calls["faults"][3::2] or [0])],
                # the steady rounds' submits alone (after the first two): store, restore
                steady_submit=[statistics.median(calls["submit"][2::2] or [0]),
                               statistics.median(calls["submit"][3::2] or [0])])
@@ -494,6 +508,8 @@ def run_case(args, mode, warm, decode_too):
         cmd += ["--head-bytes", str(args.head_bytes)]
     if args.no_prewake:
         cmd.append("--no-prewake")
+    if args.no_block_bufs:
+        cmd.append("--no-block-bufs")
     if args.busy_ms:
         cmd += ["--busy-ms", str(args.busy_ms)]
     if args.idle_ms:
@@ -567,6 +583,10 @@ def report(res):
               f"{res['calls']['wait'] * 1e6:.0f} us; first store / restore submit "
               f"{fs[0] * 1e6:.0f} / {fs[1] * 1e6:.0f} us, steady {ss[0] * 1e6:.0f} / "
               f"{ss[1] * 1e6:.0f} us")
+    if res.get("first_faults") is not None:
+        ff, sf = res["first_faults"], res.get("steady_faults") or [0, 0]
+        print(f"caller's page faults in the submit: first store / restore {ff[0]} / {ff[1]}, "
+              f"steady at most {sf[0]} / {sf[1]}")
     print("| case | umbp GB/s | pinned copy GB/s | ratio |")
     print("|---|---|---|---|")
     for name, u, b in rows:
@@ -624,6 +644,10 @@ def parse_case(text):
             if not v.isdigit():
                 raise SystemExit("--case %r: headbytes must be a byte count >= 0, got %r" % (text, v))
             extra["head_bytes"] = int(v)
+        elif k == "bufs":
+            if v not in ("0", "1"):
+                raise SystemExit("--case %r: bufs must be 0 or 1, got %r" % (text, v))
+            extra["no_block_bufs"] = v == "0"
         elif k == "prewake":
             if v not in ("0", "1"):
                 raise SystemExit("--case %r: prewake must be 0 or 1, got %r" % (text, v))
@@ -695,6 +719,9 @@ def main():
                          "quarter of the batch (0: exactly --head-blocks; default: the package's)")
     ap.add_argument("--no-prewake", action="store_true",
                     help="store_blocks / load_blocks without umbp_prewake (an A/B baseline)")
+    ap.add_argument("--no-block-bufs", action="store_true",
+                    help="a new block array for every op, none made ready at registration "
+                         "(the binding before 2026-12-05; an A/B baseline)")
     ap.add_argument("--busy-ms", type=int, default=0, metavar="MS",
                     help="MS ms of GPU matrix products just before the first store, as an "
                          "engine's forward pass precedes its first store (default 0: the first "
@@ -713,7 +740,7 @@ def main():
     ap.add_argument("--opt", action="append", metavar="NAME=VALUE", help="a runtime option (repeatable)")
     ap.add_argument("--case", action="append", metavar="NAME:OPT=V,...",
                     help="an A/B case: runtime options for it (head=N sets --head-blocks, "
-                         "headbytes=N --head-bytes, "
+                         "headbytes=N --head-bytes, bufs=0 --no-block-bufs, "
                          "prewake=0 --no-prewake, busy=MS --busy-ms, idle=MS --idle-ms, "
                          "pinwarm=1 --pin-warm, coldops=1 --cold-bench-ops); "
                          "repeatable, run alternated --runs times, one mode (not both)")

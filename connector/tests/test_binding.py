@@ -401,6 +401,76 @@ def test_a_split_batchs_head_covers_kv_head_bytes_up_to_a_quarter(rt):
     assert st["num_leased"] == 0 and st["num_pending"] == 0, st
 
 
+def test_block_arrays_are_made_ready_at_registration_and_reused(rt, monkeypatch):
+    """Registration makes two block arrays ready (min(blocks, 4096) entries,
+    pages written); a batch fills one and gives it back once C read it, a
+    larger batch makes a larger one; at most four are kept."""
+    kv, raws = _split_cache(rt, 300)
+    bufs = rt._bufs
+    assert [b.shape[0] for b in bufs] == [300, 300]
+    ready = {b.ctypes.data for b in bufs}
+    seen = []
+    real = umbp.runtime._kv_store
+    monkeypatch.setattr(umbp.runtime, "_kv_store", lambda p, h, blocks, n, o, op: (
+        seen.append(blocks), real(p, h, blocks, n, o, op))[1])
+    rt.kv_head_blocks = 0
+    for i in range(3):
+        job = rt.store_blocks(kv, _keys(250, 40 + i), list(range(250)))
+        assert job.wait(10000) and job.num_ok == 250
+        job.release()
+    assert set(seen) <= ready, "a batch that fits took a new array"
+    assert len(rt._bufs) == 2
+    kv2, _ = _split_cache(rt, 1200)
+    job = rt.store_blocks(kv2, _keys(1000, 44), list(range(1000)))
+    assert job.wait(10000) and job.num_ok == 1000
+    job.release()
+    assert seen[-1] not in ready and sorted(b.shape[0] for b in rt._bufs) == [300, 1000]
+    for b in list(rt._bufs):
+        rt._bufs.append(b)
+    rt._bufs.append(b)
+    job = rt.store_blocks(kv, _keys(8, 45), list(range(8)))
+    assert job.wait(10000) and len(rt._bufs) == 4  # 5: one taken, not given back to 4
+    job.release()
+
+
+def test_threads_submitting_at_once_never_share_a_block_array(rt):
+    """Four threads store and restore their own keys and blocks at once,
+    each batch split (a head, then the rest): every restored byte is the
+    thread's own, the blocks not asked for stay poisoned.  A block array
+    shared between two threads' fills would mix their keys or blocks."""
+    import threading
+    rt.kv_head_blocks = 4
+    nthreads, n, rounds = 4, 40, 25
+    kv, raws = _split_cache(rt, 2 * nthreads * n)
+    orig = [r.clone() for r in raws]
+    errors = []
+
+    def work(t):
+        try:
+            src = list(range(t * n, (t + 1) * n))
+            dst = list(range((nthreads + t) * n, (nthreads + t + 1) * n))
+            for i in range(rounds):
+                keys = _keys(n, 1000 * t + i)
+                with rt.store_blocks(kv, keys, src) as job:
+                    assert job.wait(10000) and job.num_ok == n, job.statuses
+                for r in raws:
+                    r[:, dst].fill_(POISON)
+                with rt.load_blocks(kv, keys, dst) as job:
+                    assert job.wait(10000) and job.num_ok == n, job.statuses
+                for li, r in enumerate(raws):
+                    assert torch.equal(r[:, dst], orig[li][:, src]), (t, i, li)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append((t, repr(e)))
+
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(nthreads)]
+    for x in ts:
+        x.start()
+    for x in ts:
+        x.join(120)
+    assert not any(x.is_alive() for x in ts), "a thread hung"
+    assert not errors, errors
+
+
 @pytest.mark.parametrize("bad", [-1, 2.5, "1", None, False])
 def test_kv_head_bytes_refuses_what_is_not_a_count(rt, bad):
     with pytest.raises(umbp.UmbpError, match="kv_head_bytes must be an integer >= 0") as ei:

@@ -61,6 +61,7 @@ _c_void_p = ctypes.c_void_p
 _U32_MAX = (1 << 32) - 1
 _INT_MAX = (1 << 31) - 1
 _KV_MAX_BATCH = 1 << 24  # kv_submit refuses more (-EINVAL)
+_WARM_BUF_BLOCKS = 4096  # the block arrays made ready at registration (_warm_submit)
 _E_SHAPE = -4101  # UMBP_E_SHAPE: kv_check's answer to a block id past the layout
 
 
@@ -465,6 +466,7 @@ class Runtime:
         self.events_lost = 0
         self.last_lookup_rc = 0
         self._kvs = []
+        self._bufs = []  # block arrays, reused (_kv_op)
         out = _c_void_p()
         _lib.check(_lib.umbp_runtime_create(text.encode("utf-8"), _byref(out)),
                    "umbp_runtime_create", use_last=True)
@@ -546,6 +548,15 @@ class Runtime:
         random keys.  The C side warms itself (gpu_warm_transfers,
         gpu_warm_store)."""
         p = self._p()
+        # the block arrays the first batches fill, written once: a first
+        # batch's own would come from heap pages never touched (a 625-block
+        # store faulted 5 in on a 2-vCPU VM; first touches of a VM's memory
+        # can cost far more on a GPU host)
+        m = min(int(kv.num_blocks), _WARM_BUF_BLOCKS)
+        while len(self._bufs) < 2:
+            b = np.empty(max(m, 1), dtype=_ffi.KV_BLOCK_DT)
+            b.view(np.uint8).fill(0)
+            self._bufs.append(b)
         keys = keys_array(np.arange(2 * _KEY, dtype=np.uint8).reshape(2, _KEY))
         ids = _u64([0, 1], 2, "block_ids")
         _refuse_repeats("warm", keys, 1)
@@ -686,11 +697,17 @@ class Runtime:
         """One op of keys; total: the batch's size (a split batch's errors
         name the whole batch)."""
         n = keys.shape[0]
-        blocks = np.empty(n, dtype=_ffi.KV_BLOCK_DT)
+        bufs = self._bufs  # list.pop and append: safe between threads
+        buf = bufs.pop() if bufs else None
+        if buf is None or buf.shape[0] < n:
+            buf = np.empty(n, dtype=_ffi.KV_BLOCK_DT)
+        blocks = buf[:n]
         blocks["key"] = keys.view("V32")[:, 0]
         blocks["block"] = ids
         op = _c_void_p()
         rc = fn(p, kv.handle, blocks.ctypes.data, n, opts, _byref(op))
+        if len(bufs) < 4:
+            bufs.append(buf)  # C read the blocks during the call only
         if rc < 0:
             raise _lib.error(rc, "%s of %d blocks" % (what, total))
         # the tensors, not kv: deregister drops kv's, the job may still copy

@@ -348,7 +348,8 @@ typedef struct umbp_kv_xfer_opts {
  * such handle), UMBP_E_SHAPE (block index out of range, a store of part of
  * the layers), UMBP_E_DUPLICATE_KEY, -EAGAIN, UMBP_E_NOT_ATTEMPTED.  Per key,
  * besides the put/get statuses: UMBP_E_SHAPE for an object stored under a
- * different layout, -EIO when the device failed the copy.
+ * different layout, -EIO when the device failed the copy.  blocks is read
+ * during the call only: the caller may reuse it once the call returns.
  */
 UMBP_API int umbp_kv_store(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_block_t *blocks,
                   size_t n, const umbp_kv_xfer_opts_t *opts, umbp_op_t **op);
