@@ -35,6 +35,7 @@
 
 #include "fdpass.h"
 #include "proto.h"
+#include "scrape.h" /* umbp_input_budget_used_bytes */
 #include "server.h"
 #include "server_config.h"
 #include "srv.h" /* track.c, tested directly below */
@@ -91,27 +92,34 @@ static void make_dir(struct srv *s)
     srv_paths(s, "");
 }
 
-/* Polls the socket with PING until it answers (or the server exits). */
-static void wait_ready(const struct srv *s)
+/* Polls the socket with PING until it answers: true; false if the server
+ * exited first (its status in *status). */
+static bool serving(const struct srv *s, int *status)
 {
     uint64_t end = tu_now_ms() + TU_WAIT_MS;
     struct proto_hello h = {.magic = PROTO_MAGIC, .version = PROTO_VERSION,
                             .role = PROTO_ROLE_ADMIN};
     for (;;) {
-        int status;
-        if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
-            cr_assert_fail("umbp-server exited (status 0x%x) before serving:\n%s", status,
-                           tu_slurp(s->log));
-        }
+        if (waitpid(s->pid, status, WNOHANG) == s->pid)
+            return false;
         struct sync_client c;
         char err[512];
         if (sync_client_connect(&c, s->path, &h, CLIENT_TIMEOUT_MS, err, sizeof(err)) == 0) {
             sync_client_close(&c);
-            return;
+            return true;
         }
         cr_assert(tu_now_ms() < end, "umbp-server never answered at %s", s->path);
         tu_sleep_ms(5);
     }
+}
+
+/* Polls the socket with PING until it answers (or the server exits). */
+static void wait_ready(const struct srv *s)
+{
+    int status;
+    if (!serving(s, &status))
+        cr_assert_fail("umbp-server exited (status 0x%x) before serving:\n%s", status,
+                       tu_slurp(s->log));
 }
 
 static void srv_start_in(struct srv *s, const char *extra)
@@ -1988,6 +1996,173 @@ Test(server, stalled_frames_holding_input_budget_bytes_end_and_the_waiter_goes_o
     client_close(&w);
     srv_stop(&s);
     cr_assert(log_has(&s, "waits: input_budget_bytes (8 MiB)"), "the waiter never waited");
+    rm_dir(&s);
+}
+
+/* A TCP port of 127.0.0.1 that was free a moment ago (bound to 0, closed). */
+static unsigned free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(fd >= 0, "socket: %s", strerror(errno));
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, len), 0, "bind: %s", strerror(errno));
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* srv_start with metrics_port on a free port of 127.0.0.1 (another one
+ * when someone took it meanwhile); returns the port. */
+static unsigned srv_start_metrics(struct srv *s, const char *extra)
+{
+    make_dir(s);
+    for (int i = 0; i < 5; i++) {
+        char more[512], json[2048];
+        unsigned port = free_port();
+        int status;
+        snprintf(more, sizeof(more), "%s, \"metrics_port\": %u", extra, port);
+        config(s, more, json, sizeof(json));
+        s->pid = spawn(json, s->log);
+        if (serving(s, &status))
+            return port;
+        const char *text = tu_slurp(s->log);
+        cr_assert(strstr(text, "Address already in use"),
+                  "umbp-server exited (status 0x%x) before serving:\n%s", status, text);
+        unlink(s->log);
+    }
+    cr_assert_fail("no free metrics port in 5 tries");
+    return 0;
+}
+
+/* A series of /metrics once it shows `want` (scraped until then; a
+ * scrape may see the snapshot of a moment before). */
+static double metric_until(unsigned port, const char *series, double want)
+{
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    for (;;) {
+        char err[512] = "";
+        char *body = tu_scrape("127.0.0.1", port, TU_WAIT_MS, err, sizeof(err));
+        cr_assert_not_null(body, "%s", err);
+        double v = tu_sample(body, series);
+        free(body);
+        if (v == want || tu_now_ms() > end)
+            return v;
+        tu_sleep_ms(10);
+    }
+}
+
+static int log_count(const struct srv *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = tu_slurp(s->log); (p = strstr(p, needle)); p++)
+        n++;
+    return n;
+}
+
+/* Whether the server ends fd's connection within ms: its hangup, seen
+ * without reading (reading would drain a paused session's replies, and
+ * the server would resume it). */
+static bool hangup_within(int fd, int ms)
+{
+    struct pollfd q = {.fd = fd, .events = POLLRDHUP};
+    int n;
+    while ((n = poll(&q, 1, ms)) < 0 && errno == EINTR)
+        ;
+    return n == 1 && (q.revents & (POLLHUP | POLLRDHUP | POLLERR));
+}
+
+#define PAUSE_OBJECTS (3 * BIG_KEYS) /* a CLEAR of them: 7 MiB of REMOVED events */
+
+/* Four subscribers each send 1 MiB of a 2 MiB frame (their inputs grow:
+ * input_budget_bytes all but taken), then a CLEAR of 196,608 objects
+ * stored before they came queues 7 MiB of EVENTS to each, which none of
+ * them reads; 4 KiB more of each frame finds its replies over
+ * SRV_OUT_PAUSE, and the session is paused holding its budget (the log's
+ * pause line for each, and umbp_input_budget_used_bytes, say so).  Their
+ * frames' deadlines end them all the same, and a waiter's frame is then
+ * read and answered.  With the deadline stopped for every paused session
+ * (not only those holding no budget), the four stayed, never reading, and
+ * the waiter waited for ever. */
+Test(server, a_paused_session_holding_input_budget_bytes_ends_at_frame_timeout_ms)
+{
+    /* storing 196,608 keys may take over WRITE_MS on a loaded machine: this
+     * test is about frame deadlines, not write deadlines */
+    write_ms = END_WRITE_MS;
+    const int timeout_ms = 5000; /* the pauses come 0.2-1 s after the frames begin */
+    struct srv s;
+    unsigned port = srv_start_metrics(&s, "\"input_budget_bytes\": \"8MiB\", "
+                                      "\"frame_timeout_ms\": 5000, \"capacity_bytes\": \"64MiB\"");
+    struct client wr, h[4], w;
+    struct proto_buf fr[4] = {{0}}, wf = {0};
+    client_open(&wr, s.path, PROTO_ROLE_WORKER, 0, "writer");
+    umbp_key_t *k = calloc(BIG_KEYS, sizeof(*k));
+    uint64_t *size = calloc(BIG_KEYS, sizeof(*size));
+    struct proto_region_item *r = calloc(BIG_KEYS, sizeof(*r));
+    int32_t *st = calloc(BIG_KEYS, sizeof(*st));
+    cr_assert(k && size && r && st);
+    for (uint64_t done = 0; done < PAUSE_OBJECTS; done += BIG_KEYS) {
+        for (uint32_t i = 0; i < BIG_KEYS; i++) {
+            k[i] = tu_key_id(30, done + i);
+            size[i] = 256;
+        }
+        reserve(&wr, k, size, BIG_KEYS, r);
+        tokens(&wr, PROTO_PUBLISH, k, r, BIG_KEYS, st);
+        for (uint32_t i = 0; i < BIG_KEYS; i++)
+            cr_assert_eq(st[i], 0, "publish %u: %d", i, st[i]);
+    }
+    const size_t part = 1 << 20;
+    for (int i = 0; i < 4; i++) { /* their frames' deadlines start */
+        client_open(&h[i], s.path, PROTO_ROLE_LOOKUP, PROTO_HELLO_EVENTS, "paused");
+        big_lookup(&fr[i], (uint8_t)i, h[i].c.next_seq++);
+        cr_assert_eq(sync_client_send(&h[i].c, fr[i].data, part), 0);
+    }
+    const double held = 4.0 * (double)(fr[0].len - SRV_IN_INITIAL);
+    double used = metric_until(port, "umbp_input_budget_used_bytes", held);
+    cr_assert_eq(used, held, "the four inputs did not grow (%.0f of input_budget_bytes used)",
+                 used);
+    struct proto_frame f;
+    char err[256] = "";
+    cr_assert_eq(sync_client_call(&wr.c, PROTO_CLEAR, &f, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(f.type, PROTO_CLEAR_R); /* its events are queued before the four are read */
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(sync_client_send(&h[i].c, fr[i].data + part, 4 << 10), 0);
+    uint64_t end = tu_now_ms() + TU_WAIT_MS;
+    while (log_count(&s, "sends faster than it reads") < 4 && tu_now_ms() < end)
+        tu_sleep_ms(10);
+    cr_assert_eq(log_count(&s, "sends faster than it reads"), 4, "not all four were paused "
+                 "(their frames' deadlines passed first?):\n%s", tu_slurp(s.log));
+    used = metric_until(port, "umbp_input_budget_used_bytes", held);
+    cr_assert_eq(used, held, "the paused sessions do not hold their budget (%.0f used)", used);
+
+    client_open(&w, s.path, PROTO_ROLE_LOOKUP, 0, "waiter");
+    uint64_t wseq = w.c.next_seq++;
+    big_lookup(&wf, 9, wseq);
+    struct big_send bs = {&w, wf.data, wf.len, -1};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, big_send_main, &bs), 0);
+    for (int i = 0; i < 4; i++)
+        cr_assert(hangup_within(h[i].c.fd, 10 * timeout_ms), "a paused session holding "
+                  "input_budget_bytes was still connected %d ms later (frame_timeout_ms %d)",
+                  10 * timeout_ms, timeout_ms);
+    cr_assert_eq(pthread_join(th, NULL), 0);
+    cr_assert_eq(bs.rc, 0);
+    big_reply(&w, wseq);
+    ping(&w);
+    for (int i = 0; i < 4; i++) {
+        proto_buf_free(&fr[i]);
+        client_close(&h[i]);
+    }
+    proto_buf_free(&wf);
+    free(k);
+    free(size);
+    free(r);
+    free(st);
+    client_close(&w);
+    client_close(&wr);
+    srv_stop(&s);
+    cr_assert(log_has(&s, "waits: input_budget_bytes (8 MiB)"), "the waiter never waited");
+    cr_assert_eq(log_count(&s, "a frame stayed incomplete for frame_timeout_ms (5000 ms"), 4);
     rm_dir(&s);
 }
 
