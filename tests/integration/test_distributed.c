@@ -937,3 +937,288 @@ Test(dist, a_key_whose_owner_died_is_fetched_from_another_replica_in_the_same_ge
               "C never asked another owner; its log:\n%s", tu_slurp(r->log));
     cluster_stop(&c);
 }
+
+/* ---- an owner whose data-plane key is not the cluster's ---------------------------------- */
+
+#ifdef UMBP_HAVE_UCX
+#include <ev.h>
+
+#include "dist_keys.h"
+#include "master_client.h"
+#include "ucx.h"
+
+/* Nodes with another secret cannot register (the master refuses them), so
+ * the refusing owner is this process's child: it registers with the
+ * cluster's secret and announces keys like a node, but its UCX node holds
+ * another key, so every FETCH's mac is wrong there and each key (the
+ * warm-up's zero key too) is answered -EACCES (net/ucx.c).  It never
+ * heartbeats after its events: a SUSPECT report would leave it suspect. */
+struct refuser {
+    pid_t pid;
+    char log[160];
+};
+
+static int refuser_take(void *ctx, const umbp_key_t *key, const void **addr, uint64_t *size,
+                        uint64_t *lease)
+{
+    (void)ctx, (void)key, (void)addr, (void)size, (void)lease;
+    return -ENOENT; /* never asked: the mac is checked first */
+}
+
+static void refuser_release(void *ctx, uint64_t lease) { (void)ctx, (void)lease; }
+
+/* The child: exits 3..6 where a step failed, else runs until killed. */
+static void refuser_main(const char *maddr, const char *secret, uint64_t seed, uint64_t count,
+                         uint64_t size, int ready_fd)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    setenv("UCX_MEM_EVENTS", "no", 1);
+    static const char other[] = "not the cluster's secret, another one";
+    struct net_auth_key cluster, wrong;
+    net_auth_key_from(secret, strlen(secret), &cluster);
+    net_auth_key_from(other, strlen(other), &wrong);
+    struct ev_loop *loop = ev_loop_new(EVFLAG_AUTO);
+    struct ucx_serve_ops ops = {.lease_take = refuser_take, .lease_release = refuser_release};
+    struct ucx_node_config nc = {.loop = loop, .name = "refusing owner", .serve = &ops,
+                                 .auth = &wrong};
+    struct ucx_node *un;
+    if (!loop || ucx_node_create(&nc, &un) < 0)
+        _exit(3);
+    struct proto_register r = {.pid = (uint32_t)getpid(), .start_ns = now_ms() * 1000000 + 1,
+                               .capacity_bytes = 256ull << 20, .used_bytes = count * size};
+    snprintf(r.host, sizeof(r.host), "nodeF");
+    const void *addr;
+    size_t alen;
+    ucx_node_address(un, &addr, &alen);
+    if (alen > sizeof(r.addr))
+        _exit(4);
+    memcpy(r.addr, addr, alen);
+    r.addr_len = (uint32_t)alen;
+    struct mclient_config mc = {.address = maddr, .auth = &cluster, .role = PROTO_ROLE_NODE,
+                                .engine_id = "nodeF", .timeout_ms = 5000,
+                                .hello_timeout_ms = 5000};
+    struct mclient *c;
+    struct proto_ack ack;
+    if (mclient_create(&mc, &c) < 0 || mclient_register(c, &r, &ack) < 0 ||
+        ack.action != PROTO_ACK_OK)
+        _exit(5);
+    struct proto_node_event *ev = calloc(count, sizeof(*ev));
+    for (uint64_t i = 0; i < count; i++)
+        ev[i] = (struct proto_node_event){.seq = i + 1, .kind = PROTO_NODE_STORED,
+                                          .key = dist_key_of(1, seed, i), .size = size};
+    if (mclient_heartbeat(c, count, count * size, ev, count, &ack) < 0 ||
+        ack.action != PROTO_ACK_OK || ack.seq != count)
+        _exit(6);
+    free(ev);
+    (void)!write(ready_fd, "R", 1);
+    close(ready_fd);
+    ev_run(loop, 0); /* serves (refuses) until killed */
+    _exit(0);
+}
+
+/* Starts the refusing owner of keys (seed, 0 .. count) of `size` bytes and
+ * waits until the master has its events. */
+static void refuser_start(struct refuser *f, const char *maddr, const char *secret, uint64_t seed,
+                          uint64_t count, uint64_t size)
+{
+    int p[2];
+    snprintf(f->log, sizeof(f->log), "/tmp/" DIST_TEST_NAME ".%d.nodeF.log", getpid());
+    cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+    f->pid = fork();
+    cr_assert_geq(f->pid, 0);
+    if (f->pid == 0) {
+        int fd = open(f->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        dup2(fd, 2);
+        dup2(fd, 1);
+        close(p[0]);
+        refuser_main(maddr, secret, seed, count, size, p[1]);
+    }
+    close(p[1]);
+    char c = 0;
+    struct pollfd pfd = {p[0], POLLIN, 0};
+    bool ready = poll(&pfd, 1, ANSWER_MS) == 1 && read(p[0], &c, 1) == 1 && c == 'R';
+    close(p[0]);
+    if (!ready) {
+        int st = 0;
+        kill(f->pid, SIGKILL);
+        waitpid(f->pid, &st, 0);
+        f->pid = 0;
+        cr_assert_fail("the refusing owner did not register (status 0x%x); its log:\n%s", st,
+                       tu_slurp(f->log));
+    }
+}
+
+static void refuser_stop(struct refuser *f)
+{
+    if (f->pid) {
+        kill(f->pid, SIGKILL);
+        waitpid(f->pid, NULL, 0);
+        f->pid = 0;
+    }
+}
+
+static double master_sample(uint16_t mport, const char *series)
+{
+    char err[256];
+    char *body = tu_scrape("127.0.0.1", mport, 2000, err, sizeof(err));
+    cr_assert_not_null(body, "the master's /metrics: %s", err);
+    double v = tu_sample(body, series);
+    free(body);
+    return v;
+}
+
+/* Times `what` is in the file at path. */
+static int log_count(const char *path, const char *what)
+{
+    int n = 0;
+    for (const char *s = tu_slurp(path); (s = strstr(s, what)); s += strlen(what))
+        n++;
+    return n;
+}
+
+/* A master with the secret (its metrics on mport; suspicion by its own
+ * sweep only after a minute), the refusing owner F (node 1) of keys
+ * (fseed, 0 .. 16), then nodes B and C (debug log, no replicas) with the
+ * secret; c->n[0] is B, c->n[1] C. */
+static void refusing_cluster(struct cluster *c, struct refuser *f, uint16_t *mport,
+                             char *secret_path, size_t cap, uint64_t fseed)
+{
+    static const char secret[] = "correct horse battery staple";
+    char extra[768], json[1024];
+    memset(c, 0, sizeof(*c));
+    snprintf(secret_path, cap, "/tmp/test_distributed.%d.secret", getpid());
+    write_secret(secret_path, secret);
+    *mport = free_port();
+    snprintf(c->m.extra, sizeof(c->m.extra), "\"secret_file\": \"%s\", "
+             "\"heartbeat_suspect_ms\": 60000, \"heartbeat_dead_ms\": 120000, "
+             "\"metrics_port\": %u", secret_path, (unsigned)*mport);
+    master_start(&c->m);
+    refuser_start(f, c->m.addr, secret, fseed, 16, 64 * 1024);
+    cr_assert(log_has(c->m.log, "node 1 (nodeF pid"), "F is not node 1; master log:\n%s",
+              tu_slurp(c->m.log));
+    snprintf(extra, sizeof(extra), "\"secret_file\": \"%s\"", secret_path);
+    node_start(&c->n[0], "nodeB", node_json(json, sizeof(json), c->m.addr, "nodeB", extra));
+    c->nn = 1;
+    snprintf(extra, sizeof(extra), "\"secret_file\": \"%s\", \"log_level\": \"debug\", "
+             "\"cache_remote_fetches\": false", secret_path);
+    node_start(&c->n[1], "nodeC", node_json(json, sizeof(json), c->m.addr, "nodeC", extra));
+    c->nn = 2;
+}
+
+/* Nobody reported F: C logged no report, the master logged none, counts
+ * none and lists no node suspect.  The master's /metrics is a snapshot of
+ * up to a second ago: first a LOCATE of 20,000 keys by r, which follows
+ * any SUSPECT r sent on its connection, until the snapshot counts it. */
+static void nobody_reported(const struct cluster *c, uint16_t mport, struct node *r)
+{
+    double before = master_sample(mport, "umbp_master_locate_keys_total"), now = before;
+    cr_assert_eq(lookup(r, 999, 20000, NULL), 0);
+    for (int i = 0; i < LEARN_TRIES && now < before + 20000; i++)
+        if ((now = master_sample(mport, "umbp_master_locate_keys_total")) < before + 20000)
+            pause_ms(50);
+    cr_assert_geq(now, before + 20000, "the master's snapshot never counted C's LOCATE");
+    double reported = master_sample(mport, "umbp_master_nodes_reported_total");
+    cr_assert_eq(reported, 0, "the master counts %.0f nodes reported failing; C's log:\n%s",
+                 reported, tu_slurp(r->log));
+    cr_assert_eq(master_sample(mport, "umbp_master_nodes{state=\"suspect\"}"), 0,
+                 "a node is suspect; master log:\n%s", tu_slurp(c->m.log));
+    cr_assert_eq(master_sample(mport, "umbp_master_nodes{state=\"alive\"}"), 3);
+    cr_assert(!strstr(tu_slurp(c->m.log), "failed to fetch from it"),
+              "the master logged a report; its log:\n%s", tu_slurp(c->m.log));
+    cr_assert(!strstr(tu_slurp(r->log), "reported node"), "C reported a node; its log:\n%s",
+              tu_slurp(r->log));
+}
+
+/* F (node 1), then B hold the same 16 objects; F's UCX key is not the
+ * cluster's, so F answers C's FETCH -EACCES for every key.  C must take
+ * that as a miss at F and ask B, the next owner LOCATE named, in the same
+ * get: all 16 hit, byte-exact, counted as retries, and F is reported to
+ * nobody (a refusal is no failure: F is alive), so a second get asks F
+ * first again.  Untested until now: a refusal counted as the peer failing
+ * would report F and skip it; one not asked again would miss. */
+Test(dist, an_owner_that_refuses_our_mac_is_a_miss_and_the_next_owner_serves)
+{
+    need_distributed();
+    struct cluster c;
+    struct refuser f = {0};
+    uint16_t mport;
+    char secret[128];
+    refusing_cluster(&c, &f, &mport, secret, sizeof(secret), 120);
+    struct node *b = &c.n[0], *r = &c.n[1];
+    put(b, 120, 16, 64 * 1024); /* the same keys and bytes as F announced */
+    /* F's 16 STORED events and B's 16 are in the master: it lists F, B */
+    double events = 0;
+    for (int i = 0; i < LEARN_TRIES && events < 32; i++)
+        if ((events = master_sample(mport, "umbp_master_events_total")) < 32)
+            pause_ms(50);
+    cr_assert_geq(events, 32, "the master applied %.0f events, not 32", events);
+    until_found(r, 120, 16, 16);
+    struct got g = get(r, 120, 16, 64 * 1024);
+    cr_assert(g.hit == 16 && g.wrong == 0, "C got %zu of 16 (miss %zu, wrong %zu, reset %zu); "
+              "its log:\n%s", g.hit, g.miss, g.wrong, g.reset, tu_slurp(r->log));
+    cr_assert(log_has(r->log, "asking node 1 for 16 keys (round 0"),
+              "C did not ask F first; its log:\n%s", tu_slurp(r->log));
+    cr_assert(log_has(r->log, "a node refused our fetch (-EACCES)"), "F did not refuse; C's "
+              "log:\n%s", tu_slurp(r->log));
+    cr_assert(log_has(r->log, "asking node 2 for 16 keys (round 1"),
+              "C did not ask B next; its log:\n%s", tu_slurp(r->log));
+    cr_assert(log_has(r->log, "16 keys whose fetch failed at once asked again at another "
+                      "owner (16 so far"), "C's retries; its log:\n%s", tu_slurp(r->log));
+    nobody_reported(&c, mport, r);
+    /* again: F is still the first owner asked (not skipped), B still serves */
+    g = get(r, 120, 16, 64 * 1024);
+    cr_assert(g.hit == 16 && g.wrong == 0, "second get: %zu of 16 (wrong %zu)", g.hit, g.wrong);
+    cr_assert_eq(log_count(r->log, "asking node 1 for 16 keys (round 0"), 2,
+                 "C skipped F in its second get; its log:\n%s", tu_slurp(r->log));
+    cr_assert_eq(log_count(r->log, "asking node 2 for 16 keys (round 1"), 2);
+    nobody_reported(&c, mport, r);
+    cluster_stop(&c);
+    refuser_stop(&f);
+    unlink(secret);
+}
+
+/* C's first contact with F is a get of keys only F holds (no lookup
+ * before it, which would warm the endpoint up): the warm-up (the zero
+ * key), with the get's batch held behind it, is refused (-EACCES).  The
+ * warm-up must take the refusal as a working endpoint: the batch goes to
+ * F, its keys miss cleanly (-ENOENT, buffers untouched, none reset), and F
+ * is reported to nobody; so the next get asks F again.  Untested until
+ * now: a warm-up that took -EACCES as a failure would report F and fail
+ * the held batch with -ECONNRESET. */
+Test(dist, a_warm_up_refused_by_the_owner_reports_nobody)
+{
+    need_distributed();
+    struct cluster c;
+    struct refuser f = {0};
+    uint16_t mport;
+    char secret[128];
+    refusing_cluster(&c, &f, &mport, secret, sizeof(secret), 121);
+    struct node *r = &c.n[1];
+    /* the master has F's events (refuser_start waited for their ack) */
+    struct got g = get(r, 121, 16, 64 * 1024);
+    cr_assert(g.miss == 16 && g.wrong == 0 && g.dirty == 0 && g.reset == 0 && g.other == 0 &&
+              g.timeout == 0, "C's get from F: hit %zu miss %zu wrong %zu dirty %zu reset %zu "
+              "timeout %zu other %zu; its log:\n%s", g.hit, g.miss, g.wrong, g.dirty, g.reset,
+              g.timeout, g.other, tu_slurp(r->log));
+    /* the warm-up was the first key F refused, then the batch went to F */
+    cr_assert(log_has(f.log, "a FETCH of 1 keys whose mac is wrong"), "F's log:\n%s",
+              tu_slurp(f.log));
+    cr_assert(log_has(r->log, "a node refused our fetch (-EACCES): its secret_file differs "
+                      "from ours, or we have none (1 keys so far"), "C's log:\n%s",
+              tu_slurp(r->log));
+    cr_assert(log_has(r->log, "asking node 1 for 16 keys (round 0"), "C's log:\n%s",
+              tu_slurp(r->log));
+    nobody_reported(&c, mport, r);
+    g = get(r, 121, 16, 64 * 1024);
+    cr_assert(g.miss == 16 && g.wrong == 0 && g.reset == 0, "second get: miss %zu reset %zu",
+              g.miss, g.reset);
+    cr_assert_eq(log_count(r->log, "asking node 1 for 16 keys (round 0"), 2,
+                 "C skipped F in its second get; its log:\n%s", tu_slurp(r->log));
+    nobody_reported(&c, mport, r);
+    cluster_stop(&c);
+    refuser_stop(&f);
+    unlink(secret);
+}
+#endif /* UMBP_HAVE_UCX */
