@@ -200,18 +200,39 @@ static void log_adoption(struct umbp_server *s)
              (unsigned long long)a.dropped);
 }
 
+/* The store's namespaces by name (store.h): the journal of a named pool
+ * records names, so an adopted object counts in its namespace whatever
+ * number this server gives it. */
+static const char *store_ns_name(void *ctx, unsigned ns)
+{
+    struct umbp_server *s = ctx;
+    return ns < s->nns ? s->ns_names[ns] : NULL;
+}
+
+static unsigned store_ns_of_name(void *ctx, const char *name)
+{
+    return srv_namespace_id(ctx, name);
+}
+
 /* A named pool (dram_shm_name) is persistent: it and its journal stay in
  * /dev/shm when the server ends, and a server that starts on them adopts
- * every published object and keeps the pool's id, so clients that still
- * map it keep their mapping and their GPU registration. */
+ * every published object, each in its namespace, and keeps the pool's id,
+ * so clients that still map it keep their mapping and their GPU
+ * registration.  The quotas' namespaces are numbered first (1..), then
+ * those of adopted objects. */
 static int pool_create(struct umbp_server *s, char *err, size_t errlen)
 {
     struct dram_store_params p;
     umbp_dram_store_params(s->cfg->dram, s->cfg->capacity, &p);
     p.emit_event = srv_events_emit;
+    p.ns_name = store_ns_name;
+    p.ns_of_name = store_ns_of_name;
     p.ctx = s;
     p.adopt_grace_ms = (uint64_t)s->cfg->opt.adopt_grace_ms;
     p.pool.persistent = p.pool.shm_name && p.pool.shm_name[0];
+    s->nns = 1; /* "" */
+    for (size_t i = 0; i < s->cfg->nquotas && s->nns < DRAM_STORE_MAX_NS; i++)
+        (void)srv_namespace_id(s, s->cfg->quotas[i].name_space);
     int rc = dram_store_create(&p, &s->store, err, errlen);
     if (rc < 0)
         return rc;
@@ -223,10 +244,10 @@ static int pool_create(struct umbp_server *s, char *err, size_t errlen)
     }
     s->pool_id = dram_store_pool_id(s->store);
     log_adoption(s);
-    s->nns = 1; /* "" */
-    for (size_t i = 0; i < s->cfg->nquotas && s->nns < DRAM_STORE_MAX_NS; i++) {
+    for (size_t i = 0; i < s->cfg->nquotas; i++) {
         unsigned id = srv_namespace_id(s, s->cfg->quotas[i].name_space);
-        dram_store_set_quota(s->store, id, s->cfg->quotas[i].bytes);
+        if (id) /* (0: past DRAM_STORE_MAX_NS, warned) */
+            dram_store_set_quota(s->store, id, s->cfg->quotas[i].bytes);
     }
     return 0;
 }

@@ -159,7 +159,8 @@ struct srv_counters {
 struct umbp_server {
     struct srv_config *cfg;
     /* namespaces: id -> name ("" is 0, the default); ids 1.. are the
-     * namespace_quotas entries, then names as sessions declare them */
+     * namespace_quotas entries, then those of an adopted pool's objects,
+     * then names as sessions declare them */
     char ns_names[DRAM_STORE_MAX_NS][PROTO_NAME_MAX];
     unsigned nns;
     bool ns_full_warned;

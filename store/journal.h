@@ -19,6 +19,17 @@
  * the pool's size and id, so a pool of another size or a table of another
  * layout is never adopted.
  *
+ * Namespaces.  A record's oid field carries, in its top 16 bits, the
+ * journal's number of the object's namespace (0: the default; tables of
+ * version 1 have 0 there), and the oid itself in the low 48 bits.  The
+ * journal's numbers are the pool's, not a server's: /dev/shm/<name>.ns
+ * names them (a 64-byte header with the pool's id, then entry i, 64 bytes,
+ * at 64 * i: a NUL-terminated name, all zero when unused), and a number
+ * once named keeps its name for the pool's life, so records are never
+ * rewritten.  A name is written before any record carries its number.
+ * What cannot be read there (a missing or foreign file, a bad entry)
+ * leaves the number unnamed: its objects count in the default namespace.
+ *
  * Hold times are CLOCK_MONOTONIC seconds, rounded up: the clock every
  * process of one boot shares, and /dev/shm does not outlive a boot.  A
  * reservation that found no free slot has no record, so the header keeps
@@ -39,6 +50,9 @@
 enum dram_journal_state { DRAM_JSLOT_FREE = 0, DRAM_JSLOT_PENDING = 1, DRAM_JSLOT_PUBLISHED = 2 };
 
 #define DRAM_JOURNAL_NONE UINT32_MAX /* an object without a slot */
+#define DRAM_JOURNAL_OID_MAX ((1ull << 48) - 1) /* oids recorded: the low 48 bits */
+#define DRAM_JOURNAL_MAX_NS 1024u     /* namespace numbers 1 .. 1023 over a pool's life */
+#define DRAM_JOURNAL_NS_BYTES 64u     /* a name entry of <name>.ns, its NUL included */
 
 struct dram_journal;
 
@@ -47,6 +61,7 @@ struct dram_journal_rec {
     uint32_t slot;
     enum dram_journal_state state;
     uint32_t hold_s;              /* PENDING: writer done by then; 0 unknown */
+    uint32_t ns;                  /* the journal's namespace number, 0: default */
     umbp_key_t key;
     uint64_t off, size, oid;
 };
@@ -73,8 +88,10 @@ int dram_journal_scan(struct dram_journal *j, struct dram_journal_rec **recs, si
 /* A free slot for a new reservation, or DRAM_JOURNAL_NONE when all are in
  * use (the object is then not kept across restarts). */
 uint32_t dram_journal_claim(struct dram_journal *j);
+/* oid <= DRAM_JOURNAL_OID_MAX; ns: a number dram_journal_ns_add gave, or 0. */
 void dram_journal_set_pending(struct dram_journal *j, uint32_t slot, const umbp_key_t *key,
-                              uint64_t off, uint64_t size, uint64_t oid, uint32_t hold_s);
+                              uint64_t off, uint64_t size, uint64_t oid, uint32_t hold_s,
+                              uint32_t ns);
 /* A PENDING record's hold time (an adopter's grace for a record with none). */
 void dram_journal_set_hold(struct dram_journal *j, uint32_t slot, uint32_t hold_s);
 /* A reservation without a record whose writer stops by hold_s; and the
@@ -90,5 +107,25 @@ void dram_journal_set_published(struct dram_journal *j, uint32_t slot);
 /* Marks the slot FREE and returns it to the free list. */
 void dram_journal_drop(struct dram_journal *j, uint32_t slot);
 uint32_t dram_journal_slots(const struct dram_journal *j);
+
+/* The name of the journal's namespace ns (read from <name>.ns when the
+ * table was adopted, or added since), or NULL when it has none. */
+const char *dram_journal_ns_name(const struct dram_journal *j, uint32_t ns);
+/* The journal's number of a namespace name (not ""): the one it has, or a
+ * new one written to <name>.ns.  0 and *ns; -ENOSPC when every number is
+ * taken, or -errno when the file cannot be written (logged once; the
+ * caller records such a namespace's objects as the default one's). */
+int dram_journal_ns_add(struct dram_journal *j, const char *name, uint32_t *ns);
+/* "/dev/shm/<name>.ns", for messages. */
+const char *dram_journal_ns_path(const struct dram_journal *j);
+
+/* Decodes the bytes of a <name>.ns file written for the pool pool_id:
+ * names[i] (DRAM_JOURNAL_NS_BYTES each, i < max) gets entry i, "" where
+ * there is none or it cannot be read.  Returns the entries that could not
+ * be read (not NUL-terminated, control characters, a torn last one), or
+ * -1 when the header is not one of this pool's table (nothing is named).
+ * Never reads past len. */
+int dram_journal_ns_parse(const uint8_t *buf, size_t len, uint64_t pool_id,
+                          char (*names)[DRAM_JOURNAL_NS_BYTES], uint32_t max);
 
 #endif

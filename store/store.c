@@ -44,6 +44,8 @@ struct dram_store {
         uint64_t quota, used, objects, evictions;
         uint64_t ahead;  /* bytes reserved ahead of their keys, not published */
         struct dram_obj *lru_head, *lru_tail; /* PUBLISHED objects of it */
+        uint32_t jns;    /* its number in the journal (journal.h), 0: default */
+        bool jns_known;  /* jns was looked up (once: at its first reservation) */
     } ns[DRAM_STORE_MAX_NS];
     /* PENDING and HELD objects with a writer deadline, by until_ns */
     struct dram_obj **heap;
@@ -326,11 +328,43 @@ static size_t valid_records(struct dram_store *s, struct dram_journal_rec *r, si
     return k;
 }
 
+/* The owner's namespace of a record's journal namespace: its name's (the
+ * default when the journal cannot name it, or the owner has no room);
+ * jmap caches the answer per journal number (UINT16_MAX: not yet). */
+static unsigned adopt_ns(struct dram_store *s, const struct dram_journal_rec *r,
+                         uint16_t *jmap)
+{
+    if (r->ns == 0)
+        return 0;
+    if (r->ns < DRAM_JOURNAL_MAX_NS && jmap[r->ns] != UINT16_MAX)
+        return jmap[r->ns];
+    const char *name = dram_journal_ns_name(s->journal, r->ns);
+    unsigned ns = name && s->p.ns_of_name ? s->p.ns_of_name(s->p.ctx, name) : 0;
+    if (ns >= DRAM_STORE_MAX_NS)
+        ns = 0;
+    if (ns && !s->ns[ns].jns_known) { /* its objects keep the number */
+        s->ns[ns].jns = r->ns;
+        s->ns[ns].jns_known = true;
+    }
+    if (r->ns < DRAM_JOURNAL_MAX_NS && name)
+        jmap[r->ns] = (uint16_t)ns;
+    return ns;
+}
+
+static void adopt_charge(struct dram_store *s, const struct dram_journal_rec *r,
+                         struct dram_obj *obj, uint16_t *jmap)
+{
+    obj->ns = (uint16_t)adopt_ns(s, r, jmap);
+    if (r->ns && !dram_journal_ns_name(s->journal, r->ns))
+        s->adoption.unnamed++;
+    s->ns[obj->ns].used += dram_alloc_round(r->size);
+}
+
 /* A PENDING record: its writer (a client of the dead server) may still
  * write the region until the record's hold time, or for adopt_grace_ms
  * when it has none (a table of an older release); the region is HELD. */
 static int adopt_pending(struct dram_store *s, const struct dram_journal_rec *r,
-                         uint64_t now_ns)
+                         uint64_t now_ns, uint16_t *jmap)
 {
     struct dram_obj *obj = dram_records_get(s->objs);
     if (!obj)
@@ -346,17 +380,17 @@ static int adopt_pending(struct dram_store *s, const struct dram_journal_rec *r,
         dram_records_put(s->objs, obj);
         return -ENOMEM;
     }
-    s->ns[0].used += dram_alloc_round(r->size);
+    adopt_charge(s, r, obj, jmap);
     s->num_held++;
     s->adoption.held_pending++;
     return 0;
 }
 
 static int adopt_one(struct dram_store *s, const struct dram_journal_rec *r,
-                     struct dram_obj **objs, size_t *nobjs, uint64_t now_ns)
+                     struct dram_obj **objs, size_t *nobjs, uint64_t now_ns, uint16_t *jmap)
 {
     if (r->state == DRAM_JSLOT_PENDING)
-        return adopt_pending(s, r, now_ns);
+        return adopt_pending(s, r, now_ns, jmap);
     if (dram_index_find(s->index, &r->key)) { /* a key twice: keep the first */
         dram_alloc_put(s->alloc, r->off);
         dram_journal_drop(s->journal, r->slot);
@@ -375,33 +409,35 @@ static int adopt_one(struct dram_store *s, const struct dram_journal_rec *r,
     if (r->oid >= s->next_oid)
         s->next_oid = r->oid + 1;
     objs[(*nobjs)++] = obj;
-    s->ns[0].used += dram_alloc_round(r->size);
-    s->ns[0].objects++;
+    adopt_charge(s, r, obj, jmap);
+    s->ns[obj->ns].objects++;
     s->num_objects++;
     s->adoption.objects++;
     s->adoption.bytes += r->size;
     return 0;
 }
 
-/* Rebuilds allocator, index and LRU order (oldest oid least recent) from
- * the journal's records. */
+/* Rebuilds allocator, index, LRU order (oldest oid least recent) and each
+ * namespace's use from the journal's records. */
 static int adopt_records(struct dram_store *s, struct dram_journal_rec *r, size_t n,
                          uint64_t usable)
 {
     n = valid_records(s, r, n, usable);
     struct dram_alloc_range *used = calloc(n ? n : 1, sizeof(*used));
     struct dram_obj **objs = calloc(n ? n : 1, sizeof(*objs));
+    uint16_t *jmap = malloc(DRAM_JOURNAL_MAX_NS * sizeof(*jmap));
     uint64_t now = umbp_now_ns();
     int rc = -ENOMEM;
-    if (!used || !objs)
+    if (!used || !objs || !jmap)
         goto out;
+    memset(jmap, 0xff, DRAM_JOURNAL_MAX_NS * sizeof(*jmap));
     for (size_t i = 0; i < n; i++)
         used[i] = (struct dram_alloc_range){r[i].off, r[i].size};
     if ((rc = dram_alloc_create_used(usable, used, n, &s->alloc)) < 0)
         goto out;
     size_t nobjs = 0;
     for (size_t i = 0; i < n && rc == 0; i++)
-        rc = adopt_one(s, &r[i], objs, &nobjs, now);
+        rc = adopt_one(s, &r[i], objs, &nobjs, now, jmap);
     qsort(objs, nobjs, sizeof(*objs), cmp_obj_oid);
     for (size_t i = 0; i < nobjs; i++)
         lru_push(s, objs[i]);
@@ -414,6 +450,7 @@ static int adopt_records(struct dram_store *s, struct dram_journal_rec *r, size_
         s->unrecorded_floor_s = dram_journal_unrecorded_hold(s->journal);
     }
 out:
+    free(jmap);
     free(used);
     free(objs);
     return rc;
@@ -458,6 +495,10 @@ static int store_open_journal(struct dram_store *s, const struct dram_store_para
                  (unsigned long long)s->adoption.bytes,
                  (unsigned long long)s->adoption.held_pending,
                  (unsigned long long)s->adoption.dropped);
+    if (s->adoption.unnamed)
+        umbp_log(UMBP_LOG_WARN, "adopted pool /dev/shm%s: %llu objects of namespaces that %s "
+                 "does not name count in the default namespace", s->pool->shm_path,
+                 (unsigned long long)s->adoption.unnamed, dram_journal_ns_path(s->journal));
     return 0;
 nomem:
     snprintf(err, errlen, "out of memory adopting the pool's objects");
@@ -591,6 +632,22 @@ static uint64_t ns_evict(struct dram_store *s, unsigned n, uint64_t limit)
         space_freed(s);
     return freed;
 }
+
+/* The journal's number of namespace ns: looked up (and written to the
+ * journal's table) at its first reservation; 0 when it has no name or the
+ * table cannot take it (journal.c warns). */
+static uint32_t journal_ns(struct dram_store *s, unsigned ns)
+{
+    struct ns_state *n = &s->ns[ns];
+    if (ns && !n->jns_known) {
+        n->jns_known = true;
+        const char *name = s->p.ns_name ? s->p.ns_name(s->p.ctx, ns) : NULL;
+        if (!name || dram_journal_ns_add(s->journal, name, &n->jns) < 0)
+            n->jns = 0;
+    }
+    return n->jns;
+}
+
 /* obj found no free journal record: it is not kept across a restart, and
  * while its writer may write, an adopter must hand out nothing. */
 static void journal_full(struct dram_store *s, struct dram_obj *obj, uint32_t hold_s)
@@ -672,8 +729,12 @@ int dram_store_reserve_until(struct dram_store *s, const umbp_key_t *key, uint64
     if (ahead)
         n->ahead += len;
     uint32_t hold_s = until_ns ? dram_journal_hold_s(until_ns) : 0;
-    if (s->journal && (obj->slot = dram_journal_claim(s->journal)) != DRAM_JOURNAL_NONE)
-        dram_journal_set_pending(s->journal, obj->slot, key, obj->off, size, obj->oid, hold_s);
+    /* (an oid past what a record holds, after 2^48 reservations, is not
+     * recorded) */
+    if (s->journal && obj->oid <= DRAM_JOURNAL_OID_MAX &&
+        (obj->slot = dram_journal_claim(s->journal)) != DRAM_JOURNAL_NONE)
+        dram_journal_set_pending(s->journal, obj->slot, key, obj->off, size, obj->oid, hold_s,
+                                 journal_ns(s, ns));
     else if (s->journal)
         journal_full(s, obj, hold_s);
     s->num_pending++;
@@ -763,7 +824,8 @@ int dram_store_publish_as(struct dram_store *s, const umbp_key_t *from, uint64_t
     (void)dram_index_insert(s->index, obj);
     if (obj->slot != DRAM_JOURNAL_NONE)
         dram_journal_set_pending(s->journal, obj->slot, key, obj->off, obj->size, obj->oid,
-                                 obj->until_ns ? dram_journal_hold_s(obj->until_ns) : 0);
+                                 obj->until_ns ? dram_journal_hold_s(obj->until_ns) : 0,
+                                 journal_ns(s, obj->ns));
     return dram_store_publish(s, key, token);
 }
 

@@ -47,6 +47,14 @@ struct dram_store_params {
                        uint64_t size);
     /* Called when space was freed (eviction, abort, a lease ending, clear). */
     void (*space_freed)(void *ctx);
+    /* Namespaces of a named pool (both NULL: every object is recorded in
+     * the default namespace, and adopted into it).  ns_name: the name of
+     * namespace ns ("" or NULL: none), read when ns first reserves, so the
+     * journal records its objects by name.  ns_of_name: the owner's
+     * namespace for a name the journal gives adopted objects, called during
+     * create (0: the default; it may number the name anew). */
+    const char *(*ns_name)(void *ctx, unsigned ns);
+    unsigned (*ns_of_name)(void *ctx, const char *name);
     void *ctx;
 };
 
@@ -70,6 +78,9 @@ struct dram_store_adoption {
     uint64_t held_pending;    /* regions of the dead server's reservations,
                                  HELD until their writers' deadlines */
     uint64_t dropped;         /* records that were invalid (logged) */
+    uint64_t unnamed;         /* adopted objects (and held regions) whose
+                                 namespace the journal cannot name: counted
+                                 in the default namespace (logged) */
 };
 void dram_store_adoption(const struct dram_store *s, struct dram_store_adoption *out);
 /* Frees every HELD region now, whatever its deadline (tests and tools that

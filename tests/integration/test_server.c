@@ -51,6 +51,7 @@
  * unfinished comes back this long after its grant. */
 #define WRITE_MS 2000
 static uint32_t write_ms = WRITE_MS; /* per test (each runs in its own process) */
+static const char *client_ns = "ns-test"; /* the namespace clients declare (per test) */
 
 /* ---- a server process ---------------------------------------------------------- */
 
@@ -193,7 +194,7 @@ static int client_try(struct client *cl, const char *path, uint8_t role, uint32_
                             .tp_rank = 1,
                             .write_deadline_ms = role == PROTO_ROLE_WORKER ? write_ms : 0};
     snprintf(h.engine_id, sizeof(h.engine_id), "%s", engine);
-    snprintf(h.name_space, sizeof(h.name_space), "ns-test");
+    snprintf(h.name_space, sizeof(h.name_space), "%s", client_ns);
     memset(cl, 0, sizeof(*cl));
     int rc = sync_client_connect(&cl->c, path, &h, CLIENT_TIMEOUT_MS, err, errlen);
     if (rc < 0 || role != PROTO_ROLE_WORKER)
@@ -835,11 +836,12 @@ Test(server, second_server_on_one_socket_fails)
     rm_dir(&s);
 }
 
-/* Removes a named pool and its journal and owner files from /dev/shm. */
+/* Removes a named pool and its journal, namespace and owner files from
+ * /dev/shm. */
 static void rm_pool(const char *name)
 {
-    static const char *const suffix[] = {"", ".meta", ".owner"};
-    for (size_t i = 0; i < 3; i++) {
+    static const char *const suffix[] = {"", ".meta", ".ns", ".owner"};
+    for (size_t i = 0; i < 4; i++) {
         char p[160];
         snprintf(p, sizeof(p), "/dev/shm/%s%s", name, suffix[i]);
         unlink(p);
@@ -2014,9 +2016,8 @@ static unsigned free_port(void)
 
 /* srv_start with metrics_port on a free port of 127.0.0.1 (another one
  * when someone took it meanwhile); returns the port. */
-static unsigned srv_start_metrics(struct srv *s, const char *extra)
+static unsigned srv_start_metrics_in(struct srv *s, const char *extra)
 {
-    make_dir(s);
     for (int i = 0; i < 5; i++) {
         char more[512], json[2048];
         unsigned port = free_port();
@@ -2033,6 +2034,12 @@ static unsigned srv_start_metrics(struct srv *s, const char *extra)
     }
     cr_assert_fail("no free metrics port in 5 tries");
     return 0;
+}
+
+static unsigned srv_start_metrics(struct srv *s, const char *extra)
+{
+    make_dir(s);
+    return srv_start_metrics_in(s, extra);
 }
 
 /* A series of /metrics once it shows `want` (scraped until then; a
@@ -2417,4 +2424,105 @@ Test(server, presizing_a_token_table_keeps_what_it_holds)
     }
     cr_assert_eq(t.n, 0);
     track_fini(&t);
+}
+
+/* ---- namespaces across a restart ---------------------------------------------------- */
+
+#define NSR_OBJ (256 * KiB)
+
+/* Stores objects first..first+n-1 of tenant `tag` as a client of namespace
+ * `ns`. */
+static void store_as(const struct srv *s, const char *ns, unsigned tag, uint32_t first,
+                     uint32_t n)
+{
+    enum { MAX = 16 };
+    umbp_key_t k[MAX];
+    uint64_t size[MAX];
+    struct proto_region_item r[MAX];
+    int32_t st[MAX];
+    struct client cl;
+    cr_assert_leq(n, MAX);
+    client_ns = ns;
+    client_open(&cl, s->path, PROTO_ROLE_WORKER, 0, "tenant");
+    for (uint32_t i = 0; i < n; i++) {
+        k[i] = tu_key_id(0x45e000 + tag, first + i);
+        size[i] = NSR_OBJ;
+    }
+    reserve(&cl, k, size, n, r);
+    for (uint32_t i = 0; i < n; i++) {
+        cr_assert_eq(r[i].status, 0, "%s: reserve %u: %d", ns, first + i, r[i].status);
+        tu_fill_from_key(&k[i], 0, cl.pool + r[i].offset, size[i]);
+    }
+    tokens(&cl, PROTO_PUBLISH, k, r, n, st);
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert_eq(st[i], 0);
+    client_close(&cl);
+}
+
+static bool stored(const struct srv *s, unsigned tag, uint32_t i)
+{
+    struct client cl;
+    umbp_key_t k = tu_key_id(0x45e000 + tag, i);
+    uint8_t present;
+    client_open(&cl, s->path, PROTO_ROLE_WORKER, 0, "look");
+    lookup(&cl, &k, 1, &present);
+    client_close(&cl);
+    return present;
+}
+
+static double ns_metric(unsigned port, const char *family, unsigned id, const char *name,
+                        double want)
+{
+    char series[256];
+    snprintf(series, sizeof(series), "%s{namespace_id=\"%u\",namespace=\"%s\"}", family, id,
+             name);
+    return metric_until(port, series, want);
+}
+
+/* A server killed (-9) and started again on its named pool counts every
+ * adopted object in the namespace that stored it, found by name: the new
+ * server lists its quotas in another order, so "a" has another number; a's
+ * quota covers its objects from before the restart, and its next store
+ * past the quota evicts a's own oldest, none of b's. */
+Test(server, adopted_objects_count_in_their_namespace)
+{
+    char pool[64], extra[256];
+    snprintf(pool, sizeof(pool), "umbp-test-nsadopt-%d", (int)getpid());
+    rm_pool(pool);
+    struct srv s;
+    snprintf(extra, sizeof(extra), "\"dram_shm_name\": \"%s\", "
+             "\"namespace_quotas\": \"a=2MiB,b=8MiB\"", pool);
+    unsigned port = srv_start_metrics(&s, extra);
+    store_as(&s, "a", 'a', 0, 6);  /* 1.5 MiB of a's 2 */
+    store_as(&s, "b", 'b', 0, 4);
+    cr_assert_eq(ns_metric(port, "umbp_namespace_objects", 1, "a", 6), 6);
+
+    kill(s.pid, SIGKILL);
+    int status;
+    cr_assert_eq(waitpid(s.pid, &status, 0), s.pid);
+    snprintf(extra, sizeof(extra), "\"dram_shm_name\": \"%s\", "
+             "\"namespace_quotas\": \"b=8MiB,a=2MiB\"", pool); /* now b is 1, a is 2 */
+    port = srv_start_metrics_in(&s, extra);
+    cr_assert(log_has(&s, "adopted"), "the server did not adopt the pool");
+    double a_objs = ns_metric(port, "umbp_namespace_objects", 2, "a", 6);
+    double a_bytes = ns_metric(port, "umbp_namespace_used_bytes", 2, "a", 6 * NSR_OBJ);
+    double b_objs = ns_metric(port, "umbp_namespace_objects", 1, "b", 4);
+    cr_assert(a_objs == 6 && a_bytes == 6 * NSR_OBJ && b_objs == 4,
+              "after adoption: a has %.0f objects (%.0f bytes), b %.0f; want 6 (%llu), 4",
+              a_objs, a_bytes, b_objs, (unsigned long long)(6 * NSR_OBJ));
+    cr_assert_eq(ns_metric(port, "umbp_namespace_objects", 0, "", -1), -1,
+                 "adopted objects counted in the default namespace");
+
+    store_as(&s, "a", 'a', 6, 4); /* 2.5 MiB: past a's quota by 2 objects */
+    cr_assert_eq(ns_metric(port, "umbp_namespace_used_bytes", 2, "a", 2 * MiB), 2 * MiB);
+    cr_assert_eq(ns_metric(port, "umbp_namespace_evictions_total", 2, "a", 2), 2);
+    for (uint32_t i = 0; i < 2; i++)
+        cr_assert(!stored(&s, 'a', i), "a's oldest object %u survived its quota", i);
+    for (uint32_t i = 2; i < 10; i++)
+        cr_assert(stored(&s, 'a', i), "a lost object %u", i);
+    for (uint32_t i = 0; i < 4; i++)
+        cr_assert(stored(&s, 'b', i), "b lost object %u to a's quota", i);
+    srv_stop(&s);
+    rm_pool(pool);
+    rm_dir(&s);
 }

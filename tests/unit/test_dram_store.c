@@ -42,6 +42,8 @@ static void name_cleanup(void)
     shm_unlink(p);
     snprintf(p, sizeof(p), "/%s.owner", pool_name);
     shm_unlink(p);
+    snprintf(p, sizeof(p), "/%s.ns", pool_name);
+    shm_unlink(p);
 }
 
 TestSuite(dram_store, .init = name_init, .fini = name_cleanup);
@@ -635,4 +637,282 @@ Test(dram_store, a_live_runtimes_named_pool_is_not_adopted)
     /* gone with its owner: a server may now create the name */
     s = must_open(16 * MiB);
     dram_store_destroy(s);
+}
+
+/* ---- namespaces of a named pool ---------------------------------------------- */
+
+/* An owner's numbering of namespace names (a server's: quota entries first,
+ * then names as they come), as the store's callbacks see it. */
+struct numbering {
+    char name[8][64];
+    unsigned n;
+};
+
+static const char *nb_name(void *ctx, unsigned ns)
+{
+    struct numbering *t = ctx;
+    return ns < t->n ? t->name[ns] : NULL;
+}
+
+static unsigned nb_of_name(void *ctx, const char *name)
+{
+    struct numbering *t = ctx;
+    for (unsigned i = 1; i < t->n; i++)
+        if (strcmp(t->name[i], name) == 0)
+            return i;
+    if (t->n == 8)
+        return 0;
+    snprintf(t->name[t->n], sizeof(t->name[0]), "%s", name);
+    return t->n++;
+}
+
+static unsigned nb_id(struct numbering *t, const char *name) { return nb_of_name(t, name); }
+
+static struct dram_store *open_numbered(struct numbering *t)
+{
+    struct dram_store_params p = {
+        .pool = {.capacity = 8 * MiB, .shared = true, .shm_name = pool_name,
+                 .hugepage_size = 2 * MiB, .numa_node = -1, .persistent = true},
+        .capacity = 8 * MiB, .high_watermark = 0.9, .low_watermark = 0.7,
+        .journal_slots = 1024, .ns_name = nb_name, .ns_of_name = nb_of_name, .ctx = t,
+    };
+    struct dram_store *s = NULL;
+    char err[512] = "";
+    int rc = dram_store_create(&p, &s, err, sizeof(err));
+    cr_assert_eq(rc, 0, "store: %s (%d)", err, rc);
+    return s;
+}
+
+/* Object `id` of tenant `tag` (keys are the tenant's, whatever its number). */
+static void put_tagged(struct dram_store *s, unsigned ns, unsigned tag, uint64_t id,
+                       bool publish)
+{
+    umbp_key_t k = tu_key_id(0x7a9000 + tag, id);
+    struct dram_store_region r;
+    cr_assert_eq(dram_store_reserve_ns(s, &k, 64 * KiB, ns, &r), 0, "tag %u object %llu", tag,
+                 (unsigned long long)id);
+    if (publish)
+        cr_assert_eq(dram_store_publish(s, &k, r.token), 0);
+}
+
+static bool has_tagged(struct dram_store *s, unsigned tag, uint64_t id)
+{
+    umbp_key_t k = tu_key_id(0x7a9000 + tag, id);
+    return dram_store_lookup(s, &k, false);
+}
+
+static struct dram_store_ns_usage ns_use(struct dram_store *s, unsigned ns)
+{
+    struct dram_store_ns_usage u;
+    dram_store_ns_usage(s, ns, &u);
+    return u;
+}
+
+/* Adopted objects count in the namespace that stored them, found by name:
+ * the next owner numbers its namespaces otherwise (another quota first,
+ * tenants arriving in another order); a quota over an adopted namespace
+ * evicts that namespace's own oldest objects. */
+Test(dram_store, adopted_objects_keep_their_namespace_by_name)
+{
+    struct numbering t1 = {.n = 1};
+    unsigned a1 = nb_id(&t1, "a"), b1 = nb_id(&t1, "b");
+    struct dram_store *s = open_numbered(&t1);
+    for (uint64_t i = 0; i < 6; i++)
+        put_tagged(s, a1, 'a', i, true);
+    for (uint64_t i = 0; i < 3; i++)
+        put_tagged(s, b1, 'b', i, true);
+    put_tagged(s, 0, 0, 0, true);
+    put_tagged(s, a1, 'a', 100, false); /* being written at the "kill" */
+    dram_store_destroy(s);
+
+    struct numbering t2 = {.n = 1};
+    unsigned b2 = nb_id(&t2, "b"), c2 = nb_id(&t2, "c");
+    s = open_numbered(&t2);
+    unsigned a2 = nb_id(&t2, "a");
+    cr_assert(a2 != a1 && b2 != b1 && c2, "the test needs another numbering");
+    struct dram_store_adoption ad;
+    dram_store_adoption(s, &ad);
+    cr_assert_eq(ad.objects, 10);
+    cr_assert_eq(ad.held_pending, 1);
+    cr_assert_eq(ad.unnamed, 0);
+    cr_assert_eq(ns_use(s, a2).objects, 6, "a: %llu objects",
+                 (unsigned long long)ns_use(s, a2).objects);
+    cr_assert_eq(ns_use(s, a2).used_bytes, 7 * 64 * KiB, "a's held region is a's");
+    cr_assert_eq(ns_use(s, b2).objects, 3);
+    cr_assert_eq(ns_use(s, b2).used_bytes, 3 * 64 * KiB);
+    cr_assert_eq(ns_use(s, 0).objects, 1);
+    cr_assert_eq(ns_use(s, 0).used_bytes, 64 * KiB);
+    cr_assert_eq(ns_use(s, c2).used_bytes, 0);
+    /* a quota below what a holds: its next store evicts a's oldest, no one
+     * else's (the held region counts until its writer's grace ends) */
+    dram_store_adopt_finish(s);
+    cr_assert_eq(dram_store_set_quota(s, a2, 4 * 64 * KiB), 0);
+    put_tagged(s, a2, 'a', 6, true);
+    cr_assert_eq(ns_use(s, a2).used_bytes, 4 * 64 * KiB);
+    cr_assert_eq(ns_use(s, a2).evictions, 3);
+    for (uint64_t i = 0; i < 3; i++)
+        cr_assert(!has_tagged(s, 'a', i), "a's oldest object %llu survived",
+                  (unsigned long long)i);
+    for (uint64_t i = 3; i < 7; i++)
+        cr_assert(has_tagged(s, 'a', i));
+    for (uint64_t i = 0; i < 3; i++)
+        cr_assert(has_tagged(s, 'b', i), "b lost object %llu to a", (unsigned long long)i);
+    cr_assert(has_tagged(s, 0, 0));
+    put_tagged(s, c2, 'c', 0, true); /* a name new to the pool */
+    dram_store_destroy(s);
+
+    /* the names stay the pool's: a third owner, a third numbering */
+    struct numbering t3 = {.n = 1};
+    unsigned x3 = nb_id(&t3, "x");
+    s = open_numbered(&t3);
+    unsigned a3 = nb_id(&t3, "a"), b3 = nb_id(&t3, "b"), c3 = nb_id(&t3, "c");
+    cr_assert(x3 && a3 != a2);
+    cr_assert_eq(ns_use(s, a3).objects, 4);
+    cr_assert_eq(ns_use(s, b3).objects, 3);
+    cr_assert_eq(ns_use(s, c3).objects, 1);
+    cr_assert_eq(ns_use(s, x3).objects, 0);
+    cr_assert_eq(ns_use(s, 0).objects, 1);
+    dram_store_destroy(s);
+}
+
+static void write_part(const char *suffix, long off, const void *p, size_t len)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "/dev/shm/%s%s", pool_name, suffix);
+    FILE *f = fopen(path, "r+b");
+    cr_assert_not_null(f, "%s", path);
+    cr_assert_eq(fseek(f, off, SEEK_SET), 0);
+    cr_assert_eq(fwrite(p, 1, len, f), len);
+    fclose(f);
+}
+
+/* <name>.ns is read from outside: what cannot be read counts in the default
+ * namespace, and the numbers its records carry are never given to another
+ * name (that would hand a's objects to whoever comes next). */
+Test(dram_store, an_unreadable_namespace_table_counts_in_the_default_namespace)
+{
+    struct numbering t1 = {.n = 1};
+    unsigned a1 = nb_id(&t1, "a"), b1 = nb_id(&t1, "b");
+    struct dram_store *s = open_numbered(&t1);
+    for (uint64_t i = 0; i < 4; i++)
+        put_tagged(s, a1, 'a', i, true);
+    for (uint64_t i = 0; i < 2; i++)
+        put_tagged(s, b1, 'b', i, true);
+    dram_store_destroy(s);
+    /* b's entry (number 2 in this pool's table) loses its terminating NUL */
+    char junk[64];
+    memset(junk, 'z', sizeof(junk));
+    write_part(".ns", 2 * 64, junk, sizeof(junk));
+    struct numbering t2 = {.n = 1};
+    s = open_numbered(&t2);
+    unsigned a2 = nb_id(&t2, "a");
+    struct dram_store_adoption ad;
+    dram_store_adoption(s, &ad);
+    cr_assert_eq(ad.objects, 6);
+    cr_assert_eq(ad.unnamed, 2);
+    cr_assert_eq(ns_use(s, a2).objects, 4);
+    cr_assert_eq(ns_use(s, 0).objects, 2, "b's objects are not in the default namespace");
+    dram_store_destroy(s);
+
+    /* a header of garbage: nothing is named */
+    write_part(".ns", 0, junk, 8);
+    struct numbering t3 = {.n = 1};
+    s = open_numbered(&t3);
+    dram_store_adoption(s, &ad);
+    cr_assert_eq(ad.objects, 6);
+    cr_assert_eq(ad.unnamed, 6);
+    cr_assert_eq(ns_use(s, 0).objects, 6);
+    /* a new name takes a number no record carries */
+    unsigned d3 = nb_id(&t3, "d");
+    put_tagged(s, d3, 'd', 0, true);
+    dram_store_destroy(s);
+    struct numbering t4 = {.n = 1};
+    s = open_numbered(&t4);
+    unsigned d4 = nb_id(&t4, "d");
+    cr_assert_eq(ns_use(s, d4).objects, 1);
+    cr_assert_eq(ns_use(s, 0).objects, 6, "d got the number of old records");
+    dram_store_destroy(s);
+
+    /* no table at all (removed): the default namespace */
+    unlink_part(".ns");
+    struct numbering t5 = {.n = 1};
+    s = open_numbered(&t5);
+    cr_assert_eq(ns_use(s, 0).objects, 7);
+    dram_store_destroy(s);
+}
+
+/* Tables written before namespaces were recorded (version 1, 0 in the oid's
+ * top bits) are adopted, in the default namespace, and become version 2. */
+Test(dram_store, a_version_1_journal_is_adopted_in_the_default_namespace)
+{
+    struct dram_store *s = must_open(8 * MiB);
+    for (size_t i = 0; i < 3; i++)
+        put_obj(s, i, true);
+    dram_store_destroy(s);
+    uint32_t v = 1;
+    write_part(".meta", 8, &v, sizeof(v)); /* magic (8), then the version */
+    struct numbering t = {.n = 1};
+    unsigned a = nb_id(&t, "a");
+    s = open_numbered(&t);
+    struct dram_store_adoption ad;
+    dram_store_adoption(s, &ad);
+    cr_assert(ad.adopted);
+    cr_assert_eq(ad.objects, 3);
+    cr_assert_eq(ns_use(s, 0).objects, 3);
+    for (size_t i = 0; i < 3; i++)
+        expect_obj(s, i);
+    put_tagged(s, a, 'a', 0, true);
+    dram_store_destroy(s);
+    char path[128];
+    snprintf(path, sizeof(path), "/dev/shm/%s.meta", pool_name);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fseek(f, 8, SEEK_SET), 0);
+    cr_assert_eq(fread(&v, sizeof(v), 1, f), 1);
+    fclose(f);
+    cr_assert_eq(v, 2, "the table is still version %u", v);
+    s = open_numbered(&t);
+    cr_assert_eq(ns_use(s, a).objects, 1);
+    cr_assert_eq(ns_use(s, 0).objects, 3);
+    dram_store_destroy(s);
+}
+
+/* The decoder of <name>.ns, byte by byte. */
+Test(dram_store, the_namespace_table_decoder_reads_only_what_is_sound)
+{
+    enum { E = DRAM_JOURNAL_NS_BYTES, MAX = 6 };
+    uint8_t buf[8 * E];
+    char names[MAX][DRAM_JOURNAL_NS_BYTES];
+    memset(buf, 0, sizeof(buf));
+    uint64_t magic = 0x424154534e504d55ull, pool = 0x1234;
+    uint32_t ver = 1, es = E;
+    memcpy(buf, &magic, 8);
+    memcpy(buf + 8, &ver, 4);
+    memcpy(buf + 12, &es, 4);
+    memcpy(buf + 16, &pool, 8);
+    strcpy((char *)buf + 1 * E, "a");
+    memset(buf + 2 * E, 'x', E);                 /* not terminated */
+    strcpy((char *)buf + 3 * E, "c");
+    buf[3 * E + 10] = 1;                         /* a byte after its NUL */
+    /* 4: unused */
+    strcpy((char *)buf + 5 * E, "tenant five");
+    strcpy((char *)buf + 6 * E, "past max");     /* number 6 >= MAX */
+    cr_assert_eq(dram_journal_ns_parse(buf, 7 * E, pool, names, MAX), 3);
+    cr_assert_str_eq(names[1], "a");
+    cr_assert_str_eq(names[2], "");
+    cr_assert_str_eq(names[3], "");
+    cr_assert_str_eq(names[4], "");
+    cr_assert_str_eq(names[5], "tenant five");
+    /* a torn last entry, even a terminated one */
+    cr_assert_eq(dram_journal_ns_parse(buf, 5 * E + 20, pool, names, MAX), 3);
+    cr_assert_str_eq(names[1], "a");
+    cr_assert_str_eq(names[5], "");
+    /* not this pool's, not a table, too short */
+    cr_assert_eq(dram_journal_ns_parse(buf, 7 * E, pool + 1, names, MAX), -1);
+    cr_assert_str_eq(names[1], "");
+    cr_assert_eq(dram_journal_ns_parse(buf, E - 1, pool, names, MAX), -1);
+    buf[0] ^= 1;
+    cr_assert_eq(dram_journal_ns_parse(buf, 7 * E, pool, names, MAX), -1);
+    buf[0] ^= 1;
+    cr_assert_eq(dram_journal_ns_parse(buf, E, pool, names, MAX), 0, "a header alone");
 }
