@@ -509,7 +509,8 @@ def test_deregister_refuses_while_real_jobs_are_in_flight(server):
         assert ei.value.code == -errno.EBUSY
         proc.send_signal(signal.SIGCONT)
         stopped = False
-        assert jobs[1].wait(30000) and jobs[1].ok.all()
+        assert jobs[1].wait(30000)
+        assert jobs[1].ok.all(), [umbp.strerror(int(x)) for x in jobs[1].statuses]
         # jobs[0] was released: nothing to wait on, so a bounded retry
         deadline = time.monotonic() + 30
         while True:
