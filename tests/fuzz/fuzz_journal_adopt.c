@@ -203,6 +203,32 @@ static void check_adopted(struct dram_store *s)
     FZ_CHECK(dram_store_publish(s, &k, r.token) == 0);
 }
 
+/* The input as a whole <name>.ns file (its header's pool id read back
+ * from bytes 16..23, so the header can match): the decoder reads inside
+ * len only (ASan: an exact copy on the heap), and fills each of max names
+ * with "" or a NUL-terminated name of at most 63 bytes. */
+static void parse_ns_table(const uint8_t *data, size_t size)
+{
+    enum { MAX = 8 };
+    uint8_t *buf = malloc(size ? size : 1);
+    char (*names)[DRAM_JOURNAL_NS_BYTES] = malloc(MAX * sizeof(*names));
+    FZ_CHECK(buf && names);
+    memcpy(buf, data, size);
+    memset(names, 'x', MAX * sizeof(*names));
+    uint64_t pool = 0;
+    if (size >= 24)
+        memcpy(&pool, data + 16, sizeof(pool));
+    int bad = dram_journal_ns_parse(buf, size, pool, names, MAX);
+    FZ_CHECK(bad >= -1 && (size_t)(bad < 0 ? 0 : bad) <= size / DRAM_JOURNAL_NS_BYTES + 1);
+    for (int i = 0; i < MAX; i++)
+        FZ_CHECK(memchr(names[i], 0, DRAM_JOURNAL_NS_BYTES) != NULL);
+    if (bad < 0)
+        for (int i = 0; i < MAX; i++)
+            FZ_CHECK(names[i][0] == 0); /* not this pool's table: nothing named */
+    free(names);
+    free(buf);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static uint8_t hdr[HDR];
@@ -214,6 +240,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FZ_CHECK(fd >= 0 && pread(fd, hdr, HDR, 0) == HDR);
         close(fd);
     }
+    parse_ns_table(data, size);
     write_journal(data, size, hdr);
     char err[512] = "";
     struct dram_store *s = open_store(err, sizeof(err));

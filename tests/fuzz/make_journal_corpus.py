@@ -5,7 +5,8 @@ u64 size, u64 oid, 32-byte key), independently of journal.c.  The first byte
 of each seed is the fuzzer's switch: odd = the next 48 bytes replace the
 header; bit 1 = the next 256 bytes are the namespace table's entries 1..4
 (64 bytes each: a NUL-terminated name), which records name in the top 16
-bits of their oid.  Run from the repository root."""
+bits of their oid.  Every input is also decoded as a whole <name>.ns
+file.  Run from the repository root."""
 import os
 import struct
 
@@ -35,6 +36,9 @@ SEEDS = {
     + slot(PUBLISHED, 0, 4096, 1, b"a", 1) + slot(PUBLISHED, 4096, 100, 2, b"b", 2)
     + slot(PENDING, 8192, 256, 3, b"c", 1) + slot(PUBLISHED, 12288, 64, 4, b"d", 4)
     + slot(PUBLISHED, 16384, 64, 5, b"e", 0xffff) + slot(PUBLISHED, 20480, 64, 6, b"f", 3),
+    # the whole input is also decoded as a <name>.ns file (pool id at 16..23)
+    "ns_table.bin": struct.pack("<QIIQ", 0x424154534E504D55, 1, 64, 77).ljust(64, b"\0")
+    + names(b"a", b"tenant-b", b"", b"c\0x"),
 }
 
 if __name__ == "__main__":
