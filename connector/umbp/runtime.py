@@ -616,12 +616,18 @@ class Runtime:
         0: one op.  Default 32."""
         return self._head_blocks
 
+    @staticmethod
+    def _count_option(name, n, zero):
+        """n as an int where it is an integer >= 0 (not a bool), else
+        -EINVAL naming the option and what 0 means."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise UmbpError(-errno.EINVAL, "%s must be an integer >= 0 (0: %s), got %r"
+                            % (name, zero, n))
+        return int(n)
+
     @kv_head_blocks.setter
     def kv_head_blocks(self, n):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise UmbpError(-errno.EINVAL, "kv_head_blocks must be an integer >= 0 (0: one op), "
-                            "got %r" % (n,))
-        self._head_blocks = int(n)
+        self._head_blocks = self._count_option("kv_head_blocks", n, "one op")
 
     _head_bytes = 32 << 20
 
@@ -638,10 +644,8 @@ class Runtime:
 
     @kv_head_bytes.setter
     def kv_head_bytes(self, n):
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise UmbpError(-errno.EINVAL, "kv_head_bytes must be an integer >= 0 (0: a head of "
-                            "exactly kv_head_blocks), got %r" % (n,))
-        self._head_bytes = int(n)
+        self._head_bytes = self._count_option("kv_head_bytes", n,
+                                              "a head of exactly kv_head_blocks")
 
     def prewake(self):
         """A batch is about to be submitted: where poll_wait is on, the

@@ -658,4 +658,16 @@ static inline void tu_rmdir_flat(const char *dir)
     rmdir(dir);
 }
 
+/* Removes a named pool (dram_shm_name) and its journal, namespace-name and
+ * owner files from /dev/shm; what is absent is skipped. */
+static inline void tu_rm_named_pool(const char *name)
+{
+    static const char *const suffix[] = {"", ".meta", ".ns", ".owner"};
+    for (size_t i = 0; i < sizeof(suffix) / sizeof(suffix[0]); i++) {
+        char p[160];
+        snprintf(p, sizeof(p), "/dev/shm/%s%s", name, suffix[i]);
+        unlink(p);
+    }
+}
+
 #endif /* UMBP_TEST_UTIL_H */

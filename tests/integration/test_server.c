@@ -836,18 +836,6 @@ Test(server, second_server_on_one_socket_fails)
     rm_dir(&s);
 }
 
-/* Removes a named pool and its journal, namespace and owner files from
- * /dev/shm. */
-static void rm_pool(const char *name)
-{
-    static const char *const suffix[] = {"", ".meta", ".ns", ".owner"};
-    for (size_t i = 0; i < 4; i++) {
-        char p[160];
-        snprintf(p, sizeof(p), "/dev/shm/%s%s", name, suffix[i]);
-        unlink(p);
-    }
-}
-
 /* Two servers on one named pool would each allocate in the same memory and
  * hand the same bytes to two objects: the second is refused at startup,
  * naming dram_shm_name and the live owner's pid, and the first one's
@@ -856,7 +844,7 @@ Test(server, second_server_on_one_live_pool_fails)
 {
     char pool[64], extra[160];
     snprintf(pool, sizeof(pool), "umbp-test-owner-%d", (int)getpid());
-    rm_pool(pool);
+    tu_rm_named_pool(pool);
     snprintf(extra, sizeof(extra), "\"dram_shm_name\": \"%s\"", pool);
     struct srv s, t;
     srv_start(&s, extra);
@@ -914,7 +902,7 @@ Test(server, second_server_on_one_live_pool_fails)
     tokens(&cl, PROTO_RELEASE, k, r, N, st);
     client_close(&cl);
     srv_stop(&t);
-    rm_pool(pool);
+    tu_rm_named_pool(pool);
     rm_dir(&s);
 }
 
@@ -995,7 +983,7 @@ static void writer_outlives_its_session(enum ending how)
 {
     char pool[64], extra[256];
     snprintf(pool, sizeof(pool), "umbp-test-end-%d", (int)getpid());
-    rm_pool(pool);
+    tu_rm_named_pool(pool);
     /* a short adoption grace: the writer's own deadline must be what holds
      * its region across a restart, not the grace */
     snprintf(extra, sizeof(extra), "\"dram_shm_name\": \"%s\", \"adopt_grace_ms\": 100, "
@@ -1080,7 +1068,7 @@ static void writer_outlives_its_session(enum ending how)
     else if (how != END_CLIENT_EXIT && how != END_CLIENT_KILL)
         munmap(w.pool, w.pool_size);
     srv_stop(&s);
-    rm_pool(pool);
+    tu_rm_named_pool(pool);
     rm_dir(&s);
 }
 
@@ -2488,7 +2476,7 @@ Test(server, adopted_objects_count_in_their_namespace)
 {
     char pool[64], extra[256];
     snprintf(pool, sizeof(pool), "umbp-test-nsadopt-%d", (int)getpid());
-    rm_pool(pool);
+    tu_rm_named_pool(pool);
     struct srv s;
     snprintf(extra, sizeof(extra), "\"dram_shm_name\": \"%s\", "
              "\"namespace_quotas\": \"a=2MiB,b=8MiB\"", pool);
@@ -2523,6 +2511,6 @@ Test(server, adopted_objects_count_in_their_namespace)
     for (uint32_t i = 0; i < 4; i++)
         cr_assert(stored(&s, 'b', i), "b lost object %u to a's quota", i);
     srv_stop(&s);
-    rm_pool(pool);
+    tu_rm_named_pool(pool);
     rm_dir(&s);
 }

@@ -1805,13 +1805,7 @@ Test(standalone, named_pool_survives_server_kill)
         tu_destroy(w[i].rt);
     free(w);
     tu_server_cleanup(&srv);
-    char path[96];
-    snprintf(path, sizeof(path), "/%s", name);
-    shm_unlink(path);
-    snprintf(path, sizeof(path), "/%s.meta", name);
-    shm_unlink(path);
-    snprintf(path, sizeof(path), "/%s.owner", name);
-    shm_unlink(path);
+    tu_rm_named_pool(name);
 }
 
 /* An operator removed the named pool's file but kept its journal, and the
@@ -1850,11 +1844,7 @@ Test(standalone, a_named_pool_made_anew_is_remapped_by_every_client)
     tu_destroy(a);
     tu_destroy(b);
     tu_server_cleanup(&srv);
-    shm_unlink(path);
-    snprintf(path, sizeof(path), "/%s.meta", name);
-    shm_unlink(path);
-    snprintf(path, sizeof(path), "/%s.owner", name);
-    shm_unlink(path);
+    tu_rm_named_pool(name);
 }
 
 /* ---- a put stops writing when it loses the server ---------------------------------- */
@@ -1926,11 +1916,7 @@ Test(standalone, a_put_stops_writing_when_it_loses_the_server)
     tu_destroy(rt);
     munmap(src, size);
     tu_server_cleanup(&srv);
-    static const char *const sfx[] = {"", ".meta", ".owner"};
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof(path), "/dev/shm/%s%s", name, sfx[i]);
-        unlink(path);
-    }
+    tu_rm_named_pool(name);
 }
 
 /* ---- the server stopped ----------------------------------------------------------- */

@@ -35,15 +35,7 @@ static void name_init(void)
 
 static void name_cleanup(void)
 {
-    char p[96];
-    snprintf(p, sizeof(p), "/%s", pool_name);
-    shm_unlink(p);
-    snprintf(p, sizeof(p), "/%s.meta", pool_name);
-    shm_unlink(p);
-    snprintf(p, sizeof(p), "/%s.owner", pool_name);
-    shm_unlink(p);
-    snprintf(p, sizeof(p), "/%s.ns", pool_name);
-    shm_unlink(p);
+    tu_rm_named_pool(pool_name);
 }
 
 TestSuite(dram_store, .init = name_init, .fini = name_cleanup);
