@@ -25,14 +25,17 @@ Test(ucx_fetch, skipped)
 
 #include <errno.h>
 #include <ev.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <ucp/api/ucp.h>
 
 #include "test_util.h"
 #include "ucx.h"
+#include "ucx_wire.h"
 
 #define MAX_OBJ 512
 
@@ -778,6 +781,215 @@ Test(ucx_fetch, a_requester_with_the_secret_takes_no_answer_without_its_mac)
     cr_assert_eq(s.st.bad_macs, 3);
     cr_assert_eq(s.st.fetch_keys, 0);
     secret_end(&s);
+}
+
+/* ---- an owner that answers twice: the requester's guards against bad DATA ------ */
+
+/* A raw UCP worker, not a ucx_node: it parses each FETCH with the wire
+ * decoders and answers every key with a right mac, but sends some answers
+ * twice, one for an index the FETCH does not have and one for a request id
+ * nobody asked: what a buggy owner, or a holder of the secret replaying its
+ * answers, would send.  Keys: 0 is 2 MiB (rendezvous; its duplicate follows
+ * at once, while the first is being received), 1 is 4 KiB (eager; its
+ * duplicate follows after it landed), 2 is 4 KiB, sent last. */
+struct rogue {
+    struct net_auth_key key;
+    uint8_t *obj[3];
+    uint64_t size[3];
+    umbp_key_t keys[3];
+    struct ucx_data_hdr pending[16]; /* answers to send, filled by the FETCH handler */
+    const void *payload[16];
+    ucp_ep_h ep;
+    int npending;
+    int fetches;
+};
+
+static void rogue_answer(struct rogue *g, uint64_t req_id, uint32_t index, const uint8_t *nonce,
+                         int obj)
+{
+    struct ucx_data_hdr *h = &g->pending[g->npending];
+    memset(h, 0, sizeof(*h));
+    h->req_id = req_id;
+    h->index = index;
+    h->size = g->size[obj];
+    ucx_wire_data_mac(g->key.k, h, nonce, h->mac);
+    g->payload[g->npending++] = g->obj[obj];
+}
+
+static ucs_status_t rogue_on_fetch(void *arg, const void *header, size_t header_length,
+                                   void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    struct rogue *g = arg;
+    struct ucx_fetch_hdr h;
+    char err[160];
+    if (ucx_wire_fetch_parse(header, header_length, data, length, &h, err, sizeof(err)) ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || h.n != 3 ||
+        !ucx_wire_fetch_mac_ok(g->key.k, &h, data))
+        _exit(10); /* the test's requester sent something else */
+    for (uint32_t i = 0; i < 3; i++) {
+        struct ucx_fetch_rec r;
+        ucx_wire_fetch_rec(data, i, &r);
+        if (!tu_key_eq(&r.key, &g->keys[i]))
+            _exit(11);
+    }
+    g->ep = param->reply_ep;
+    g->npending = 0;
+    if (g->fetches++ == 0) {
+        rogue_answer(g, h.req_id, 0, h.nonce, 0);
+        rogue_answer(g, h.req_id, 0, h.nonce, 0);     /* while the first is received */
+        rogue_answer(g, h.req_id, 1, h.nonce, 1);
+        rogue_answer(g, h.req_id, 1, h.nonce, 1);     /* after the first landed */
+        rogue_answer(g, h.req_id, 7, h.nonce, 1);     /* an index the FETCH has not */
+        rogue_answer(g, h.req_id ^ 1, 2, h.nonce, 2); /* a request nobody made */
+        rogue_answer(g, h.req_id, 2, h.nonce, 2);
+    } else { /* a second fetch, answered once each: the requester still works */
+        for (uint32_t i = 0; i < 3; i++)
+            rogue_answer(g, h.req_id, i, h.nonce, (int)i);
+    }
+    return UCS_OK;
+}
+
+static void rogue_sent(void *req, ucs_status_t status, void *arg) {}
+
+static void rogue_main(struct rogue *g, int addr_fd)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ucp_config_t *cfg;
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    ucp_params_t prm = { .field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM };
+    ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                               .thread_mode = UCS_THREAD_MODE_SINGLE };
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK || ucp_init(&prm, cfg, &ctx) != UCS_OK ||
+        ucp_worker_create(ctx, &wp, &w) != UCS_OK)
+        _exit(3);
+    ucp_config_release(cfg);
+    ucp_am_handler_param_t ap = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = UCX_AM_FETCH,
+        .cb = rogue_on_fetch,
+        .arg = g,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+    };
+    ucp_address_t *addr;
+    size_t len;
+    if (ucp_worker_set_am_recv_handler(w, &ap) != UCS_OK ||
+        ucp_worker_get_address(w, &addr, &len) != UCS_OK)
+        _exit(4);
+    uint32_t l32 = (uint32_t)len;
+    if (write(addr_fd, &l32, 4) != 4 || write(addr_fd, addr, len) != (ssize_t)len)
+        _exit(5);
+    close(addr_fd);
+    /* a header stays UCX's until its send completes: one set per fetch */
+    static uint8_t wire[2][16][UCX_DATA_HDR_LEN];
+    for (;;) {
+        ucp_worker_progress(w);
+        if (!g->npending) {
+            usleep(100);
+            continue;
+        }
+        int n = g->npending;
+        g->npending = 0;
+        for (int i = 0; i < n; i++) {
+            uint8_t *hdr = wire[g->fetches > 1][i];
+            ucx_wire_data_hdr_put(hdr, &g->pending[i]);
+            ucp_request_param_t sp = {
+                .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS,
+                .cb.send = rogue_sent,
+                .flags = g->pending[i].size > 65536 ? UCP_AM_SEND_FLAG_RNDV
+                                                    : UCP_AM_SEND_FLAG_EAGER,
+            };
+            /* sent in order, never waited for: the duplicates follow at once */
+            void *req = ucp_am_send_nbx(g->ep, UCX_AM_DATA, hdr, UCX_DATA_HDR_LEN,
+                                        g->payload[i], g->pending[i].size, &sp);
+            if (UCS_PTR_IS_PTR(req)) {
+                while (ucp_request_check_status(req) == UCS_INPROGRESS && i + 1 == n)
+                    ucp_worker_progress(w); /* the last one: its buffers stay ours */
+                if (ucp_request_check_status(req) != UCS_INPROGRESS)
+                    ucp_request_free(req);
+            }
+        }
+    }
+}
+
+/* A second DATA for a key, one for an index the FETCH does not have and one
+ * for a request id nobody made, all with right macs: each is dropped and
+ * counted, the keys land byte-exact exactly once, nothing is written past
+ * them, and a later fetch from the same owner still lands.  The duplicate
+ * of the rendezvous key arrives while the first is being received: before
+ * the guard it replaced the receive the batch waited for. */
+Test(ucx_fetch, a_duplicate_or_stray_answer_is_dropped_and_the_fetch_lands_once)
+{
+    ucx_env();
+    static struct rogue g;
+    static struct owner_spec spec; /* the sizes and keys, for lay_out and expect_bytes */
+    spec.space = seed_now();
+    spec.nobj = 3;
+    spec.size[0] = 2 << 20;
+    spec.size[1] = 4096;
+    spec.size[2] = 4096;
+    spec.hang = -1;
+    net_auth_key_from(SECRET, strlen(SECRET), &g.key);
+    for (int i = 0; i < 3; i++) {
+        g.keys[i] = tu_key_id(spec.space, (uint64_t)i);
+        g.size[i] = spec.size[i];
+        g.obj[i] = malloc(spec.size[i]);
+        cr_assert(g.obj[i]);
+        tu_fill_from_key(&g.keys[i], 0, g.obj[i], spec.size[i]);
+    }
+    int a[2];
+    cr_assert(pipe(a) == 0);
+    struct owner ow = { 0 };
+    ow.pid = fork();
+    cr_assert(ow.pid >= 0);
+    if (ow.pid == 0) {
+        close(a[0]);
+        rogue_main(&g, a[1]);
+    }
+    close(a[1]);
+    uint32_t l32 = 0;
+    cr_assert(fd_read_bounded(a[0], &l32, 4), "the owner gave no address (exit?)");
+    cr_assert(l32 > 0 && l32 <= sizeof(ow.addr));
+    cr_assert(fd_read_bounded(a[0], ow.addr, l32));
+    ow.addrlen = l32;
+    close(a[0]);
+    /* owner_stop closes these: make them harmless */
+    ow.notify_rd = open("/dev/null", O_RDONLY);
+    ow.go_wr = open("/dev/null", O_WRONLY);
+    ow.rel_rd = open("/dev/null", O_RDONLY);
+
+    struct req r;
+    req_init_secret(&r, &ow, 8 << 20, SECRET);
+    struct ucx_fetch_item it[3];
+    int idx[3] = {0, 1, 2};
+    for (int round = 0; round < 2; round++) {
+        tu_poison(r.pool, r.pool_len);
+        lay_out(&r, it, idx, 3, &spec, 0);
+        struct waiter w = { 0 };
+        cr_assert_eq(ucx_fetch(r.peer, it, 3, 30000, on_done, &w), 0);
+        run_until(&r, &w.done);
+        cr_assert(w.done && w.calls == 1, "round %d: the fetch did not end", round);
+        run_for(&r, 200); /* whatever the owner sent after the last key arrives now */
+        for (int k = 0; k < 3; k++)
+            expect_bytes(&it[k], &spec, k);
+        struct ucx_node_stats st;
+        ucx_node_stats(r.node, &st);
+        cr_log_info("round %d: bad %llu, late %llu, eager %llu, rndv %llu, bad macs %llu",
+                    round, (unsigned long long)st.bad_messages,
+                    (unsigned long long)st.late_dropped, (unsigned long long)st.data_eager,
+                    (unsigned long long)st.data_rndv, (unsigned long long)st.bad_macs);
+        /* the two duplicates and the stray index; the unknown request id */
+        cr_assert_eq(st.bad_messages, 3, "round %d: %llu answers counted as bad", round,
+                     (unsigned long long)st.bad_messages);
+        cr_assert_eq(st.late_dropped, 1);
+        cr_assert_eq(st.bad_macs, 0);
+        cr_assert_eq(st.fetch_keys, 3 * (uint64_t)(round + 1), "keys landed more than once");
+    }
+    req_fini(&r);
+    owner_stop(&ow);
+    for (int i = 0; i < 3; i++)
+        free(g.obj[i]);
 }
 
 #endif
