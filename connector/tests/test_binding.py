@@ -230,8 +230,8 @@ def test_registration_warms_the_submit_path_and_submits_nothing(rt, monkeypatch)
 
 def test_registration_runs_a_split_batch_through_warm_loads(rt, monkeypatch):
     """With 256 blocks or more, the warm-up is a whole batch as an engine
-    submits it: 8 heads (split into two ops: on these small objects the head
-    is a quarter, kv_head_bytes, so 64 + 192 blocks), twice, through
+    submits it: 8 heads (split into two ops: a head of kv_head_blocks, 32,
+    then 224 blocks), twice, through
     umbp_kv_warm_load, of random keys; the cache's bytes are untouched and
     nothing is counted."""
     seen = []
@@ -243,7 +243,7 @@ def test_registration_runs_a_split_batch_through_warm_loads(rt, monkeypatch):
     kv, raws = _split_cache(rt, 300)
     orig = [r.clone() for r in raws]
     after = rt.stats()
-    assert seen == [64, 192, 64, 192], seen
+    assert seen == [32, 224, 32, 224], seen
     for k in ("num_objects", "num_leased", "gets_ok", "gets_miss", "gets_failed",
               "kv_transfers", "bytes_read"):
         assert after[k] == before[k], (k, before[k], after[k])
@@ -375,14 +375,14 @@ def test_a_split_batchs_head_covers_kv_head_bytes_up_to_a_quarter(rt):
     equal a head key's (the check's quick pass) is no repeat."""
     kv, raws = _split_cache(rt, 1200)
     osz = kv.object_size
-    assert rt.kv_head_bytes == 32 << 20
+    assert rt.kv_head_bytes == 0  # the default: a head of kv_head_blocks
     cases = [  # (kv_head_blocks, kv_head_bytes, batch) -> head
         ((4, 10 * osz, 40), 10),
         ((4, 10 * osz + 1, 80), 11),
         ((4, 10 * osz, 39), 9),       # a quarter of 39
         ((8, 2 * osz, 64), 8),        # kv_head_blocks is the least
         ((4, 0, 80), 4),
-        ((32, 32 << 20, 1000), 250),  # the default on small objects: a quarter
+        ((32, 32 << 20, 1000), 250),  # 32 MiB of small objects: a quarter
     ]
     for i, ((hb, hbytes, n), want) in enumerate(cases):
         rt.kv_head_blocks, rt.kv_head_bytes = hb, hbytes
@@ -473,12 +473,13 @@ def test_threads_submitting_at_once_never_share_a_block_array(rt):
 
 @pytest.mark.parametrize("bad", [-1, 2.5, "1", None, False])
 def test_kv_head_bytes_refuses_what_is_not_a_count(rt, bad):
+    assert rt.kv_head_bytes == 0  # the default
+    rt.kv_head_bytes = np.uint32(1 << 20)
+    assert rt.kv_head_bytes == 1 << 20 and type(rt.kv_head_bytes) is int
     with pytest.raises(umbp.UmbpError, match="kv_head_bytes must be an integer >= 0") as ei:
         rt.kv_head_bytes = bad
     assert ei.value.code == -errno.EINVAL
-    assert rt.kv_head_bytes == 32 << 20  # unchanged
-    rt.kv_head_bytes = np.uint32(0)
-    assert rt.kv_head_bytes == 0 and type(rt.kv_head_bytes) is int
+    assert rt.kv_head_bytes == 1 << 20  # unchanged
 
 
 def test_registration_beside_a_stopped_server(server):

@@ -629,17 +629,17 @@ class Runtime:
     def kv_head_blocks(self, n):
         self._head_blocks = self._count_option("kv_head_blocks", n, "one op")
 
-    _head_bytes = 32 << 20
+    _head_bytes = 0
 
     @property
     def kv_head_bytes(self):
         """A split batch's head is at least kv_head_blocks blocks and, up to
-        a quarter of the batch, at least kv_head_bytes of objects: the head's
-        copy must outlast the conversion and submission of the rest, or the
-        link idles between them.  32 MiB is about 0.6 ms at 55 GB/s; the
-        rest's submission took 110-370 us on an H200 host (a 328 MB prefix
-        of 512 KiB objects: a head of 64 blocks, docs/benchmarks.md).
-        0: a head of exactly kv_head_blocks.  Default 32 MiB."""
+        a quarter of the batch, at least kv_head_bytes of objects: a longer
+        head copies for longer while this thread submits the rest.  On an
+        H200 host (a 328 MB prefix of 512 KiB objects) 32 MiB, a head of 64
+        blocks, did not make first stores faster than a head of 32 blocks
+        and some first restores were slower (docs/benchmarks.md), so it is
+        off by default.  0: a head of exactly kv_head_blocks.  Default 0."""
         return self._head_bytes
 
     @kv_head_bytes.setter
