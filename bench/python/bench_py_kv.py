@@ -79,6 +79,61 @@ LAYOUTS = {
 }
 
 
+class LineTimer:
+    """--trace-submit: the wall time of each line of the umbp package run in
+    a submit (time in what a line calls, C and numpy included, counts to
+    the line), from sys.settrace line events.  Tracing slows every line
+    alike; what matters is a first call's excess over steady calls'."""
+
+    def __init__(self):
+        self.acc, self.last, self.t = {}, None, 0
+
+    def _local(self, frame, event, arg):
+        now = time.perf_counter_ns()
+        if self.last is not None:
+            self.acc[self.last] = self.acc.get(self.last, 0) + now - self.t
+        if event == "line":
+            self.last = (os.path.basename(frame.f_code.co_filename), frame.f_lineno)
+        else:  # returned: the caller's line goes on, where it is ours
+            up = frame.f_back
+            self.last = (os.path.basename(up.f_code.co_filename), up.f_lineno) \
+                if up is not None and "/umbp/" in up.f_code.co_filename else None
+        self.t = time.perf_counter_ns()
+        return self._local
+
+    def _global(self, frame, event, arg):
+        if "/umbp/" in frame.f_code.co_filename:
+            return self._local
+        return None
+
+    def start(self):
+        self.acc, self.last = {}, None
+        sys.settrace(self._global)
+
+    def stop(self):
+        sys.settrace(None)
+        return self.acc
+
+    @staticmethod
+    def excess(first, steady, what, top=12):
+        """Lines of `first` by their time over the steady calls' median."""
+        keys = set(first)
+        for s in steady:
+            keys |= set(s)
+        rows = []
+        for k in keys:
+            med = statistics.median([s.get(k, 0) for s in steady]) if steady else 0
+            rows.append((first.get(k, 0) - med, first.get(k, 0), med, k))
+        rows.sort(reverse=True)
+        tot_f = sum(first.values())
+        tot_s = statistics.median([sum(s.values()) for s in steady]) if steady else 0
+        out = [f"traced submit, {what}: {tot_f / 1e3:.0f} us against a steady median of "
+               f"{tot_s / 1e3:.0f} us; lines by excess (first / steady median, us):"]
+        for ex, f, med, (fn, ln) in rows[:top]:
+            out.append(f"  {fn}:{ln}  +{ex / 1e3:.1f}  ({f / 1e3:.1f} / {med / 1e3:.1f})")
+        return out
+
+
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
@@ -223,13 +278,19 @@ def child(args):
 
     calls = {"submit": [], "wait": [], "faults": []}  # where the caller's time went
     faults = lambda: resource.getrusage(resource.RUSAGE_THREAD).ru_minflt  # noqa: E731
+    traces = []  # --trace-submit: per submit, {(file, line): ns}
+    tracer = LineTimer() if args.trace_submit else None
 
     def timed(fn):
         torch.cuda.synchronize()
         f0 = faults()
+        if tracer:
+            tracer.start()
         t = time.perf_counter()
         job = fn()
         t1 = time.perf_counter()
+        if tracer:
+            traces.append(tracer.stop())
         calls["faults"].append(faults() - f0)  # pages the submit touched first
         job.wait()
         dt = time.perf_counter() - t
@@ -305,6 +366,8 @@ def child(args):
         bh.append(pin.h2d())
         bs.append(pin.d2h())
         bb.append(pin.both())
+    if tracer:
+        out["trace_lines"] = LineTimer.excess(traces[0], traces[2::2], "first store")
     out.update(store=st, restore=rs, base_h2d=bh, base_h2d_idle=bhi, base_d2h=bs, base_both=bb, phases=phases,
                calls={k: statistics.median(v) for k, v in calls.items()},
                steady_faults=[max(calls["faults"][2::2] or [0]), max(calls["faults"][3::2] or [0])],
@@ -510,6 +573,8 @@ def run_case(args, mode, warm, decode_too):
         cmd.append("--no-prewake")
     if args.no_block_bufs:
         cmd.append("--no-block-bufs")
+    if args.trace_submit:
+        cmd.append("--trace-submit")
     if args.busy_ms:
         cmd += ["--busy-ms", str(args.busy_ms)]
     if args.idle_ms:
@@ -587,6 +652,8 @@ def report(res):
         ff, sf = res["first_faults"], res.get("steady_faults") or [0, 0]
         print(f"caller's page faults in the submit: first store / restore {ff[0]} / {ff[1]}, "
               f"steady at most {sf[0]} / {sf[1]}")
+    for line in res.get("trace_lines") or []:
+        print(line)
     print("| case | umbp GB/s | pinned copy GB/s | ratio |")
     print("|---|---|---|---|")
     for name, u, b in rows:
@@ -722,6 +789,11 @@ def main():
     ap.add_argument("--no-block-bufs", action="store_true",
                     help="a new block array for every op, none made ready at registration "
                          "(the binding before 2026-12-05; an A/B baseline)")
+    ap.add_argument("--trace-submit", action="store_true",
+                    help="time each line of the umbp package in every store's and restore's "
+                         "submit (sys.settrace; slows them, so the ratios are not the "
+                         "untraced ones) and print the first store's lines by their excess "
+                         "over the steady stores' median (a diagnostic)")
     ap.add_argument("--busy-ms", type=int, default=0, metavar="MS",
                     help="MS ms of GPU matrix products just before the first store, as an "
                          "engine's forward pass precedes its first store (default 0: the first "
