@@ -50,6 +50,7 @@ struct redis_conn {
     int fd;
     uint64_t timeout_ms;
     redisReader *reader;
+    struct redis_reader_bound bound;
     const struct redis_tls *tls;   /* NULL: plain */
 #ifdef UMBP_HAVE_OPENSSL
     SSL *ssl;
@@ -477,6 +478,35 @@ static int tcp_connect(struct redis_conn *c, const char *host, uint16_t port, ch
     return -ECONNREFUSED;
 }
 
+/* hiredis 1.x counts an array's elements in a size_t, 0.14 in an int */
+#if HIREDIS_MAJOR >= 1
+typedef size_t redis_count_t;
+#else
+typedef int redis_count_t;
+#endif
+
+/* hiredis's createArray, refusing (NULL: the reader fails) a count past
+ * REDIS_CONN_ARRAY_MAX before it allocates that many element pointers. */
+static void *bounded_array(const redisReadTask *task, redis_count_t n)
+{
+    struct redis_reader_bound *b = task->privdata;
+    if ((long long)n < 0 || (long long)n > REDIS_CONN_ARRAY_MAX) {
+        b->too_many = (long long)n;
+        return NULL;
+    }
+    return b->hfns->createArray(task, n);
+}
+
+void redis_reader_bound(redisReader *r, struct redis_reader_bound *b)
+{
+    b->hfns = r->fn;
+    b->fns = *r->fn;
+    b->fns.createArray = bounded_array;
+    b->too_many = 0;
+    r->fn = &b->fns;
+    r->privdata = b;
+}
+
 int redis_conn_dial(const char *host, uint16_t port, const struct redis_tls *tls,
                     uint64_t timeout_ms, struct redis_conn **out, char *err, size_t errlen)
 {
@@ -486,6 +516,7 @@ int redis_conn_dial(const char *host, uint16_t port, const struct redis_tls *tls
         snprintf(err, errlen, "connect: out of memory");
         return -ENOMEM;
     }
+    redis_reader_bound(c->reader, &c->bound);
     c->fd = -1;
     c->first = -1;
     c->tls = tls;
@@ -660,6 +691,12 @@ int redis_conn_command(struct redis_conn *c, int argc, const char **argv, const 
     while (rc == 0) {
         void *rep = NULL;
         if (redisReaderGetReply(c->reader, &rep) != REDIS_OK) {
+            if (c->bound.too_many) {
+                snprintf(err, errlen, "a reply array of %lld elements (at most %d)",
+                         c->bound.too_many, REDIS_CONN_ARRAY_MAX);
+                rc = -EPROTO;
+                break;
+            }
             /* the first byte of a TLS record (an alert, a handshake) */
             bool tlsish = !c->tls && !c->replied && (c->first == 0x15 || c->first == 0x16);
             snprintf(err, errlen, "not Redis's protocol (%s)%s", c->reader->errstr,

@@ -20,7 +20,8 @@
  *   -ECONNRESET    the connection broke or the server closed it
  *   -EPROTO        the bytes are not Redis's protocol (a TLS port spoken to
  *                  in plain text), or not TLS (a plain port spoken to with
- *                  TLS), or a reply past REDIS_CONN_REPLY_MAX
+ *                  TLS), or a reply past REDIS_CONN_REPLY_MAX, or an
+ *                  array in it of more than REDIS_CONN_ARRAY_MAX elements
  *   -EKEYREJECTED  the server's certificate failed verification (not
  *                  signed by the CA, not for the name, expired): the
  *                  message names OpenSSL's reason, the name and the CA
@@ -43,6 +44,22 @@
 #include <stdint.h>
 
 #define REDIS_CONN_REPLY_MAX (1u << 20) /* bytes of one reply: ours are tiny */
+/* Elements of one array in a reply (ours have a handful): hiredis allocates
+ * an array's element pointers when its header arrives, before the elements,
+ * so "*444444442\r\n" alone would take 3.5 GB.  A larger count is -EPROTO. */
+#define REDIS_CONN_ARRAY_MAX 4096
+
+/* A reader's array bound: redis_reader_bound(r, b) makes r refuse (its
+ * GetReply fails, b->too_many says the count) an array of more than
+ * REDIS_CONN_ARRAY_MAX elements before allocating for it.  b outlives r's
+ * use and holds r's privdata.  Every reader of replies from outside uses
+ * it (the connections here; the fuzz target's store too). */
+struct redis_reader_bound {
+    redisReplyObjectFunctions fns;         /* hiredis's, createArray bounded */
+    const redisReplyObjectFunctions *hfns; /* hiredis's own */
+    long long too_many;                    /* the count refused, or 0 */
+};
+void redis_reader_bound(redisReader *r, struct redis_reader_bound *b);
 
 /* TLS settings, made once (redis_tls_new) from the URL's parameters. */
 struct redis_tls;

@@ -36,6 +36,7 @@
 
 #include "fuzz_peer.h"
 #include "leader_lease.h"
+#include "redis_conn.h"
 #include "util.h"
 
 static struct fz_peer peer;
@@ -67,8 +68,10 @@ static bool known_command(const redisReply *r)
 static bool whole_reply(const uint8_t *b, size_t len)
 {
     redisReader *rd = redisReaderCreate();
+    struct redis_reader_bound bound;
     void *rep = NULL;
     FZ_CHECK(rd);
+    redis_reader_bound(rd, &bound); /* "*444444442" would take 3.5 GB */
     bool ok = redisReaderFeed(rd, (const char *)b, len) == REDIS_OK &&
               redisReaderGetReply(rd, &rep) == REDIS_OK && rep;
     if (rep)
@@ -84,8 +87,10 @@ static size_t on_bytes(struct fz_peer *p, const uint8_t *b, size_t len, struct p
     /* one command: hiredis's reader takes a client's array as it takes a
      * reply; how many bytes it used is what it has not left buffered */
     redisReader *rd = redisReaderCreate();
+    struct redis_reader_bound bound;
     void *cmd = NULL;
     FZ_CHECK(rd);
+    redis_reader_bound(rd, &bound);
     FZ_CHECK(redisReaderFeed(rd, (const char *)b, len) == REDIS_OK);
     FZ_CHECK(redisReaderGetReply(rd, &cmd) == REDIS_OK);
     if (!cmd) {

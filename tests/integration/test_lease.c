@@ -12,13 +12,16 @@
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -348,6 +351,66 @@ Test(lease_url, rediss_open_needs_openssl_and_does_not_connect)
 }
 
 /* ---- the leader key's value ------------------------------------------------------------- */
+
+#if UMBP_HAVE_HIREDIS
+/* A store that answers the first command with an array header of 444,444,442
+ * elements and nothing after, the connection left open until the client
+ * closes it. */
+struct huge_store {
+    int lfd;
+    uint16_t port;
+    pthread_t th;
+};
+
+static void *huge_store_main(void *arg)
+{
+    struct huge_store *h = arg;
+    int fd = accept(h->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    char buf[4096];
+    if (read(fd, buf, sizeof(buf)) > 0) {
+        static const char hdr[] = "*444444442\r\n";
+        (void)!write(fd, hdr, sizeof(hdr) - 1);
+        while (read(fd, buf, sizeof(buf)) > 0) /* until the client hangs up */
+            ;
+    }
+    close(fd);
+    return NULL;
+}
+
+/* hiredis allocates an array's element pointers when its header arrives:
+ * 3.5 GB for this one, before any element (found by fuzz_redis_reply, out
+ * of memory).  The connection refuses a count past REDIS_CONN_ARRAY_MAX at
+ * once, naming it; before, the call waited for the elements to its
+ * timeout. */
+Test(lease_url, a_reply_array_too_long_is_refused_naming_its_count)
+{
+    struct huge_store h = { 0 };
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t sl = sizeof(sa);
+    h.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    cr_assert(h.lfd >= 0);
+    cr_assert_eq(bind(h.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    cr_assert_eq(listen(h.lfd, 4), 0);
+    cr_assert_eq(getsockname(h.lfd, (struct sockaddr *)&sa, &sl), 0);
+    h.port = ntohs(sa.sin_port);
+    cr_assert_eq(pthread_create(&h.th, NULL, huge_store_main, &h), 0);
+    char url[128], err[ERRLEN] = "";
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%u/c", h.port);
+    struct lease *l = NULL;
+    int rc = lease_open(url, 5000, &l, err, sizeof(err));
+    cr_assert_eq(rc, 0, "%d %s", rc, err);
+    struct lease_holder out;
+    rc = lease_leader(l, &out, err, sizeof(err));
+    cr_log_info("leader: %d %s", rc, err);
+    cr_assert_eq(rc, -EPROTO, "%d %s", rc, err);
+    cr_assert(has(err, "a reply array of 444444442 elements (at most 4096)"), "%s", err);
+    lease_close(l);
+    pthread_join(h.th, NULL);
+    close(h.lfd);
+}
+#endif
 
 TestSuite(lease_value, .timeout = 30);
 
