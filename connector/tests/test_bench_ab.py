@@ -97,3 +97,37 @@ def test_a_case_without_a_decode_leaves_its_cells_empty(bench, capsys):
     bench.run_ab(args, [bench.parse_case("a:"), bench.parse_case("b:head=8")])
     rows = capsys.readouterr().out.split("| case | run |")[1].splitlines()
     assert rows[3].startswith("| b | 1 | 0.800× |") and rows[3].endswith("|  |  |  |")
+
+
+def test_line_timer_charges_each_umbp_line_and_ranks_the_first_calls_excess(bench, tmp_path):
+    """--trace-submit: time in what a line calls counts to that line (here a
+    sleep, and a nested umbp function's lines to their own), lines outside
+    the umbp package are not traced, and the first call's lines are ranked
+    by their excess over the steady calls' median."""
+    pkg = tmp_path / "umbp"
+    pkg.mkdir()
+    (pkg / "fake_mod.py").write_text(
+        "import time\n"
+        "def inner(s):\n"
+        "    time.sleep(s)\n"            # line 3
+        "def outer(s, t):\n"
+        "    inner(s)\n"                 # line 5: the call, its lines are inner's
+        "    time.sleep(t)\n"            # line 6
+        "    return 1\n")
+    spec = importlib.util.spec_from_file_location("fake_umbp_mod", pkg / "fake_mod.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = bench.LineTimer()
+    traces = []
+    for first in (True, False, False, False):
+        t.start()
+        assert mod.outer(0.002, 0.03 if first else 0.001) == 1
+        traces.append(t.stop())
+    first = traces[0]
+    assert first[("fake_mod.py", 6)] >= 30e6, first   # the slow sleep, on its line
+    assert 2e6 <= first[("fake_mod.py", 3)] < 30e6, first  # the nested one, on inner's line
+    assert first.get(("fake_mod.py", 5), 0) < 2e6, first  # not charged the nested sleep
+    assert not any(f != "fake_mod.py" for f, _ in first), first  # only umbp files
+    lines = bench.LineTimer.excess(first, traces[1:], "first call", top=3)
+    assert lines[0].startswith("traced submit, first call:"), lines
+    assert lines[1].split()[0] == "fake_mod.py:6", lines  # the excess ranks first

@@ -979,10 +979,16 @@ Test(ucx_fetch, a_duplicate_or_stray_answer_is_dropped_and_the_fetch_lands_once)
                     round, (unsigned long long)st.bad_messages,
                     (unsigned long long)st.late_dropped, (unsigned long long)st.data_eager,
                     (unsigned long long)st.data_rndv, (unsigned long long)st.bad_macs);
-        /* the two duplicates and the stray index; the unknown request id */
-        cr_assert_eq(st.bad_messages, 3, "round %d: %llu answers counted as bad", round,
-                     (unsigned long long)st.bad_messages);
-        cr_assert_eq(st.late_dropped, 1);
+        /* four answers dropped: the two duplicates and the stray index (bad:
+         * their batch is live), the unknown request id (late).  A stray
+         * arriving after the batch finished would count as late instead, so
+         * the sum is what holds whatever the arrival order; with the
+         * rendezvous duplicate taken it is 3 */
+        cr_assert_eq(st.bad_messages + st.late_dropped, 4,
+                     "round %d: %llu answers dropped as bad, %llu as late: 4 were sent",
+                     round, (unsigned long long)st.bad_messages,
+                     (unsigned long long)st.late_dropped);
+        cr_assert_geq(st.late_dropped, 1, "the unknown request id was taken");
         cr_assert_eq(st.bad_macs, 0);
         cr_assert_eq(st.fetch_keys, 3 * (uint64_t)(round + 1), "keys landed more than once");
     }
