@@ -72,7 +72,7 @@ const struct umbp_option umbp_core_options[] = {
      "their SMs with the engine's kernels)"},
     {"gpu_staging_bytes", UMBP_OPT_SIZE, OFF(gpu_staging_bytes), "256MiB", 1 << 20, 16.0 * (1ull << 30), 0,
      NULL, "device staging buffer of the staged copy method, half for stores and half for restores"},
-    {"gpu_store_slice_blocks", UMBP_OPT_INT, OFF(gpu_store_slice_blocks), "128", 0, 1 << 24, 0, NULL,
+    {"gpu_store_slice_blocks", UMBP_OPT_INT, OFF(gpu_store_slice_blocks), "256", 0, 1 << 24, 0, NULL,
      "umbp_kv_store batches larger than this run as slices that overlap reservation "
      "and publish with copying (0: never split)"},
     {"gpu_load_head_blocks", UMBP_OPT_INT, OFF(gpu_load_head_blocks), "32", 0, 1 << 24, 0, NULL,

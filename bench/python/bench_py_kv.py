@@ -247,6 +247,11 @@ def child(args):
     A = list(range(0, nblk))
     B = list(range(nblk, 2 * nblk))
     C = list(range(2 * nblk, 3 * nblk))
+    out["ids"] = args.ids
+    if args.ids == "array":  # as the vLLM worker passes them: int64 from the scheduler's bytes
+        import numpy as np
+        A, B, C = (np.frombuffer(np.array(x, dtype=np.int64).tobytes(), dtype=np.int64)
+                   for x in (A, B, C))
     serial = [0]
 
     def fresh_keys():
@@ -573,6 +578,7 @@ def run_case(args, mode, warm, decode_too):
         cmd.append("--no-prewake")
     if args.no_block_bufs:
         cmd.append("--no-block-bufs")
+    cmd += ["--ids", args.ids]
     if args.trace_submit:
         cmd.append("--trace-submit")
     if args.busy_ms:
@@ -600,7 +606,8 @@ def report(res):
     n = res["bytes"]
     bh, bs, bb = min(res["base_h2d"]), min(res["base_d2h"]), min(res["base_both"])
     st, rs = res["store"], res["restore"]
-    tag = f"{res['mode']}, warm {res['warm']}, head {res.get('head_blocks')} blocks"
+    tag = (f"{res['mode']}, warm {res['warm']}, head {res.get('head_blocks')} blocks, "
+           f"ids as a {res.get('ids', 'list')}")
     rows = [
         ("first store", gbs(n, res["first_store"]), gbs(n, bs)),
         ("first restore", gbs(n, res["first_restore"]), gbs(n, bh)),
@@ -694,7 +701,7 @@ def metrics(res):
 
 
 def parse_case(text):
-    """NAME:OPT=V,OPT=V (head=N sets --head-blocks, headbytes=N --head-bytes, prewake=0 --no-prewake,
+    """NAME:OPT=V,OPT=V (head=N sets --head-blocks, headbytes=N --head-bytes, ids=K --ids, prewake=0 --no-prewake,
     busy=MS --busy-ms, idle=MS --idle-ms, pinwarm=1 --pin-warm, coldops=1 --cold-bench-ops)
     -> (name, opts, head, prewake, extra)."""
     name, _, rest = text.partition(":")
@@ -715,6 +722,10 @@ def parse_case(text):
             if v not in ("0", "1"):
                 raise SystemExit("--case %r: bufs must be 0 or 1, got %r" % (text, v))
             extra["no_block_bufs"] = v == "0"
+        elif k == "ids":
+            if v not in ("list", "array"):
+                raise SystemExit("--case %r: ids must be list or array, got %r" % (text, v))
+            extra["ids"] = v
         elif k == "prewake":
             if v not in ("0", "1"):
                 raise SystemExit("--case %r: prewake must be 0 or 1, got %r" % (text, v))
@@ -789,6 +800,9 @@ def main():
     ap.add_argument("--no-block-bufs", action="store_true",
                     help="a new block array for every op, none made ready at registration "
                          "(the binding before 2026-12-05; an A/B baseline)")
+    ap.add_argument("--ids", default="list", choices=["list", "array"],
+                    help="block ids as a list of ints (default) or an int64 array made from "
+                         "bytes, as the vLLM connector's worker passes them")
     ap.add_argument("--trace-submit", action="store_true",
                     help="time each line of the umbp package in every store's and restore's "
                          "submit (sys.settrace; slows them, so the ratios are not the "
@@ -812,7 +826,7 @@ def main():
     ap.add_argument("--opt", action="append", metavar="NAME=VALUE", help="a runtime option (repeatable)")
     ap.add_argument("--case", action="append", metavar="NAME:OPT=V,...",
                     help="an A/B case: runtime options for it (head=N sets --head-blocks, "
-                         "headbytes=N --head-bytes, bufs=0 --no-block-bufs, "
+                         "headbytes=N --head-bytes, bufs=0 --no-block-bufs, ids=array --ids, "
                          "prewake=0 --no-prewake, busy=MS --busy-ms, idle=MS --idle-ms, "
                          "pinwarm=1 --pin-warm, coldops=1 --cold-bench-ops); "
                          "repeatable, run alternated --runs times, one mode (not both)")

@@ -68,6 +68,9 @@ def test_a_case_names_its_options(bench):
     assert bench.parse_case("x:a=1,head=8,b=c,prewake=0") == ("x", ["a=1", "b=c"], 8, False, {})
     assert bench.parse_case("x:headbytes=0") == ("x", [], None, True, {"head_bytes": 0})
     assert bench.parse_case("x:bufs=0") == ("x", [], None, True, {"no_block_bufs": True})
+    assert bench.parse_case("x:ids=array") == ("x", [], None, True, {"ids": "array"})
+    with pytest.raises(SystemExit, match="ids must be list or array"):
+        bench.parse_case("x:ids=tuple")
     with pytest.raises(SystemExit, match="headbytes must be a byte count"):
         bench.parse_case("x:headbytes=-1")
     assert bench.parse_case("x:busy=50,idle=0,pinwarm=1") == (

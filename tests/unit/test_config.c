@@ -168,7 +168,7 @@ static const struct {
     {"gpu_max_ctas", "32"},
     {"gpu_threads_per_cta", "128"},
     {"gpu_staging_bytes", "268435456"},
-    {"gpu_store_slice_blocks", "128"},
+    {"gpu_store_slice_blocks", "256"},
     {"gpu_load_head_blocks", "32"},
     {"gpu_warm_transfers", "16"},
     {"gpu_warm_store", "true"},
