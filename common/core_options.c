@@ -74,7 +74,7 @@ const struct umbp_option umbp_core_options[] = {
      NULL, "device staging buffer of the staged copy method, half for stores and half for restores"},
     {"gpu_store_slice_blocks", UMBP_OPT_INT, OFF(gpu_store_slice_blocks), "256", 0, 1 << 24, 0, NULL,
      "umbp_kv_store batches larger than this run as slices that overlap reservation "
-     "and publish with copying (0: never split)"},
+     "and publish with copying, the first one half a slice (0: never split)"},
     {"gpu_load_head_blocks", UMBP_OPT_INT, OFF(gpu_load_head_blocks), "32", 0, 1 << 24, 0, NULL,
      "standalone: an umbp_kv_load of at least 8 times this many blocks, submitted while "
      "nothing else is in flight, copies its first this many while the server grants the "

@@ -601,9 +601,16 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
      * pipeline fill and drain (about 40 us on an H200 host), which the
      * acquire of fewer keys does not win back, and with other work in flight
      * the GPU is busy anyway; more load slices would each pay one
-     * (docs/benchmarks.md). */
+     * (docs/benchmarks.md).
+     *
+     * A store's first slice is half a slice (`lead`): its reservation and
+     * launch, which nothing overlaps, take half as long, and in standalone
+     * mode a first store's first two transfers (the binding's head of 32
+     * and this one) fit the spares a worker holds (256 objects of 512 KiB
+     * by default), where a whole slice of 256 would wait for a round trip. */
     size_t slice = store ? (size_t)rt->core->gpu_store_slice_blocks : 0;
-    size_t nchild = slice && n > slice ? (n + slice - 1) / slice : 0;
+    size_t lead = (slice + 1) / 2;
+    size_t nchild = slice && n > slice ? 1 + (n - lead + slice - 1) / slice : 0;
     size_t head = 0;
     if (!store && (tier_caps(rt->tier) & UMBP_TIER_CAP_REMOTE) &&
         atomic_load_explicit(&rt->inflight, memory_order_relaxed) == 0)
@@ -614,13 +621,14 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     size_t max_children = (size_t)rt->core->max_inflight_ops / 4;
     if (max_children > 64)
         max_children = 64;
-    if (nchild > max_children) {
+    if (nchild > max_children) { /* whole slices only, grown to fit */
         slice = max_children ? (n + max_children - 1) / max_children : n;
+        lead = slice;
         nchild = (n + slice - 1) / slice;
     }
     if (head && n >= 8 * head && max_children >= 2) {
         nchild = 2;
-        slice = head; /* child 0: [0, head), child 1: [head, n) */
+        slice = lead = head; /* child 0: [0, head), child 1: [head, n) */
     }
     if (nchild < 2)
         nchild = 0;
@@ -645,7 +653,8 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     if ((rc = umbp_keys_check_duplicates(op, &blocks[0].key, sizeof(*blocks), n)) < 0)
         goto fail;
     for (; got < nchild; got++) {
-        size_t base = got * slice, m = n - base < slice ? n - base : slice;
+        size_t base = got ? lead + (got - 1) * slice : 0, want = got ? slice : lead;
+        size_t m = n - base < want ? n - base : want;
         if (head && got + 1 == nchild)
             m = n - base; /* a load's tail: everything after the head */
         if (!(child[got] = op_get(rt, kind))) {

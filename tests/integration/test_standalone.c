@@ -657,6 +657,76 @@ Test(standalone, a_sliced_store_names_its_size)
     tu_server_cleanup(&srv);
 }
 
+/* A sliced store's first slice is half a slice, so that a first store
+ * submitted as the Python binding submits it (a head, then the rest at
+ * once) takes both its first transfers' regions from the spares.  Spares:
+ * AHEAD_WANT (64); the head (40 keys, one op: slices of 40) takes 40 of
+ * them, leaving 24; the rest (66 keys) starts with a slice of 20, which
+ * they hold (then 40 and 6, more than the 4 left).  With whole slices it
+ * started with 40, more than the 24 held: a RESERVE round trip in front of
+ * its copy (then 26: reserved_ahead_used 40).  Every key of both stores is
+ * then restored from the server byte-exact. */
+Test(standalone, a_sliced_stores_first_slice_fits_the_spares_a_head_leaves)
+{
+    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "40", 1);
+    start_server(NULL);
+    struct kv_side k;
+    cr_assert_eq(kv_open(&k, true), 0, "KV setup: %s", umbp_last_error());
+    umbp_stats_t st;
+    cr_assert(tu_wait_stats(k.rt, ahead_full, NULL, TU_WAIT_MS, &st));
+    enum { HEAD = 40, REST = 66, LEAD = 20 };
+    cr_assert_eq(AHEAD_WANT, 64);
+    umbp_kv_block_t head[HEAD], rest[REST];
+    for (int i = 0; i < HEAD; i++)
+        head[i] = (umbp_kv_block_t){kv_key(1000 + i), (uint64_t)(i % NB)};
+    for (int i = 0; i < REST; i++)
+        rest[i] = (umbp_kv_block_t){kv_key(2000 + i), (uint64_t)(i % NB)};
+    umbp_op_t *a, *b;
+    cr_assert_eq(umbp_kv_store(k.rt, k.kv, head, HEAD, NULL, &a), 0, "%s", umbp_last_error());
+    cr_assert_eq(umbp_kv_store(k.rt, k.kv, rest, REST, NULL, &b), 0, "%s", umbp_last_error());
+    int rc = kv_wait(a);
+    cr_assert_eq(rc, 0, "the head: %d (%s)", rc, umbp_strerror(rc));
+    rc = kv_wait(b);
+    cr_assert_eq(rc, 0, "the rest: %d (%s)", rc, umbp_strerror(rc));
+    cr_assert_eq(umbp_get_stats(k.rt, &st), 0);
+    cr_expect_geq(st.reserved_ahead_used, HEAD + LEAD,
+                  "%llu keys took a spare: the rest's first slice waited for a round trip",
+                  (unsigned long long)st.reserved_ahead_used);
+    /* both stores' keys, back from the server into a poisoned cache */
+    for (int part = 0; part < 2; part++) {
+        const umbp_kv_block_t *src = part ? rest : head;
+        int n = part ? REST : HEAD;
+        for (int at = 0; at < n; at += NB) {
+            int m = n - at < NB ? n - at : NB;
+            umbp_kv_block_t dst[NB];
+            for (int i = 0; i < m; i++)
+                dst[i] = (umbp_kv_block_t){src[at + i].key, (uint64_t)(NB - 1 - i)};
+            for (int l = 0; l < L; l++)
+                memset(k.dev[l], TU_POISON, LAYER_BYTES);
+            umbp_op_t *op;
+            cr_assert_eq(umbp_kv_load(k.rt, k.kv, dst, (size_t)m, NULL, &op), 0, "%s",
+                         umbp_last_error());
+            rc = kv_wait(op);
+            cr_assert_eq(rc, 0, "load of part %d at %d: %d (%s)", part, at, rc, umbp_strerror(rc));
+            for (int l = 0; l < L; l++)
+                for (int i = 0; i < m; i++)
+                    for (int kvh = 0; kvh < 2; kvh++) {
+                        size_t from = ((size_t)kvh * NB + src[at + i].block) * CHUNK;
+                        size_t to = ((size_t)kvh * NB + (size_t)(NB - 1 - i)) * CHUNK;
+                        const uint8_t *p = (const uint8_t *)k.dev[l] + to;
+                        for (size_t o = 0; o < CHUNK; o++)
+                            cr_assert_eq(p[o], expected_byte(l, from + o),
+                                         "part %d key %d layer %d %s byte %zu", part, at + i, l,
+                                         kvh ? "V" : "K", o);
+                    }
+        }
+    }
+    kv_close(&k);
+    unsetenv("UMBP_GPU_STORE_SLICE_BLOCKS");
+    tu_check_leaks();
+    tu_server_cleanup(&srv);
+}
+
 /* Two KV caches of different object sizes on one runtime, as a hybrid
  * model registers its attention groups and its Mamba state: each size gets
  * spares of its own from its registration on (its warm-up store names the
