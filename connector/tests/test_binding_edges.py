@@ -479,10 +479,20 @@ def test_deregister_refuses_while_real_jobs_are_in_flight(server):
     deregister succeeds, and a second one does nothing.  Before: the
     refusal said only 'deregister: <strerror(EBUSY)>' (the binding did not
     read umbp_last_error, which says how many are in flight); the fake
-    test this replaces monkeypatched umbp_kv_deregister."""
+    test this replaces monkeypatched umbp_kv_deregister.
+
+    The loads arrive 300 ms after a lookup the stopped server leaves
+    unanswered, as on a slow host they can arrive after a frame sent just
+    before the stop (a spare's refill): with the default lookup_timeout_ms
+    (100 ms, the session's stall bound) they failed at once (not attempted:
+    the server stalls), which is what this test once saw in CI ("both loads
+    done, neither ok"), so the runtime here waits 60 s for a stalled one."""
+    import threading
     proc, sock = server
+    # no load ends by timeout, nor fails as not attempted, while the server is stopped
     r = umbp.Runtime({"mode": "standalone", "socket_dir": sock, "gpu_backend": "host",
-                      "timeout_ms": 60000})  # no load ends by timeout while the server is stopped
+                      "timeout_ms": 60000, "lookup_timeout_ms": 60000})
+    unanswered = None
     stopped = False
     try:
         kv, ts = _cache(r, nb=16)
@@ -494,6 +504,9 @@ def test_deregister_refuses_while_real_jobs_are_in_flight(server):
             assert job.wait(20000) and job.ok.all()
         stop_process(proc)
         stopped = True
+        unanswered = threading.Thread(target=r.lookup, args=(_keys(1, 27),), daemon=True)
+        unanswered.start()
+        time.sleep(0.3)
         jobs = [r.load_blocks(kv, keys[:2], [4, 5]), r.load_blocks(kv, keys[2:], [6, 7])]
         for _ in range(2):  # refused alike while they are in flight
             with pytest.raises(umbp.UmbpError) as ei:
@@ -509,6 +522,8 @@ def test_deregister_refuses_while_real_jobs_are_in_flight(server):
         assert ei.value.code == -errno.EBUSY
         proc.send_signal(signal.SIGCONT)
         stopped = False
+        unanswered.join(30)
+        assert not unanswered.is_alive(), "the lookup was never answered"
         assert jobs[1].wait(30000)
         assert jobs[1].ok.all(), [umbp.strerror(int(x)) for x in jobs[1].statuses]
         # jobs[0] was released: nothing to wait on, so a bounded retry
@@ -532,6 +547,8 @@ def test_deregister_refuses_while_real_jobs_are_in_flight(server):
     finally:
         if stopped:
             proc.send_signal(signal.SIGCONT)
+        if unanswered is not None:
+            unanswered.join(30)
         r.close()
 
 
