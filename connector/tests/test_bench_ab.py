@@ -102,20 +102,32 @@ def test_a_case_without_a_decode_leaves_its_cells_empty(bench, capsys):
     assert rows[3].startswith("| b | 1 | 0.800× |") and rows[3].endswith("|  |  |  |")
 
 
-def test_line_timer_charges_each_umbp_line_and_ranks_the_first_calls_excess(bench, tmp_path):
+def test_line_timer_charges_each_umbp_line_and_ranks_the_first_calls_excess(bench, tmp_path,
+                                                                            monkeypatch):
     """--trace-submit: time in what a line calls counts to that line (here a
     sleep, and a nested umbp function's lines to their own), lines outside
     the umbp package are not traced, and the first call's lines are ranked
-    by their excess over the steady calls' median."""
+    by their excess over the steady calls' median.  The timer reads a clock
+    that only the sleeps advance, so every line's time is exact."""
+    class Clock:
+        now = 0
+
+        def perf_counter_ns(self):
+            return self.now
+
+        def sleep(self, s):
+            self.now += int(s * 1e9)
+
+    clock = Clock()
+    monkeypatch.setattr(bench, "time", clock)
     pkg = tmp_path / "umbp"
     pkg.mkdir()
     (pkg / "fake_mod.py").write_text(
-        "import time\n"
-        "def inner(s):\n"
-        "    time.sleep(s)\n"            # line 3
-        "def outer(s, t):\n"
-        "    inner(s)\n"                 # line 5: the call, its lines are inner's
-        "    time.sleep(t)\n"            # line 6
+        "def inner(sleep, s):\n"
+        "    sleep(s)\n"                # line 2
+        "def outer(sleep, s, t):\n"
+        "    inner(sleep, s); sleep(0.004)\n"  # line 4: inner's lines are its own
+        "    sleep(t)\n"                # line 5
         "    return 1\n")
     spec = importlib.util.spec_from_file_location("fake_umbp_mod", pkg / "fake_mod.py")
     mod = importlib.util.module_from_spec(spec)
@@ -124,13 +136,14 @@ def test_line_timer_charges_each_umbp_line_and_ranks_the_first_calls_excess(benc
     traces = []
     for first in (True, False, False, False):
         t.start()
-        assert mod.outer(0.002, 0.03 if first else 0.001) == 1
+        assert mod.outer(clock.sleep, 0.002, 0.03 if first else 0.001) == 1
         traces.append(t.stop())
     first = traces[0]
-    assert first[("fake_mod.py", 6)] >= 30e6, first   # the slow sleep, on its line
-    assert 2e6 <= first[("fake_mod.py", 3)] < 30e6, first  # the nested one, on inner's line
-    assert first.get(("fake_mod.py", 5), 0) < 2e6, first  # not charged the nested sleep
-    assert not any(f != "fake_mod.py" for f, _ in first), first  # only umbp files
+    # after inner returns, line 4 goes on (its second sleep is line 4's)
+    assert first == {("fake_mod.py", 2): 2000000, ("fake_mod.py", 4): 4000000,
+                     ("fake_mod.py", 5): 30000000, ("fake_mod.py", 6): 0}, first
+    assert all(s[("fake_mod.py", 5)] == 1000000 for s in traces[1:]), traces
     lines = bench.LineTimer.excess(first, traces[1:], "first call", top=3)
-    assert lines[0].startswith("traced submit, first call:"), lines
-    assert lines[1].split()[0] == "fake_mod.py:6", lines  # the excess ranks first
+    assert lines[0].startswith("traced submit, first call: 36000 us against a steady median "
+                               "of 7000 us"), lines
+    assert lines[1].split()[:2] == ["fake_mod.py:5", "+29000.0"], lines  # the excess ranks first
