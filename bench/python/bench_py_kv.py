@@ -49,6 +49,11 @@ pinned copy each way just before it), idle=MS (sleep before every steady store
 and restore, and before an extra pinned copy, the baseline after the same idle).
 Each report also prints the steady rounds' ratios one by one, with their
 minimum, 10th percentile and median and the first call's rank among them.
+--timeline runs the first store, steady stores 2 and 5 and a pinned copy after
+each under torch.profiler and prints where each one's time went on the GPU:
+the submit to its first kernel and copy, the link busy and idle between the
+copies, and the wait after the last copy (a diagnostic: the profiler slows
+the calls it watches).
 Prints "SKIP: ..." and exits 0 without CUDA.  Environment: UMBP_LIBRARY, UMBP_SERVER as for the tests.
 """
 import argparse
@@ -136,6 +141,47 @@ class LineTimer:
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
+
+
+def timeline(trace, what):
+    """One transfer's GPU timeline from a torch.profiler chrome trace (its
+    CUPTI records, which see the library's kernels and copies as well as
+    torch's): from the caller's submit (the "umbp_submit" annotation) to
+    the end of its wait ("umbp_wait"), when the first kernel and the first
+    device-to-host or host-to-device copy started, how long the copies kept
+    the link busy and how long it sat idle between them (the gaps, largest
+    first, with the copy's index after which each opened), and how long the
+    caller's wait went on after the last copy ended.  Times in us."""
+    ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    cpu = {e["name"]: e for e in ev if e.get("cat") == "user_annotation"
+           and e["name"] in ("umbp_submit", "umbp_wait")}
+    if "umbp_submit" not in cpu:
+        return f"{what}: no annotation in the trace"
+    t0 = cpu["umbp_submit"]["ts"]
+    sub = cpu["umbp_submit"]["dur"]
+    t1 = cpu["umbp_wait"]["ts"] + cpu["umbp_wait"]["dur"] if "umbp_wait" in cpu else t0 + sub
+    inside = [e for e in ev if t0 <= e["ts"] <= t1]
+    kern = sorted((e for e in inside if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    dma = sorted((e for e in inside if e.get("cat") == "gpu_memcpy"), key=lambda e: e["ts"])
+    if not dma:
+        return f"{what}: wall {t1 - t0:.0f} us, no copy in the trace"
+    busy, end, gaps, nbytes = 0.0, dma[0]["ts"], [], 0
+    for i, e in enumerate(dma):
+        s, f = e["ts"], e["ts"] + e["dur"]
+        if s > end:
+            gaps.append((s - end, i - 1))
+        busy += max(0.0, f - max(s, end))
+        end = max(end, f)
+        nbytes += int((e.get("args") or {}).get("bytes", 0) or 0)
+    gaps.sort(reverse=True)
+    big = ", ".join(f"{g:.0f}@{i}" for g, i in gaps[:4])
+    rate = f", {nbytes / busy / 1e3:.1f} GB/s while busy" if nbytes and busy else ""
+    first_k = f"{kern[0]['ts'] - t0:.0f}" if kern else "-"
+    return (f"{what}: wall {t1 - t0:.0f} us (submit {sub:.0f}); to the first kernel {first_k}, "
+            f"first copy {dma[0]['ts'] - t0:.0f}; {len(dma)} copies busy {busy:.0f} us{rate}; "
+            f"idle between them {sum(g for g, _ in gaps):.0f} us in {len(gaps)} gaps "
+            f"({sum(1 for g, _ in gaps if g >= 5)} of 5 us or more; largest {big or '-'}); "
+            f"{len(kern)} kernels; after the last copy {t1 - end:.0f} us")
 
 
 # ---- the child: one runtime in a fresh process ---------------------------------------
@@ -286,18 +332,29 @@ def child(args):
     traces = []  # --trace-submit: per submit, {(file, line): ns}
     tracer = LineTimer() if args.trace_submit else None
 
+    profiling = [None]  # --timeline: the torch.profiler record_function while one runs
+
     def timed(fn):
         torch.cuda.synchronize()
         f0 = faults()
         if tracer:
             tracer.start()
+        mark = profiling[0]
         t = time.perf_counter()
-        job = fn()
+        if mark:
+            with mark("umbp_submit"):
+                job = fn()
+        else:
+            job = fn()
         t1 = time.perf_counter()
         if tracer:
             traces.append(tracer.stop())
         calls["faults"].append(faults() - f0)  # pages the submit touched first
-        job.wait()
+        if mark:
+            with mark("umbp_wait"):
+                job.wait()
+        else:
+            job.wait()
         dt = time.perf_counter() - t
         calls["submit"].append(t1 - t)
         calls["wait"].append(dt - (t1 - t))
@@ -325,6 +382,41 @@ def child(args):
             phases[what][i] += b[f] - a[f]
         return dt
 
+    lines = []  # --timeline: one line per profiled call
+
+    def profiled(what, fn):
+        """fn() under torch.profiler (--timeline; otherwise just fn())."""
+        if not args.timeline:
+            return fn()
+        from torch.profiler import ProfilerActivity, profile, record_function
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            profiling[0] = record_function
+            try:
+                dt = fn()
+            finally:
+                profiling[0] = None
+        fd, path = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                lines.append(timeline(json.load(f), what))
+        finally:
+            os.unlink(path)
+        return dt
+
+    def pinned_d2h():
+        torch.cuda.synchronize()
+        with profiling[0]("umbp_submit"):
+            pin.h2.copy_(pin.d2, non_blocking=True)
+        with profiling[0]("umbp_wait"):
+            torch.cuda.synchronize()
+        return 0
+
+    if args.timeline:  # the profiler's own first start (CUPTI) before anything timed
+        profiled("the profiler's first start", lambda: 0)
+        lines.clear()
+
     if args.busy_ms:  # as in an engine, whose first store follows a forward pass
         gpu_busy(torch, dev, args.busy_ms)
     if args.pin_warm:  # a diagnostic: the link just moved the same bytes both ways
@@ -344,7 +436,8 @@ def child(args):
     for c in caches:  # as before every steady store: new contents in A
         c[:, :nblk].view(torch.int16).random_(-32768, 32767)
     keys = fresh_keys()
-    out["first_store"] = phased("first store", lambda: rt.store_blocks(kv, keys, A))
+    out["first_store"] = profiled("first store",
+                                  lambda: phased("first store", lambda: rt.store_blocks(kv, keys, A)))
     poison(B)
     out["first_restore"] = phased("first restore", lambda: rt.load_blocks(kv, keys, B))
     verify(A, B, "first restore")
@@ -359,7 +452,8 @@ def child(args):
         if args.idle_ms:  # as long idle before each store as the first one has
             torch.cuda.synchronize()
             time.sleep(args.idle_ms / 1e3)
-        st.append(phased("store", lambda: rt.store_blocks(kv, keys, A)))
+        st.append(profiled(f"store {r}", lambda: phased("store", lambda: rt.store_blocks(kv, keys, A)))
+                  if r in (2, 5) else phased("store", lambda: rt.store_blocks(kv, keys, A)))
         poison(B)
         if args.idle_ms:  # a request that comes to an idle engine: its restore first
             time.sleep(args.idle_ms / 1e3)
@@ -370,9 +464,12 @@ def child(args):
             bhi.append(pin.h2d())
         bh.append(pin.h2d())
         bs.append(pin.d2h())
+        if args.timeline and r in (2, 5):
+            profiled(f"pinned copy, device to host, round {r}", pinned_d2h)
         bb.append(pin.both())
     if tracer:
         out["trace_lines"] = LineTimer.excess(traces[0], traces[2::2], "first store")
+    out["timeline"] = lines
     out.update(store=st, restore=rs, base_h2d=bh, base_h2d_idle=bhi, base_d2h=bs, base_both=bb, phases=phases,
                calls={k: statistics.median(v) for k, v in calls.items()},
                steady_faults=[max(calls["faults"][2::2] or [0]), max(calls["faults"][3::2] or [0])],
@@ -581,6 +678,8 @@ def run_case(args, mode, warm, decode_too):
     cmd += ["--ids", args.ids]
     if args.trace_submit:
         cmd.append("--trace-submit")
+    if args.timeline:
+        cmd.append("--timeline")
     if args.busy_ms:
         cmd += ["--busy-ms", str(args.busy_ms)]
     if args.idle_ms:
@@ -661,6 +760,8 @@ def report(res):
               f"steady at most {sf[0]} / {sf[1]}")
     for line in res.get("trace_lines") or []:
         print(line)
+    for line in res.get("timeline") or []:
+        print("timeline, " + line)
     print("| case | umbp GB/s | pinned copy GB/s | ratio |")
     print("|---|---|---|---|")
     for name, u, b in rows:
@@ -808,6 +909,13 @@ def main():
                          "submit (sys.settrace; slows them, so the ratios are not the "
                          "untraced ones) and print the first store's lines by their excess "
                          "over the steady stores' median (a diagnostic)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="run the first store, steady stores 2 and 5 and a pinned copy after "
+                         "each under torch.profiler and print each one's GPU timeline: when "
+                         "its first kernel and copy started after the submit, how long the "
+                         "copies kept the link busy, the idle gaps between them, and the wait "
+                         "after the last copy (a diagnostic; the profiler slows the calls it "
+                         "watches, so their ratios are not the unprofiled ones)")
     ap.add_argument("--busy-ms", type=int, default=0, metavar="MS",
                     help="MS ms of GPU matrix products just before the first store, as an "
                          "engine's forward pass precedes its first store (default 0: the first "

@@ -147,3 +147,40 @@ def test_line_timer_charges_each_umbp_line_and_ranks_the_first_calls_excess(benc
     assert lines[0].startswith("traced submit, first call: 36000 us against a steady median "
                                "of 7000 us"), lines
     assert lines[1].split()[:2] == ["fake_mod.py:5", "+29000.0"], lines  # the excess ranks first
+
+
+def _x(cat, name, ts, dur, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def test_timeline_measures_the_links_busy_time_gaps_and_ends_from_the_trace(bench):
+    """--timeline's reading of a torch.profiler chrome trace: a store whose
+    submit starts at 1000 us, two kernels, three copies with gaps of 4 and 10
+    us between them (one overlapping its predecessor by 5 us), the wait ending
+    30 us after the last copy; events outside the call (a poison before it)
+    and instant events are not counted."""
+    ev = [
+        _x("kernel", "poison", 900, 50),  # before the call: not its
+        _x("user_annotation", "umbp_submit", 1000, 200),
+        _x("kernel", "gather", 1100, 20),
+        _x("gpu_memcpy", "Memcpy DtoH", 1130, 100, bytes=1000000),
+        _x("kernel", "gather", 1150, 20),
+        _x("gpu_memcpy", "Memcpy DtoH", 1234, 100, bytes=1000000),   # gap 4 after copy 0
+        _x("gpu_memcpy", "Memcpy DtoH", 1329, 101, bytes=2000000),   # overlaps copy 1 by 5
+        {"ph": "i", "cat": "gpu_memcpy", "name": "marker", "ts": 1400},
+        _x("user_annotation", "umbp_wait", 1200, 260),               # ends at 1460
+    ]
+    line = bench.timeline({"traceEvents": ev}, "store 2")
+    # busy: 100 + 100 + (1430 - 1334) = 296 us for 4 MB: 13.5 GB/s; one gap of 4
+    # (the overlap is no gap); the copies end at 1430, the wait at 1460
+    assert line == ("store 2: wall 460 us (submit 200); to the first kernel 100, first copy 130; "
+                    "3 copies busy 296 us, 13.5 GB/s while busy; idle between them 4 us in 1 gaps "
+                    "(0 of 5 us or more; largest 4@0); 2 kernels; after the last copy 30 us")
+    ev[6] = _x("gpu_memcpy", "Memcpy DtoH", 1344, 86, bytes=2000000)  # a gap of 10 after copy 1
+    line = bench.timeline({"traceEvents": ev}, "store 2")
+    assert "busy 286 us" in line and "idle between them 14 us in 2 gaps" in line
+    assert "(1 of 5 us or more; largest 10@1, 4@0)" in line
+    # what a trace without the annotations or without copies says
+    assert bench.timeline({"traceEvents": ev[2:4]}, "x") == "x: no annotation in the trace"
+    assert bench.timeline({"traceEvents": ev[1:3] + ev[8:]}, "x") == \
+        "x: wall 460 us, no copy in the trace"
