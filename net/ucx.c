@@ -12,7 +12,9 @@
  *   completed.  So done never runs while UCX may still write a buffer.
  * - An ended batch (timed out, peer failed) accepts no DATA: on_data
  *   looks batches up by req_id among those not ended; req_ids come from a
- *   64-bit counter and are never reused.
+ *   64-bit counter and are never reused.  A live one accepts DATA only on
+ *   the endpoint its FETCH went out on (b->ep; owners send DATA with the
+ *   reply flag, so UCX names the endpoint it came on).
  * - A peer's ep is NULL while not connected; the next fetch connects.
  *   While its force close is in flight the peer is `closing`
  *   and its ended batches wait for the close.
@@ -73,6 +75,7 @@ struct ucx_batch {
     struct ucx_rx *rx;
     uint8_t *wire; /* FETCH header + records, until the send completes */
     uint8_t nonce[UCX_WIRE_NONCE]; /* the FETCH's: its DATA's macs cover it */
+    ucp_ep_h ep; /* the FETCH went out on it: its DATA must come back on it */
     ev_timer timer;
     ucx_fetch_done_fn done;
     void *arg;
@@ -584,6 +587,18 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
         n->st.late_dropped++;
         return rndv ? UCS_ERR_CANCELED : UCS_OK;
     }
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep != b->ep) {
+        /* An answer comes back on the connection its FETCH went out on (the
+         * owner sends it with UCP_AM_SEND_FLAG_REPLY): one that came on
+         * another, even with a right mac (a tap that replayed the FETCH to
+         * the owner over a connection of its own has the owner's headers),
+         * is dropped; the key still waits for its owner's answer. */
+        n->st.bad_messages++;
+        if (once_a_minute(&n->bad_logged_ns))
+            umbp_log(UMBP_LOG_WARN, "%s: a DATA for key %u of a fetch that did not come back on "
+                     "the connection the fetch went out on; dropped", n->name, h.index);
+        return rndv ? UCS_ERR_CANCELED : UCS_OK;
+    }
     if (h.index >= b->n || b->items[h.index].status != UMBP_E_INPROGRESS) {
         n->st.bad_messages++;
         if (once_a_minute(&n->bad_logged_ns))
@@ -691,6 +706,7 @@ int ucx_fetch(struct ucx_peer *p, struct ucx_fetch_item *items, uint32_t n, uint
     }
     b->node = node;
     b->peer = p;
+    b->ep = p->ep;
     b->req_id = ++node->next_req;
     b->items = items;
     b->n = b->left = n;
@@ -793,7 +809,9 @@ static void reply(struct ucx_node *n, ucp_ep_h ep, uint64_t req_id, uint32_t ind
         ucx_wire_data_mac(n->key, &h, nonce, h.mac);
     ucx_wire_data_hdr_put(s->hdr, &h);
     ucp_request_param_t prm = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_REPLY, /* the requester takes it on this connection only */
         .cb.send = on_data_sent,
         .user_data = s,
     };

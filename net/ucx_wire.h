@@ -20,12 +20,13 @@
  * whose mac is wrong, but a -EACCES (a refusal costs a miss, never a
  * byte).  Without the key both macs are zero and not checked.  The macs
  * keep out a peer without the secret that has not seen the traffic (reads,
- * and answers forged for another's fetch).  Not a tap: it sees the bytes
- * anyway (nothing is encrypted), and it can replay a captured FETCH to a
- * holder of its keys, whose answers' headers it could then send ahead of
- * the owner's with bytes of its own (the object's bytes are not covered);
- * closing that needs FETCHes bound to the connection they arrive on (docs/
- * distributed.md, Security).
+ * and answers forged for another's fetch).  A tap that replays a captured
+ * FETCH to a holder of its keys gets answers with right macs, but on a
+ * connection of its own: the owner sends DATA with the reply flag and the
+ * requester takes it only on the connection its FETCH went out on
+ * (ucx.c, on_data; version 3).  Not covered: the object's bytes (a tap that
+ * can inject into that connection itself can change them) and secrecy
+ * (nothing is encrypted); docs/distributed.md, Security.
  *
  * These bytes come from another process, possibly on another host: the
  * decoders check every field (magic, version, type, the count against the
@@ -49,7 +50,7 @@
 enum { UCX_AM_FETCH = 85, UCX_AM_DATA = 86 };
 
 #define UCX_WIRE_MAGIC 0x46504d55u /* "UMPF" on the wire (LE) */
-#define UCX_WIRE_VERSION 2 /* 2: the nonce and the macs */
+#define UCX_WIRE_VERSION 3 /* 2: the nonce and the macs; 3: DATA only on its FETCH's connection */
 #define UCX_WIRE_FETCH 1
 #define UCX_WIRE_DATA 2
 #define UCX_FETCH_HDR_LEN 56

@@ -12,7 +12,7 @@ import os
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MAGIC, VERSION, FETCH, DATA = 0x46504D55, 2, 1, 2
+MAGIC, VERSION, FETCH, DATA = 0x46504D55, 3, 1, 2
 ENOENT, EMSGSIZE, EIO, EACCES = 2, 90, 5, 13
 NONCE = bytes(range(100, 116))
 MAC = bytes(range(200, 216))

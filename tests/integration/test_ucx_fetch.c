@@ -795,13 +795,24 @@ Test(ucx_fetch, a_requester_with_the_secret_takes_no_answer_without_its_mac)
 struct rogue {
     struct net_auth_key key;
     uint8_t *obj[3];
+    uint8_t *forged[3]; /* tap mode: other bytes of each object's size */
     uint64_t size[3];
     umbp_key_t keys[3];
     struct ucx_data_hdr pending[16]; /* answers to send, filled by the FETCH handler */
     const void *payload[16];
+    int route[16]; /* how each goes: ROUTE_* */
     ucp_ep_h ep;
+    ucp_ep_h tap_ep; /* tap mode: a connection of the rogue's own to the requester */
     int npending;
+    int pause_after; /* sends this many, waits for them and 200 ms, then the rest */
     int fetches;
+    bool tap;
+};
+
+enum {
+    ROUTE_REPLY,    /* on the FETCH's connection, UCP_AM_SEND_FLAG_REPLY: as an owner */
+    ROUTE_NO_REPLY, /* on the FETCH's connection, without the flag */
+    ROUTE_TAP,      /* on the rogue's own connection to the requester, with the flag */
 };
 
 static void rogue_answer(struct rogue *g, uint64_t req_id, uint32_t index, const uint8_t *nonce,
@@ -813,7 +824,18 @@ static void rogue_answer(struct rogue *g, uint64_t req_id, uint32_t index, const
     h->index = index;
     h->size = g->size[obj];
     ucx_wire_data_mac(g->key.k, h, nonce, h->mac);
+    g->route[g->npending] = ROUTE_REPLY;
     g->payload[g->npending++] = g->obj[obj];
+}
+
+/* An answer with the owner's right header and mac but other bytes, as a tap
+ * that replayed the FETCH to the owner would hold, sent on route. */
+static void rogue_forge(struct rogue *g, uint64_t req_id, uint32_t index, const uint8_t *nonce,
+                        int obj, int route)
+{
+    rogue_answer(g, req_id, index, nonce, obj);
+    g->route[g->npending - 1] = route;
+    g->payload[g->npending - 1] = g->forged[obj];
 }
 
 static ucs_status_t rogue_on_fetch(void *arg, const void *header, size_t header_length,
@@ -834,7 +856,21 @@ static ucs_status_t rogue_on_fetch(void *arg, const void *header, size_t header_
     }
     g->ep = param->reply_ep;
     g->npending = 0;
-    if (g->fetches++ == 0) {
+    g->pause_after = 0;
+    if (g->tap && g->fetches++ == 0) {
+        /* forged answers first, on the rogue's own connection and on the
+         * FETCH's without the reply flag; the owner's own 200 ms later */
+        for (uint32_t i = 0; i < 3; i++) {
+            rogue_forge(g, h.req_id, i, h.nonce, (int)i, ROUTE_TAP);
+            rogue_forge(g, h.req_id, i, h.nonce, (int)i, ROUTE_NO_REPLY);
+        }
+        g->pause_after = g->npending;
+        for (uint32_t i = 0; i < 3; i++)
+            rogue_answer(g, h.req_id, i, h.nonce, (int)i);
+    } else if (g->tap) {
+        for (uint32_t i = 0; i < 3; i++)
+            rogue_answer(g, h.req_id, i, h.nonce, (int)i);
+    } else if (g->fetches++ == 0) {
         rogue_answer(g, h.req_id, 0, h.nonce, 0);
         rogue_answer(g, h.req_id, 0, h.nonce, 0);     /* while the first is received */
         rogue_answer(g, h.req_id, 1, h.nonce, 1);
@@ -851,12 +887,19 @@ static ucs_status_t rogue_on_fetch(void *arg, const void *header, size_t header_
 
 static void rogue_sent(void *req, ucs_status_t status, void *arg) {}
 
-static void rogue_main(struct rogue *g, int addr_fd)
+static void rogue_progress(ucp_worker_h w, ucp_worker_h tw)
+{
+    ucp_worker_progress(w);
+    if (tw)
+        ucp_worker_progress(tw);
+}
+
+static void rogue_main(struct rogue *g, int addr_fd, int req_fd)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     ucp_config_t *cfg;
     ucp_context_h ctx;
-    ucp_worker_h w;
+    ucp_worker_h w, tw = NULL;
     ucp_params_t prm = { .field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_AM };
     ucp_worker_params_t wp = { .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                                .thread_mode = UCS_THREAD_MODE_SINGLE };
@@ -881,10 +924,24 @@ static void rogue_main(struct rogue *g, int addr_fd)
     if (write(addr_fd, &l32, 4) != 4 || write(addr_fd, addr, len) != (ssize_t)len)
         _exit(5);
     close(addr_fd);
+    /* tap mode: the requester's address, then a connection to it from a
+     * worker of its own (a tap is another process; an endpoint of the
+     * owner's worker to the requester would be paired with the
+     * requester's endpoint to it: UCX matches the two as one connection) */
+    if (g->tap) {
+        static uint8_t raddr[4096];
+        if (read(req_fd, &l32, 4) != 4 || l32 == 0 || l32 > sizeof(raddr) ||
+            read(req_fd, raddr, l32) != (ssize_t)l32)
+            _exit(6);
+        ucp_ep_params_t ep = { .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+                               .address = (const ucp_address_t *)raddr };
+        if (ucp_worker_create(ctx, &wp, &tw) != UCS_OK || ucp_ep_create(tw, &ep, &g->tap_ep) != UCS_OK)
+            _exit(7);
+    }
     /* a header stays UCX's until its send completes: one set per fetch */
     static uint8_t wire[2][16][UCX_DATA_HDR_LEN];
     for (;;) {
-        ucp_worker_progress(w);
+        rogue_progress(w, tw);
         if (!g->npending) {
             usleep(100);
             continue;
@@ -897,18 +954,26 @@ static void rogue_main(struct rogue *g, int addr_fd)
             ucp_request_param_t sp = {
                 .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_FLAGS,
                 .cb.send = rogue_sent,
-                .flags = g->pending[i].size > 65536 ? UCP_AM_SEND_FLAG_RNDV
-                                                    : UCP_AM_SEND_FLAG_EAGER,
+                .flags = (g->pending[i].size > 65536 ? UCP_AM_SEND_FLAG_RNDV
+                                                     : UCP_AM_SEND_FLAG_EAGER) |
+                         (g->route[i] == ROUTE_NO_REPLY ? 0 : UCP_AM_SEND_FLAG_REPLY),
             };
             /* sent in order, never waited for: the duplicates follow at once */
-            void *req = ucp_am_send_nbx(g->ep, UCX_AM_DATA, hdr, UCX_DATA_HDR_LEN,
-                                        g->payload[i], g->pending[i].size, &sp);
+            void *req = ucp_am_send_nbx(g->route[i] == ROUTE_TAP ? g->tap_ep : g->ep, UCX_AM_DATA,
+                                        hdr, UCX_DATA_HDR_LEN, g->payload[i], g->pending[i].size,
+                                        &sp);
+            bool last = i + 1 == n || i + 1 == g->pause_after;
             if (UCS_PTR_IS_PTR(req)) {
-                while (ucp_request_check_status(req) == UCS_INPROGRESS && i + 1 == n)
-                    ucp_worker_progress(w); /* the last one: its buffers stay ours */
+                while (ucp_request_check_status(req) == UCS_INPROGRESS && last)
+                    rogue_progress(w, tw); /* the last one: its buffers stay ours */
                 if (ucp_request_check_status(req) != UCS_INPROGRESS)
                     ucp_request_free(req);
             }
+            if (i + 1 == g->pause_after) /* the forged ones reach the requester first */
+                for (int t = 0; t < 2000; t++) {
+                    rogue_progress(w, tw);
+                    usleep(100);
+                }
         }
     }
 }
@@ -945,7 +1010,7 @@ Test(ucx_fetch, a_duplicate_or_stray_answer_is_dropped_and_the_fetch_lands_once)
     cr_assert(ow.pid >= 0);
     if (ow.pid == 0) {
         close(a[0]);
-        rogue_main(&g, a[1]);
+        rogue_main(&g, a[1], -1);
     }
     close(a[1]);
     uint32_t l32 = 0;
@@ -997,5 +1062,104 @@ Test(ucx_fetch, a_duplicate_or_stray_answer_is_dropped_and_the_fetch_lands_once)
     for (int i = 0; i < 3; i++)
         free(g.obj[i]);
 }
+
+/* A tap that replayed a FETCH to its owner over a connection of its own
+ * holds the owner's answer headers, macs included, and could send them to
+ * the requester ahead of the owner with bytes of its own.  The rogue does
+ * that: for each key a forged answer (right header and mac, other bytes) on
+ * a connection of its own to the requester, and one on the FETCH's
+ * connection without the reply flag (no connection named), then 200 ms
+ * later the owner's answers.  The forged ones are dropped and counted, each
+ * key lands once with the owner's bytes, and a second fetch still lands.
+ * Before answers were bound to the FETCH's connection, the forged bytes
+ * landed and the fetch ended with them. */
+Test(ucx_fetch, an_answer_on_another_connection_is_dropped_even_with_its_mac)
+{
+    ucx_env();
+    static struct rogue g;
+    static struct owner_spec spec;
+    spec.space = seed_now();
+    spec.nobj = 3;
+    spec.size[0] = 2 << 20; /* rendezvous */
+    spec.size[1] = 4096;
+    spec.size[2] = 100;
+    spec.hang = -1;
+    g.tap = true;
+    net_auth_key_from(SECRET, strlen(SECRET), &g.key);
+    for (int i = 0; i < 3; i++) {
+        g.keys[i] = tu_key_id(spec.space, (uint64_t)i);
+        g.size[i] = spec.size[i];
+        g.obj[i] = malloc(spec.size[i]);
+        g.forged[i] = malloc(spec.size[i]);
+        cr_assert(g.obj[i] && g.forged[i]);
+        tu_fill_from_key(&g.keys[i], 0, g.obj[i], spec.size[i]);
+        memset(g.forged[i], 0x3C, spec.size[i]);
+    }
+    int a[2], b[2];
+    cr_assert(pipe(a) == 0 && pipe(b) == 0);
+    struct owner ow = { 0 };
+    ow.pid = fork();
+    cr_assert(ow.pid >= 0);
+    if (ow.pid == 0) {
+        close(a[0]);
+        close(b[1]);
+        rogue_main(&g, a[1], b[0]);
+    }
+    close(a[1]);
+    close(b[0]);
+    uint32_t l32 = 0;
+    cr_assert(fd_read_bounded(a[0], &l32, 4), "the owner gave no address (exit?)");
+    cr_assert(l32 > 0 && l32 <= sizeof(ow.addr));
+    cr_assert(fd_read_bounded(a[0], ow.addr, l32));
+    ow.addrlen = l32;
+    close(a[0]);
+    ow.notify_rd = open("/dev/null", O_RDONLY);
+    ow.go_wr = open("/dev/null", O_WRONLY);
+    ow.rel_rd = open("/dev/null", O_RDONLY);
+
+    struct req r;
+    req_init_secret(&r, &ow, 8 << 20, SECRET);
+    const void *raddr;
+    size_t rlen;
+    ucx_node_address(r.node, &raddr, &rlen);
+    l32 = (uint32_t)rlen;
+    cr_assert(write(b[1], &l32, 4) == 4 && write(b[1], raddr, rlen) == (ssize_t)rlen);
+    close(b[1]);
+    struct ucx_fetch_item it[3];
+    int idx[3] = {0, 1, 2};
+    for (int round = 0; round < 2; round++) {
+        tu_poison(r.pool, r.pool_len);
+        lay_out(&r, it, idx, 3, &spec, 0);
+        struct waiter w = { 0 };
+        cr_assert_eq(ucx_fetch(r.peer, it, 3, 30000, on_done, &w), 0);
+        run_until(&r, &w.done);
+        cr_assert(w.done && w.calls == 1, "round %d: the fetch did not end", round);
+        int wst = 0;
+        cr_assert_eq(waitpid(ow.pid, &wst, WNOHANG), 0, "round %d: the rogue exited (status %d)",
+                     round, WIFEXITED(wst) ? WEXITSTATUS(wst) : -WTERMSIG(wst));
+        run_for(&r, 100);
+        for (int k = 0; k < 3; k++) {
+            cr_assert_eq(it[k].status, 0, "round %d key %d: %d (statuses %d %d %d)", round, k, it[k].status, it[0].status, it[1].status, it[2].status);
+            expect_bytes(&it[k], &spec, k);
+        }
+        struct ucx_node_stats st;
+        ucx_node_stats(r.node, &st);
+        cr_log_info("round %d: bad %llu, late %llu, bad macs %llu", round,
+                    (unsigned long long)st.bad_messages, (unsigned long long)st.late_dropped,
+                    (unsigned long long)st.bad_macs);
+        /* six forged answers, all in the first round, all while the fetch waited */
+        cr_assert_eq(st.bad_messages, 6, "round %d: %llu answers dropped as bad: 6 were forged",
+                     round, (unsigned long long)st.bad_messages);
+        cr_assert_eq(st.late_dropped + st.bad_macs, 0);
+        cr_assert_eq(st.fetch_keys, 3 * (uint64_t)(round + 1), "keys landed more than once");
+    }
+    req_fini(&r);
+    owner_stop(&ow);
+    for (int i = 0; i < 3; i++) {
+        free(g.obj[i]);
+        free(g.forged[i]);
+    }
+}
+
 
 #endif
