@@ -154,6 +154,17 @@ static bool fd_read_bounded(int fd, void *buf, size_t len)
     return got == len;
 }
 
+/* The owner's worker address, written length first on fd (closed after). */
+static void owner_read_address(struct owner *ow, int fd)
+{
+    uint32_t l32 = 0;
+    cr_assert(fd_read_bounded(fd, &l32, 4), "the owner gave no address (exit?)");
+    cr_assert(l32 > 0 && l32 <= sizeof(ow->addr));
+    cr_assert(fd_read_bounded(fd, ow->addr, l32));
+    ow->addrlen = l32;
+    close(fd);
+}
+
 static void owner_start(struct owner *ow, const struct owner_spec *spec)
 {
     int a[2], nt[2], go[2], rl[2];
@@ -174,12 +185,7 @@ static void owner_start(struct owner *ow, const struct owner_spec *spec)
     ow->notify_rd = nt[0];
     ow->go_wr = go[1];
     ow->rel_rd = rl[0];
-    uint32_t l32 = 0;
-    cr_assert(fd_read_bounded(a[0], &l32, 4), "owner gave no address (exit?)");
-    cr_assert(l32 > 0 && l32 <= sizeof(ow->addr));
-    cr_assert(fd_read_bounded(a[0], ow->addr, l32));
-    ow->addrlen = l32;
-    close(a[0]);
+    owner_read_address(ow, a[0]);
 }
 
 /* the pipes of an owner that is gone (reaped) */
@@ -978,6 +984,62 @@ static void rogue_main(struct rogue *g, int addr_fd, int req_fd)
     }
 }
 
+/* Forks the rogue and reads its worker's address into ow; with tap_wr, also
+ * a pipe on which the test then writes the requester's address (tap mode). */
+static void rogue_start(struct rogue *g, struct owner *ow, int *tap_wr)
+{
+    int a[2], b[2] = {-1, -1};
+    cr_assert(pipe(a) == 0 && (!tap_wr || pipe(b) == 0));
+    ow->pid = fork();
+    cr_assert(ow->pid >= 0);
+    if (ow->pid == 0) {
+        close(a[0]);
+        if (tap_wr)
+            close(b[1]);
+        rogue_main(g, a[1], b[0]);
+    }
+    close(a[1]);
+    if (tap_wr) {
+        close(b[0]);
+        *tap_wr = b[1];
+    }
+    owner_read_address(ow, a[0]);
+    /* owner_stop closes these: make them harmless */
+    ow->notify_rd = open("/dev/null", O_RDONLY);
+    ow->go_wr = open("/dev/null", O_WRONLY);
+    ow->rel_rd = open("/dev/null", O_RDONLY);
+}
+
+/* One fetch of the rogue's three keys into a poisoned pool: it must end,
+ * the rogue must still run, and after 200 ms more (whatever it sent after
+ * the last key arrives) each key holds exactly its bytes.  *st: the
+ * requester's counters then. */
+static void rogue_round(struct req *r, const struct owner_spec *spec, const struct owner *ow,
+                        int round, struct ucx_node_stats *st)
+{
+    struct ucx_fetch_item it[3];
+    int idx[3] = {0, 1, 2};
+    tu_poison(r->pool, r->pool_len);
+    lay_out(r, it, idx, 3, spec, 0);
+    struct waiter w = { 0 };
+    cr_assert_eq(ucx_fetch(r->peer, it, 3, 30000, on_done, &w), 0);
+    run_until(r, &w.done);
+    cr_assert(w.done && w.calls == 1, "round %d: the fetch did not end", round);
+    int wst = 0;
+    cr_assert_eq(waitpid(ow->pid, &wst, WNOHANG), 0, "round %d: the rogue exited (status %d)",
+                 round, WIFEXITED(wst) ? WEXITSTATUS(wst) : -WTERMSIG(wst));
+    run_for(r, 200);
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(it[k].status, 0, "round %d, key %d: status %d", round, k, it[k].status);
+        expect_bytes(&it[k], spec, k);
+    }
+    ucx_node_stats(r->node, st);
+    cr_log_info("round %d: bad %llu, late %llu, eager %llu, rndv %llu, bad macs %llu", round,
+                (unsigned long long)st->bad_messages, (unsigned long long)st->late_dropped,
+                (unsigned long long)st->data_eager, (unsigned long long)st->data_rndv,
+                (unsigned long long)st->bad_macs);
+}
+
 /* A second DATA for a key, one for an index the FETCH does not have and one
  * for a request id nobody made, all with right macs: each is dropped and
  * counted, the keys land byte-exact exactly once, nothing is written past
@@ -1003,47 +1065,13 @@ Test(ucx_fetch, a_duplicate_or_stray_answer_is_dropped_and_the_fetch_lands_once)
         cr_assert(g.obj[i]);
         tu_fill_from_key(&g.keys[i], 0, g.obj[i], spec.size[i]);
     }
-    int a[2];
-    cr_assert(pipe(a) == 0);
     struct owner ow = { 0 };
-    ow.pid = fork();
-    cr_assert(ow.pid >= 0);
-    if (ow.pid == 0) {
-        close(a[0]);
-        rogue_main(&g, a[1], -1);
-    }
-    close(a[1]);
-    uint32_t l32 = 0;
-    cr_assert(fd_read_bounded(a[0], &l32, 4), "the owner gave no address (exit?)");
-    cr_assert(l32 > 0 && l32 <= sizeof(ow.addr));
-    cr_assert(fd_read_bounded(a[0], ow.addr, l32));
-    ow.addrlen = l32;
-    close(a[0]);
-    /* owner_stop closes these: make them harmless */
-    ow.notify_rd = open("/dev/null", O_RDONLY);
-    ow.go_wr = open("/dev/null", O_WRONLY);
-    ow.rel_rd = open("/dev/null", O_RDONLY);
-
+    rogue_start(&g, &ow, NULL);
     struct req r;
     req_init_secret(&r, &ow, 8 << 20, SECRET);
-    struct ucx_fetch_item it[3];
-    int idx[3] = {0, 1, 2};
     for (int round = 0; round < 2; round++) {
-        tu_poison(r.pool, r.pool_len);
-        lay_out(&r, it, idx, 3, &spec, 0);
-        struct waiter w = { 0 };
-        cr_assert_eq(ucx_fetch(r.peer, it, 3, 30000, on_done, &w), 0);
-        run_until(&r, &w.done);
-        cr_assert(w.done && w.calls == 1, "round %d: the fetch did not end", round);
-        run_for(&r, 200); /* whatever the owner sent after the last key arrives now */
-        for (int k = 0; k < 3; k++)
-            expect_bytes(&it[k], &spec, k);
         struct ucx_node_stats st;
-        ucx_node_stats(r.node, &st);
-        cr_log_info("round %d: bad %llu, late %llu, eager %llu, rndv %llu, bad macs %llu",
-                    round, (unsigned long long)st.bad_messages,
-                    (unsigned long long)st.late_dropped, (unsigned long long)st.data_eager,
-                    (unsigned long long)st.data_rndv, (unsigned long long)st.bad_macs);
+        rogue_round(&r, &spec, &ow, round, &st);
         /* four answers dropped: the two duplicates and the stray index (bad:
          * their batch is live), the unknown request id (late).  A stray
          * arriving after the batch finished would count as late instead, so
@@ -1095,58 +1123,20 @@ Test(ucx_fetch, an_answer_on_another_connection_is_dropped_even_with_its_mac)
         tu_fill_from_key(&g.keys[i], 0, g.obj[i], spec.size[i]);
         memset(g.forged[i], 0x3C, spec.size[i]);
     }
-    int a[2], b[2];
-    cr_assert(pipe(a) == 0 && pipe(b) == 0);
     struct owner ow = { 0 };
-    ow.pid = fork();
-    cr_assert(ow.pid >= 0);
-    if (ow.pid == 0) {
-        close(a[0]);
-        close(b[1]);
-        rogue_main(&g, a[1], b[0]);
-    }
-    close(a[1]);
-    close(b[0]);
-    uint32_t l32 = 0;
-    cr_assert(fd_read_bounded(a[0], &l32, 4), "the owner gave no address (exit?)");
-    cr_assert(l32 > 0 && l32 <= sizeof(ow.addr));
-    cr_assert(fd_read_bounded(a[0], ow.addr, l32));
-    ow.addrlen = l32;
-    close(a[0]);
-    ow.notify_rd = open("/dev/null", O_RDONLY);
-    ow.go_wr = open("/dev/null", O_WRONLY);
-    ow.rel_rd = open("/dev/null", O_RDONLY);
-
+    int tap_wr = -1;
+    rogue_start(&g, &ow, &tap_wr);
     struct req r;
     req_init_secret(&r, &ow, 8 << 20, SECRET);
     const void *raddr;
     size_t rlen;
     ucx_node_address(r.node, &raddr, &rlen);
-    l32 = (uint32_t)rlen;
-    cr_assert(write(b[1], &l32, 4) == 4 && write(b[1], raddr, rlen) == (ssize_t)rlen);
-    close(b[1]);
-    struct ucx_fetch_item it[3];
-    int idx[3] = {0, 1, 2};
+    uint32_t l32 = (uint32_t)rlen;
+    cr_assert(write(tap_wr, &l32, 4) == 4 && write(tap_wr, raddr, rlen) == (ssize_t)rlen);
+    close(tap_wr);
     for (int round = 0; round < 2; round++) {
-        tu_poison(r.pool, r.pool_len);
-        lay_out(&r, it, idx, 3, &spec, 0);
-        struct waiter w = { 0 };
-        cr_assert_eq(ucx_fetch(r.peer, it, 3, 30000, on_done, &w), 0);
-        run_until(&r, &w.done);
-        cr_assert(w.done && w.calls == 1, "round %d: the fetch did not end", round);
-        int wst = 0;
-        cr_assert_eq(waitpid(ow.pid, &wst, WNOHANG), 0, "round %d: the rogue exited (status %d)",
-                     round, WIFEXITED(wst) ? WEXITSTATUS(wst) : -WTERMSIG(wst));
-        run_for(&r, 100);
-        for (int k = 0; k < 3; k++) {
-            cr_assert_eq(it[k].status, 0, "round %d key %d: %d (statuses %d %d %d)", round, k, it[k].status, it[0].status, it[1].status, it[2].status);
-            expect_bytes(&it[k], &spec, k);
-        }
         struct ucx_node_stats st;
-        ucx_node_stats(r.node, &st);
-        cr_log_info("round %d: bad %llu, late %llu, bad macs %llu", round,
-                    (unsigned long long)st.bad_messages, (unsigned long long)st.late_dropped,
-                    (unsigned long long)st.bad_macs);
+        rogue_round(&r, &spec, &ow, round, &st);
         /* six forged answers, all in the first round: dropped as bad while the
          * fetch waited (as sent, 200 ms ahead), or as late had one come after */
         cr_assert_eq(st.bad_messages + st.late_dropped, 6,
