@@ -1098,13 +1098,27 @@ static void refusing_cluster(struct cluster *c, struct refuser *f, uint16_t *mpo
     refuser_start(f, c->m.addr, secret, fseed, 16, 64 * 1024);
     cr_assert(log_has(c->m.log, "node 1 (nodeF pid"), "F is not node 1; master log:\n%s",
               tu_slurp(c->m.log));
-    snprintf(extra, sizeof(extra), "\"secret_file\": \"%s\"", secret_path);
+    snprintf(extra, sizeof(extra), "\"secret_file\": \"%s\", \"log_level\": \"info\"",
+             secret_path); /* info: its registration is logged (waited for below) */
     node_start(&c->n[0], "nodeB", node_json(json, sizeof(json), c->m.addr, "nodeB", extra));
     c->nn = 1;
     snprintf(extra, sizeof(extra), "\"secret_file\": \"%s\", \"log_level\": \"debug\", "
              "\"cache_remote_fetches\": false", secret_path);
     node_start(&c->n[1], "nodeC", node_json(json, sizeof(json), c->m.addr, "nodeC", extra));
     c->nn = 2;
+    /* a node answers "ready" once its runtime is up, which may be before the
+     * master has acked its REGISTER; a get until then asks the master
+     * nothing and misses every remote key.  These tests' first get must be
+     * a node's first contact with F (no lookup or retry loop before it), so
+     * they wait for both registrations (CI, 2026-12-05: C's first get missed
+     * all 16 keys in 9 ms, F asked nothing) */
+    for (int i = 0; i < 2; i++) {
+        uint64_t end = tu_now_ms() + ANSWER_MS;
+        while (!log_has(c->n[i].log, "rdma: registered with the master") && tu_now_ms() < end)
+            pause_ms(10);
+        cr_assert(log_has(c->n[i].log, "rdma: registered with the master"),
+                  "node %s did not register; its log:\n%s", c->n[i].name, tu_slurp(c->n[i].log));
+    }
 }
 
 /* Nobody reported F: C logged no report, the master logged none, counts
@@ -1203,13 +1217,13 @@ Test(dist, a_warm_up_refused_by_the_owner_reports_nobody)
               "timeout %zu other %zu; its log:\n%s", g.hit, g.miss, g.wrong, g.dirty, g.reset,
               g.timeout, g.other, tu_slurp(r->log));
     /* the warm-up was the first key F refused, then the batch went to F */
-    cr_assert(log_has(f.log, "a FETCH of 1 keys whose mac is wrong"), "F's log:\n%s",
-              tu_slurp(f.log));
+    cr_assert(log_has(r->log, "asking node 1 for 16 keys (round 0"), "C did not ask F; its "
+              "log:\n%s", tu_slurp(r->log));
     cr_assert(log_has(r->log, "a node refused our fetch (-EACCES): its secret_file differs "
                       "from ours, or we have none (1 keys so far"), "C's log:\n%s",
               tu_slurp(r->log));
-    cr_assert(log_has(r->log, "asking node 1 for 16 keys (round 0"), "C's log:\n%s",
-              tu_slurp(r->log));
+    cr_assert(log_has(f.log, "a FETCH of 1 keys whose mac is wrong"), "F's log:\n%s",
+              tu_slurp(f.log));
     nobody_reported(&c, mport, r);
     g = get(r, 121, 16, 64 * 1024);
     cr_assert(g.miss == 16 && g.wrong == 0 && g.reset == 0, "second get: miss %zu reset %zu",
