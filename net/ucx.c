@@ -595,8 +595,8 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
          * is dropped; the key still waits for its owner's answer. */
         n->st.bad_messages++;
         if (once_a_minute(&n->bad_logged_ns))
-            umbp_log(UMBP_LOG_WARN, "%s: a DATA for key %u of a fetch that did not come back on "
-                     "the connection the fetch went out on; dropped", n->name, h.index);
+            umbp_log(UMBP_LOG_WARN, "%s: a DATA (index %u) that did not come back on the "
+                     "connection its fetch went out on; dropped", n->name, h.index);
         return rndv ? UCS_ERR_CANCELED : UCS_OK;
     }
     if (h.index >= b->n || b->items[h.index].status != UMBP_E_INPROGRESS) {

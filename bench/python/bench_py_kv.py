@@ -49,8 +49,8 @@ pinned copy each way just before it), idle=MS (sleep before every steady store
 and restore, and before an extra pinned copy, the baseline after the same idle).
 Each report also prints the steady rounds' ratios one by one, with their
 minimum, 10th percentile and median and the first call's rank among them.
---timeline runs the first store, steady stores 2 and 5 and a pinned copy after
-each under torch.profiler and prints where each one's time went on the GPU:
+--timeline runs the first store, and after the rounds two more stores and a
+pinned copy after each, under torch.profiler and prints where each one's time went on the GPU:
 the submit to its first kernel and copy, the link busy and idle between the
 copies, and the wait after the last copy (a diagnostic: the profiler slows
 the calls it watches).
@@ -452,8 +452,7 @@ def child(args):
         if args.idle_ms:  # as long idle before each store as the first one has
             torch.cuda.synchronize()
             time.sleep(args.idle_ms / 1e3)
-        st.append(profiled(f"store {r}", lambda: phased("store", lambda: rt.store_blocks(kv, keys, A)))
-                  if r in (2, 5) else phased("store", lambda: rt.store_blocks(kv, keys, A)))
+        st.append(phased("store", lambda: rt.store_blocks(kv, keys, A)))
         poison(B)
         if args.idle_ms:  # a request that comes to an idle engine: its restore first
             time.sleep(args.idle_ms / 1e3)
@@ -464,18 +463,24 @@ def child(args):
             bhi.append(pin.h2d())
         bh.append(pin.h2d())
         bs.append(pin.d2h())
-        if args.timeline and r in (2, 5):
-            profiled(f"pinned copy, device to host, round {r}", pinned_d2h)
         bb.append(pin.both())
     if tracer:
         out["trace_lines"] = LineTimer.excess(traces[0], traces[2::2], "first store")
-    out["timeline"] = lines
     out.update(store=st, restore=rs, base_h2d=bh, base_h2d_idle=bhi, base_d2h=bs, base_both=bb, phases=phases,
                calls={k: statistics.median(v) for k, v in calls.items()},
                steady_faults=[max(calls["faults"][2::2] or [0]), max(calls["faults"][3::2] or [0])],
                # the steady rounds' submits alone (after the first two): store, restore
                steady_submit=[statistics.median(calls["submit"][2::2] or [0]),
                               statistics.median(calls["submit"][3::2] or [0])])
+    # --timeline: two more steady stores and a pinned copy after each, under
+    # the profiler, after the rounds (so no steady figure above counts them)
+    for i in range(2 if args.timeline else 0):
+        for c in caches:
+            c[:, :nblk].view(torch.int16).random_(-32768, 32767)
+        k2 = fresh_keys()
+        profiled(f"steady store {i + 1}", lambda: timed(lambda: rt.store_blocks(kv, k2, A)))
+        profiled(f"pinned copy, device to host, {i + 1}", pinned_d2h)
+    out["timeline"] = lines
 
     # both ways: restore the prefix stored last (keys, from A) into B while
     # storing a new prefix from C
@@ -910,12 +915,13 @@ def main():
                          "untraced ones) and print the first store's lines by their excess "
                          "over the steady stores' median (a diagnostic)")
     ap.add_argument("--timeline", action="store_true",
-                    help="run the first store, steady stores 2 and 5 and a pinned copy after "
-                         "each under torch.profiler and print each one's GPU timeline: when "
+                    help="run the first store, and after the rounds two more stores and a "
+                         "pinned copy after each, under torch.profiler, and print each one's GPU timeline: when "
                          "its first kernel and copy started after the submit, how long the "
                          "copies kept the link busy, the idle gaps between them, and the wait "
                          "after the last copy (a diagnostic; the profiler slows the calls it "
-                         "watches, so their ratios are not the unprofiled ones)")
+                         "watches: the first store's ratio is then not the unprofiled one; the "
+                         "steady figures count none of the profiled stores)")
     ap.add_argument("--busy-ms", type=int, default=0, metavar="MS",
                     help="MS ms of GPU matrix products just before the first store, as an "
                          "engine's forward pass precedes its first store (default 0: the first "

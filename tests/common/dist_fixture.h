@@ -298,6 +298,20 @@ static inline void node_start(struct node *n, const char *name, const char *json
     cr_assert_str_eq(n->line, "ready", "node %s: %s; log:\n%s", name, n->line, tu_slurp(n->log));
 }
 
+/* A node answers "ready" once its runtime is up, which may be before the
+ * master acked its REGISTER (until then its reads ask the master nothing:
+ * remote keys miss).  Waits, bounded, for the ack's log line, which needs
+ * the node's log_level at info or debug. */
+static inline void node_wait_registered(struct node *n)
+{
+    uint64_t end = tu_now_ms() + ANSWER_MS;
+    while (!log_has(n->log, "rdma: registered with the master") && tu_now_ms() < end)
+        pause_ms(10);
+    cr_assert(log_has(n->log, "rdma: registered with the master"),
+              "node %s did not register within %d ms (log_level info or debug?); its log:\n%s",
+              n->name, ANSWER_MS, tu_slurp(n->log));
+}
+
 /* Sends one command and returns its answer line (asserting one came). */
 static inline const char *node_cmd(struct node *n, const char *fmt, ...)
 {

@@ -1112,13 +1112,8 @@ static void refusing_cluster(struct cluster *c, struct refuser *f, uint16_t *mpo
      * a node's first contact with F (no lookup or retry loop before it), so
      * they wait for both registrations (CI, 2026-12-05: C's first get missed
      * all 16 keys in 9 ms, F asked nothing) */
-    for (int i = 0; i < 2; i++) {
-        uint64_t end = tu_now_ms() + ANSWER_MS;
-        while (!log_has(c->n[i].log, "rdma: registered with the master") && tu_now_ms() < end)
-            pause_ms(10);
-        cr_assert(log_has(c->n[i].log, "rdma: registered with the master"),
-                  "node %s did not register; its log:\n%s", c->n[i].name, tu_slurp(c->n[i].log));
-    }
+    node_wait_registered(&c->n[0]);
+    node_wait_registered(&c->n[1]);
 }
 
 /* Nobody reported F: C logged no report, the master logged none, counts
