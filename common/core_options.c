@@ -103,6 +103,9 @@ const struct umbp_option umbp_core_options[] = {
     {"gpu_evict_first_restore", UMBP_OPT_BOOL, OFF(gpu_evict_first_restore), "true", 0, 0, 0,
      NULL, "restores write the KV blocks evict-first in the GPU's L2 (streaming stores), so the "
      "engine's own working set there stays"},
+    {"gpu_ramp_overlapped", UMBP_OPT_BOOL, OFF(gpu_ramp_overlapped), "true", 0, 0, 0, NULL,
+     "the staged method ramps its groups (smaller copies) at every transfer's ends; false: not "
+     "where other copies overlap an end (a store slice behind or before another), fewer copies"},
     {"gpu_wait_poll", UMBP_OPT_BOOL, OFF(gpu_wait_poll), "true", 0, 0, 0, NULL,
      "where poll_wait is on, a thread waiting for a KV transfer polls (yielding the core at "
      "every turn) until it completes, at most 50 ms, as CUDA's own synchronize does, instead "

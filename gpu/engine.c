@@ -27,7 +27,12 @@
  * lane's slots rotate across its transfers (lane->next_slot), and everything is issued under eng->lock, so each wait sees the record it
  * needs (a stream waits for the last record made before the wait call).  Groups ramp up
  * (1/8, 1/4, 1/2 of a slot, then whole slots) so the first DMA starts soon,
- * and down (halves of the last slot's worth) so the last scatter ends soon.
+ * and down (halves of the last slot's worth) so the last scatter ends soon;
+ * without UMBP_GPU_RAMP_OVERLAPPED (on by default), not up while the lane's
+ * previous staged transfer still copies (lane last_end), nor down when the
+ * caller says another follows
+ * (UMBP_KV_XFER_FOLLOWED: the runtime's store slices), where other copies
+ * overlap that end and each extra group is one more copy.
  *
  * Completion.  Each transfer owns an event recorded after its last device
  * work; umbp_gpu_xfer_test queries it without locks or blocking.  Transfers
@@ -59,7 +64,7 @@
 #define DMA_BATCH_MAX 8192 /* copies per batched call */
 #define KNOWN_FLAGS                                                                        \
     (UMBP_GPU_RECORD_SMS | UMBP_GPU_NO_BATCH_MEMCPY | UMBP_GPU_SORT_BY_HOST |             \
-     UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE)
+     UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE | UMBP_GPU_RAMP_OVERLAPPED)
 /* AUTO stores zero-copy when the DMAs of the staged method would average
  * less than this (objects' selected bytes, adjacent ones merged). */
 #define STAGED_STORE_MIN_BYTES ((uint64_t)512 << 10)
@@ -76,7 +81,8 @@ void umbp_gpu_config_default(umbp_gpu_config_t *cfg)
     cfg->staging_bytes = DEFAULT_STAGING;
     cfg->max_inflight = DEFAULT_INFLIGHT;
     cfg->copy_streams = DEFAULT_COPY_STREAMS;
-    cfg->flags = UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE;
+    cfg->flags = UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE |
+                 UMBP_GPU_RAMP_OVERLAPPED;
 }
 
 /* ---- configuration ---------------------------------------------------- */
@@ -230,6 +236,8 @@ static int create_device_state(struct umbp_gpu_engine *eng)
             rc = gpu_event_create(o, &L->table_ready);
         if (rc == 0)
             rc = gpu_event_create(o, &L->zero_copy_done);
+        if (rc == 0)
+            rc = gpu_event_create(o, &L->last_end);
     }
     for (int d = 0; d < 2; d++)
         for (int s = 0; rc == 0 && s < GPU_STAGING_SLOTS; s++) {
@@ -330,6 +338,7 @@ static void release_device_state(struct umbp_gpu_engine *eng)
         gpu_event_destroy(o, L->table_ready);
         gpu_event_destroy(o, L->table_up);
         gpu_event_destroy(o, L->zero_copy_done);
+        gpu_event_destroy(o, L->last_end);
         gpu_stream_destroy(o, L->tstream);
         gpu_stream_destroy(o, L->zstream);
         for (int c = 0; c < GPU_COPY_STREAMS_MAX; c++)
@@ -827,6 +836,7 @@ struct plan {
     uint64_t sel_off;      /* where they start in an object */
     uint64_t sel_bytes;    /* and how long they are */
     uint32_t n;            /* blocks */
+    uint32_t flags;        /* UMBP_KV_XFER_* */
 };
 
 static struct gpu_copy_args kernel_args(const struct umbp_gpu_engine *eng, const struct plan *p,
@@ -973,13 +983,18 @@ static int stage_dma(struct umbp_gpu_engine *eng, const struct umbp_gpu_xfer *x,
 /* Group sizes: 1/8, 1/4, 1/2 of a slot's worth, then whole slots, and the
  * last slot's worth in halves down to 1/8: the first group's DMA (restore)
  * or gather (store) and the last group's scatter or DMA overlap nothing, so
- * both ends are kept short. */
-static uint32_t next_group(uint32_t *ramp, uint32_t per, uint32_t left)
+ * both ends are kept short.  Each group is one more copy (about 2.4 us of
+ * link time and 1.5 us idle before it on an H100 host), so without
+ * UMBP_GPU_RAMP_OVERLAPPED an end that other work overlaps is not ramped: no
+ * ramp-up while the lane's copy engine still has a transfer queued (*ramp
+ * starts at per), no ramp-down (ramp_down false) when another transfer
+ * follows this one. */
+static uint32_t next_group(uint32_t *ramp, uint32_t per, uint32_t left, bool ramp_down)
 {
     uint32_t tail = per / 8 ? per / 8 : 1;
     uint32_t cnt = *ramp < left ? *ramp : left;
     *ramp = *ramp * 2 < per ? *ramp * 2 : per;
-    if (left <= per && left > tail) {
+    if (ramp_down && left <= per && left > tail) {
         uint32_t half = (left + 1) / 2;
         cnt = cnt < half ? cnt : half > tail ? half : tail;
     }
@@ -996,8 +1011,12 @@ static int run_staged(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, cons
     uint32_t per = (uint32_t)(eng->slot_bytes / p->sel_bytes);
     uint32_t first = per / 8 ? per / 8 : 1;
     uint32_t nz = (uint32_t)((uint64_t)p->n * eng->cfg.kernel_share_pct / 100);
+    bool skip_overlapped = !(eng->cfg.flags & UMBP_GPU_RAMP_OVERLAPPED);
+    bool ramp_down = !(skip_overlapped && (p->flags & UMBP_KV_XFER_FOLLOWED));
     if (per == 0)
         return -EINVAL; /* resolve_method sends objects larger than a slot elsewhere */
+    if (skip_overlapped && gpu_event_query(o, L->last_end) == UMBP_E_INPROGRESS)
+        first = per; /* the lane's copies run: the first gather overlaps them */
     int rc = dma_reserve(eng, per);
     if (rc < 0)
         return rc;
@@ -1007,7 +1026,7 @@ static int run_staged(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, cons
     uint32_t ramp = first;
     for (uint32_t g0 = nz, s = L->next_slot; g0 < p->n; s = (s + 1) % GPU_STAGING_SLOTS) {
         uint64_t slot = (uint64_t)(uintptr_t)L->staging + s * eng->slot_bytes;
-        uint32_t cnt = next_group(&ramp, per, p->n - g0);
+        uint32_t cnt = next_group(&ramp, per, p->n - g0, ramp_down);
         for (uint32_t k = 0; k < cnt; k++)
             x->htab[g0 + k].obj = slot + (uint64_t)k * p->sel_bytes - p->sel_off;
         g0 += cnt;
@@ -1028,7 +1047,7 @@ static int run_staged(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, cons
     uint32_t discard = (eng->cfg.flags & UMBP_GPU_L2_DISCARD_STAGING) ? GPU_HINT_DISCARD_OBJ : 0;
     ramp = first;
     for (uint32_t g0 = nz; rc == 0 && g0 < p->n;) {
-        uint32_t cnt = next_group(&ramp, per, p->n - g0);
+        uint32_t cnt = next_group(&ramp, per, p->n - g0, ramp_down);
         unsigned s = L->next_slot;
         L->next_slot = (s + 1) % GPU_STAGING_SLOTS;
         if (!p->restore) {
@@ -1056,6 +1075,8 @@ static int run_staged(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, cons
         rc = gpu_stream_wait_event(o, last, L->zero_copy_done);
     if (rc == 0)
         rc = gpu_event_record(o, x->done, last);
+    if (rc == 0)
+        rc = gpu_event_record(o, L->last_end, last);
     return rc;
 }
 
@@ -1106,6 +1127,11 @@ static int make_plan(const struct umbp_gpu_engine *eng, const umbp_kv_xfer_desc_
         gpu_set_error("transfer: %zu blocks; at most 2^32 - 1 per call", d->num_blocks);
         return -EINVAL;
     }
+    if (d->flags & ~UMBP_KV_XFER_FOLLOWED) {
+        gpu_set_error("transfer: flags 0x%x: unknown bits 0x%x (known: UMBP_KV_XFER_FOLLOWED)",
+                      d->flags, d->flags & ~UMBP_KV_XFER_FOLLOWED);
+        return -EINVAL;
+    }
     int rc = umbp_kv_layout_layer_span(lay, d->first_layer, d->num_layers, &p->sel_off,
                                        &p->sel_bytes);
     if (rc < 0)
@@ -1115,6 +1141,7 @@ static int make_plan(const struct umbp_gpu_engine *eng, const umbp_kv_xfer_desc_
     p->first = d->first_layer;
     p->count = d->num_layers ? d->num_layers : lay->num_layers - d->first_layer;
     p->n = (uint32_t)d->num_blocks;
+    p->flags = d->flags;
     return 0;
 }
 

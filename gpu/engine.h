@@ -64,6 +64,10 @@ struct gpu_lane {
     gpu_stream_t tstream;
     gpu_event_t table_up;
     gpu_event_t table_ready, zero_copy_done; /* kstream -> zstream -> the end */
+    /* recorded after each staged transfer's last copy: while it has not
+     * fired, the lane's copy engine has work queued, and the next staged
+     * transfer needs no ramp-up (engine.c: run_staged) */
+    gpu_event_t last_end;
     /* The lane's half of the staging buffer: GPU_STAGING_SLOTS slots of
      * eng->slot_bytes, used in turn (a store's pipeline never waits for a
      * restore's slots, nor the other way round). */

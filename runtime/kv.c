@@ -219,6 +219,8 @@ static int engine_start(struct umbp_runtime *rt)
         cfg.flags &= ~(uint32_t)UMBP_GPU_L2_DISCARD_STAGING;
     if (!rt->core->gpu_evict_first_restore)
         cfg.flags &= ~(uint32_t)UMBP_GPU_EVICT_FIRST_RESTORE;
+    if (!rt->core->gpu_ramp_overlapped)
+        cfg.flags &= ~(uint32_t)UMBP_GPU_RAMP_OVERLAPPED;
     if ((rc = umbp_gpu_engine_create(&cfg, &kv->engine)) < 0) {
         umbp_set_error("gpu_device %lld (%s): %s", (long long)rt->core->gpu_device,
                        umbp_gpu_backend_name(cfg.backend), umbp_gpu_last_error());
@@ -729,6 +731,8 @@ void gpu_dispatch(struct umbp_op *op, enum msg_type then)
         .first_layer = op->kv_first_layer,
         .num_layers = op->kv_num_layers,
         .wait_event = op->kv_wait_event,
+        /* a slice of a store with more after it: they are submitted behind it */
+        .flags = op->parent && op->parent_base + op->n < op->parent->n ? UMBP_KV_XFER_FOLLOWED : 0,
     };
     op->hdr.type = (uint16_t)then;
     if (rt->kv.inflight++ == 0 && rt->may_spin)

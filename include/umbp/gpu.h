@@ -132,6 +132,15 @@ enum umbp_gpu_flags {
                                         KV blocks evict-first in L2
                                         (streaming stores), so the engine's
                                         own working set there stays */
+    UMBP_GPU_RAMP_OVERLAPPED = 1u << 5, /* STAGED: ramp the groups at every
+                                        transfer's ends, also where other
+                                        copies overlap them (the default).
+                                        Off: a transfer that finds its lane
+                                        still copying starts with whole
+                                        slots, and one flagged
+                                        UMBP_KV_XFER_FOLLOWED ends with them:
+                                        fewer, larger copies; unmeasured on
+                                        a GPU yet (docs/gpu-copy-engine.md) */
 };
 
 typedef struct umbp_gpu_config {
@@ -196,8 +205,8 @@ UMBP_API void umbp_gpu_engine_get_config(const umbp_gpu_engine_t *eng, umbp_gpu_
  * Changes the tunables for transfers submitted afterwards: store_method,
  * restore_method, max_ctas, threads_per_cta, vec_per_lane, copy_streams,
  * kernel_share_pct and the flags UMBP_GPU_NO_BATCH_MEMCPY,
- * UMBP_GPU_SORT_BY_HOST, UMBP_GPU_L2_DISCARD_STAGING and
- * UMBP_GPU_EVICT_FIRST_RESTORE (0 fields but flags take defaults).  backend, device,
+ * UMBP_GPU_SORT_BY_HOST, UMBP_GPU_L2_DISCARD_STAGING,
+ * UMBP_GPU_EVICT_FIRST_RESTORE and UMBP_GPU_RAMP_OVERLAPPED (0 fields but flags take defaults).  backend, device,
  * staging_bytes, max_inflight and UMBP_GPU_RECORD_SMS are fixed at creation:
  * -EINVAL if cfg asks to change them (start from umbp_gpu_engine_get_config).
  */
@@ -318,7 +327,16 @@ typedef struct umbp_kv_xfer_desc {
      * blocks; for a restore, the last reads of the blocks being overwritten.
      * NULL: no wait.  Only the record made before submission counts. */
     void *wait_event;
+    uint32_t flags; /* UMBP_KV_XFER_*; 0: none */
 } umbp_kv_xfer_desc_t;
+
+/* umbp_kv_xfer_desc_t.flags.  FOLLOWED: another transfer in the same
+ * direction is submitted right behind this one (a slice of a larger store),
+ * so the staged method may keep its last groups whole (where the engine's
+ * UMBP_GPU_RAMP_OVERLAPPED is off): their smaller copies pay only where the
+ * link would otherwise go idle after them.  A hint; a wrong one costs time,
+ * never bytes. */
+#define UMBP_KV_XFER_FOLLOWED 1u
 
 typedef struct umbp_gpu_xfer umbp_gpu_xfer_t;
 

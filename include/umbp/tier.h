@@ -116,6 +116,7 @@ struct umbp_core_config {
     char gpu_restore_method[8];
     bool gpu_l2_discard_staging;     /* UMBP_GPU_L2_DISCARD_STAGING */
     bool gpu_evict_first_restore;    /* UMBP_GPU_EVICT_FIRST_RESTORE */
+    bool gpu_ramp_overlapped;        /* UMBP_GPU_RAMP_OVERLAPPED */
     bool gpu_wait_poll;              /* waiters poll through KV transfers */
     bool gpu_warm_store;             /* a store aborted before publish at registration */
     char poll_wait[8];               /* auto, on, off */

@@ -430,6 +430,85 @@ static void run_both_ways(struct env *e, size_t nsel, int restore_first, const c
           restore_first ? "restore" : "store");
 }
 
+/* A sliced store and restore as the runtime submits them: three transfers
+ * of one batch submitted back to back before any is waited for, the first
+ * two flagged UMBP_KV_XFER_FOLLOWED.  Run with the engine's
+ * UMBP_GPU_RAMP_OVERLAPPED (every end ramped) and without it (the flagged
+ * ones end without a ramp-down, the later ones start without a ramp-up
+ * where they find the lane's copies still queued).
+ * Group sizes change no byte: the pool after the stores, and the GPU
+ * tensors after the restores into poisoned blocks, are compared whole. */
+static void run_slices(struct env *e, size_t nsel, const char *label)
+{
+    struct model *m = &e->m;
+    const struct gpu_ops *o = e->o;
+    uint64_t blocks[256], slots[256];
+    umbp_kv_block_io_t io[256];
+    if (nsel < 3)
+        return;
+    pick_distinct(blocks, nsel, m->nb);
+    pick_distinct(slots, nsel, e->nslots);
+    for (size_t i = 0; i < nsel; i++)
+        io[i] = (umbp_kv_block_io_t){.block = blocks[i], .host = e->pool + slots[i] * m->obj_size};
+    size_t cut[4] = {0, nsel / 4, nsel / 4 + nsel / 2, nsel}; /* a half slice first, as kv.c */
+    umbp_kv_xfer_desc_t d[3];
+    for (int c = 0; c < 3; c++)
+        d[c] = (umbp_kv_xfer_desc_t){.layout = e->lay, .blocks = io + cut[c],
+                                     .num_blocks = cut[c + 1] - cut[c],
+                                     .flags = c < 2 ? UMBP_KV_XFER_FOLLOWED : 0};
+    size_t pool_bytes = e->nslots * m->obj_size;
+    for (uint32_t i = 0; i < m->ntensors; i++)
+        fill_random(m->mirror[i], m->tensor_bytes);
+    int rc = model_upload(m, o);
+    memset(e->pool, 0xA5, pool_bytes);
+    memset(e->expect, 0xA5, pool_bytes);
+    for (size_t i = 0; i < nsel; i++)
+        for (uint32_t l = 0; l < m->s->layers; l++)
+            for (uint32_t kv = 0; kv < m->nkv; kv++) {
+                uint32_t t = 0;
+                uint64_t off = 0;
+                model_chunk(m, l, blocks[i], kv, &t, &off);
+                memcpy(e->expect + slots[i] * m->obj_size + model_obj_off(m, l, kv),
+                       m->mirror[t] + off, m->chunk);
+            }
+    for (int dir = 0; dir < 2 && rc == 0; dir++) {
+        if (dir == 1) { /* restores: random objects into poisoned tensors */
+            fill_random(e->pool, pool_bytes);
+            for (uint32_t i = 0; i < m->ntensors; i++)
+                memset(m->mirror[i], 0x5A, m->tensor_bytes);
+            rc = model_upload(m, o);
+            for (size_t i = 0; i < nsel; i++)
+                for (uint32_t l = 0; l < m->s->layers; l++)
+                    for (uint32_t kv = 0; kv < m->nkv; kv++) {
+                        uint32_t t = 0;
+                        uint64_t off = 0;
+                        model_chunk(m, l, blocks[i], kv, &t, &off);
+                        memcpy(m->mirror[t] + off,
+                               e->pool + slots[i] * m->obj_size + model_obj_off(m, l, kv), m->chunk);
+                    }
+        }
+        umbp_gpu_xfer_t *x[3] = {NULL, NULL, NULL};
+        for (int c = 0; c < 3 && rc == 0; c++)
+            rc = dir ? umbp_gpu_restore(e->eng, &d[c], &x[c]) : umbp_gpu_store(e->eng, &d[c], &x[c]);
+        for (int c = 0; c < 3; c++) {
+            int wrc = x[c] ? umbp_gpu_xfer_wait(x[c], 30000) : 0;
+            if (rc == 0)
+                rc = wrc;
+            umbp_gpu_xfer_release(x[c]);
+        }
+        CHECK(rc == 0, "%s slices (%s): %s", label, dir ? "restores" : "stores",
+              umbp_gpu_strerror(rc));
+        if (dir == 0) {
+            CHECK(rc == 0 && memcmp(e->pool, e->expect, pool_bytes) == 0,
+                  "%s slices: every byte of the pool as expected after the stores", label);
+            CHECK(model_check_device(m, o, "after sliced stores") == 0,
+                  "%s slices: the stores left the GPU tensors alone", label);
+        }
+    }
+    CHECK(rc == 0 && model_check_device(m, o, "slices") == 0,
+          "%s slices: every byte of the GPU tensors as expected after the restores", label);
+}
+
 static const char *method_name(umbp_gpu_method_t m)
 {
     return m == UMBP_GPU_METHOD_KERNEL ? "kernel" : m == UMBP_GPU_METHOD_STAGED ? "staged" : "dma";
@@ -507,6 +586,16 @@ static void run_layout(umbp_gpu_backend_t b, const struct spec *s, umbp_gpu_meth
         run_case(&e, method, 1, 0, 1, label);                     /* one chunk pair */
         run_both_ways(&e, nsel, 0, label);
         run_both_ways(&e, nsel, 1, label);
+        run_slices(&e, nsel, label); /* ramps at every end (the default) */
+        umbp_gpu_config_t c;
+        umbp_gpu_engine_get_config(e.eng, &c);
+        c.flags &= ~(uint32_t)UMBP_GPU_RAMP_OVERLAPPED;
+        rc = umbp_gpu_engine_set_tuning(e.eng, &c);
+        CHECK(rc == 0, "%s: tuning without UMBP_GPU_RAMP_OVERLAPPED: %s", label,
+              umbp_gpu_strerror(rc));
+        run_slices(&e, nsel, label); /* whole groups where the slices overlap */
+        c.flags |= UMBP_GPU_RAMP_OVERLAPPED;
+        CHECK(umbp_gpu_engine_set_tuning(e.eng, &c) == 0, "%s: the ramp flag back", label);
     }
     if (e.pool != NULL) {
         if (method == UMBP_GPU_METHOD_KERNEL) {
@@ -907,6 +996,11 @@ static void test_errors(void)
     CHECK(umbp_gpu_store(eng, &d, &x) == UMBP_E_KV_RANGE, "first_layer 2 of 2");
     d.first_layer = 0;
     CHECK(umbp_gpu_store(eng, NULL, &x) == -EINVAL, "NULL desc");
+    d.flags = UMBP_KV_XFER_FOLLOWED | 4;
+    CHECK(umbp_gpu_store(eng, &d, &x) == -EINVAL && strstr(umbp_gpu_last_error(), "flags 0x5") &&
+              strstr(umbp_gpu_last_error(), "unknown bits 0x4"),
+          "unknown transfer flags refused, named: %s", umbp_gpu_last_error());
+    d.flags = UMBP_KV_XFER_FOLLOWED; /* a hint: a lone transfer flagged so still runs */
     rc = umbp_gpu_store(eng, &d, &x);
     CHECK(rc == 0, "a good store: %s", umbp_gpu_strerror(rc));
     if (rc == 0) {

@@ -295,13 +295,14 @@ static bool have_device(umbp_gpu_backend_t *b, const char **name)
         cr_skip_test("no GPU: %s", umbp_gpu_last_error());
 
 Test(kv_host, round_trip) { run_round_trip(UMBP_GPU_BACKEND_HOST, "host"); }
-/* The copy kernels' shape, staging and L2 options reach the engine: the
- * defaults (32 blocks of 128 threads, 256 MiB, both L2 hints) and values
- * given, as the engine holds them. */
+/* The copy kernels' shape, staging, L2 and ramp options reach the engine:
+ * the defaults (32 blocks of 128 threads, 256 MiB, both L2 hints, ramps at
+ * every end) and values given, as the engine holds them. */
 static void expect_shape(const char *extra, uint32_t ctas, uint32_t threads, uint64_t staging,
                          uint32_t hints)
 {
-    const uint32_t both = UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE;
+    const uint32_t both =
+        UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE | UMBP_GPU_RAMP_OVERLAPPED;
     struct fixture f;
     setup_cfg(&f, UMBP_GPU_BACKEND_HOST, "host", extra);
     umbp_gpu_config_t c;
@@ -310,20 +311,23 @@ static void expect_shape(const char *extra, uint32_t ctas, uint32_t threads, uin
     cr_expect_eq(c.threads_per_cta, threads, "%s: threads_per_cta %u", extra, c.threads_per_cta);
     cr_expect_eq(c.staging_bytes, staging, "%s: staging_bytes %llu", extra,
                  (unsigned long long)c.staging_bytes);
-    cr_expect_eq(c.flags & both, hints, "%s: L2 hint flags 0x%x", extra, c.flags & both);
+    cr_expect_eq(c.flags & both, hints, "%s: L2 and ramp flags 0x%x", extra, c.flags & both);
     teardown_fixture(&f);
 }
 
 Test(kv_host, kernel_shape_options_reach_the_engine)
 {
     const uint64_t MiB = 1 << 20;
+    const uint32_t ramp = UMBP_GPU_RAMP_OVERLAPPED;
     expect_shape("\"capacity_bytes\":\"64MiB\"", 32, 128, 256 * MiB,
-                 UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE);
+                 UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE | ramp);
     expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_max_ctas\":5,\"gpu_threads_per_cta\":96,"
                  "\"gpu_staging_bytes\":\"16MiB\",\"gpu_l2_discard_staging\":false",
-                 5, 96, 16 * MiB, UMBP_GPU_EVICT_FIRST_RESTORE);
+                 5, 96, 16 * MiB, UMBP_GPU_EVICT_FIRST_RESTORE | ramp);
     expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_evict_first_restore\":false", 32, 128,
-                 256 * MiB, UMBP_GPU_L2_DISCARD_STAGING);
+                 256 * MiB, UMBP_GPU_L2_DISCARD_STAGING | ramp);
+    expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_ramp_overlapped\":false", 32, 128,
+                 256 * MiB, UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE);
 }
 
 /* How long a waiter polls before it sleeps (op_spin_ns): through a KV

@@ -176,6 +176,7 @@ static const struct {
     {"gpu_restore_method", "auto"},
     {"gpu_l2_discard_staging", "true"},
     {"gpu_evict_first_restore", "true"},
+    {"gpu_ramp_overlapped", "true"},
     {"gpu_wait_poll", "true"},
     {"dram_use_shared_memory", "false"},
     {"dram_shm_name", ""},
