@@ -1075,7 +1075,7 @@ static int run_staged(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, cons
         rc = gpu_stream_wait_event(o, last, L->zero_copy_done);
     if (rc == 0)
         rc = gpu_event_record(o, x->done, last);
-    if (rc == 0)
+    if (rc == 0 && skip_overlapped) /* with the default ramps nothing reads it */
         rc = gpu_event_record(o, L->last_end, last);
     return rc;
 }
