@@ -1046,7 +1046,7 @@ static int run_staged(struct umbp_gpu_engine *eng, struct umbp_gpu_xfer *x, cons
      * next DMA into it (which waits for slot_free). */
     uint32_t discard = (eng->cfg.flags & UMBP_GPU_L2_DISCARD_STAGING) ? GPU_HINT_DISCARD_OBJ : 0;
     ramp = first;
-    for (uint32_t g0 = nz; rc == 0 && g0 < p->n;) {
+    for (uint32_t g0 = nz; rc == 0 && g0 < p->n; x->groups++) {
         uint32_t cnt = next_group(&ramp, per, p->n - g0, ramp_down);
         unsigned s = L->next_slot;
         L->next_slot = (s + 1) % GPU_STAGING_SLOTS;
@@ -1239,6 +1239,7 @@ static int submit(umbp_gpu_engine_t *eng, const umbp_kv_xfer_desc_t *d, int rest
         goto fail_leave;
 
     x->bytes = p.sel_bytes * p.n;
+    x->groups = 0;
     atomic_store(&x->status, UMBP_E_INPROGRESS);
     if (d->wait_event != NULL && !o->synchronous)
         rc = gpu_stream_wait_event(o, lane_of(eng, &p)->kstream, d->wait_event);

@@ -36,6 +36,7 @@ struct umbp_gpu_xfer {
     atomic_int status;      /* UMBP_E_INPROGRESS until known done/failed */
     uint64_t bytes;
     umbp_gpu_method_t method;
+    uint32_t groups;             /* STAGED: the copy groups it ran in (tests) */
     size_t cap;                  /* entries of the three tables below */
     struct gpu_copy_block *htab; /* pinned host copy of the block table */
     struct gpu_copy_block *dtab; /* device copy the restore lane's kernels read */

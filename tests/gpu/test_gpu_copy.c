@@ -269,6 +269,39 @@ struct env {
     struct model m;
 };
 
+/* What a store of blocks into slots leaves in e->expect, and what a restore
+ * of slots into blocks leaves in the mirror of the GPU tensors: layers
+ * [first, last) of each (block, slot) pair. */
+static void expect_stored(struct env *e, const uint64_t *blocks, const uint64_t *slots, size_t n,
+                          uint32_t first, uint32_t last)
+{
+    struct model *m = &e->m;
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t l = first; l < last; l++)
+            for (uint32_t kv = 0; kv < m->nkv; kv++) {
+                uint32_t t = 0;
+                uint64_t off = 0;
+                model_chunk(m, l, blocks[i], kv, &t, &off);
+                memcpy(e->expect + slots[i] * m->obj_size + model_obj_off(m, l, kv),
+                       m->mirror[t] + off, m->chunk);
+            }
+}
+
+static void mirror_restored(struct env *e, const uint64_t *blocks, const uint64_t *slots, size_t n,
+                            uint32_t first, uint32_t last)
+{
+    struct model *m = &e->m;
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t l = first; l < last; l++)
+            for (uint32_t kv = 0; kv < m->nkv; kv++) {
+                uint32_t t = 0;
+                uint64_t off = 0;
+                model_chunk(m, l, blocks[i], kv, &t, &off);
+                memcpy(m->mirror[t] + off, e->pool + slots[i] * m->obj_size + model_obj_off(m, l, kv),
+                       m->chunk);
+            }
+}
+
 /* Random distinct values in [0, n). */
 static void pick_distinct(uint64_t *out, size_t k, uint64_t n)
 {
@@ -308,15 +341,7 @@ static void run_case(struct env *e, umbp_gpu_method_t method, size_t nsel, uint3
     int rc = model_upload(m, o);
     memset(e->pool, 0xA5, pool_bytes);
     memset(e->expect, 0xA5, pool_bytes);
-    for (size_t i = 0; i < nsel; i++)
-        for (uint32_t l = first; l < last; l++)
-            for (uint32_t kv = 0; kv < m->nkv; kv++) {
-                uint32_t t = 0;
-                uint64_t off = 0;
-                model_chunk(m, l, blocks[i], kv, &t, &off);
-                memcpy(e->expect + slots[i] * m->obj_size + model_obj_off(m, l, kv),
-                       m->mirror[t] + off, m->chunk);
-            }
+    expect_stored(e, blocks, slots, nsel, first, last);
     umbp_gpu_xfer_t *x = NULL;
     if (rc == 0)
         rc = umbp_gpu_store(e->eng, &d, &x);
@@ -346,15 +371,7 @@ static void run_case(struct env *e, umbp_gpu_method_t method, size_t nsel, uint3
     for (uint32_t i = 0; i < m->ntensors; i++)
         memset(m->mirror[i], 0x5A, m->tensor_bytes);
     rc = model_upload(m, o);
-    for (size_t i = 0; i < nsel; i++)
-        for (uint32_t l = first; l < last; l++)
-            for (uint32_t kv = 0; kv < m->nkv; kv++) {
-                uint32_t t = 0;
-                uint64_t off = 0;
-                model_chunk(m, l, blocks[i], kv, &t, &off);
-                memcpy(m->mirror[t] + off, e->pool + slots[i] * m->obj_size + model_obj_off(m, l, kv),
-                       m->chunk);
-            }
+    mirror_restored(e, blocks, slots, nsel, first, last);
     if (rc == 0)
         rc = umbp_gpu_restore(e->eng, &d, &x);
     if (rc == 0) {
@@ -395,19 +412,8 @@ static void run_both_ways(struct env *e, size_t nsel, int restore_first, const c
     int rc = model_upload(m, o);
     fill_random(e->pool, pool_bytes);
     memcpy(e->expect, e->pool, pool_bytes);
-    for (size_t i = 0; i < nsel; i++)
-        for (uint32_t l = 0; l < m->s->layers; l++)
-            for (uint32_t kv = 0; kv < m->nkv; kv++) {
-                uint32_t t = 0;
-                uint64_t off = 0;
-                model_chunk(m, l, blocks[i], kv, &t, &off); /* stored: S -> P1 */
-                memcpy(e->expect + slots[i] * m->obj_size + model_obj_off(m, l, kv),
-                       m->mirror[t] + off, m->chunk);
-                model_chunk(m, l, blocks[nsel + i], kv, &t, &off); /* restored: P2 -> R */
-                memcpy(m->mirror[t] + off,
-                       e->pool + slots[nsel + i] * m->obj_size + model_obj_off(m, l, kv),
-                       m->chunk);
-            }
+    expect_stored(e, blocks, slots, nsel, 0, m->s->layers);                    /* S -> P1 */
+    mirror_restored(e, blocks + nsel, slots + nsel, nsel, 0, m->s->layers);    /* P2 -> R */
     umbp_gpu_xfer_t *xs = NULL, *xr = NULL;
     if (rc == 0 && restore_first)
         rc = umbp_gpu_restore(e->eng, &dr, &xr);
@@ -438,14 +444,15 @@ static void run_both_ways(struct env *e, size_t nsel, int restore_first, const c
  * where they find the lane's copies still queued).
  * Group sizes change no byte: the pool after the stores, and the GPU
  * tensors after the restores into poisoned blocks, are compared whole. */
-static void run_slices(struct env *e, size_t nsel, const char *label)
+static uint32_t run_slices(struct env *e, size_t nsel, const char *label)
 {
     struct model *m = &e->m;
     const struct gpu_ops *o = e->o;
     uint64_t blocks[256], slots[256];
     umbp_kv_block_io_t io[256];
+    uint32_t groups = 0; /* copy groups of the flagged transfers, both ways */
     if (nsel < 3)
-        return;
+        return 0;
     pick_distinct(blocks, nsel, m->nb);
     pick_distinct(slots, nsel, e->nslots);
     for (size_t i = 0; i < nsel; i++)
@@ -462,30 +469,14 @@ static void run_slices(struct env *e, size_t nsel, const char *label)
     int rc = model_upload(m, o);
     memset(e->pool, 0xA5, pool_bytes);
     memset(e->expect, 0xA5, pool_bytes);
-    for (size_t i = 0; i < nsel; i++)
-        for (uint32_t l = 0; l < m->s->layers; l++)
-            for (uint32_t kv = 0; kv < m->nkv; kv++) {
-                uint32_t t = 0;
-                uint64_t off = 0;
-                model_chunk(m, l, blocks[i], kv, &t, &off);
-                memcpy(e->expect + slots[i] * m->obj_size + model_obj_off(m, l, kv),
-                       m->mirror[t] + off, m->chunk);
-            }
+    expect_stored(e, blocks, slots, nsel, 0, m->s->layers);
     for (int dir = 0; dir < 2 && rc == 0; dir++) {
         if (dir == 1) { /* restores: random objects into poisoned tensors */
             fill_random(e->pool, pool_bytes);
             for (uint32_t i = 0; i < m->ntensors; i++)
                 memset(m->mirror[i], 0x5A, m->tensor_bytes);
             rc = model_upload(m, o);
-            for (size_t i = 0; i < nsel; i++)
-                for (uint32_t l = 0; l < m->s->layers; l++)
-                    for (uint32_t kv = 0; kv < m->nkv; kv++) {
-                        uint32_t t = 0;
-                        uint64_t off = 0;
-                        model_chunk(m, l, blocks[i], kv, &t, &off);
-                        memcpy(m->mirror[t] + off,
-                               e->pool + slots[i] * m->obj_size + model_obj_off(m, l, kv), m->chunk);
-                    }
+            mirror_restored(e, blocks, slots, nsel, 0, m->s->layers);
         }
         umbp_gpu_xfer_t *x[3] = {NULL, NULL, NULL};
         for (int c = 0; c < 3 && rc == 0; c++)
@@ -494,6 +485,8 @@ static void run_slices(struct env *e, size_t nsel, const char *label)
             int wrc = x[c] ? umbp_gpu_xfer_wait(x[c], 30000) : 0;
             if (rc == 0)
                 rc = wrc;
+            if (x[c] && c < 2)
+                groups += x[c]->groups;
             umbp_gpu_xfer_release(x[c]);
         }
         CHECK(rc == 0, "%s slices (%s): %s", label, dir ? "restores" : "stores",
@@ -507,6 +500,7 @@ static void run_slices(struct env *e, size_t nsel, const char *label)
     }
     CHECK(rc == 0 && model_check_device(m, o, "slices") == 0,
           "%s slices: every byte of the GPU tensors as expected after the restores", label);
+    return groups;
 }
 
 static const char *method_name(umbp_gpu_method_t m)
@@ -586,14 +580,16 @@ static void run_layout(umbp_gpu_backend_t b, const struct spec *s, umbp_gpu_meth
         run_case(&e, method, 1, 0, 1, label);                     /* one chunk pair */
         run_both_ways(&e, nsel, 0, label);
         run_both_ways(&e, nsel, 1, label);
-        run_slices(&e, nsel, label); /* ramps at every end (the default) */
+        uint32_t ramped = run_slices(&e, nsel, label); /* ramps at every end (the default) */
         umbp_gpu_config_t c;
         umbp_gpu_engine_get_config(e.eng, &c);
         c.flags &= ~(uint32_t)UMBP_GPU_RAMP_OVERLAPPED;
         rc = umbp_gpu_engine_set_tuning(e.eng, &c);
         CHECK(rc == 0, "%s: tuning without UMBP_GPU_RAMP_OVERLAPPED: %s", label,
               umbp_gpu_strerror(rc));
-        run_slices(&e, nsel, label); /* whole groups where the slices overlap */
+        uint32_t whole = run_slices(&e, nsel, label); /* whole groups where they overlap */
+        CHECK(whole <= ramped, "%s slices: %u copy groups without UMBP_GPU_RAMP_OVERLAPPED, "
+              "%u with it", label, whole, ramped);
         c.flags |= UMBP_GPU_RAMP_OVERLAPPED;
         CHECK(umbp_gpu_engine_set_tuning(e.eng, &c) == 0, "%s: the ramp flag back", label);
     }
@@ -609,6 +605,57 @@ static void run_layout(umbp_gpu_backend_t b, const struct spec *s, umbp_gpu_meth
     umbp_kv_layout_destroy(e.lay);
     model_free(&e.m, e.o);
     gpu_device_leave(e.o, umbp_gpu_engine_device(e.eng), prev);
+    umbp_gpu_engine_destroy(e.eng);
+}
+
+/* Without UMBP_GPU_RAMP_OVERLAPPED the flagged slices end in whole groups:
+ * fewer copies, the same bytes.  Slots of 16 objects and slices of 24, 48
+ * and 24 blocks (run_slices), so each flagged slice's last slot's worth is
+ * one that a ramp-down splits; stored and restored with and without the
+ * flag, every byte compared, the groups counted per transfer by the engine
+ * (umbp_gpu_xfer.groups).  The shapes above use slots of two objects, where
+ * a ramp hardly exists, so there the count may only not grow. */
+static void test_ramp_overlapped(void)
+{
+    const char *label = "ramp";
+    struct env e = {0};
+    const struct spec *s = &specs[0];
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = UMBP_GPU_BACKEND_HOST;
+    cfg.store_method = cfg.restore_method = UMBP_GPU_METHOD_STAGED;
+    uint64_t obj = (uint64_t)s->layers * 2 * s->bs * s->heads * s->dim * 2;
+    cfg.staging_bytes = 2 * GPU_STAGING_SLOTS * 16 * obj; /* 16 objects a slot */
+    int rc = umbp_gpu_engine_create(&cfg, &e.eng);
+    CHECK(rc == 0, "%s: engine: %s", label, umbp_gpu_strerror(rc));
+    if (rc < 0)
+        return;
+    e.o = gpu_backend_ops(UMBP_GPU_BACKEND_HOST);
+    rc = model_init(&e.m, s, 128, e.o);
+    if (rc == 0)
+        rc = umbp_kv_layout_create(e.eng, e.m.t, e.m.ntensors, &e.lay);
+    e.nslots = 100;
+    if (rc == 0)
+        rc = umbp_gpu_host_alloc(e.eng, e.nslots * e.m.obj_size, (void **)&e.pool);
+    e.expect = malloc(e.nslots * e.m.obj_size);
+    CHECK(rc == 0 && e.expect && e.m.obj_size == obj, "%s: setup: %s", label,
+          umbp_gpu_strerror(rc));
+    if (rc == 0 && e.expect) {
+        uint32_t ramped = run_slices(&e, 96, label);
+        umbp_gpu_config_t c;
+        umbp_gpu_engine_get_config(e.eng, &c);
+        c.flags &= ~(uint32_t)UMBP_GPU_RAMP_OVERLAPPED;
+        CHECK(umbp_gpu_engine_set_tuning(e.eng, &c) == 0, "%s: tuning", label);
+        uint32_t whole = run_slices(&e, 96, "ramp, whole groups");
+        /* only the order is asserted, not the engine's group arithmetic */
+        CHECK(whole < ramped, "%s: %u copy groups in the flagged slices without "
+              "UMBP_GPU_RAMP_OVERLAPPED, %u with it: fewer, larger copies", label, whole, ramped);
+    }
+    if (e.pool)
+        umbp_gpu_host_free(e.eng, e.pool);
+    free(e.expect);
+    umbp_kv_layout_destroy(e.lay);
+    model_free(&e.m, e.o);
     umbp_gpu_engine_destroy(e.eng);
 }
 
@@ -1310,6 +1357,7 @@ int main(int argc, char **argv)
 
     if (strcmp(which, "host") == 0) {
         test_errors();
+        test_ramp_overlapped();
         test_discard_reaches_the_slot(1);
         test_discard_reaches_the_slot(0);
         test_evict_first_reaches_restores(1);
