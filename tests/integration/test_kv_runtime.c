@@ -157,13 +157,22 @@ static bool is_poison(const uint8_t *p, size_t n)
     return true;
 }
 
-static void run_round_trip(umbp_gpu_backend_t b, const char *name)
+/* transfers: how many GPU transfers the store must take (0: unchecked) */
+static void run_round_trip_in(umbp_gpu_backend_t b, const char *name, uint64_t transfers)
 {
     struct fixture f;
     setup(&f, b, name);
     umbp_op_t *op;
+    umbp_stats_t s0, s1;
+    cr_assert_eq(umbp_get_stats(f.rt, &s0), 0);
     cr_assert_eq(umbp_kv_store(f.rt, f.kv, f.blocks, STORED, NULL, &op), 0);
     wait_all(op, 0);
+    cr_assert_eq(umbp_get_stats(f.rt, &s1), 0);
+    if (transfers)
+        cr_expect_eq(s1.kv_transfers - s0.kv_transfers, transfers,
+                     "a store of %d blocks took %llu transfers, want %llu", STORED,
+                     (unsigned long long)(s1.kv_transfers - s0.kv_transfers),
+                     (unsigned long long)transfers);
 
     /* the object of block i is layer 0 K, layer 0 V, layer 1 K, ...: check
      * through a plain host get as well */
@@ -195,6 +204,11 @@ static void run_round_trip(umbp_gpu_backend_t b, const char *name)
                           "layer %d block %d was written but not asked for", l, i);
             }
     teardown_fixture(&f);
+}
+
+static void run_round_trip(umbp_gpu_backend_t b, const char *name)
+{
+    run_round_trip_in(b, name, 0);
 }
 
 static void run_partial_and_errors(umbp_gpu_backend_t b, const char *name)
@@ -608,7 +622,31 @@ Test(kv_host, round_trip_polling)
 Test(kv_host, round_trip_sliced)
 {
     setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "3", 1);
-    run_round_trip(UMBP_GPU_BACKEND_HOST, "host");
+    run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", 11); /* 2, then 3s */
+}
+/* gpu_store_tail_blocks: a sliced store's last slice is cut short when the
+ * slice it comes from holds more than twice the tail.  32 blocks in slices
+ * of 10 are 5, 10, 10 and 7; a tail of 3 makes them 5, 10, 10, 4 and 3.
+ * Slices of 8 are 4, 8, 8, 8 and 4: a tail of 1 cuts the last, a tail of 2
+ * does not (4 is not more than twice 2).  Every key's bytes come back into
+ * a poisoned cache each time. */
+Test(kv_host, sliced_store_with_a_short_tail)
+{
+    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "10", 1);
+    setenv("UMBP_GPU_STORE_TAIL_BLOCKS", "3", 1);
+    run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", 5);
+}
+Test(kv_host, sliced_store_with_a_tail_of_one)
+{
+    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "8", 1);
+    setenv("UMBP_GPU_STORE_TAIL_BLOCKS", "1", 1);
+    run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", 6);
+}
+Test(kv_host, sliced_store_with_a_tail_too_long_to_cut)
+{
+    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "8", 1);
+    setenv("UMBP_GPU_STORE_TAIL_BLOCKS", "2", 1);
+    run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", 5);
 }
 /* More slices than the child cap (64): the slice grows so that every key
  * lands in exactly one child.  Keys 0..99 store GPU blocks i % NB. */
