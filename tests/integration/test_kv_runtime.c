@@ -630,24 +630,15 @@ Test(kv_host, round_trip_sliced)
  * Slices of 8 are 4, 8, 8, 8 and 4: a tail of 1 cuts the last, a tail of 2
  * does not (4 is not more than twice 2).  Every key's bytes come back into
  * a poisoned cache each time. */
-Test(kv_host, sliced_store_with_a_short_tail)
+static void round_trip_with_tail(const char *slice, const char *tail, uint64_t transfers)
 {
-    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "10", 1);
-    setenv("UMBP_GPU_STORE_TAIL_BLOCKS", "3", 1);
-    run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", 5);
+    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", slice, 1);
+    setenv("UMBP_GPU_STORE_TAIL_BLOCKS", tail, 1);
+    run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", transfers);
 }
-Test(kv_host, sliced_store_with_a_tail_of_one)
-{
-    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "8", 1);
-    setenv("UMBP_GPU_STORE_TAIL_BLOCKS", "1", 1);
-    run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", 6);
-}
-Test(kv_host, sliced_store_with_a_tail_too_long_to_cut)
-{
-    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "8", 1);
-    setenv("UMBP_GPU_STORE_TAIL_BLOCKS", "2", 1);
-    run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", 5);
-}
+Test(kv_host, sliced_store_with_a_short_tail) { round_trip_with_tail("10", "3", 5); }
+Test(kv_host, sliced_store_with_a_tail_of_one) { round_trip_with_tail("8", "1", 6); }
+Test(kv_host, sliced_store_with_a_tail_too_long_to_cut) { round_trip_with_tail("8", "2", 5); }
 /* More slices than the child cap (64): the slice grows so that every key
  * lands in exactly one child.  Keys 0..99 store GPU blocks i % NB. */
 Test(kv_host, sliced_store_past_the_child_cap)
