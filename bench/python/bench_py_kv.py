@@ -480,6 +480,7 @@ def child(args):
         k2 = fresh_keys()
         profiled(f"steady store {i + 1}", lambda: timed(lambda: rt.store_blocks(kv, k2, A)))
         profiled(f"pinned copy, device to host, {i + 1}", pinned_d2h)
+        keys = k2  # A's contents now: the prefix stored last, which both ways restores
     out["timeline"] = lines
 
     # both ways: restore the prefix stored last (keys, from A) into B while
