@@ -75,10 +75,6 @@ const struct umbp_option umbp_core_options[] = {
     {"gpu_store_slice_blocks", UMBP_OPT_INT, OFF(gpu_store_slice_blocks), "256", 0, 1 << 24, 0, NULL,
      "umbp_kv_store batches larger than this run as slices that overlap reservation "
      "and publish with copying, the first one half a slice (0: never split)"},
-    {"gpu_store_tail_blocks", UMBP_OPT_INT, OFF(gpu_store_tail_blocks), "0", 0, 1 << 24, 0, NULL,
-     "a sliced umbp_kv_store ends with a slice of this many blocks, cut from the one before "
-     "it when that one holds more than twice as many, so that less is published after the "
-     "last copy (0: no short last slice)"},
     {"gpu_load_head_blocks", UMBP_OPT_INT, OFF(gpu_load_head_blocks), "32", 0, 1 << 24, 0, NULL,
      "standalone: an umbp_kv_load of at least 8 times this many blocks, submitted while "
      "nothing else is in flight, copies its first this many while the server grants the "
@@ -107,7 +103,7 @@ const struct umbp_option umbp_core_options[] = {
     {"gpu_evict_first_restore", UMBP_OPT_BOOL, OFF(gpu_evict_first_restore), "true", 0, 0, 0,
      NULL, "restores write the KV blocks evict-first in the GPU's L2 (streaming stores), so the "
      "engine's own working set there stays"},
-    {"gpu_ramp_overlapped", UMBP_OPT_BOOL, OFF(gpu_ramp_overlapped), "true", 0, 0, 0, NULL,
+    {"gpu_ramp_overlapped", UMBP_OPT_BOOL, OFF(gpu_ramp_overlapped), "false", 0, 0, 0, NULL,
      "the staged method ramps its groups (smaller copies) at every transfer's ends; false: not "
      "where other copies overlap an end (a store slice behind or before another), fewer copies"},
     {"gpu_wait_poll", UMBP_OPT_BOOL, OFF(gpu_wait_poll), "true", 0, 0, 0, NULL,

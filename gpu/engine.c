@@ -28,7 +28,8 @@
  * needs (a stream waits for the last record made before the wait call).  Groups ramp up
  * (1/8, 1/4, 1/2 of a slot, then whole slots) so the first DMA starts soon,
  * and down (halves of the last slot's worth) so the last scatter ends soon;
- * without UMBP_GPU_RAMP_OVERLAPPED (on by default), not up while the lane's
+ * without UMBP_GPU_RAMP_OVERLAPPED (on in the engine's default configuration, off
+ * in the runtime's), not up while the lane's
  * previous staged transfer still copies (lane last_end), nor down when the
  * caller says another follows
  * (UMBP_KV_XFER_FOLLOWED: the runtime's store slices), where other copies

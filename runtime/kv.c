@@ -609,14 +609,7 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
      * launch, which nothing overlaps, take half as long, and in standalone
      * mode a first store's first two transfers (the binding's head of 32
      * and this one) fit the spares a worker holds (256 objects of 512 KiB
-     * by default), where a whole slice of 256 would wait for a round trip.
-     *
-     * With gpu_store_tail_blocks, its last slice is that short (`tail`), cut
-     * from the end of the slice before it when that one holds more than
-     * twice as many: what runs after the store's last copy, publishing the
-     * last slice's keys (in standalone mode a round trip), is on the
-     * caller's time, and the publish of the slice before it overlaps the
-     * tail's copy.  It costs one transfer more. */
+     * by default), where a whole slice of 256 would wait for a round trip. */
     size_t slice = store ? (size_t)rt->core->gpu_store_slice_blocks : 0;
     size_t lead = (slice + 1) / 2;
     size_t nchild = slice && n > slice ? 1 + (n - lead + slice - 1) / slice : 0;
@@ -630,16 +623,6 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
     size_t max_children = (size_t)rt->core->max_inflight_ops / 4;
     if (max_children > 64)
         max_children = 64;
-    size_t tail = store ? (size_t)rt->core->gpu_store_tail_blocks : 0;
-    if (nchild >= 2 && nchild < max_children && tail) {
-        size_t last = n - lead - (nchild - 2) * slice; /* the last slice, whole or not */
-        if (last > 2 * tail)
-            nchild++;
-        else
-            tail = 0; /* short already */
-    } else {
-        tail = 0;
-    }
     if (nchild > max_children) { /* whole slices only, grown to fit */
         slice = max_children ? (n + max_children - 1) / max_children : n;
         lead = slice;
@@ -673,13 +656,9 @@ static int kv_submit(umbp_runtime_t *rt, umbp_kv_handle_t h, const umbp_kv_block
         goto fail;
     for (; got < nchild; got++) {
         size_t base = got ? lead + (got - 1) * slice : 0, want = got ? slice : lead;
-        size_t end = n - tail, m = end - base < want ? end - base : want;
+        size_t m = n - base < want ? n - base : want;
         if (head && got + 1 == nchild)
             m = n - base; /* a load's tail: everything after the head */
-        if (tail && got + 1 == nchild) { /* a store's short last slice */
-            base = end;
-            m = tail;
-        }
         if (!(child[got] = op_get(rt, kind))) {
             rc = -EAGAIN;
             goto fail;

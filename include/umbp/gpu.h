@@ -134,13 +134,16 @@ enum umbp_gpu_flags {
                                         own working set there stays */
     UMBP_GPU_RAMP_OVERLAPPED = 1u << 5, /* STAGED: ramp the groups at every
                                         transfer's ends, also where other
-                                        copies overlap them (the default).
+                                        copies overlap them (the engine's
+                                        default; the runtime clears it
+                                        unless gpu_ramp_overlapped).
                                         Off: a transfer that finds its lane
                                         still copying starts with whole
                                         slots, and one flagged
                                         UMBP_KV_XFER_FOLLOWED ends with them:
-                                        fewer, larger copies; unmeasured on
-                                        a GPU yet (docs/gpu-copy-engine.md) */
+                                        fewer, larger copies (faster stores
+                                        on an H100 host:
+                                        docs/benchmarks.md) */
 };
 
 typedef struct umbp_gpu_config {

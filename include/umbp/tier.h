@@ -110,7 +110,6 @@ struct umbp_core_config {
     int64_t gpu_threads_per_cta;
     uint64_t gpu_staging_bytes;
     int64_t gpu_store_slice_blocks;
-    int64_t gpu_store_tail_blocks;
     int64_t gpu_load_head_blocks;
     int64_t gpu_warm_transfers;
     char gpu_store_method[8];        /* auto, kernel, staged, dma */

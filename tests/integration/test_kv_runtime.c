@@ -310,8 +310,8 @@ static bool have_device(umbp_gpu_backend_t *b, const char **name)
 
 Test(kv_host, round_trip) { run_round_trip(UMBP_GPU_BACKEND_HOST, "host"); }
 /* The copy kernels' shape, staging, L2 and ramp options reach the engine:
- * the defaults (32 blocks of 128 threads, 256 MiB, both L2 hints, ramps at
- * every end) and values given, as the engine holds them. */
+ * the defaults (32 blocks of 128 threads, 256 MiB, both L2 hints, no ramp
+ * where copies overlap an end) and values given, as the engine holds them. */
 static void expect_shape(const char *extra, uint32_t ctas, uint32_t threads, uint64_t staging,
                          uint32_t hints)
 {
@@ -332,16 +332,15 @@ static void expect_shape(const char *extra, uint32_t ctas, uint32_t threads, uin
 Test(kv_host, kernel_shape_options_reach_the_engine)
 {
     const uint64_t MiB = 1 << 20;
-    const uint32_t ramp = UMBP_GPU_RAMP_OVERLAPPED;
-    expect_shape("\"capacity_bytes\":\"64MiB\"", 32, 128, 256 * MiB,
-                 UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE | ramp);
+    const uint32_t l2 = UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE;
+    expect_shape("\"capacity_bytes\":\"64MiB\"", 32, 128, 256 * MiB, l2);
     expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_max_ctas\":5,\"gpu_threads_per_cta\":96,"
                  "\"gpu_staging_bytes\":\"16MiB\",\"gpu_l2_discard_staging\":false",
-                 5, 96, 16 * MiB, UMBP_GPU_EVICT_FIRST_RESTORE | ramp);
+                 5, 96, 16 * MiB, UMBP_GPU_EVICT_FIRST_RESTORE);
     expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_evict_first_restore\":false", 32, 128,
-                 256 * MiB, UMBP_GPU_L2_DISCARD_STAGING | ramp);
-    expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_ramp_overlapped\":false", 32, 128,
-                 256 * MiB, UMBP_GPU_L2_DISCARD_STAGING | UMBP_GPU_EVICT_FIRST_RESTORE);
+                 256 * MiB, UMBP_GPU_L2_DISCARD_STAGING);
+    expect_shape("\"capacity_bytes\":\"64MiB\",\"gpu_ramp_overlapped\":true", 32, 128,
+                 256 * MiB, l2 | UMBP_GPU_RAMP_OVERLAPPED);
 }
 
 /* How long a waiter polls before it sleeps (op_spin_ns): through a KV
@@ -624,21 +623,6 @@ Test(kv_host, round_trip_sliced)
     setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "3", 1);
     run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", 11); /* 2, then 3s */
 }
-/* gpu_store_tail_blocks: a sliced store's last slice is cut short when the
- * slice it comes from holds more than twice the tail.  32 blocks in slices
- * of 10 are 5, 10, 10 and 7; a tail of 3 makes them 5, 10, 10, 4 and 3.
- * Slices of 8 are 4, 8, 8, 8 and 4: a tail of 1 cuts the last, a tail of 2
- * does not (4 is not more than twice 2).  Every key's bytes come back into
- * a poisoned cache each time. */
-static void round_trip_with_tail(const char *slice, const char *tail, uint64_t transfers)
-{
-    setenv("UMBP_GPU_STORE_SLICE_BLOCKS", slice, 1);
-    setenv("UMBP_GPU_STORE_TAIL_BLOCKS", tail, 1);
-    run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", transfers);
-}
-Test(kv_host, sliced_store_with_a_short_tail) { round_trip_with_tail("10", "3", 5); }
-Test(kv_host, sliced_store_with_a_tail_of_one) { round_trip_with_tail("8", "1", 6); }
-Test(kv_host, sliced_store_with_a_tail_too_long_to_cut) { round_trip_with_tail("8", "2", 5); }
 /* More slices than the child cap (64): the slice grows so that every key
  * lands in exactly one child.  Keys 0..99 store GPU blocks i % NB. */
 Test(kv_host, sliced_store_past_the_child_cap)
