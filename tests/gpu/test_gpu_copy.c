@@ -580,18 +580,24 @@ static void run_layout(umbp_gpu_backend_t b, const struct spec *s, umbp_gpu_meth
         run_case(&e, method, 1, 0, 1, label);                     /* one chunk pair */
         run_both_ways(&e, nsel, 0, label);
         run_both_ways(&e, nsel, 1, label);
-        uint32_t ramped = run_slices(&e, nsel, label); /* ramps at every end (the default) */
+        /* the tuning's flags may lack UMBP_GPU_RAMP_OVERLAPPED: set it for
+         * the ramped run, or both runs would depend on the lane's timing */
         umbp_gpu_config_t c;
         umbp_gpu_engine_get_config(e.eng, &c);
-        c.flags &= ~(uint32_t)UMBP_GPU_RAMP_OVERLAPPED;
+        uint32_t flags = c.flags;
+        c.flags = flags | UMBP_GPU_RAMP_OVERLAPPED;
+        rc = umbp_gpu_engine_set_tuning(e.eng, &c);
+        CHECK(rc == 0, "%s: tuning with UMBP_GPU_RAMP_OVERLAPPED: %s", label, umbp_gpu_strerror(rc));
+        uint32_t ramped = run_slices(&e, nsel, label); /* ramps at every end */
+        c.flags = flags & ~(uint32_t)UMBP_GPU_RAMP_OVERLAPPED;
         rc = umbp_gpu_engine_set_tuning(e.eng, &c);
         CHECK(rc == 0, "%s: tuning without UMBP_GPU_RAMP_OVERLAPPED: %s", label,
               umbp_gpu_strerror(rc));
         uint32_t whole = run_slices(&e, nsel, label); /* whole groups where they overlap */
         CHECK(whole <= ramped, "%s slices: %u copy groups without UMBP_GPU_RAMP_OVERLAPPED, "
               "%u with it", label, whole, ramped);
-        c.flags |= UMBP_GPU_RAMP_OVERLAPPED;
-        CHECK(umbp_gpu_engine_set_tuning(e.eng, &c) == 0, "%s: the ramp flag back", label);
+        c.flags = flags;
+        CHECK(umbp_gpu_engine_set_tuning(e.eng, &c) == 0, "%s: the tuning's flags back", label);
     }
     if (e.pool != NULL) {
         if (method == UMBP_GPU_METHOD_KERNEL) {
@@ -608,6 +614,48 @@ static void run_layout(umbp_gpu_backend_t b, const struct spec *s, umbp_gpu_meth
     umbp_gpu_engine_destroy(e.eng);
 }
 
+/* The host backend's engine for the ramp tests: staged, slots of 16
+ * objects, 128 blocks, a pool of 100 objects.  0: ready. */
+static int ramp_env_open(struct env *e, uint32_t flags, const char *label)
+{
+    const struct spec *s = &specs[0];
+    umbp_gpu_config_t cfg;
+    umbp_gpu_config_default(&cfg);
+    cfg.backend = UMBP_GPU_BACKEND_HOST;
+    cfg.store_method = cfg.restore_method = UMBP_GPU_METHOD_STAGED;
+    cfg.flags = flags;
+    uint64_t obj = (uint64_t)s->layers * 2 * s->bs * s->heads * s->dim * 2;
+    cfg.staging_bytes = 2 * GPU_STAGING_SLOTS * 16 * obj; /* 16 objects a slot */
+    memset(e, 0, sizeof(*e));
+    int rc = umbp_gpu_engine_create(&cfg, &e->eng);
+    CHECK(rc == 0, "%s: engine: %s", label, umbp_gpu_strerror(rc));
+    if (rc < 0)
+        return rc;
+    e->o = gpu_backend_ops(UMBP_GPU_BACKEND_HOST);
+    rc = model_init(&e->m, s, 128, e->o);
+    if (rc == 0)
+        rc = umbp_kv_layout_create(e->eng, e->m.t, e->m.ntensors, &e->lay);
+    e->nslots = 100;
+    if (rc == 0)
+        rc = umbp_gpu_host_alloc(e->eng, e->nslots * e->m.obj_size, (void **)&e->pool);
+    e->expect = malloc(e->nslots * e->m.obj_size);
+    CHECK(rc == 0 && e->expect && e->m.obj_size == obj, "%s: setup: %s", label,
+          umbp_gpu_strerror(rc));
+    return rc == 0 && e->expect ? 0 : -1;
+}
+
+static void ramp_env_close(struct env *e)
+{
+    if (!e->eng)
+        return;
+    if (e->pool)
+        umbp_gpu_host_free(e->eng, e->pool);
+    free(e->expect);
+    umbp_kv_layout_destroy(e->lay);
+    model_free(&e->m, e->o);
+    umbp_gpu_engine_destroy(e->eng);
+}
+
 /* Without UMBP_GPU_RAMP_OVERLAPPED the flagged slices end in whole groups:
  * fewer copies, the same bytes.  Slots of 16 objects and slices of 24, 48
  * and 24 blocks (run_slices), so each flagged slice's last slot's worth is
@@ -618,31 +666,11 @@ static void run_layout(umbp_gpu_backend_t b, const struct spec *s, umbp_gpu_meth
 static void test_ramp_overlapped(void)
 {
     const char *label = "ramp";
-    struct env e = {0};
-    const struct spec *s = &specs[0];
-    umbp_gpu_config_t cfg;
-    umbp_gpu_config_default(&cfg);
-    cfg.backend = UMBP_GPU_BACKEND_HOST;
-    cfg.store_method = cfg.restore_method = UMBP_GPU_METHOD_STAGED;
-    uint64_t obj = (uint64_t)s->layers * 2 * s->bs * s->heads * s->dim * 2;
-    cfg.staging_bytes = 2 * GPU_STAGING_SLOTS * 16 * obj; /* 16 objects a slot */
-    int rc = umbp_gpu_engine_create(&cfg, &e.eng);
-    CHECK(rc == 0, "%s: engine: %s", label, umbp_gpu_strerror(rc));
-    if (rc < 0)
-        return;
-    e.o = gpu_backend_ops(UMBP_GPU_BACKEND_HOST);
-    rc = model_init(&e.m, s, 128, e.o);
-    if (rc == 0)
-        rc = umbp_kv_layout_create(e.eng, e.m.t, e.m.ntensors, &e.lay);
-    e.nslots = 100;
-    if (rc == 0)
-        rc = umbp_gpu_host_alloc(e.eng, e.nslots * e.m.obj_size, (void **)&e.pool);
-    e.expect = malloc(e.nslots * e.m.obj_size);
-    CHECK(rc == 0 && e.expect && e.m.obj_size == obj, "%s: setup: %s", label,
-          umbp_gpu_strerror(rc));
-    if (rc == 0 && e.expect) {
+    struct env e;
+    umbp_gpu_config_t c;
+    umbp_gpu_config_default(&c);
+    if (ramp_env_open(&e, c.flags | UMBP_GPU_RAMP_OVERLAPPED, label) == 0) {
         uint32_t ramped = run_slices(&e, 96, label);
-        umbp_gpu_config_t c;
         umbp_gpu_engine_get_config(e.eng, &c);
         c.flags &= ~(uint32_t)UMBP_GPU_RAMP_OVERLAPPED;
         CHECK(umbp_gpu_engine_set_tuning(e.eng, &c) == 0, "%s: tuning", label);
@@ -651,12 +679,91 @@ static void test_ramp_overlapped(void)
         CHECK(whole < ramped, "%s: %u copy groups in the flagged slices without "
               "UMBP_GPU_RAMP_OVERLAPPED, %u with it: fewer, larger copies", label, whole, ramped);
     }
-    if (e.pool)
-        umbp_gpu_host_free(e.eng, e.pool);
-    free(e.expect);
-    umbp_kv_layout_destroy(e.lay);
-    model_free(&e.m, e.o);
-    umbp_gpu_engine_destroy(e.eng);
+    ramp_env_close(&e);
+}
+
+/* Without UMBP_GPU_RAMP_OVERLAPPED a staged transfer that finds its lane's
+ * previous one still copying starts with whole slots.  The host-async
+ * backend's device thread is held while two transfers of 48 blocks (slots
+ * of 16, both flagged UMBP_KV_XFER_FOLLOWED, so neither ramps down) are
+ * submitted: the second finds the first queued and takes fewer groups than
+ * when it is submitted after the first finished.  Stores, then restores
+ * into poisoned tensors, every byte compared each time. */
+static uint32_t two_transfers(struct env *e, bool restore, bool hold, const char *label)
+{
+    struct model *m = &e->m;
+    uint64_t blocks[96], slots[96];
+    umbp_kv_block_io_t io[96];
+    pick_distinct(blocks, 96, m->nb);
+    pick_distinct(slots, 96, e->nslots);
+    for (size_t i = 0; i < 96; i++)
+        io[i] = (umbp_kv_block_io_t){.block = blocks[i], .host = e->pool + slots[i] * m->obj_size};
+    size_t pool_bytes = e->nslots * m->obj_size;
+    for (uint32_t i = 0; i < m->ntensors; i++)
+        fill_random(m->mirror[i], m->tensor_bytes);
+    fill_random(e->pool, pool_bytes);
+    memcpy(e->expect, e->pool, pool_bytes);
+    if (restore) {
+        for (uint32_t i = 0; i < m->ntensors; i++)
+            memset(m->mirror[i], 0x5A, m->tensor_bytes);
+        mirror_restored(e, blocks, slots, 96, 0, m->s->layers);
+    } else {
+        expect_stored(e, blocks, slots, 96, 0, m->s->layers);
+    }
+    int rc = model_upload(m, e->o);
+    umbp_gpu_xfer_t *x[2] = {NULL, NULL};
+    uint32_t second = 0;
+    if (hold)
+        gpu_host_async_hold(true);
+    for (int c = 0; c < 2 && rc == 0; c++) {
+        umbp_kv_xfer_desc_t d = {.layout = e->lay, .blocks = io + 48 * c, .num_blocks = 48,
+                                 .flags = UMBP_KV_XFER_FOLLOWED};
+        rc = restore ? umbp_gpu_restore(e->eng, &d, &x[c]) : umbp_gpu_store(e->eng, &d, &x[c]);
+        if (rc == 0 && !hold && c == 0) { /* the lane's copies done, its last_end too */
+            rc = umbp_gpu_xfer_wait(x[0], 30000);
+            if (rc == 0)
+                rc = gpu_event_sync(e->o,
+                                    e->eng->lane[restore ? LANE_RESTORE : LANE_STORE].last_end);
+        }
+    }
+    if (x[1])
+        second = x[1]->groups;
+    if (hold)
+        gpu_host_async_hold(false);
+    for (int c = 0; c < 2; c++) {
+        int wrc = x[c] ? umbp_gpu_xfer_wait(x[c], 30000) : 0;
+        if (rc == 0)
+            rc = wrc;
+        umbp_gpu_xfer_release(x[c]);
+    }
+    CHECK(rc == 0, "%s: %s: %s", label, restore ? "restores" : "stores", umbp_gpu_strerror(rc));
+    if (restore)
+        CHECK(rc == 0 && model_check_device(m, e->o, "two restores") == 0,
+              "%s: every byte of the GPU tensors after the restores", label);
+    else
+        CHECK(rc == 0 && memcmp(e->pool, e->expect, pool_bytes) == 0,
+              "%s: every byte of the pool after the stores", label);
+    return second;
+}
+
+static void test_ramp_up_skipped(void)
+{
+    const char *a = getenv("UMBP_GPU_HOST_ASYNC");
+    if (!a || strcmp(a, "1") != 0)
+        return; /* the synchronous host backend has no copy in progress */
+    const char *label = "ramp-up";
+    struct env e;
+    umbp_gpu_config_t c;
+    umbp_gpu_config_default(&c);
+    if (ramp_env_open(&e, c.flags & ~(uint32_t)UMBP_GPU_RAMP_OVERLAPPED, label) == 0)
+        for (int restore = 0; restore < 2; restore++) {
+            uint32_t after = two_transfers(&e, restore, false, label);
+            uint32_t behind = two_transfers(&e, restore, true, label);
+            CHECK(behind < after, "%s: a %s behind one still queued took %u copy groups, "
+                  "one after it finished %u: whole slots from the start", label,
+                  restore ? "restore" : "store", behind, after);
+        }
+    ramp_env_close(&e);
 }
 
 /* ---- the caller's events ------------------------------------------------ */
@@ -1358,6 +1465,7 @@ int main(int argc, char **argv)
     if (strcmp(which, "host") == 0) {
         test_errors();
         test_ramp_overlapped();
+        test_ramp_up_skipped();
         test_discard_reaches_the_slot(1);
         test_discard_reaches_the_slot(0);
         test_evict_first_reaches_restores(1);
