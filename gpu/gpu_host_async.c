@@ -83,6 +83,15 @@ static pthread_cond_t progress = PTHREAD_COND_INITIALIZER; /* something ran */
 static struct ha_stream *streams;
 static pthread_once_t started = PTHREAD_ONCE_INIT;
 static unsigned seed;
+static bool held; /* gpu_host_async_hold */
+
+void gpu_host_async_hold(bool on)
+{
+    pthread_mutex_lock(&mu);
+    held = on;
+    pthread_cond_broadcast(&work);
+    pthread_mutex_unlock(&mu);
+}
 
 /* Under mu: whether record gen of ev ran (0: never recorded, complete). */
 static bool reached(const struct ha_event *ev, uint64_t gen)
@@ -148,6 +157,17 @@ static void *device_thread(void *arg)
     (void)arg;
     pthread_mutex_lock(&mu);
     for (;;) {
+        if (held) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += 10;
+            if (pthread_cond_timedwait(&work, &mu, &until) == ETIMEDOUT && held) {
+                fprintf(stderr, "gpu host-async backend: held 10 s with nothing new, "
+                                "running again\n");
+                held = false;
+            }
+            continue;
+        }
         size_t n = 0;
         for (struct ha_stream *s = streams; s; s = s->next)
             n += runnable(s);
