@@ -88,12 +88,12 @@ void gpu_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * stream queues, chosen with UMBP_GPU_HOST_ASYNC=1) and what they share. */
 extern const struct gpu_ops gpu_host_ops, gpu_host_async_ops;
 int gpu_host_memcpy_sync(void *dst, const void *src, size_t n);
+int gpu_host_memset_sync(void *dst, int v, size_t n);
 /* Tests: while held, gpu_host_async.c's device thread runs nothing queued,
  * so that work submitted meanwhile finds the earlier work still in progress
  * (a hold longer than 10 s without new work is let go, with a message, so
  * that a test waiting for the device fails instead of hanging). */
 void gpu_host_async_hold(bool on);
-int gpu_host_memset_sync(void *dst, int v, size_t n);
 
 /* The host backend's copy "kernel": the same chunk walk as copy_kernel.inc,
  * with memcpy (copy_host.c).  Also the reference the tests trust least. */

@@ -717,6 +717,17 @@ int umbp_kv_warm_load(umbp_runtime_t *rt, umbp_kv_handle_t kv, const umbp_kv_blo
     return kv_submit(rt, kv, blocks, n, false, opts, true, op);
 }
 
+/* The desc flags of op's transfer: UMBP_KV_XFER_FOLLOWED for a slice of a
+ * store with more slices after it, which kv_submit posts right behind it.
+ * Not for a load's head: the rest of the load waits for its leases (a round
+ * trip), so the head's end overlaps nothing and keeps its ramp-down. */
+uint32_t kv_xfer_flags(const struct umbp_op *op)
+{
+    return op->kind == OP_PUT && op->parent && op->parent_base + op->n < op->parent->n
+               ? UMBP_KV_XFER_FOLLOWED
+               : 0;
+}
+
 void gpu_dispatch(struct umbp_op *op, enum msg_type then)
 {
     struct umbp_runtime *rt = op->rt;
@@ -731,8 +742,7 @@ void gpu_dispatch(struct umbp_op *op, enum msg_type then)
         .first_layer = op->kv_first_layer,
         .num_layers = op->kv_num_layers,
         .wait_event = op->kv_wait_event,
-        /* a slice of a store with more after it: they are submitted behind it */
-        .flags = op->parent && op->parent_base + op->n < op->parent->n ? UMBP_KV_XFER_FOLLOWED : 0,
+        .flags = kv_xfer_flags(op),
     };
     op->hdr.type = (uint16_t)then;
     if (rt->kv.inflight++ == 0 && rt->may_spin)

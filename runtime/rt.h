@@ -296,6 +296,7 @@ struct kv_state {
  * GPU transfer; the op is posted back with `then` when it completes
  * (op->gpu_rc says how). */
 void gpu_dispatch(struct umbp_op *op, enum msg_type then);
+uint32_t kv_xfer_flags(const struct umbp_op *op); /* umbp_kv_xfer_desc_t.flags */
 void kv_init(struct umbp_runtime *rt);
 /* Loop thread: a GPU transfer's op came back (PUT_COPIED / GET_COPIED). */
 void kv_transfer_done(struct umbp_runtime *rt);

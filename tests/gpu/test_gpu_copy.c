@@ -269,11 +269,12 @@ struct env {
     struct model m;
 };
 
-/* What a store of blocks into slots leaves in e->expect, and what a restore
- * of slots into blocks leaves in the mirror of the GPU tensors: layers
- * [first, last) of each (block, slot) pair. */
-static void expect_stored(struct env *e, const uint64_t *blocks, const uint64_t *slots, size_t n,
-                          uint32_t first, uint32_t last)
+/* Layers [first, last) of each (block, slot) pair between the mirror of the
+ * GPU tensors and the pool: what a store leaves in e->expect (to_mirror
+ * false: mirror -> expect), or what a restore leaves in the mirror (true:
+ * pool -> mirror). */
+static void move_pairs(struct env *e, const uint64_t *blocks, const uint64_t *slots, size_t n,
+                       uint32_t first, uint32_t last, bool to_mirror)
 {
     struct model *m = &e->m;
     for (size_t i = 0; i < n; i++)
@@ -282,24 +283,24 @@ static void expect_stored(struct env *e, const uint64_t *blocks, const uint64_t 
                 uint32_t t = 0;
                 uint64_t off = 0;
                 model_chunk(m, l, blocks[i], kv, &t, &off);
-                memcpy(e->expect + slots[i] * m->obj_size + model_obj_off(m, l, kv),
-                       m->mirror[t] + off, m->chunk);
+                uint64_t at = slots[i] * m->obj_size + model_obj_off(m, l, kv);
+                if (to_mirror)
+                    memcpy(m->mirror[t] + off, e->pool + at, m->chunk);
+                else
+                    memcpy(e->expect + at, m->mirror[t] + off, m->chunk);
             }
+}
+
+static void expect_stored(struct env *e, const uint64_t *blocks, const uint64_t *slots, size_t n,
+                          uint32_t first, uint32_t last)
+{
+    move_pairs(e, blocks, slots, n, first, last, false);
 }
 
 static void mirror_restored(struct env *e, const uint64_t *blocks, const uint64_t *slots, size_t n,
                             uint32_t first, uint32_t last)
 {
-    struct model *m = &e->m;
-    for (size_t i = 0; i < n; i++)
-        for (uint32_t l = first; l < last; l++)
-            for (uint32_t kv = 0; kv < m->nkv; kv++) {
-                uint32_t t = 0;
-                uint64_t off = 0;
-                model_chunk(m, l, blocks[i], kv, &t, &off);
-                memcpy(m->mirror[t] + off, e->pool + slots[i] * m->obj_size + model_obj_off(m, l, kv),
-                       m->chunk);
-            }
+    move_pairs(e, blocks, slots, n, first, last, true);
 }
 
 /* Random distinct values in [0, n). */

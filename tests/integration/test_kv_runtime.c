@@ -623,6 +623,24 @@ Test(kv_host, round_trip_sliced)
     setenv("UMBP_GPU_STORE_SLICE_BLOCKS", "3", 1);
     run_round_trip_in(UMBP_GPU_BACKEND_HOST, "host", 11); /* 2, then 3s */
 }
+/* Which transfers say another follows them (UMBP_KV_XFER_FOLLOWED, so that
+ * without gpu_ramp_overlapped they end without a ramp-down): a store's
+ * slices but the last; never a load's head, whose rest waits for its
+ * leases, nor an op that is not a child. */
+Test(kv_host, only_a_store_slice_with_more_after_it_is_followed)
+{
+    struct umbp_op parent = {.kind = OP_PUT, .n = 10};
+    struct umbp_op child = {.kind = OP_PUT, .n = 4, .parent = &parent, .parent_base = 0};
+    cr_expect_eq(kv_xfer_flags(&child), UMBP_KV_XFER_FOLLOWED, "the first slice");
+    child.parent_base = 4;
+    cr_expect_eq(kv_xfer_flags(&child), UMBP_KV_XFER_FOLLOWED, "a middle slice");
+    child.parent_base = 6;
+    cr_expect_eq(kv_xfer_flags(&child), 0, "the last slice");
+    cr_expect_eq(kv_xfer_flags(&parent), 0, "an unsliced store");
+    parent.kind = child.kind = OP_GET;
+    child.parent_base = 0;
+    cr_expect_eq(kv_xfer_flags(&child), 0, "a load's head");
+}
 /* More slices than the child cap (64): the slice grows so that every key
  * lands in exactly one child.  Keys 0..99 store GPU blocks i % NB. */
 Test(kv_host, sliced_store_past_the_child_cap)
