@@ -49,8 +49,8 @@ pinned copy each way just before it), idle=MS (sleep before every steady store
 and restore, and before an extra pinned copy, the baseline after the same idle).
 Each report also prints the steady rounds' ratios one by one, with their
 minimum, 10th percentile and median and the first call's rank among them.
---timeline runs the first store, and after the rounds two more stores and a
-pinned copy after each, under torch.profiler and prints where each one's time went on the GPU:
+--timeline runs the first store and the first restore, and after the rounds two
+more stores and a pinned copy after each, under torch.profiler and prints where each one's time went on the GPU:
 the submit to its first kernel and copy, the link busy and idle between the
 copies, and the wait after the last copy (a diagnostic: the profiler slows
 the calls it watches).
@@ -184,6 +184,22 @@ def timeline(trace, what):
             f"{len(kern)} kernels; after the last copy {t1 - end:.0f} us")
 
 
+def host_cpu():
+    """The host's CPU model and the CPUs this process may use: the CPU side of
+    a call (the submit, the loop thread, the wake-ups) is a fixed cost that
+    differs between hosts of one GPU model (docs/benchmarks.md)."""
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {len(os.sched_getaffinity(0))} CPUs"
+
+
 # ---- the child: one runtime in a fresh process ---------------------------------------
 
 
@@ -252,7 +268,7 @@ def child(args):
     obj = L * 2 * BLOCK * H * D * 2
     nbytes = nblk * obj
     out = {"mode": args.mode, "layout": args.layout, "blocks": nblk, "object_bytes": obj,
-           "bytes": nbytes, "warm": args.warm}
+           "bytes": nbytes, "warm": args.warm, "cpu": host_cpu()}
 
     pin = Pinned(torch, nbytes, dev)
     out["base_first_h2d"] = pin.h2d()
@@ -439,7 +455,8 @@ def child(args):
     out["first_store"] = profiled("first store",
                                   lambda: phased("first store", lambda: rt.store_blocks(kv, keys, A)))
     poison(B)
-    out["first_restore"] = phased("first restore", lambda: rt.load_blocks(kv, keys, B))
+    out["first_restore"] = profiled("first restore",
+                                    lambda: phased("first restore", lambda: rt.load_blocks(kv, keys, B)))
     verify(A, B, "first restore")
     out["first_submit"] = calls["submit"][:2]  # the caller's submit of the first store, restore
     out["first_faults"] = calls["faults"][:2]
@@ -725,7 +742,8 @@ def report(res):
     ]
     print(f"## {tag}: {res['blocks']} blocks of {res['object_bytes']} bytes ({n / 1e6:.0f} MB), "
           f"layout {res['layout']}, registration {res['register_s'] * 1e3:.1f} ms; baseline first "
-          f"calls h2d {gbs(n, res['base_first_h2d']):.1f}, d2h {gbs(n, res['base_first_d2h']):.1f} GB/s")
+          f"calls h2d {gbs(n, res['base_first_h2d']):.1f}, d2h {gbs(n, res['base_first_d2h']):.1f} GB/s"
+          f"; host CPU {res.get('cpu', '?')}")
     ends = res.get("both_ends") or []
     if ends:
         print(f"both ways, median end of the restore / the store: "
@@ -749,6 +767,11 @@ def report(res):
               f"{q[len(q) // 10]:.3f} / {statistics.median(q):.3f}; the first "
               f"{base / first:.3f}, under {sum(base / x > base / first for x in xs)} of {len(xs)}; "
               f"by round: {' '.join('%.3f' % (base / x) for x in xs)}")
+    # the link's own spread: each round's pinned copy against the best one
+    for what, xs in (("host to device", res["base_h2d"]), ("device to host", res["base_d2h"])):
+        q = sorted(min(xs) / x for x in xs)
+        print(f"pinned copies {what}, each against the best, min / p10 / median: {q[0]:.3f} / "
+              f"{q[len(q) // 10]:.3f} / {statistics.median(q):.3f}")
     if res.get("base_h2d_idle"):
         q = statistics.median(res["base_h2d_idle"])
         print(f"pinned copy after the same idle, median: {gbs(n, q):.1f} GB/s, "
@@ -916,12 +939,12 @@ def main():
                          "untraced ones) and print the first store's lines by their excess "
                          "over the steady stores' median (a diagnostic)")
     ap.add_argument("--timeline", action="store_true",
-                    help="run the first store, and after the rounds two more stores and a "
+                    help="run the first store and the first restore, and after the rounds two more stores and a "
                          "pinned copy after each, under torch.profiler, and print each one's GPU timeline: when "
                          "its first kernel and copy started after the submit, how long the "
                          "copies kept the link busy, the idle gaps between them, and the wait "
                          "after the last copy (a diagnostic; the profiler slows the calls it "
-                         "watches: the first store's ratio is then not the unprofiled one; the "
+                         "watches: the first calls' ratios are then not the unprofiled ones; the "
                          "steady figures count none of the profiled stores)")
     ap.add_argument("--busy-ms", type=int, default=0, metavar="MS",
                     help="MS ms of GPU matrix products just before the first store, as an "
