@@ -123,7 +123,7 @@ static inline int master_try_start(struct master *m)
         m->port = free_port();
     snprintf(m->addr, sizeof(m->addr), "127.0.0.1:%u", m->port);
     if (!m->log[0])
-        snprintf(m->log, sizeof(m->log), "/tmp/" DIST_TEST_NAME ".%d.master.%u.log", getpid(),
+        snprintf(m->log, sizeof(m->log), "/tmp/" DIST_TEST_NAME ".%s.master.%u.log", tu_run_tag(),
                  m->port);
     dist_note_master_log(m->log);
     struct stat sb;
@@ -267,7 +267,7 @@ static inline bool node_spawn(struct node *n, const char *name, const char *json
     int in[2], out[2];
     memset(n, 0, sizeof(*n));
     n->name = name;
-    snprintf(n->log, sizeof(n->log), "/tmp/" DIST_TEST_NAME ".%d.%s.log", getpid(), name);
+    snprintf(n->log, sizeof(n->log), "/tmp/" DIST_TEST_NAME ".%s.%s.log", tu_run_tag(), name);
     cr_assert_eq(pipe2(in, O_CLOEXEC), 0);
     cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
     n->pid = fork();

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "tcp.h"
+#include "test_util.h"
 
 #ifndef UMBP_MASTER_BIN
 #error "UMBP_MASTER_BIN must name the umbp-master binary"
@@ -67,7 +68,7 @@ static inline void master_start(struct master *m, const char *extra)
         m->port = free_port();
     snprintf(m->addr, sizeof(m->addr), "127.0.0.1:%u", m->port);
     if (!m->log[0])
-        snprintf(m->log, sizeof(m->log), "/tmp/test_master.%d.%u.log", getpid(), m->port);
+        snprintf(m->log, sizeof(m->log), "/tmp/test_master.%s.%u.log", tu_run_tag(), m->port);
     char json[1024];
     snprintf(json, sizeof(json), "{\"listen\": \"%s\", \"log_level\": \"info\"%s%s}", m->addr,
              extra && *extra ? ", " : "", extra ? extra : "");

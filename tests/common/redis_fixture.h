@@ -175,7 +175,7 @@ static inline void redis_start(struct redis *r)
     snprintf(r->dir, sizeof(r->dir), "/tmp/umbp-test-redis.%d.XXXXXX", getpid());
     cr_assert_not_null(mkdtemp(r->dir), "mkdtemp %s: %s", r->dir, strerror(errno));
     if (!r->log[0])
-        snprintf(r->log, sizeof(r->log), "/tmp/umbp-test-redis.%d.%u.log", getpid(), r->port);
+        snprintf(r->log, sizeof(r->log), "/tmp/umbp-test-redis.%s.%u.log", tu_run_tag(), r->port);
     char port[8];
     snprintf(port, sizeof(port), "%u", r->port);
     const char *argv[64] = {"redis-server", "--port", port, "--bind", "127.0.0.1",

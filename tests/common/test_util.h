@@ -250,6 +250,28 @@ static inline char *tu_slurp_from(const char *path, size_t from)
 
 static inline char *tu_slurp(const char *path) { return tu_slurp_from(path, 0); }
 
+/* The part of a spawned process's log path that names this test process:
+ * its pid and a nonce drawn once per pid (a Criterion test is a fork of the
+ * runner: a tag the runner drew would carry the runner's pid).  A path from
+ * the pid alone is taken again when pids wrap (pid_max 32,768 on these
+ * machines, and /tmp keeps earlier runs' logs): opened with O_APPEND, the
+ * log then starts with another run's lines, and a test counting lines in it
+ * fails (clean-clone CI, 2026-12-06: test_distributed's C had asked "node 1"
+ * four times, two of them in an earlier run). */
+static inline const char *tu_run_tag(void)
+{
+    static char tag[48];
+    static pid_t of;
+    if (of != getpid()) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t nonce = tu_splitmix64((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec);
+        of = getpid();
+        snprintf(tag, sizeof(tag), "%d.%08llx", (int)of, (unsigned long long)(nonce >> 32));
+    }
+    return tag;
+}
+
 /* ---- a destination that stalls the copy that writes it ------------------------- */
 
 /*

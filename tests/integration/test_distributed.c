@@ -1024,7 +1024,7 @@ static void refuser_start(struct refuser *f, const char *maddr, const char *secr
                           uint64_t count, uint64_t size)
 {
     int p[2];
-    snprintf(f->log, sizeof(f->log), "/tmp/" DIST_TEST_NAME ".%d.nodeF.log", getpid());
+    snprintf(f->log, sizeof(f->log), "/tmp/" DIST_TEST_NAME ".%s.nodeF.log", tu_run_tag());
     cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
     f->pid = fork();
     cr_assert_geq(f->pid, 0);
