@@ -97,9 +97,13 @@ static inline void tu_fill_random(struct tu_rng *r, void *buf, size_t len)
     }
 }
 
-/* A seed from the clock, printed by the caller so a failure can be replayed. */
+/* A seed from the clock, printed by the caller so a failure can be replayed:
+ * UMBP_TEST_SEED=<seed> gives every test of the process that seed instead. */
 static inline uint64_t tu_time_seed(void)
 {
+    const char *env = getenv("UMBP_TEST_SEED");
+    if (env && *env)
+        return strtoull(env, NULL, 0);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec;

@@ -1583,8 +1583,16 @@ Test(server, hostile_clients_leave_nothing_behind)
             random_request(&rng, &b, seq, seen, nseen);
             uint16_t type;
             memcpy(&type, b.data + 4, 2);
-            if (corrupt && q == requests - 1)
-                b.data[tu_rng_below(&rng, b.len)] ^= (uint8_t)tu_rng_between(&rng, 1, 255);
+            if (corrupt && q == requests - 1) {
+                /* Not a RESERVE's arg (body bytes 4-7): flipped, it is a valid
+                 * hold of up to PROTO_HOLD_MAX_MS (10 min) that the server
+                 * honours after the session ends, past this test's wait (CI,
+                 * 2026-12-06: held regions still there after 60 s) */
+                size_t at = tu_rng_below(&rng, b.len - (type == PROTO_RESERVE ? 4 : 0));
+                if (type == PROTO_RESERVE && at >= PROTO_HDR_SIZE + 4)
+                    at += 4;
+                b.data[at] ^= (uint8_t)tu_rng_between(&rng, 1, 255);
+            }
             send_buf(&cl, &b);
             if (corrupt && q == requests - 1)
                 break; /* whatever the server makes of it, this client is done */
@@ -1596,8 +1604,8 @@ Test(server, hostile_clients_leave_nothing_behind)
             do
                 rc = sync_client_recv(&cl.c, &f, err, sizeof(err));
             while (rc == 0 && f.type == PROTO_EVENTS);
-            cr_assert_eq(rc, 0, "round %d request %d (%s): %s", round, q,
-                         proto_type_name(type), err);
+            cr_assert_eq(rc, 0, "seed %llu, round %d request %d (%s): %s",
+                         (unsigned long long)seed, round, q, proto_type_name(type), err);
             cr_assert_eq(f.seq, seq);
             note_tokens(&f, seen, &nseen, sizeof(seen) / sizeof(seen[0]));
         }
@@ -1611,9 +1619,12 @@ Test(server, hostile_clients_leave_nothing_behind)
     while (((now = stats(&ctl)).num_pending || now.num_leased || now.held_regions) &&
            tu_now_ms() < end)
         tu_sleep_ms(2);
-    cr_assert_eq(now.num_pending, 0, "reservations outlived their sessions");
-    cr_assert_eq(now.held_regions, 0, "held regions outlived their writers' deadlines");
-    cr_assert_eq(now.num_leased, 0, "leases outlived their sessions");
+    cr_assert_eq(now.num_pending, 0, "seed %llu: reservations outlived their sessions",
+                 (unsigned long long)seed);
+    cr_assert_eq(now.held_regions, 0, "seed %llu: held regions outlived their writers' "
+                 "deadlines", (unsigned long long)seed);
+    cr_assert_eq(now.num_leased, 0, "seed %llu: leases outlived their sessions",
+                 (unsigned long long)seed);
     cr_assert_eq(now.sessions, 1);
     struct proto_frame f;
     char err[256];
