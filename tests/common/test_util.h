@@ -102,8 +102,16 @@ static inline void tu_fill_random(struct tu_rng *r, void *buf, size_t len)
 static inline uint64_t tu_time_seed(void)
 {
     const char *env = getenv("UMBP_TEST_SEED");
-    if (env && *env)
-        return strtoull(env, NULL, 0);
+    if (env && *env) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(env, &end, 0);
+        if (errno || *end || *env == '-') {
+            fprintf(stderr, "UMBP_TEST_SEED=%s is not a seed (an integer 0 .. 2^64 - 1)\n", env);
+            abort();
+        }
+        return v;
+    }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec;
