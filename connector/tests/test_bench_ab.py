@@ -61,6 +61,11 @@ def test_cases_alternate_with_their_options_and_the_table_holds_each_run(bench, 
     assert table[2] == "| base | 1 | 0.800× | 0.500× | 0.909× | 0.800× | +3.0 % | +0.5 % | +2.0 % |"
     assert table[3] == "| few | 1 | 0.800× | 0.500× | 0.909× | 0.800× | +2.5 % | +0.5 % | +2.0 % |"
     assert [r.split(" | ")[:2] for r in table[4:6]] == [["| base", "2"], ["| few", "2"]]
+    # each report: the link's own spread, each pinned copy against the best (2.0 of 2.0, 2.5 ms)
+    assert ("pinned copies host to device, each against the best, min / p10 / median: "
+            "0.800 / 0.800 / 0.900") in out
+    assert ("pinned copies device to host, each against the best, min / p10 / median: "
+            "1.000 / 1.000 / 1.000") in out
 
 
 def test_a_case_names_its_options(bench):
